@@ -1,0 +1,36 @@
+/* dsx kernels: the one C ABI of csrc/.
+ *
+ * Conventions for every function declared under include/dsx/:
+ *  - plain C types only; pointers are host memory for the *_cpu entry points;
+ *  - bfloat16 travels as uint16_t bit patterns, float8_e4m3fn as uint8_t;
+ *  - matrices are row-major, and the layout is in the name (e.g. _rowmajor_nk);
+ *  - every function returns 0 on success or a negative DSX_E* code, and never
+ *    aborts, prints or allocates framework memory.
+ */
+#ifndef DSX_H_
+#define DSX_H_
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum {
+  DSX_OK = 0,
+  DSX_EINVAL = -1,   /* a shape or argument is out of range */
+  DSX_ENOMEM = -2,   /* a scratch allocation failed */
+  DSX_ECUDA = -3,    /* a CUDA runtime call failed */
+};
+
+/* ABI version: bump when a signature changes; Python refuses a mismatch. */
+int dsx_abi_version(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#include "dsx/quant_weight_only.h"
+#include "dsx/quant_fp8.h"
+
+#endif /* DSX_H_ */
