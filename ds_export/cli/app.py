@@ -1,0 +1,91 @@
+"""The `dsx` command: registers the commands and maps every failure to one line + exit code.
+
+Exit codes: 0 ok, 1 failure, 2 usage (bad options, not implemented), 130 interrupted.
+DSX_DEBUG=1 shows the traceback of any failure.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+
+import typer
+
+from ds_export import __version__
+from ds_export.cli import cmd_download, cmd_export, cmd_inspect, cmd_quantize, cmd_run, cmd_tiny, cmd_verify
+from ds_export.errors import DsxError
+
+app = typer.Typer(
+    name="dsx",
+    help="dsx: quantize and export DeepSeek-V3/R1 for Paddle's LLM serving stack.\n\n"
+         "Set DSX_DEBUG=1 to see tracebacks.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+for fn in (cmd_download.download, cmd_quantize.quantize, cmd_export.export, cmd_verify.verify,
+           cmd_run.run, cmd_inspect.inspect, cmd_tiny.tiny):
+    app.command(name=fn.__name__)(fn)
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"dsx {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="Print the version and exit.")) -> None:
+    pass
+
+
+def _fail(msg: str, code: int) -> int:
+    if os.environ.get("DSX_DEBUG"):
+        traceback.print_exc()
+    sys.stderr.write(f"dsx: error: {msg}\n")
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point. Returns (and, as a console script, exits with) the exit code."""
+    args = sys.argv[1:] if argv is None else argv
+    try:
+        rv = app(args=args, prog_name="dsx", standalone_mode=False)
+        code = rv if isinstance(rv, int) else 0
+    except DsxError as e:
+        code = _fail(e.one_line(), e.exit_code)
+    except typer.Exit as e:
+        code = e.exit_code
+    except (KeyboardInterrupt, typer.Abort):
+        code = _fail("interrupted; partial outputs were left unpublished (rerun to resume)", 130)
+    except BrokenPipeError:
+        code = 1
+    except OSError as e:
+        code = _fail(f"{e.strerror or e}: {e.filename or ''}".rstrip(": "), 1)
+    except Exception as e:  # noqa: BLE001 - the one place every unexpected failure becomes one line
+        if _is_usage_error(e):
+            ctx = getattr(e, "ctx", None)
+            hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+            return _finish(argv, _fail(e.format_message().replace("\n", " ") + hint, 2))
+        code = _fail(f"internal error: {e.__class__.__name__}: {e} (set DSX_DEBUG=1 for the traceback, "
+                     "and please report it)", 1)
+    return _finish(argv, code)
+
+
+def _is_usage_error(e: Exception) -> bool:
+    """Typer's bad-option errors (its parser's exception classes are not public: match their interface)."""
+    return callable(getattr(e, "format_message", None)) and getattr(e, "exit_code", None) == 2
+
+
+def _finish(argv: list[str] | None, code: int) -> int:
+    if argv is None:
+        sys.exit(code)
+    return code
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,129 @@
+"""dsx quantize (issue: quantize). Options are final; the implementation lands with that issue."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ds_export.cli.options import Device, DryRun, Force, Json, OutDir, Quiet, Workers
+from ds_export.cli.output import Out, human_bytes
+from ds_export.errors import UsageError
+
+
+def quantize(
+    src: Annotated[Path, typer.Argument(help="Source checkpoint (official FP8 or bf16).", show_default=False)],
+    out: OutDir = Path("out"),
+    type_: Annotated[str | None, typer.Option("--type", help="bf16 | weight_only_int8 | weight_only_int4 | a8w8_fp8 | a8w8_fp8_wint4.")] = None,
+    arch: Annotated[int | None, typer.Option("--arch", help="Paddle weight-only layout: 80, 89 or 90 (default 90).")] = None,
+    group_size: Annotated[int | None, typer.Option("--group-size", help="-1 (per channel, default), 64 or 128.")] = None,
+    mtp_type: Annotated[str | None, typer.Option("--mtp-type", help="Quant type of the MTP layer(s) (default: --type).")] = None,
+    mtp_only: Annotated[bool, typer.Option("--mtp-only", help="Write only the MTP draft.")] = False,
+    no_mtp: Annotated[bool, typer.Option("--no-mtp", help="Write only the base model.")] = False,
+    recipe: Annotated[Path | None, typer.Option("--recipe", help="YAML recipe of rules (see docs/recipes.md).")] = None,
+    workers: Workers = None,
+    device: Device = "cpu",
+    dry_run: DryRun = False,
+    force: Force = False,
+    json: Json = False,
+    quiet: Quiet = False,
+) -> None:
+    """Convert weights shard by shard in bounded memory, byte-identical to Paddle's layouts, resumable.
+
+    Examples:
+      dsx quantize /data/DeepSeek-R1 --out /data/R1-wint4 --type weight_only_int4 --mtp-type weight_only_int8
+      dsx quantize build/tiny --out build/tiny-mix --type a8w8_fp8_wint4 --dry-run
+    """
+    from ds_export.io.checkpoint import Checkpoint
+    from ds_export.quant import engine, plan as plan_mod
+
+    o = Out(json, quiet)
+    if mtp_only and no_mtp:
+        raise UsageError("--mtp-only and --no-mtp exclude each other")
+    if device != "cpu":
+        raise UsageError(f"--device {device}: only cpu is available in this version")
+    if workers is not None and workers < 1:
+        raise UsageError("--workers must be at least 1")
+    rec = plan_mod.load_recipe(type_, recipe, arch=arch, group_size=group_size, mtp_type=mtp_type)
+    with Checkpoint.open(src) as ck:
+        p = plan_mod.build(ck, rec, selection="mtp" if mtp_only else "base" if no_mtp else "all")
+        if dry_run:
+            o.result(p.to_json())
+            _print_plan(o, p)
+            return
+        rep = _RichReporter(o)
+        with rep:
+            res = engine.run(ck, p, out, engine.Options(workers=workers, force=force), rep)
+    res["seconds"] = rep.elapsed()
+    o.result(res)
+    o.print(f"wrote {res['shards']} shards to {out} ({human_bytes(res['bytes_out'])}; converted {res['converted']}, "
+            f"verified and kept {res['skipped']}) in {res['seconds']:.1f} s, "
+            f"{res['bytes_in'] / max(res['seconds'], 1e-9) / 1e9:.2f} GB/s of input")
+
+
+def _print_plan(o: Out, p) -> None:
+    from rich.table import Table
+
+    from ds_export.models.deepseek_v3 import ROLES
+
+    order = {r: i for i, r in enumerate(ROLES)}
+    rows: dict[tuple, list] = {}
+    for t in p.tasks():
+        k = (t.mtp, order[t.role], ("mtp:" if t.mtp else "") + t.role, t.src_dtype, _label(t))
+        r = rows.setdefault(k, [0, 0, 0])
+        r[0] += 1
+        r[1] += t.bytes_in
+        r[2] += t.bytes_out
+    tab = Table(title=f"plan: {p.recipe['name']} on {p.source} ({p.selection})", show_edge=False)
+    for c in ("role", "source", "target", "tensors", "bytes in", "bytes out"):
+        tab.add_column(c, justify="right" if c in ("tensors", "bytes in", "bytes out") else "left")
+    for (_, _, role, sd, tt), (n, bi, bo) in sorted(rows.items()):
+        tab.add_row(role, sd, tt, str(n), human_bytes(bi), human_bytes(bo))
+    o.print(tab)
+    o.print(f"{len(p.shards)} output shards, {human_bytes(p.bytes_in)} in, {human_bytes(p.bytes_out)} out; "
+            f"plan {p.digest()[:12]}")
+
+
+def _label(t) -> str:
+    tt = t.target.type
+    if tt.startswith("weight_only"):
+        g = t.target.group_size
+        tt = tt.replace("weight_only_", "w") + (" per-channel" if g == -1 else f" g{g}") + f" sm{t.target.arch}"
+    return tt + (" (copy)" if t.passthrough else "")
+
+
+class _RichReporter:
+    """engine.Reporter with a rich progress bar (bytes, GB/s, ETA); silent in --json/--quiet."""
+
+    def __init__(self, o: Out):
+        import time
+
+        from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
+                                   TransferSpeedColumn)
+
+        self._t0 = time.perf_counter()
+        self._clock = time.perf_counter
+        self.p = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                          TimeRemainingColumn(), console=o.err, disable=not o.human)
+        self.task = None
+
+    def __enter__(self):
+        self.p.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.p.__exit__(*exc)
+
+    def elapsed(self) -> float:
+        return self._clock() - self._t0
+
+    def start(self, total_bytes, shards, skipped):
+        self._t0 = self._clock()
+        self.task = self.p.add_task(f"quantize ({skipped}/{shards} shards already done)", total=total_bytes)
+
+    def advance(self, n):
+        self.p.advance(self.task, n)
+
+    def shard_done(self, file):
+        pass

@@ -1,0 +1,39 @@
+"""Human / JSON / quiet output. Commands build a result dict and hand it here."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+
+from rich.console import Console
+
+
+@dataclass
+class Out:
+    json: bool = False
+    quiet: bool = False
+
+    def __post_init__(self):
+        self.console = Console(highlight=False, soft_wrap=True)
+        self.err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+    @property
+    def human(self) -> bool:
+        return not (self.json or self.quiet)
+
+    def print(self, *objs, **kw) -> None:
+        if self.human:
+            self.console.print(*objs, **kw)
+
+    def result(self, obj: dict) -> None:
+        if self.json:
+            sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return f"{n} B"

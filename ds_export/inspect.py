@@ -1,0 +1,48 @@
+"""`dsx inspect`: what a checkpoint holds, by role, computed from headers only."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ds_export.io.checkpoint import Checkpoint
+from ds_export.io.dtypes import SHORT
+from ds_export.models import deepseek_v3 as ds
+
+
+def summarize(path: str | Path) -> dict:
+    with Checkpoint.open(path) as ck:
+        cfg = ds.DeepseekV3Config.from_dict(ck.config, source=str(Path(path) / "config.json"))
+        infos = {t.name: t for t in ck.infos()}
+        roles = ds.map_tensors(list(infos), cfg, source=str(path))
+        ds.check_fp8_partners(roles, {n: t.dtype for n, t in infos.items()}, source=str(path))
+        by_role: dict[tuple[bool, str], dict] = {}
+        order = {r: i for i, r in enumerate(ds.ROLES)}
+        for n, t in infos.items():
+            r = roles[n]
+            ent = by_role.setdefault((r.mtp, r.role), {"tensors": 0, "bytes": 0, "params": 0, "dtypes": set()})
+            ent["bytes"] += t.nbytes
+            if r.kind in ("scale_inv", "scale"):
+                ent["dtypes"].add(f"{SHORT.get(t.dtype, t.dtype)} scale")
+                continue
+            ent["tensors"] += 1
+            ent["params"] += t.numel
+            ent["dtypes"].add(SHORT.get(t.dtype, t.dtype))
+        experts = {r.expert for r in roles.values() if r.expert is not None}
+        mtp_layers = sorted({r.layer for r in roles.values() if r.mtp})
+        rows = [{"role": ("mtp:" if mtp else "") + role, **v, "dtypes": " + ".join(sorted(v["dtypes"], key=len))}
+                for (mtp, role), v in sorted(by_role.items(), key=lambda kv: (kv[0][0], order[kv[0][1]]))]
+        return {
+            "path": str(path),
+            "architecture": (ck.config.get("architectures") or ["?"])[0],
+            "model_type": ck.config.get("model_type"),
+            "num_hidden_layers": cfg.num_hidden_layers,
+            "routed_experts": cfg.n_routed_experts,
+            "experts_present": len(experts),
+            "mtp_layers": mtp_layers,
+            "quantization_config": ck.config.get("quantization_config"),
+            "shards": len(ck.shards),
+            "tensors": len(infos),
+            "total_bytes": sum(t.nbytes for t in infos.values()),
+            "params": sum(t.numel for t in infos.values() if roles[t.name].kind not in ("scale_inv", "scale")),
+            "roles": rows,
+        }

@@ -1,0 +1,139 @@
+"""A Hugging Face sharded safetensors checkpoint: index + shards + config.
+
+`Checkpoint.open(dir)` validates everything up front (index entries, every
+shard header, index <-> header agreement) so no work starts on a source that
+would fail hours later. Tensors are then read lazily, zero-copy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ds_export.errors import CheckpointError
+from ds_export.io.safetensors_file import SafetensorsFile, TensorInfo
+
+INDEX_NAME = "model.safetensors.index.json"
+SINGLE_NAME = "model.safetensors"
+
+
+def _load_json(path: Path, what: str) -> dict:
+    try:
+        with open(path, encoding="utf-8") as f:
+            obj = json.load(f)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: {what} not found") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: {what} is not valid JSON ({e})") from None
+    if not isinstance(obj, dict):
+        raise CheckpointError(f"{path}: {what} must be a JSON object")
+    return obj
+
+
+def _safe_shard_path(root: Path, rel: str, index: Path) -> Path:
+    if not isinstance(rel, str) or not rel or os.path.isabs(rel):
+        raise CheckpointError(f"{index}: weight_map entry {rel!r} is not a relative file name")
+    p = (root / rel).resolve()
+    if root.resolve() not in p.parents:
+        raise CheckpointError(f"{index}: weight_map entry {rel!r} points outside the checkpoint directory")
+    return p
+
+
+@dataclass
+class Checkpoint:
+    root: Path
+    config: dict
+    shards: dict[str, SafetensorsFile]  # file name (relative) -> shard
+    weight_map: dict[str, str]  # tensor name -> file name
+    index_metadata: dict = field(default_factory=dict)
+
+    @classmethod
+    def open(cls, root: str | os.PathLike, *, need_config: bool = True) -> "Checkpoint":
+        root = Path(root)
+        if not root.is_dir():
+            raise CheckpointError(f"{root}: not a directory", hint="pass a checkpoint directory with config.json")
+        config = _load_json(root / "config.json", "config.json") if need_config or (root / "config.json").exists() else {}
+        index_path = root / INDEX_NAME
+        if index_path.exists():
+            index = _load_json(index_path, "index")
+            wm = index.get("weight_map")
+            if not isinstance(wm, dict) or not wm:
+                raise CheckpointError(f"{index_path}: missing or empty weight_map")
+            files = sorted(set(wm.values()), key=str)
+            for rel in files:
+                p = _safe_shard_path(root, rel, index_path)
+                if not p.exists():
+                    raise CheckpointError(f"{index_path}: lists {rel}, which is missing",
+                                          hint="the download is incomplete: rerun `dsx download`")
+            shards = {rel: SafetensorsFile(root / rel) for rel in files}
+            meta = index.get("metadata") or {}
+        elif (root / SINGLE_NAME).exists():
+            shards = {SINGLE_NAME: SafetensorsFile(root / SINGLE_NAME)}
+            wm = {name: SINGLE_NAME for name in shards[SINGLE_NAME].tensors}
+            meta = {}
+        else:
+            raise CheckpointError(f"{root}: neither {INDEX_NAME} nor {SINGLE_NAME} found")
+        ck = cls(root, config, shards, dict(wm), meta)
+        ck._cross_check()
+        return ck
+
+    def _cross_check(self) -> None:
+        seen: dict[str, str] = {}
+        for rel, shard in self.shards.items():
+            for name in shard.tensors:
+                if name in seen:
+                    raise CheckpointError(f"{self.root}: tensor {name!r} is stored in both {seen[name]} and {rel}")
+                seen[name] = rel
+                if self.weight_map.get(name) != rel:
+                    raise CheckpointError(
+                        f"{self.root / rel}: holds tensor {name!r} which the index maps to {self.weight_map.get(name)}")
+        for name, rel in self.weight_map.items():
+            if name not in seen:
+                raise CheckpointError(f"{self.root / rel}: index lists tensor {name!r} but the shard does not hold it")
+        total = self.index_metadata.get("total_size")
+        if isinstance(total, int):
+            have = sum(t.nbytes for s in self.shards.values() for t in s.tensors.values())
+            if total != have:
+                raise CheckpointError(f"{self.root / INDEX_NAME}: metadata.total_size is {total}, tensors sum to {have}")
+
+    # --- access -------------------------------------------------------------
+    def names(self) -> list[str]:
+        return list(self.weight_map)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.weight_map
+
+    def shard_of(self, name: str) -> SafetensorsFile:
+        try:
+            return self.shards[self.weight_map[name]]
+        except KeyError:
+            raise CheckpointError(f"{self.root}: no tensor named {name!r}") from None
+
+    def info(self, name: str) -> TensorInfo:
+        return self.shard_of(name).info(name)
+
+    def get(self, name: str) -> np.ndarray:
+        return self.shard_of(name).get(name)
+
+    def raw(self, name: str) -> np.ndarray:
+        return self.shard_of(name).raw(name)
+
+    def infos(self) -> list[TensorInfo]:
+        return [self.info(n) for n in self.weight_map]
+
+    def total_bytes(self) -> int:
+        return sum(t.nbytes for t in self.infos())
+
+    def close(self) -> None:
+        for s in self.shards.values():
+            s.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

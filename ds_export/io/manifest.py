@@ -1,0 +1,75 @@
+"""dsx-manifest.json: what a dsx run produced, file by file, with sha256.
+
+The manifest is rewritten atomically after each finished file, so after a
+crash it lists exactly the files that are complete. `complete` becomes true
+only when the whole output is written; until then the directory does not look
+finished to `dsx verify` or to a resuming run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ds_export.errors import CheckpointError
+from ds_export.io.writer import atomic_write_json, sha256_file
+
+MANIFEST_NAME = "dsx-manifest.json"
+MANIFEST_VERSION = 1
+
+
+@dataclass
+class Manifest:
+    root: Path
+    run: dict = field(default_factory=dict)  # what produced it: tool, version, command, source checksum
+    files: dict[str, dict] = field(default_factory=dict)  # rel path -> {"size", "sha256"}
+    complete: bool = False
+
+    @property
+    def path(self) -> Path:
+        return self.root / MANIFEST_NAME
+
+    @classmethod
+    def load(cls, root: str | os.PathLike) -> "Manifest | None":
+        root = Path(root)
+        p = root / MANIFEST_NAME
+        if not p.exists():
+            return None
+        try:
+            obj = json.loads(p.read_text(encoding="utf-8"))
+            return cls(root, obj["run"], obj["files"], bool(obj["complete"]))
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise CheckpointError(f"{p}: unreadable manifest ({e.__class__.__name__})",
+                                  hint="delete it and rerun with --force") from None
+
+    def save(self) -> None:
+        atomic_write_json(self.path, {"version": MANIFEST_VERSION, "complete": self.complete,
+                                      "run": self.run, "files": dict(sorted(self.files.items()))})
+
+    def record(self, rel: str, sha256: str, size: int | None = None) -> None:
+        if size is None:
+            size = (self.root / rel).stat().st_size
+        self.files[rel] = {"size": int(size), "sha256": sha256}
+        self.save()
+
+    def record_file(self, rel: str) -> str:
+        sha = sha256_file(self.root / rel)
+        self.record(rel, sha)
+        return sha
+
+    def verify_file(self, rel: str, *, hash_check: bool = True) -> str | None:
+        """None when the file matches its record, else a one-line reason."""
+        ent = self.files.get(rel)
+        p = self.root / rel
+        if ent is None:
+            return f"{p}: not in the manifest"
+        if not p.exists():
+            return f"{p}: missing"
+        size = p.stat().st_size
+        if size != ent["size"]:
+            return f"{p}: {size} bytes, manifest says {ent['size']}"
+        if hash_check and sha256_file(p) != ent["sha256"]:
+            return f"{p}: sha256 differs from the manifest (the file changed or is corrupt)"
+        return None

@@ -1,0 +1,189 @@
+"""Streaming, atomic safetensors writers.
+
+`ShardWriter` writes one output shard tensor by tensor (or in row chunks of a
+tensor) without ever holding the shard in memory: the header is computed from
+the planned entries first, data is appended in plan order, and sha256 is
+computed on the way. The file is written as `NAME.partial` and renamed only
+after every byte is written and fsynced, so a killed writer never leaves a
+file that looks complete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ds_export.io.dtypes import nbytes, to_st
+
+PARTIAL_SUFFIX = ".partial"
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    dtype: str  # safetensors dtype name
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return nbytes(self.dtype, self.shape)
+
+
+def build_header(entries: list[Entry], metadata: dict[str, str] | None = None) -> bytes:
+    """The header bytes (length prefix + JSON padded with spaces to 8 bytes)."""
+    head: dict = {}
+    if metadata:
+        head["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
+    off = 0
+    names = set()
+    for e in entries:
+        if e.name in names:
+            raise ValueError(f"duplicate tensor {e.name!r} in shard plan")
+        names.add(e.name)
+        head[e.name] = {"dtype": e.dtype, "shape": list(e.shape), "data_offsets": [off, off + e.nbytes]}
+        off += e.nbytes
+    js = json.dumps(head, separators=(",", ":")).encode()
+    js += b" " * (-(8 + len(js)) % 8)
+    return struct.pack("<Q", len(js)) + js
+
+
+def fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class ShardWriter:
+    """Write the planned entries in order; `close()` publishes the file atomically."""
+
+    def __init__(self, path: str | os.PathLike, entries: list[Entry], metadata: dict[str, str] | None = None):
+        self.path = Path(path)
+        self.entries = list(entries)
+        self.tmp = self.path.with_name(self.path.name + PARTIAL_SUFFIX)
+        self._f = open(self.tmp, "wb")
+        self._sha = hashlib.sha256()
+        self._empty = {e.name for e in self.entries if e.nbytes == 0}
+        self._i = 0  # index of the entry being written
+        self._left = self.entries[0].nbytes if self.entries else 0
+        self.size = 0
+        self.sha256: str | None = None
+        self._put(build_header(self.entries, metadata))
+        self._skip_empty()
+
+    def _put(self, b) -> None:
+        mv = memoryview(b).cast("B")
+        self._f.write(mv)
+        self._sha.update(mv)
+        self.size += mv.nbytes
+
+    def _skip_empty(self) -> None:
+        while self._i < len(self.entries) and self._left == 0:
+            self._i += 1
+            self._left = self.entries[self._i].nbytes if self._i < len(self.entries) else 0
+
+    @property
+    def current(self) -> Entry | None:
+        return self.entries[self._i] if self._i < len(self.entries) else None
+
+    def write(self, name: str, data: np.ndarray | bytes | memoryview) -> None:
+        """Append bytes of tensor `name` (the whole tensor, or its next chunk in C order)."""
+        cur = self.current
+        if name in self._empty:  # zero-byte tensors need no data; accept their (empty) write anyway
+            return
+        if cur is None or cur.name != name:
+            raise ValueError(f"{self.path.name}: expected data for {cur.name if cur else 'nothing'!r}, got {name!r}")
+        if isinstance(data, np.ndarray):
+            if to_st(data.dtype) != cur.dtype and data.dtype != np.uint8:
+                raise ValueError(f"{name}: planned {cur.dtype}, got {data.dtype}")
+            # ml_dtypes (bf16, fp8) arrays do not export the buffer protocol: write their bytes.
+            data = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+        n = memoryview(data).nbytes
+        if n > self._left:
+            raise ValueError(f"{name}: {n} bytes given, only {self._left} left in the planned {cur.dtype}{list(cur.shape)}")
+        self._put(data)
+        self._left -= n
+        self._skip_empty()
+
+    def close(self) -> str:
+        """Check completeness, fsync, rename into place. Returns the sha256."""
+        if self.current is not None:
+            self.abort()
+            raise ValueError(f"{self.path.name}: tensor {self.current.name!r} was not fully written")
+        self._f.flush()
+        os.fsync(self._f.fileno())
+        self._f.close()
+        os.replace(self.tmp, self.path)
+        fsync_dir(self.path.parent)
+        self.sha256 = self._sha.hexdigest()
+        return self.sha256
+
+    def abort(self) -> None:
+        if not self._f.closed:
+            self._f.close()
+        try:
+            os.unlink(self.tmp)
+        except FileNotFoundError:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, *rest):
+        if exc_type is not None:
+            self.abort()
+        elif not self._f.closed:
+            self.close()
+
+
+def write_file(path: str | os.PathLike, tensors: dict[str, np.ndarray], metadata: dict[str, str] | None = None) -> str:
+    """Write small tensors to one file atomically; returns the sha256."""
+    entries = [Entry(k, to_st(v.dtype), tuple(v.shape)) for k, v in tensors.items()]
+    with ShardWriter(path, entries, metadata) as w:
+        for k, v in tensors.items():
+            w.write(k, v)
+        return w.close()
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    path = Path(path)
+    tmp = path.with_name(path.name + PARTIAL_SUFFIX)
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def atomic_write_json(path: str | os.PathLike, obj) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+
+
+def write_index(root: str | os.PathLike, weight_map: dict[str, str], total_size: int,
+                metadata: dict | None = None) -> None:
+    """model.safetensors.index.json, written atomically (written last: its presence means complete)."""
+    meta = {"total_size": int(total_size)}
+    if metadata:
+        meta.update(metadata)
+    atomic_write_json(Path(root) / "model.safetensors.index.json",
+                      {"metadata": meta, "weight_map": dict(sorted(weight_map.items()))})
+
+
+def sha256_file(path: str | os.PathLike, bufsize: int = 16 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        buf = bytearray(bufsize)
+        mv = memoryview(buf)
+        while n := f.readinto(buf):
+            h.update(mv[:n])
+    return h.hexdigest()

@@ -1,0 +1,210 @@
+"""`dsx tiny`: a small but faithful DeepSeek-V3 checkpoint, deterministic from a seed.
+
+Same on-disk layout as the official release (shared/formats.md): real config
+keys, several shards + index, FP8 e4m3 Linear weights with 128x128
+`weight_scale_inv` (ragged edge blocks included), bf16 norms / embeddings /
+lm_head / router, fp32 e_score_correction_bias, one MTP layer whose tensors sit
+in the last shard, and weight / scale_inv pairs that straddle a shard boundary.
+Tensor values depend only on (seed, tensor name), never on the write order.
+"""
+
+from __future__ import annotations
+
+import copy
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ds_export.errors import UsageError
+from ds_export.io.dtypes import ST_TO_NP
+from ds_export.io.writer import Entry, ShardWriter, atomic_write_json, atomic_write_text, write_index
+from ds_export.models import deepseek_v3 as ds
+from ds_export.tiny_tokenizer import tokenizer_files
+
+# The real DeepSeek-V3/R1 config (shared/deepseek-r1-catalog.md); presets override sizes only.
+REAL_CONFIG: dict = {
+    "architectures": [ds.ARCHITECTURE], "model_type": "deepseek_v3",
+    "auto_map": {"AutoConfig": "configuration_deepseek.DeepseekV3Config",
+                 "AutoModel": "modeling_deepseek.DeepseekV3Model",
+                 "AutoModelForCausalLM": "modeling_deepseek.DeepseekV3ForCausalLM"},
+    "attention_bias": False, "attention_dropout": 0.0, "aux_loss_alpha": 0.001,
+    "bos_token_id": 0, "eos_token_id": 1, "ep_size": 1, "first_k_dense_replace": 3,
+    "hidden_act": "silu", "hidden_size": 7168, "initializer_range": 0.02, "intermediate_size": 18432,
+    "kv_lora_rank": 512, "max_position_embeddings": 163840, "moe_intermediate_size": 2048,
+    "moe_layer_freq": 1, "n_group": 8, "n_routed_experts": 256, "n_shared_experts": 1, "norm_topk_prob": True,
+    "num_attention_heads": 128, "num_experts_per_tok": 8, "num_hidden_layers": 61, "num_key_value_heads": 128,
+    "num_nextn_predict_layers": 1, "q_lora_rank": 1536, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+    "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                            "weight_block_size": [128, 128]},
+    "rms_norm_eps": 1e-06, "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0,
+                                            "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096,
+                                            "type": "yarn"},
+    "rope_theta": 10000, "routed_scaling_factor": 2.5, "scoring_func": "sigmoid", "seq_aux": True,
+    "tie_word_embeddings": False, "topk_group": 4, "topk_method": "noaux_tc", "torch_dtype": "bfloat16",
+    "transformers_version": "4.46.3", "use_cache": True, "v_head_dim": 128, "vocab_size": 129280,
+}
+
+# Every dim is a multiple of 64 (Paddle's weight-only kernels need it); kv_a (192 rows),
+# q_a (192), moe_intermediate (192) and intermediate (320) give ragged 128x128 FP8 blocks.
+TINY = dict(hidden_size=256, intermediate_size=320, moe_intermediate_size=192, num_hidden_layers=3,
+            first_k_dense_replace=1, num_attention_heads=4, num_key_value_heads=4, q_lora_rank=192,
+            kv_lora_rank=128, qk_nope_head_dim=64, qk_rope_head_dim=64, v_head_dim=64, vocab_size=512,
+            n_routed_experts=16, n_group=4, topk_group=2, num_experts_per_tok=4, n_shared_experts=1)
+# DeepSeek-V3's real per-tensor dimensions with few layers and experts (benchmarks).
+REAL_DIMS = dict(num_hidden_layers=2, first_k_dense_replace=1, n_routed_experts=8, n_group=8, topk_group=4,
+                 num_experts_per_tok=8)
+
+
+@dataclass(frozen=True)
+class TinySpec:
+    preset: str = "tiny"  # "tiny" | "real-dims"
+    dtype: str = "fp8"  # "fp8" | "bf16"
+    seed: int = 0
+    layers: int | None = None
+    experts: int | None = None
+    shard_mb: float | None = None
+
+
+def make_config(spec: TinySpec) -> dict:
+    cfg = copy.deepcopy(REAL_CONFIG)
+    cfg.update(TINY if spec.preset == "tiny" else REAL_DIMS)
+    if spec.layers is not None:
+        if spec.layers < 1:
+            raise UsageError("--layers must be at least 1")
+        cfg["num_hidden_layers"] = spec.layers
+        cfg["first_k_dense_replace"] = min(cfg["first_k_dense_replace"], spec.layers - 1) if spec.layers > 1 else 1
+    if spec.experts is not None:
+        if spec.experts < 1:
+            raise UsageError("--experts must be at least 1")
+        cfg["n_routed_experts"] = spec.experts
+        cfg["n_group"] = next(g for g in (cfg["n_group"], 4, 2, 1) if spec.experts % g == 0 and g <= spec.experts)
+        cfg["topk_group"] = max(1, min(cfg["topk_group"], cfg["n_group"] // 2 or 1))
+        cfg["num_experts_per_tok"] = min(cfg["num_experts_per_tok"], spec.experts)
+    if spec.dtype == "bf16":
+        del cfg["quantization_config"]
+    elif spec.dtype != "fp8":
+        raise UsageError(f"--dtype {spec.dtype!r}: expected fp8 or bf16")
+    return cfg
+
+
+# ------------------------------------------------------------- values ----
+
+def _rng(seed: int, name: str) -> np.random.Generator:
+    return np.random.default_rng([seed, zlib.crc32(name.encode())])
+
+
+def _std(et: ds.ExpectedTensor) -> float:
+    if et.role.role in ("embed", "mtp_embed"):
+        return 1.0
+    return float(et.shape[-1]) ** -0.5
+
+
+def _fp8_quantize(w: np.ndarray, block: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """Official block quant: scale_inv = block amax / 448, value = w / scale_inv rounded to e4m3."""
+    from ds_export.formats import fp8_block
+
+    return fp8_block.quantize_native(w, block=block)
+
+
+def _rows(et: ds.ExpectedTensor, rng: np.random.Generator, r0: int, r1: int) -> np.ndarray:
+    """Float32 values of rows [r0, r1) (the rng is consumed in row order)."""
+    shape = (r1 - r0,) + tuple(et.shape[1:])
+    role = et.role.role
+    if role.endswith("norm") or role in ("final_norm", "mtp_enorm", "mtp_hnorm"):
+        return (1.0 + 0.1 * rng.standard_normal(shape, dtype=np.float32)).astype(np.float32)
+    if role == "router_bias":
+        return (0.05 * rng.standard_normal(shape, dtype=np.float32)).astype(np.float32)
+    w = rng.standard_normal(shape, dtype=np.float32) * np.float32(_std(et))
+    if len(shape) == 2 and et.dtype == "F8_E4M3":
+        # Real checkpoints have block scales that vary across blocks: vary magnitude per 128-row band.
+        band = np.exp2(rng.uniform(-1.5, 1.5, size=(-(-shape[0] // 128), 1))).astype(np.float32)
+        w *= np.repeat(band, 128, axis=0)[: shape[0]]
+    return w
+
+
+def _write_tensor(w: ShardWriter, et: ds.ExpectedTensor, seed: int, block, chunk_bytes: int,
+                  scales: dict[str, np.ndarray]) -> None:
+    """Stream one tensor in row chunks; an FP8 weight stashes its scale_inv for its companion entry."""
+    if et.role.kind == "scale_inv":
+        w.write(et.name, scales.pop(et.name))
+        return
+    rng = _rng(seed, et.name)
+    rows = et.shape[0]
+    row_bytes = max(1, int(np.prod(et.shape[1:], dtype=np.int64)) * 4)
+    step = max(128, (chunk_bytes // row_bytes) // 128 * 128)
+    parts = []
+    for r0 in range(0, rows, step):
+        r1 = min(rows, r0 + step)
+        vals = _rows(et, rng, r0, r1)
+        if et.dtype == "F8_E4M3":
+            q, s = _fp8_quantize(vals, block)
+            w.write(et.name, q)
+            parts.append(s)
+        else:
+            w.write(et.name, vals.astype(ST_TO_NP[et.dtype]))
+    if et.dtype == "F8_E4M3":
+        scales[et.role.scale_name] = np.concatenate(parts, axis=0)
+
+
+# ------------------------------------------------------------- layout ----
+
+def plan_shards(tensors: list[ds.ExpectedTensor], cfg: ds.DeepseekV3Config, target: int) -> list[list[ds.ExpectedTensor]]:
+    """Group tensors into shards of about `target` bytes; the MTP layer gets its own last shard(s).
+
+    A shard is only closed right after an FP8 weight, so its scale_inv lands in the next shard:
+    the official checkpoint has such cross-shard pairs and readers must cope.
+    """
+    base = [t for t in tensors if not t.role.mtp]
+    mtp = [t for t in tensors if t.role.mtp]
+    shards: list[list[ds.ExpectedTensor]] = []
+    for group in (base, mtp):
+        cur: list[ds.ExpectedTensor] = []
+        size = 0
+        for t in group:
+            cur.append(t)
+            size += t.nbytes
+            if size >= target and t.dtype == "F8_E4M3":
+                shards.append(cur)
+                cur, size = [], 0
+        if cur:
+            shards.append(cur)
+    return shards
+
+
+def write_tiny(out: str | Path, spec: TinySpec = TinySpec(), *, progress=None) -> dict:
+    """Write the checkpoint into `out` (created; must be empty or absent). Returns a summary."""
+    out = Path(out)
+    if out.exists() and any(out.iterdir()):
+        raise UsageError(f"{out}: directory is not empty", hint="choose a new directory or remove it")
+    out.mkdir(parents=True, exist_ok=True)
+    raw_cfg = make_config(spec)
+    cfg = ds.DeepseekV3Config.from_dict(raw_cfg, source="tiny config")
+    fp8 = spec.dtype == "fp8"
+    tensors = ds.expected_tensors(cfg, fp8=fp8)
+    total = sum(t.nbytes for t in tensors)
+    target = int(spec.shard_mb * 2**20) if spec.shard_mb else max(total // 5, 1)
+    shards = plan_shards(tensors, cfg, target)
+    n = len(shards)
+    weight_map: dict[str, str] = {}
+    scales: dict[str, np.ndarray] = {}
+    block = cfg.fp8_block or ds.FP8_BLOCK
+    for i, group in enumerate(shards):
+        fname = f"model-{i + 1:05d}-of-{n:05d}.safetensors"
+        entries = [Entry(t.name, t.dtype, t.shape) for t in group]
+        with ShardWriter(out / fname, entries, {"format": "pt"}) as w:
+            for t in group:
+                _write_tensor(w, t, spec.seed, block, 64 << 20, scales)
+                weight_map[t.name] = fname
+                if progress:
+                    progress(t)
+            w.close()
+    for name, text in tokenizer_files(raw_cfg).items():
+        atomic_write_text(out / name, text)
+    atomic_write_json(out / "generation_config.json",
+                      {"_from_model_config": True, "bos_token_id": 0, "eos_token_id": 1, "do_sample": True,
+                       "temperature": 0.6, "top_p": 0.95, "transformers_version": "4.46.3"})
+    atomic_write_json(out / "config.json", raw_cfg)
+    write_index(out, weight_map, total)  # last: its presence marks the checkpoint complete
+    return {"path": str(out), "shards": n, "tensors": len(tensors), "bytes": total, "config": raw_cfg}

@@ -1,0 +1,84 @@
+"""The dsx command: output modes, one-line errors, exit codes, no tracebacks."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ds_export.cli.app import main
+
+COMMANDS = ["download", "quantize", "export", "verify", "run", "inspect", "tiny"]
+
+
+def dsx(*args, env=None):
+    e = dict(os.environ)
+    e.pop("DSX_DEBUG", None)
+    e.update(env or {})
+    return subprocess.run([sys.executable, "-m", "ds_export.cli.app", *args], capture_output=True, text=True, env=e)
+
+
+def test_tiny_then_inspect_json(tmp_path, capsys):
+    assert main(["tiny", str(tmp_path / "t"), "--quiet"]) == 0
+    assert capsys.readouterr().out == ""
+    assert main(["inspect", str(tmp_path / "t"), "--json"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert s["architecture"] == "DeepseekV3ForCausalLM" and s["mtp_layers"] == [3]
+    roles = {r["role"]: r for r in s["roles"]}
+    assert roles["kv_a"]["dtypes"] == "fp8_e4m3 + fp32 scale"
+    assert roles["mtp:mtp_eh_proj"]["dtypes"] == "bf16"
+    assert s["total_bytes"] == sum(r["bytes"] for r in s["roles"])
+
+
+def test_inspect_human(tiny_fp8, capsys):
+    assert main(["inspect", str(tiny_fp8)]) == 0
+    out = capsys.readouterr().out
+    assert "MTP layers [3]" in out and "expert_gate" in out
+
+
+@pytest.mark.parametrize("cmd", COMMANDS)
+def test_help_describes_every_command(cmd, capsys):
+    assert main([cmd, "--help"]) == 0
+    assert "Examples" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args", [["download", "x/y"], ["export", "src"], ["verify", "t"], ["run", "r.yaml"]])
+def test_unimplemented_commands_exit_2(args, capsys):
+    assert main(args) == 2
+    assert "not implemented yet" in capsys.readouterr().err
+
+
+def test_errors_are_one_line_without_traceback(tiny_fp8, tmp_path):
+    import shutil
+
+    ck = tmp_path / "ck"
+    shutil.copytree(tiny_fp8, ck)
+    shard = sorted(ck.glob("model-*.safetensors"))[-1]
+    with open(shard, "r+b") as f:
+        f.truncate(shard.stat().st_size // 2)
+    r = dsx("inspect", str(ck))
+    assert r.returncode == 1
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert shard.name in r.stderr and "Traceback" not in r.stderr
+    r = dsx("inspect", str(ck), env={"DSX_DEBUG": "1"})
+    assert "Traceback" in r.stderr and r.returncode == 1
+
+
+@pytest.mark.parametrize("args,code,msg", [
+    (["tiny"], 2, "Missing argument"),
+    (["tiny", "x", "--bogus"], 2, "No such option"),
+    (["nosuch"], 2, "No such command"),
+    (["inspect", "/does/not/exist"], 1, "not a directory"),
+])
+def test_usage_errors(args, code, msg):
+    r = dsx(*args)
+    assert r.returncode == code and msg in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_version():
+    r = dsx("--version")
+    assert r.returncode == 0 and r.stdout.startswith("dsx ")

@@ -1,0 +1,267 @@
+"""Checkpoint I/O: round trips (fp8 bit-exact), malformed headers, index checks, atomic writes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import struct
+import subprocess
+import sys
+import textwrap
+import time
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from ds_export.errors import CheckpointError
+from ds_export.io.checkpoint import Checkpoint
+from ds_export.io.manifest import Manifest
+from ds_export.io.safetensors_file import SafetensorsFile
+from ds_export.io.writer import Entry, ShardWriter, sha256_file, write_file, write_index
+
+
+def _sample_tensors() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    all_fp8 = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).reshape(16, 16)  # NaN codes included
+    return {
+        "f32": rng.standard_normal((3, 5)).astype(np.float32),
+        "bf16": rng.standard_normal((7,)).astype(ml_dtypes.bfloat16),
+        "fp8": all_fp8,
+        "e5m2": np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e5m2),
+        "i8": rng.integers(-128, 127, (4, 4), dtype=np.int8),
+        "i64": np.array([1, -2, 3], dtype=np.int64),
+        "empty": np.zeros((0, 3), dtype=np.float32),
+        "scalar": np.array(2.5, dtype=np.float32),
+        "flag": np.array([True, False]),
+    }
+
+
+def test_round_trip_bit_exact(tmp_path):
+    ts = _sample_tensors()
+    sha = write_file(tmp_path / "a.safetensors", ts, {"format": "pt"})
+    assert sha == sha256_file(tmp_path / "a.safetensors")
+    f = SafetensorsFile(tmp_path / "a.safetensors")
+    assert f.metadata == {"format": "pt"}
+    for k, v in ts.items():
+        got = f.get(k)
+        assert got.dtype == v.dtype and got.shape == v.shape
+        assert got.tobytes() == v.tobytes(), k  # bit-exact, NaN payloads included
+        assert f.raw(k).tobytes() == v.tobytes()
+    assert f.info("fp8").dtype == "F8_E4M3"
+
+
+def test_interop_with_safetensors_library(tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    ts = {"a": np.arange(12, dtype=np.float32).reshape(3, 4), "b": np.arange(5, dtype=np.int8)}
+    save_file(ts, tmp_path / "theirs.safetensors")
+    f = SafetensorsFile(tmp_path / "theirs.safetensors")
+    for k, v in ts.items():
+        np.testing.assert_array_equal(f.get(k), v)
+    write_file(tmp_path / "ours.safetensors", ts)
+    back = load_file(tmp_path / "ours.safetensors")
+    for k, v in ts.items():
+        np.testing.assert_array_equal(back[k], v)
+
+
+def test_fp8_interop_with_paddle(tmp_path):
+    paddle = pytest.importorskip("paddle")
+    from safetensors.paddle import load_file
+
+    codes = np.arange(256, dtype=np.uint8)
+    codes = codes[(codes & 0x7F) != 0x7F]  # skip NaN codes: compare values
+    write_file(tmp_path / "f.safetensors", {"w": codes.view(ml_dtypes.float8_e4m3fn)})
+    t = load_file(str(tmp_path / "f.safetensors"))["w"]
+    assert t.dtype == paddle.float8_e4m3fn
+    assert t.view(paddle.uint8).numpy().tobytes() == codes.tobytes()
+
+
+# -------------------------------------------------------- malformed files ----
+
+def _raw_file(path, header: dict | bytes, data: bytes = b"", hlen: int | None = None):
+    js = header if isinstance(header, bytes) else json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(js) if hlen is None else hlen) + js + data)
+    return path
+
+
+GOOD = {"t": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}
+
+
+@pytest.mark.parametrize("header,data,hlen,msg", [
+    (b"", b"", 0, "not valid JSON"),
+    (GOOD, b"\0" * 8, 10**12, "header length"),
+    (b"{not json", b"", None, "not valid JSON"),
+    (b"[1, 2]", b"", None, "not a JSON object"),
+    ({"t": {"dtype": "F99", "shape": [2], "data_offsets": [0, 8]}}, b"\0" * 8, None, "unknown dtype"),
+    ({"t": {"dtype": "F32", "shape": [-2], "data_offsets": [0, 8]}}, b"\0" * 8, None, "shape"),
+    ({"t": {"dtype": "F32", "shape": [2], "data_offsets": [8, 0]}}, b"\0" * 8, None, "data_offsets"),
+    ({"t": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}}, b"\0" * 8, None, "needs 12 bytes"),
+    (GOOD, b"\0" * 5, None, "truncated"),
+    ({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+      "b": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}, b"\0" * 8, None, "overlaps"),
+    ({"a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}, b"\0" * 8, None, "unaccounted"),
+    (GOOD, b"\0" * 12, None, "after the last tensor"),
+    ({"t": {"dtype": "F32", "shape": [2]}}, b"\0" * 8, None, "needs dtype, shape and data_offsets"),
+    ({"__metadata__": {"k": 1}, **GOOD}, b"\0" * 8, None, "__metadata__"),
+])
+def test_malformed_headers(tmp_path, header, data, hlen, msg):
+    p = _raw_file(tmp_path / "bad.safetensors", header, data, hlen)
+    with pytest.raises(CheckpointError, match=msg) as ei:
+        SafetensorsFile(p)
+    assert str(p) in str(ei.value)  # the message names the file
+
+
+def test_short_and_missing_files(tmp_path):
+    (tmp_path / "short.safetensors").write_bytes(b"\1\2")
+    with pytest.raises(CheckpointError, match="too short"):
+        SafetensorsFile(tmp_path / "short.safetensors")
+    with pytest.raises(CheckpointError, match="not found"):
+        SafetensorsFile(tmp_path / "nope.safetensors")
+
+
+def test_truncated_real_shard(tiny_fp8, tmp_path):
+    import shutil
+
+    shutil.copytree(tiny_fp8, tmp_path / "ck")
+    shard = sorted((tmp_path / "ck").glob("model-*.safetensors"))[0]
+    with open(shard, "r+b") as f:
+        f.truncate(shard.stat().st_size - 1000)
+    with pytest.raises(CheckpointError, match=shard.name):
+        Checkpoint.open(tmp_path / "ck")
+
+
+# ------------------------------------------------------------ checkpoints ----
+
+def _ck(tmp_path, weight_map, files: dict[str, dict[str, np.ndarray]], total=None):
+    for name, ts in files.items():
+        write_file(tmp_path / name, ts)
+    (tmp_path / "config.json").write_text("{}")
+    meta = {"total_size": total} if total is not None else {}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"metadata": meta, "weight_map": weight_map}))
+    return tmp_path
+
+
+A = {"a": np.zeros(4, np.float32)}
+
+
+@pytest.mark.parametrize("wm,files,total,msg", [
+    ({"a": "s1.safetensors", "b": "s2.safetensors"}, {"s1.safetensors": A}, None, "s2.safetensors, which is missing"),
+    ({"a": "../outside.safetensors"}, {}, None, "outside the checkpoint"),
+    ({"a": "/etc/passwd"}, {}, None, "not a relative file name"),
+    ({"a": "s1.safetensors", "b": "s1.safetensors"}, {"s1.safetensors": A}, None, "does not hold it"),
+    ({}, {"s1.safetensors": A}, None, "empty weight_map"),
+    ({"a": "s1.safetensors"}, {"s1.safetensors": {**A, "x": np.ones(1, np.int8)}}, None, "index maps to None"),
+    ({"a": "s1.safetensors"}, {"s1.safetensors": A}, 99, "total_size"),
+])
+def test_index_checks(tmp_path, wm, files, total, msg):
+    _ck(tmp_path, wm, files, total)
+    with pytest.raises(CheckpointError, match=msg):
+        Checkpoint.open(tmp_path)
+
+
+def test_duplicate_across_shards(tmp_path):
+    _ck(tmp_path, {"a": "s1.safetensors"}, {"s1.safetensors": A, "s2.safetensors": A})
+    idx = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    idx["weight_map"]["b"] = "s2.safetensors"
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(idx))
+    with pytest.raises(CheckpointError):
+        Checkpoint.open(tmp_path)
+
+
+def test_single_file_checkpoint(tmp_path):
+    write_file(tmp_path / "model.safetensors", A)
+    (tmp_path / "config.json").write_text("{}")
+    ck = Checkpoint.open(tmp_path)
+    assert ck.names() == ["a"] and ck.total_bytes() == 16
+    (tmp_path / "model.safetensors").unlink()
+    with pytest.raises(CheckpointError, match="neither"):
+        Checkpoint.open(tmp_path)
+
+
+def test_tensor_reads_are_zero_copy(tiny_fp8):
+    ck = Checkpoint.open(tiny_fp8)
+    name = "model.layers.0.self_attn.o_proj.weight"
+    a = ck.get(name)
+    assert not a.flags.owndata and not a.flags.writeable  # a view into the read-only map
+
+
+# ------------------------------------------------------------------ writer ----
+
+def test_writer_streams_chunks_and_checks_plan(tmp_path):
+    x = np.arange(1000, dtype=np.float32).reshape(100, 10)
+    entries = [Entry("x", "F32", (100, 10)), Entry("y", "I8", (3,))]
+    with ShardWriter(tmp_path / "o.safetensors", entries) as w:
+        for r in range(0, 100, 30):
+            w.write("x", x[r:r + 30])
+        with pytest.raises(ValueError, match="only 3 left"):
+            w.write("y", np.zeros(4, np.int8))
+        w.write("y", np.ones(3, np.int8))
+        sha = w.close()
+    f = SafetensorsFile(tmp_path / "o.safetensors")
+    np.testing.assert_array_equal(f.get("x"), x)
+    assert sha == sha256_file(tmp_path / "o.safetensors")
+    with ShardWriter(tmp_path / "p.safetensors", entries) as w:
+        with pytest.raises(ValueError, match="expected data for 'x'"):
+            w.write("y", np.ones(3, np.int8))
+        w.write("x", x)
+        with pytest.raises(ValueError, match="not fully written"):
+            w.close()
+    assert not (tmp_path / "p.safetensors").exists()
+    assert not list(tmp_path.glob("*.partial"))
+
+
+def test_writer_exception_leaves_nothing(tmp_path):
+    with pytest.raises(RuntimeError):
+        with ShardWriter(tmp_path / "o.safetensors", [Entry("x", "F32", (4,))]) as w:
+            w.write("x", np.zeros(2, np.float32))
+            raise RuntimeError("boom")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_killed_writer_leaves_no_complete_looking_file(tmp_path):
+    """SIGKILL mid-write: the final name never appears; only a .partial file is left."""
+    script = textwrap.dedent(f"""
+        import sys, time, numpy as np
+        from ds_export.io.writer import Entry, ShardWriter
+        w = ShardWriter({str(tmp_path / 'big.safetensors')!r}, [Entry('x', 'F32', (1024, 1024))])
+        w.write('x', np.zeros((512, 1024), np.float32))
+        print('half', flush=True)
+        time.sleep(60)
+        w.write('x', np.zeros((512, 1024), np.float32))
+        w.close()
+    """)
+    p = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "half"
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait(timeout=30)
+    assert not (tmp_path / "big.safetensors").exists()
+    assert (tmp_path / "big.safetensors.partial").exists()
+
+
+def test_index_and_manifest(tmp_path):
+    write_file(tmp_path / "s.safetensors", A)
+    write_index(tmp_path, {"a": "s.safetensors"}, 16)
+    ck = Checkpoint.open(tmp_path, need_config=False)
+    assert ck.index_metadata["total_size"] == 16
+    m = Manifest(tmp_path, run={"tool": "test"})
+    m.record_file("s.safetensors")
+    m2 = Manifest.load(tmp_path)
+    assert m2.verify_file("s.safetensors") is None and not m2.complete
+    with open(tmp_path / "s.safetensors", "r+b") as f:  # flip one data byte
+        f.seek(-1, 2)
+        b = f.read(1)
+        f.seek(-1, 2)
+        f.write(bytes([b[0] ^ 1]))
+    assert "sha256 differs" in m2.verify_file("s.safetensors")
+    assert "not in the manifest" in m2.verify_file("other")
+
+
+def test_mmap_pages_are_released(tiny_fp8):
+    f = SafetensorsFile(next(tiny_fp8.glob("model-00001-*.safetensors")))
+    name = next(iter(f.tensors))
+    _ = f.get(name).sum() if f.info(name).dtype == "F32" else f.raw(name).sum()
+    f.advise_done(name)  # must not raise
+    f.close()
+    time.sleep(0)

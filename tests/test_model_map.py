@@ -1,0 +1,107 @@
+"""The DeepSeek-V3 model map against the real release's facts (shared/deepseek-r1-catalog.md)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ds_export.errors import ModelMapError
+from ds_export.models import deepseek_v3 as ds
+from ds_export.tiny import REAL_CONFIG
+
+
+@pytest.fixture(scope="module")
+def real():
+    return ds.DeepseekV3Config.from_dict(REAL_CONFIG)
+
+
+@pytest.fixture(scope="module")
+def real_tensors(real):
+    return {t.name: t for t in ds.expected_tensors(real)}
+
+
+def test_real_release_counts(real_tensors):
+    # The public report of DeepSeek-R1: 91,991 tensors, 684,531,386,000 elements, 641.30 GiB of files
+    # (tensor data plus about 16 MB of JSON headers).
+    ts = list(real_tensors.values())
+    assert len(ts) == 91_991
+    assert sum(t.nbytes // {"F8_E4M3": 1, "BF16": 2, "F32": 4}[t.dtype] for t in ts) == 684_531_386_000
+    assert abs(sum(t.nbytes for t in ts) / 2**30 - 641.30) < 0.02
+
+
+@pytest.mark.parametrize("name,shape,dtype", [
+    ("lm_head.weight", (129280, 7168), "BF16"),
+    ("model.layers.0.mlp.gate_proj.weight_scale_inv", (144, 56), "F32"),
+    ("model.layers.0.mlp.down_proj.weight_scale_inv", (56, 144), "F32"),
+    ("model.layers.7.self_attn.q_b_proj.weight", (24576, 1536), "F8_E4M3"),
+    ("model.layers.7.self_attn.kv_a_proj_with_mqa.weight_scale_inv", (5, 56), "F32"),
+    ("model.layers.7.self_attn.kv_b_proj.weight_scale_inv", (256, 4), "F32"),
+    ("model.layers.7.self_attn.o_proj.weight_scale_inv", (56, 128), "F32"),
+    ("model.layers.9.mlp.experts.255.down_proj.weight_scale_inv", (56, 16), "F32"),
+    ("model.layers.61.eh_proj.weight", (7168, 14336), "BF16"),
+    ("model.layers.61.shared_head.head.weight", (129280, 7168), "BF16"),
+    ("model.layers.60.mlp.gate.e_score_correction_bias", (256,), "F32"),
+])
+def test_catalog_shapes(real_tensors, name, shape, dtype):
+    t = real_tensors[name]
+    assert (t.shape, t.dtype) == (shape, dtype)
+
+
+def test_roles(real):
+    c = lambda n: ds.classify(n, real)  # noqa: E731
+    r = c("model.layers.61.mlp.experts.17.up_proj.weight")
+    assert (r.role, r.layer, r.expert, r.mtp, r.quantizable, r.tp_split) == ("expert_up", 61, 17, True, True, "col")
+    r = c("model.layers.3.mlp.experts.0.down_proj.weight_scale_inv")
+    assert (r.kind, r.weight_name, r.mtp, r.quantizable) == ("scale_inv", "model.layers.3.mlp.experts.0.down_proj.weight", False, False)
+    assert c("model.layers.2.mlp.down_proj.weight").role == "dense_down"
+    assert c("model.layers.2.self_attn.o_proj.weight").tp_split == "row"
+    assert c("model.layers.5.self_attn.kv_a_proj_with_mqa.weight").tp_split is None
+    assert c("model.embed_tokens.weight").tp_split == "vocab"
+    assert c("model.layers.61.eh_proj.weight").role == "mtp_eh_proj"
+    assert c("model.layers.4.mlp.gate.e_score_correction_bias").kind == "bias"
+    assert not c("model.layers.4.mlp.gate.weight").quantizable
+    assert c("model.layers.61.shared_head.head.weight").role == "mtp_head"
+
+
+@pytest.mark.parametrize("name", [
+    "model.layers.62.input_layernorm.weight",          # beyond MTP layers
+    "model.layers.5.mlp.gate_proj.weight",             # dense name in an MoE layer
+    "model.layers.1.mlp.experts.0.up_proj.weight",     # expert in a dense layer
+    "model.layers.5.mlp.experts.256.up_proj.weight",   # expert id out of range
+    "model.layers.5.eh_proj.weight",                   # MTP-only tensor in a base layer
+    "model.layers.5.input_layernorm.weight_scale_inv",  # scale of a norm
+    "model.layers.5.self_attn.q_b_proj.bias",
+    "transformer.h.0.attn.weight",
+])
+def test_unknown_names_are_errors(real, name):
+    with pytest.raises(ModelMapError, match="tensor"):
+        ds.classify(name, real)
+
+
+def test_mtp_layers_follow_config():
+    cfg = dict(REAL_CONFIG, num_hidden_layers=10, num_nextn_predict_layers=2)
+    c = ds.DeepseekV3Config.from_dict(cfg)
+    assert list(c.mtp_layers) == [10, 11]
+    assert ds.classify("model.layers.11.enorm.weight", c).mtp
+    with pytest.raises(ModelMapError):
+        ds.classify("model.layers.61.enorm.weight", c)
+
+
+@pytest.mark.parametrize("patch,msg", [
+    ({"model_type": "llama"}, "model_type"),
+    ({"hidden_size": None}, "hidden_size"),
+    ({"n_group": 3}, "divisible"),
+    ({"topk_group": 9}, "topk_group"),
+    ({"quantization_config": {"quant_method": "fp8", "weight_block_size": [128]}}, "weight_block_size"),
+])
+def test_bad_config(patch, msg):
+    with pytest.raises(ModelMapError, match=msg):
+        ds.DeepseekV3Config.from_dict(dict(REAL_CONFIG, **patch))
+
+
+def test_partners(real):
+    names = ["model.layers.5.self_attn.o_proj.weight_scale_inv"]
+    with pytest.raises(ModelMapError, match="has no weight"):
+        ds.map_tensors(names, real)
+    roles = ds.map_tensors(["model.layers.5.self_attn.o_proj.weight"], real)
+    with pytest.raises(ModelMapError, match="no model.layers.5.self_attn.o_proj.weight_scale_inv"):
+        ds.check_fp8_partners(roles, {"model.layers.5.self_attn.o_proj.weight": "F8_E4M3"})
