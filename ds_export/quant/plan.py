@@ -1,0 +1,239 @@
+"""The quantization plan: every output tensor, its source, its format and its shard, before any weight is read.
+
+One output shard per source shard that yields output (tensors stay in the
+shard of their source weight; an FP8 weight's scale_inv is consumed with it
+even when it sits in another shard). The plan is plain data: it prints as a
+table (`--dry-run`), and its hash identifies a run for resume and `--force`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ds_export import __version__
+from ds_export.errors import UsageError
+from ds_export.formats import fp8_block, weight_only
+from ds_export.io.checkpoint import INDEX_NAME, Checkpoint
+from ds_export.io.writer import Entry
+from ds_export.models import deepseek_v3 as ds
+from ds_export.quant.recipe import Recipe, Target
+
+WO_BITS = {"weight_only_int8": 8, "weight_only_int4": 4}
+WO_SCALE_SUFFIX = "_scale"  # "<...>.weight" -> "<...>.weight_scale" (Paddle's weight-only scale)
+
+
+@dataclass(frozen=True)
+class Task:
+    src: str  # source tensor name
+    src_dtype: str
+    shape: tuple[int, ...]
+    src_scale: str | None  # the FP8 source's weight_scale_inv, consumed with it
+    src_block: tuple[int, int] | None
+    target: Target
+    role: str
+    layer: int | None
+    mtp: bool
+    outputs: tuple[Entry, ...]
+    bytes_in: int
+
+    @property
+    def bytes_out(self) -> int:
+        return sum(e.nbytes for e in self.outputs)
+
+    @property
+    def passthrough(self) -> bool:
+        """Copied bit-exactly: kept as is, or FP8 with 128x128 blocks to a8w8_fp8."""
+        t = self.target.type
+        return t == "keep" or (t == "a8w8_fp8" and self.src_dtype == "F8_E4M3" and self.src_block == fp8_block.BLOCK) \
+            or (t == "bf16" and self.src_dtype == "BF16") or (t == "float32" and self.src_dtype == "F32")
+
+
+@dataclass
+class OutShard:
+    file: str
+    source_files: list[str]
+    tasks: list[Task] = field(default_factory=list)
+
+    def entries(self) -> list[Entry]:
+        return [e for t in self.tasks for e in t.outputs]
+
+    @property
+    def bytes_in(self) -> int:
+        return sum(t.bytes_in for t in self.tasks)
+
+    @property
+    def bytes_out(self) -> int:
+        return sum(t.bytes_out for t in self.tasks)
+
+
+@dataclass
+class Plan:
+    source: str
+    source_fingerprint: str
+    recipe: dict
+    selection: str  # "all" | "base" | "mtp"
+    shards: list[OutShard]
+    config: dict  # the output config.json
+
+    @property
+    def bytes_in(self) -> int:
+        return sum(s.bytes_in for s in self.shards)
+
+    @property
+    def bytes_out(self) -> int:
+        return sum(s.bytes_out for s in self.shards)
+
+    def tasks(self) -> list[Task]:
+        return [t for s in self.shards for t in s.tasks]
+
+    def digest(self) -> str:
+        """Identifies the run: same source, recipe, selection and layout -> same digest."""
+        body = {"fp": self.source_fingerprint, "recipe": self.recipe, "sel": self.selection,
+                "shards": [[s.file, [[e.name, e.dtype, list(e.shape)] for e in s.entries()],
+                            [[t.src, t.target.type, t.target.group_size, t.target.arch] for t in s.tasks]]
+                           for s in self.shards]}
+        return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+    def to_json(self) -> dict:
+        return {"source": self.source, "source_fingerprint": self.source_fingerprint, "recipe": self.recipe,
+                "selection": self.selection, "bytes_in": self.bytes_in, "bytes_out": self.bytes_out,
+                "digest": self.digest(),
+                "shards": [{"file": s.file, "from": s.source_files, "bytes_out": s.bytes_out,
+                            "tensors": [{"src": t.src, "type": t.target.type, "group_size": t.target.group_size,
+                                         "outputs": [asdict(e) for e in t.outputs]} for t in s.tasks]}
+                           for s in self.shards]}
+
+
+def source_fingerprint(ck: Checkpoint) -> str:
+    """sha256 over the index and every shard's name, size and header bytes (cheap; content hashes are
+    `dsx download`'s job)."""
+    h = hashlib.sha256()
+    idx = ck.root / INDEX_NAME
+    if idx.exists():
+        h.update(idx.read_bytes())
+    for rel in sorted(ck.shards):
+        p = ck.shards[rel].path
+        with open(p, "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            h.update(rel.encode())
+            h.update(str(p.stat().st_size).encode())
+            h.update(f.read(n))
+    return h.hexdigest()
+
+
+def _outputs(name: str, shape: tuple[int, ...], src_dtype: str, t: Target) -> tuple[Entry, ...]:
+    if t.type == "skip":
+        return ()
+    if t.type == "keep":
+        return (Entry(name, src_dtype, shape),)
+    if t.type == "bf16":
+        return (Entry(name, "BF16", shape),)
+    if t.type == "float32":
+        return (Entry(name, "F32", shape),)
+    if t.type == "a8w8_fp8":
+        ps = fp8_block.packed_shapes(shape[0], shape[1])
+        return (Entry(name, "F8_E4M3", tuple(ps["weight"]["shape"])),
+                Entry(name + ds.SCALE_SUFFIX, "F32", tuple(ps["weight_scale_inv"]["shape"])))
+    bits = WO_BITS[t.type]
+    weight_only.check_args(shape[0], shape[1], bits, t.group_size, t.arch, name=name)
+    ps = weight_only.packed_shapes(shape[0], shape[1], bits, t.group_size, t.arch)
+    return (Entry(name, "I8", tuple(ps["qweight"]["shape"])),
+            Entry(name + WO_SCALE_SUFFIX, "BF16", tuple(ps["scale"]["shape"])))
+
+
+def build(ck: Checkpoint, recipe: Recipe, *, selection: str = "all") -> Plan:
+    """Decide every tensor's fate. Raises before any work for anything that cannot be converted."""
+    if selection not in ("all", "base", "mtp"):
+        raise UsageError(f"selection {selection!r} must be all, base or mtp")
+    cfg = ds.DeepseekV3Config.from_dict(ck.config, source=str(ck.root / "config.json"))
+    infos = {t.name: t for t in ck.infos()}
+    roles = ds.map_tensors(list(infos), cfg, source=str(ck.root))
+    ds.check_fp8_partners(roles, {n: t.dtype for n, t in infos.items()}, source=str(ck.root))
+    if selection == "mtp" and not cfg.num_nextn_predict_layers:
+        raise UsageError(f"{ck.root}: the checkpoint has no MTP layer (num_nextn_predict_layers is 0)")
+    unused = recipe.unused_rules([r for r in roles.values() if r.kind != "scale_inv"])
+    if unused:
+        raise UsageError(f"{recipe.source}:{unused[0].line}: rule matches no tensor of {ck.root}",
+                         hint="fix the role/name/regex or remove the rule")
+    block = cfg.fp8_block or fp8_block.BLOCK
+    by_file: dict[str, OutShard] = {}
+    for name, info in infos.items():
+        r = roles[name]
+        if r.kind == "scale_inv" or (selection == "base" and r.mtp) or (selection == "mtp" and not r.mtp):
+            continue
+        t = recipe.target(r)
+        if t.type == "skip":
+            continue
+        src_scale = r.scale_name if info.dtype in ("F8_E4M3", "F8_E5M2") else None
+        if src_scale and info.dtype != "F8_E4M3":
+            raise UsageError(f"{ck.root}: {name} is {info.dtype}; only F8_E4M3 block-scaled sources are supported")
+        if src_scale and t.type == "keep":
+            t = Target("a8w8_fp8", t.group_size, t.arch, t.rule) if block == fp8_block.BLOCK else t
+        outs = _outputs(name, info.shape, info.dtype, t)
+        if src_scale and t.type == "keep":
+            outs += (Entry(src_scale, "F32", infos[src_scale].shape),)
+        bytes_in = info.nbytes + (infos[src_scale].nbytes if src_scale else 0)
+        task = Task(name, info.dtype, info.shape, src_scale, block if src_scale else None, t, r.role, r.layer,
+                    r.mtp, outs, bytes_in)
+        rel = ck.weight_map[name]
+        by_file.setdefault(rel, OutShard("", [rel])).tasks.append(task)
+    files = [f for f in sorted(by_file) if by_file[f].entries()]
+    shards = []
+    for i, rel in enumerate(files):
+        s = by_file[rel]
+        s.file = f"model-{i + 1:05d}-of-{len(files):05d}.safetensors"
+        shards.append(s)
+    fp = source_fingerprint(ck)
+    plan = Plan(str(ck.root), fp, recipe.describe(), selection, shards, {})
+    plan.config = output_config(ck.config, plan, recipe)
+    return plan
+
+
+def output_config(src_cfg: dict, plan: Plan, recipe: Recipe) -> dict:
+    """config.json of the output: the source's, minus its quantization_config, plus what was done."""
+    cfg = {k: v for k, v in src_cfg.items() if k != "quantization_config"}
+    types: dict[str, dict] = {}
+    base_types, mtp_types = set(), set()
+    groups, uses_fp8 = set(), False
+    for t in plan.tasks():
+        ent = {"type": t.target.type}
+        if t.target.type.startswith("weight_only"):
+            ent["group_size"] = t.target.group_size
+            groups.add(t.target.group_size)
+        types.setdefault(("mtp." if t.mtp else "") + t.role, ent)
+        (mtp_types if t.mtp else base_types).add(t.target.type)
+        uses_fp8 |= t.target.type == "a8w8_fp8" or (t.target.type == "keep" and t.src_dtype == "F8_E4M3")
+    if base_types | mtp_types <= {"bf16", "float32", "keep", "skip"} and not uses_fp8:
+        return cfg  # plain bf16 checkpoint: no quantization_config at all
+    qc = {
+        "quant_method": "dsx", "pre_quantized": True, "quant_type": recipe.name,
+        "mtp_quant_type": recipe.mtp.name if recipe.mtp else (recipe.name if mtp_types else None),
+        "types_by_role": types, "tool": f"dsx {__version__}",
+        "source_fingerprint": plan.source_fingerprint, "selection": plan.selection,
+    }
+    if uses_fp8:
+        qc.update(fmt="e4m3", activation_scheme="dynamic", weight_block_size=list(fp8_block.BLOCK))
+    if groups:
+        qc["weightonly_group_size"] = sorted(groups)[0] if len(groups) == 1 else sorted(groups)
+        qc["weightonly_arch"] = recipe.arch
+    cfg["quantization_config"] = qc
+    return cfg
+
+
+def load_recipe(type_: str | None, recipe_file: Path | None, *, arch: int | None, group_size: int | None,
+                mtp_type: str | None) -> Recipe:
+    from ds_export.quant import recipe as rmod
+
+    if (type_ is None) == (recipe_file is None):
+        raise UsageError("give exactly one of --type and --recipe",
+                         hint=f"built-in types: {', '.join(rmod.builtin_names())}")
+    rec = rmod.builtin(type_, arch=arch, group_size=group_size) if type_ else rmod.load(recipe_file)
+    if recipe_file and arch is not None:
+        rec.arch = arch
+    if mtp_type:
+        rec.mtp = rmod.builtin(mtp_type, arch=rec.arch, group_size=group_size, _depth=1)
+    return rec

@@ -1,0 +1,149 @@
+"""Per-tensor transforms: read a source weight in row chunks, convert, stream the outputs to a writer.
+
+Memory per call is bounded by `chunk_bytes` (source rows decoded at a time)
+plus the small scale tensors (assembled, then written after their weight).
+Weight-only arch 70 is the exception: its layout interleaves every channel
+into each K row, so one packed tensor is assembled before it is written.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from ds_export.errors import DsxError
+from ds_export.formats import bf16 as bf16_fmt
+from ds_export.formats import fp8_block, weight_only
+from ds_export.io.checkpoint import Checkpoint
+from ds_export.io.dtypes import ST_TO_NP
+from ds_export.quant.plan import WO_BITS, Task
+
+Write = Callable[[str, np.ndarray], None]
+Progress = Callable[[int], None]
+
+
+def _chunk_rows(task: Task, chunk_bytes: int, align: int) -> int:
+    row = max(1, int(np.prod(task.shape[1:], dtype=np.int64))) * 4  # float32 scratch per row
+    rows = max(align, (chunk_bytes // row) // align * align)
+    return rows
+
+
+def _src_rows(ck: Checkpoint, task: Task, r0: int, r1: int, dtype: str) -> np.ndarray:
+    """Source rows [r0, r1) decoded to 'float32' or 'bfloat16' (FP8: value x block scale_inv)."""
+    if task.src_scale:
+        return fp8_block.dequant_native(ck.get(task.src), ck.get(task.src_scale), task.src_block, dtype, rows=(r0, r1))
+    a = ck.get(task.src)
+    if a.ndim:
+        a = a[r0:r1]
+    if dtype == "bfloat16":
+        if a.dtype == ST_TO_NP["BF16"]:
+            return a
+        return bf16_fmt.to_bf16_native(a.astype(np.float32))
+    return a.astype(np.float32)
+
+
+def _copy_raw(ck: Checkpoint, name: str, out_name: str, write: Write, chunk_bytes: int, progress: Progress) -> None:
+    raw = ck.raw(name)
+    for a in range(0, max(raw.size, 1), chunk_bytes):
+        part = raw[a:a + chunk_bytes]
+        write(out_name, part)
+        progress(part.size)
+
+
+def convert(ck: Checkpoint, task: Task, write: Write, *, chunk_bytes: int = 64 << 20, threads: int = 0,
+            progress: Progress = lambda n: None) -> None:
+    """Produce every output of `task`, in plan order, through `write(name, array)`."""
+    t = task.target.type
+    outs = task.outputs
+    try:
+        if task.passthrough:
+            _copy_raw(ck, task.src, outs[0].name, write, chunk_bytes, progress)
+            if task.src_scale:
+                _copy_raw(ck, task.src_scale, outs[1].name, write, chunk_bytes, progress)
+        elif t in ("bf16", "float32"):
+            _cast(ck, task, write, chunk_bytes, progress, "bfloat16" if t == "bf16" else "float32")
+        elif t == "a8w8_fp8":
+            _to_fp8(ck, task, write, chunk_bytes, progress)
+        elif t in WO_BITS:
+            _to_weight_only(ck, task, write, chunk_bytes, progress, threads)
+        else:
+            raise DsxError(f"{task.src}: no transform for target {t!r}")
+    finally:
+        for n in (task.src, task.src_scale):
+            if n:
+                ck.shard_of(n).advise_done(n)
+
+
+def _row_bytes(task: Task) -> int:
+    return int(np.prod(task.shape[1:], dtype=np.int64)) * ST_TO_NP[task.src_dtype].itemsize if task.shape else 0
+
+
+def _cast(ck, task, write, chunk_bytes, progress, dtype):
+    name = task.outputs[0].name
+    if len(task.shape) < 2:
+        write(name, np.ascontiguousarray(_src_rows(ck, task, 0, task.shape[0] if task.shape else 0, dtype)))
+        progress(task.bytes_in)
+        return
+    n = task.shape[0]
+    step = _chunk_rows(task, chunk_bytes, 128)
+    for r0 in range(0, n, step):
+        r1 = min(n, r0 + step)
+        write(name, np.ascontiguousarray(_src_rows(ck, task, r0, r1, dtype)))
+        progress((r1 - r0) * _row_bytes(task))
+    _scale_progress(task, progress)
+
+
+def _scale_progress(task: Task, progress: Progress) -> None:
+    if task.src_scale:
+        progress(task.bytes_in - task.shape[0] * _row_bytes(task))
+
+
+def _to_fp8(ck, task, write, chunk_bytes, progress):
+    if len(task.shape) != 2:
+        raise DsxError(f"{task.src}: a8w8_fp8 needs a 2-D Linear weight, got shape {list(task.shape)}")
+    n = task.shape[0]
+    bn = fp8_block.BLOCK[0]
+    step = _chunk_rows(task, chunk_bytes, bn)
+    scales = []
+    # bf16 sources quantize from bf16; FP8 sources from the float32 product (no bf16 rounding on the way).
+    dtype = "float32" if task.src_scale or task.src_dtype == "F32" else "bfloat16"
+    for r0 in range(0, n, step):
+        r1 = min(n, r0 + step)
+        q, s = fp8_block.quantize_native(_src_rows(ck, task, r0, r1, dtype), fp8_block.BLOCK)
+        write(task.outputs[0].name, q)
+        scales.append(s)
+        progress((r1 - r0) * _row_bytes(task))
+    write(task.outputs[1].name, np.concatenate(scales, axis=0))
+    _scale_progress(task, progress)
+
+
+def _to_weight_only(ck, task, write, chunk_bytes, progress, threads):
+    if len(task.shape) != 2:
+        raise DsxError(f"{task.src}: weight-only needs a 2-D Linear weight, got shape {list(task.shape)}")
+    n, k = task.shape
+    tg = task.target
+    bits = WO_BITS[tg.type]
+    step = _chunk_rows(task, chunk_bytes, 64)
+    scales = []
+    whole = None
+    if tg.arch == 70:  # arch 70 interleaves every channel into each K row: assemble the tensor first
+        shapes = weight_only.packed_shapes(n, k, bits, tg.group_size, tg.arch)
+        whole = (np.empty(shapes["qweight"]["shape"], np.int8), np.empty(shapes["scale"]["shape"], weight_only.BF16))
+    for r0 in range(0, n, step):
+        r1 = min(n, r0 + step)
+        # Paddle's input is the bf16 weight: FP8 sources are dequantized and rounded to bf16 first.
+        w = _src_rows(ck, task, r0, r1, "bfloat16")
+        if whole is not None:
+            weight_only.quantize_native(w, bits, tg.group_size, tg.arch, out=whole, rows=(r0, r1), threads=threads)
+        else:
+            q, s = weight_only.quantize_rows_native(w, n, (r0, r1), bits, tg.group_size, tg.arch, threads=threads)
+            write(task.outputs[0].name, q)  # channels' bytes are contiguous in Paddle's layout: stream them
+            scales.append(s)
+        progress((r1 - r0) * _row_bytes(task))
+    if whole is not None:
+        write(task.outputs[0].name, whole[0])
+        write(task.outputs[1].name, whole[1])
+    else:
+        write(task.outputs[1].name, np.concatenate(scales, axis=-1))
+    _scale_progress(task, progress)

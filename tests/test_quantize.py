@@ -1,0 +1,242 @@
+"""dsx quantize end to end on the tiny checkpoint: roles, Paddle byte-identity, passthrough, resume, safety."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from ds_export.cli.app import main
+from ds_export.errors import DsxError
+from ds_export.io.checkpoint import Checkpoint
+from ds_export.io.manifest import Manifest
+from ds_export.io.writer import sha256_file
+from ds_export.quant import engine, plan as plan_mod
+
+
+def _quantize(src, out, *args):
+    rc = main(["quantize", str(src), "--out", str(out), "--quiet", *args])
+    assert rc == 0
+    return Checkpoint.open(out)
+
+
+def _dequant_f32(ck, name):
+    """Independent FP8 dequant (ml_dtypes decode x expanded block scale)."""
+    q = ck.get(name).astype(np.float32)
+    s = ck.get(name + "_scale_inv")
+    return q * np.repeat(np.repeat(s, 128, 0), 128, 1)[: q.shape[0], : q.shape[1]]
+
+
+@pytest.fixture(scope="module")
+def mixed(tiny_fp8, tmp_path_factory):
+    out = tmp_path_factory.mktemp("q") / "mix"
+    return _quantize(tiny_fp8, out, "--type", "a8w8_fp8_wint4", "--mtp-type", "a8w8_fp8")
+
+
+def test_mixed_recipe_assigns_roles(mixed, tiny_fp8):
+    src = Checkpoint.open(tiny_fp8)
+    qc = mixed.config["quantization_config"]
+    assert qc["quant_type"] == "a8w8_fp8_wint4" and qc["mtp_quant_type"] == "a8w8_fp8" and qc["pre_quantized"]
+    for name in src.names():
+        if name.endswith("_scale_inv"):
+            continue
+        info = mixed.info(name)
+        if ".mlp.experts." in name and ".layers.3." not in name:  # routed experts of the base model
+            assert info.dtype == "I8" and info.shape[0] * 2 == src.info(name).shape[0], name
+            assert mixed.info(name + "_scale").dtype == "BF16"
+        elif name.endswith(("proj.weight", "proj_with_mqa.weight")):  # every other Linear, eh_proj included
+            assert info.dtype == "F8_E4M3", name
+            assert mixed.info(name + "_scale_inv").dtype == "F32"
+        elif name.endswith("mlp.gate.weight") or name.endswith("e_score_correction_bias"):
+            assert info.dtype == "F32", name
+        else:
+            assert info.dtype == "BF16", name
+    assert not [n for n in mixed.names() if n.endswith("_scale") and ".layers.3." in n]  # MTP experts are FP8
+
+
+def test_fp8_passthrough_is_bit_exact(mixed, tiny_fp8):
+    src = Checkpoint.open(tiny_fp8)
+    for name in [n for n in src.names() if "self_attn" in n and src.info(n).dtype in ("F8_E4M3", "F32")]:
+        assert mixed.raw(name).tobytes() == src.raw(name).tobytes(), name
+
+
+def test_weight_only_is_byte_identical_to_paddle(mixed, tiny_fp8):
+    paddle = pytest.importorskip("paddle")
+    src = Checkpoint.open(tiny_fp8)
+    for name in ["model.layers.1.mlp.experts.0.gate_proj.weight", "model.layers.2.mlp.experts.15.down_proj.weight"]:
+        w_bf16 = _dequant_f32(src, name).astype(ml_dtypes.bfloat16)
+        x = paddle.to_tensor(w_bf16.T.astype(np.float32)).astype("bfloat16")
+        q, s = paddle.nn.quant.weight_quantize(x, algo="weight_only_int4", arch=90, group_size=-1)
+        assert mixed.get(name).tobytes() == q.numpy().tobytes(), name
+        assert mixed.raw(name + "_scale").tobytes() == s.view(paddle.uint16).numpy().tobytes(), name
+
+
+@pytest.mark.parametrize("args,bits,group", [
+    (["--type", "weight_only_int8"], 8, -1),
+    (["--type", "weight_only_int4", "--group-size", "128", "--arch", "80"], 4, 128),
+])
+def test_weight_only_types_match_paddle(tiny_fp8, tmp_path, args, bits, group):
+    paddle = pytest.importorskip("paddle")
+    out = _quantize(tiny_fp8, tmp_path / "o", *args, "--no-mtp")
+    src = Checkpoint.open(tiny_fp8)
+    name = "model.layers.0.self_attn.o_proj.weight"
+    w_bf16 = _dequant_f32(src, name).astype(ml_dtypes.bfloat16)
+    x = paddle.to_tensor(w_bf16.T.astype(np.float32)).astype("bfloat16")
+    arch = 80 if "80" in args else 90
+    q, s = paddle.nn.quant.weight_quantize(x, algo=f"weight_only_int{bits}", arch=arch, group_size=group)
+    assert out.get(name).tobytes() == q.numpy().tobytes()
+    assert out.raw(name + "_scale").tobytes() == s.view(paddle.uint16).numpy().tobytes()
+    assert not [n for n in out.names() if ".layers.3." in n]  # --no-mtp
+    assert out.config["quantization_config"]["weightonly_group_size"] == group
+
+
+def test_bf16_type_dequantizes_exactly(tiny_fp8, tmp_path):
+    out = _quantize(tiny_fp8, tmp_path / "b", "--type", "bf16")
+    src = Checkpoint.open(tiny_fp8)
+    assert "quantization_config" not in out.config
+    name = "model.layers.1.self_attn.kv_a_proj_with_mqa.weight"
+    ref = _dequant_f32(src, name).astype(ml_dtypes.bfloat16)  # RNE
+    assert out.get(name).tobytes() == ref.tobytes()
+    assert not [n for n in out.names() if n.endswith("_scale_inv")]
+
+
+def test_fp8_from_bf16_source_within_e4m3_rounding(tiny_bf16, tmp_path):
+    out = _quantize(tiny_bf16, tmp_path / "f", "--type", "a8w8_fp8")
+    src = Checkpoint.open(tiny_bf16)
+    name = "model.layers.0.mlp.down_proj.weight"
+    w = src.get(name).astype(np.float64)
+    deq = _dequant_f32(out, name).astype(np.float64)
+    err = np.abs(deq - w)
+    s = np.repeat(np.repeat(out.get(name + "_scale_inv"), 128, 0), 128, 1)[: w.shape[0], : w.shape[1]]
+    # e4m3 has 3 mantissa bits: error at most half an ulp = 2^-4 relative (subnormal step 2^-10 x scale).
+    assert (err <= np.maximum(np.abs(w) * 2.0**-4, s * 2.0**-10) * (1 + 1e-6)).all()
+    sqnr = 10 * np.log10((w**2).sum() / (err**2).sum())
+    assert 25 < sqnr < 40
+
+
+def test_mtp_only_writes_just_the_draft(tiny_fp8, tmp_path):
+    out = _quantize(tiny_fp8, tmp_path / "m", "--type", "weight_only_int8", "--mtp-only")
+    assert out.names() and all(n.startswith("model.layers.3.") for n in out.names())
+    assert out.config["quantization_config"]["selection"] == "mtp"
+
+
+def test_dry_run_writes_nothing(tiny_fp8, tmp_path, capsys):
+    assert main(["quantize", str(tiny_fp8), "--out", str(tmp_path / "d"), "--type", "a8w8_fp8_wint4",
+                 "--dry-run", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["bytes_out"] < plan["bytes_in"] and not (tmp_path / "d").exists()
+
+
+# ----------------------------------------------------------- resume, safety ----
+
+_KILL = textwrap.dedent("""
+    import os, signal, sys
+    from ds_export.io.checkpoint import Checkpoint
+    from ds_export.quant import engine, plan as plan_mod
+    ck = Checkpoint.open(sys.argv[1])
+    p = plan_mod.build(ck, plan_mod.load_recipe("a8w8_fp8_wint4", None, arch=None, group_size=None, mtp_type=None))
+    n = [0]
+    def on_shard(f):
+        n[0] += 1
+        if n[0] == 2:
+            os.kill(os.getpid(), signal.SIGKILL)
+    engine.run(ck, p, sys.argv[2], engine.Options(workers=1), on_shard=on_shard)
+""")
+
+
+def test_resume_after_sigkill_is_byte_identical(tiny_fp8, tmp_path):
+    r = subprocess.run([sys.executable, "-c", _KILL, str(tiny_fp8), str(tmp_path / "k")])
+    assert r.returncode == -9
+    m = Manifest.load(tmp_path / "k")
+    assert not m.complete and len(m.files) == 2
+    assert not (tmp_path / "k" / "model.safetensors.index.json").exists()  # does not look complete
+    ck = Checkpoint.open(tiny_fp8)
+    p = plan_mod.build(ck, plan_mod.load_recipe("a8w8_fp8_wint4", None, arch=None, group_size=None, mtp_type=None))
+    res = engine.run(ck, p, tmp_path / "k")
+    assert res["skipped"] == 2 and res["converted"] == len(p.shards) - 2
+    engine.run(ck, p, tmp_path / "clean")
+    for f in sorted((tmp_path / "clean").iterdir()):
+        if f.name != "dsx-manifest.json":
+            assert sha256_file(f) == sha256_file(tmp_path / "k" / f.name), f.name
+    assert Manifest.load(tmp_path / "k").complete
+
+
+def test_corrupt_finished_shard_is_redone(mixed):
+    out = mixed.root
+    shard = sorted(out.glob("model-*.safetensors"))[0]
+    good = sha256_file(shard)
+    with open(shard, "r+b") as f:
+        f.seek(-3, 2)
+        f.write(b"\0\1\2")
+    src = Checkpoint.open(Manifest.load(out).run["source"])
+    rec = plan_mod.load_recipe("a8w8_fp8_wint4", None, arch=None, group_size=None, mtp_type="a8w8_fp8")
+    res = engine.run(src, plan_mod.build(src, rec), out)
+    assert res["converted"] == 1 and sha256_file(shard) == good
+
+
+def test_refuses_other_runs_output_without_force(tiny_fp8, tmp_path):
+    _quantize(tiny_fp8, tmp_path / "o", "--type", "weight_only_int8")
+    rc = main(["quantize", str(tiny_fp8), "--out", str(tmp_path / "o"), "--type", "weight_only_int4", "-q"])
+    assert rc == 2
+    assert Checkpoint.open(tmp_path / "o").config["quantization_config"]["quant_type"] == "weight_only_int8"
+    _quantize(tiny_fp8, tmp_path / "o", "--type", "weight_only_int4", "--force")
+    assert Checkpoint.open(tmp_path / "o").config["quantization_config"]["quant_type"] == "weight_only_int4"
+    (tmp_path / "user").mkdir()
+    (tmp_path / "user" / "notes.txt").write_text("mine")
+    assert main(["quantize", str(tiny_fp8), "--out", str(tmp_path / "user"), "--type", "bf16", "-q"]) == 2
+    _quantize(tiny_fp8, tmp_path / "user", "--type", "bf16", "--force")
+    assert (tmp_path / "user" / "notes.txt").read_text() == "mine"  # --force removes only dsx's files
+
+
+def test_out_of_disk_fails_before_writing(tiny_fp8, tmp_path, monkeypatch):
+    import shutil
+    from collections import namedtuple
+
+    du = namedtuple("du", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: du(10**6, 10**6 - 1000, 1000))
+    ck = Checkpoint.open(tiny_fp8)
+    p = plan_mod.build(ck, plan_mod.load_recipe("bf16", None, arch=None, group_size=None, mtp_type=None))
+    with pytest.raises(DsxError, match="GiB free"):
+        engine.run(ck, p, tmp_path / "o")
+    assert not list((tmp_path / "o").glob("model-*"))
+
+
+def test_bad_source_rejected_before_work(tiny_fp8, tmp_path):
+    import shutil
+
+    shutil.copytree(tiny_fp8, tmp_path / "src")
+    victim = sorted((tmp_path / "src").glob("model-*.safetensors"))[-1]
+    with open(victim, "r+b") as f:
+        f.truncate(100)
+    assert main(["quantize", str(tmp_path / "src"), "--out", str(tmp_path / "o"), "--type", "bf16", "-q"]) == 1
+    assert not (tmp_path / "o").exists()
+
+
+def test_weight_only_refuses_bad_shapes(tmp_path):
+    """A shape Paddle's CPU op would corrupt memory on is refused at plan time, naming the tensor."""
+    from ds_export.models import deepseek_v3 as ds
+    from ds_export.tiny import REAL_CONFIG, TINY
+
+    cfg = ds.DeepseekV3Config.from_dict({**REAL_CONFIG, **TINY, "hidden_size": 200})
+    (tmp_path / "t").mkdir()
+    ck_names = [t for t in ds.expected_tensors(cfg, fp8=False) if t.name.endswith("o_proj.weight")]
+    rec = plan_mod.load_recipe("weight_only_int4", None, arch=None, group_size=None, mtp_type=None)
+    with pytest.raises(DsxError, match="model.layers.0.self_attn.o_proj.weight.*multiples of 64"):
+        plan_mod._outputs(ck_names[0].name, ck_names[0].shape, "BF16", rec.target(ck_names[0].role))  # noqa: SLF001
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--type", "int3"], "unknown quant type"),
+    ([], "exactly one of --type and --recipe"),
+    (["--type", "bf16", "--mtp-only", "--no-mtp"], "exclude each other"),
+    (["--type", "weight_only_int4", "--group-size", "32"], "group_size 32"),
+    (["--type", "weight_only_int4", "--arch", "81"], "arch 81"),
+])
+def test_cli_usage_errors(tiny_fp8, tmp_path, capsys, args, msg):
+    assert main(["quantize", str(tiny_fp8), "--out", str(tmp_path / "o"), *args]) == 2
+    assert msg in capsys.readouterr().err

@@ -1,0 +1,100 @@
+"""Recipes: strict validation with line numbers; built-ins; custom rules end to end."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from ds_export.cli.app import main
+from ds_export.errors import UsageError
+from ds_export.io.checkpoint import Checkpoint
+from ds_export.quant import plan as plan_mod
+from ds_export.quant import recipe as rmod
+
+
+def _write(tmp_path, text):
+    p = tmp_path / "r.yaml"
+    p.write_text(textwrap.dedent(text))
+    return p
+
+
+@pytest.mark.parametrize("text,msg", [
+    ("name: x\nbogus: 1\n", r"r.yaml:1: unknown key\(s\) bogus"),
+    ("name: x\nrules:\n  - role: q_b\n    type: int3\n", r"r.yaml:3: type 'int3' is not one of"),
+    ("name: x\nrules:\n  - role: qb_proj\n    type: bf16\n", r"r.yaml:3: role 'qb_proj'"),
+    ("name: x\nrules:\n  - role: q_b\n    type: bf16\n    colour: red\n", r"r.yaml:3: unknown rule key"),
+    ("name: x\nrules:\n  - type: bf16\n", r"r.yaml:3: a rule needs role, name, regex or mtp"),
+    ("name: x\nrules:\n  - role: q_b\n    type: a8w8_fp8\n    group_size: 64\n", "group_size only applies"),
+    ("name: x\nrules:\n  - regex: '[unclosed'\n    type: bf16\n", "bad regex"),
+    ("name: x\narch: 81\n", "arch 81"),
+    ("rules: []\n", "name .a string. is required"),
+    ("name: x\nrules: [\n", "not valid YAML"),
+    ("name: x\nmtp:\n  name: y\n  mtp: a8w8_fp8\n", "cannot have an mtp key"),
+    ("name: x\ndefaults:\n  linear: float32\n", "defaults.linear 'float32'"),
+])
+def test_strict_validation(tmp_path, text, msg):
+    with pytest.raises(UsageError, match=msg):
+        rmod.load(_write(tmp_path, text))
+
+
+def test_builtins_exist_and_load():
+    names = rmod.builtin_names()
+    assert {"bf16", "weight_only_int8", "weight_only_int4", "a8w8_fp8", "a8w8_fp8_wint4"} <= set(names)
+    for n in names:
+        assert rmod.builtin(n).name == n
+
+
+def test_rule_matching_nothing_is_an_error(tiny_fp8, tmp_path):
+    p = _write(tmp_path, """\
+        name: typo
+        rules:
+          - name: "model.layers.*.self_attn.q_proj.weight"
+            type: bf16
+    """)
+    ck = Checkpoint.open(tiny_fp8)
+    with pytest.raises(UsageError, match=r"r.yaml:3: rule matches no tensor"):
+        plan_mod.build(ck, rmod.load(p))
+
+
+def test_rule_for_mtp_tensors_only_is_unused_when_mtp_has_its_own_recipe(tiny_fp8, tmp_path):
+    p = _write(tmp_path, "name: x\nrules:\n  - role: mtp_eh_proj\n    type: skip\nmtp: a8w8_fp8\n")
+    with pytest.raises(UsageError, match="r.yaml:3: rule matches no tensor"):
+        plan_mod.build(Checkpoint.open(tiny_fp8), rmod.load(p))
+
+
+def test_kind_mismatch_is_an_error(tiny_fp8, tmp_path):
+    p = _write(tmp_path, "name: x\nrules:\n  - role: input_norm\n    type: weight_only_int8\n")
+    with pytest.raises(UsageError, match="only applies to non-Linear|only applies to Linear"):
+        plan_mod.build(Checkpoint.open(tiny_fp8), rmod.load(p))
+
+
+def test_custom_recipe_end_to_end(tiny_fp8, tmp_path):
+    p = _write(tmp_path, """\
+        name: custom
+        description: first layer's attention kept bf16, experts int8 g64, rest FP8
+        defaults:
+          linear: a8w8_fp8
+          other: bf16
+        rules:
+          - regex: '^model\\.layers\\.0\\.self_attn\\.'
+            role: [q_a, q_b, kv_a, kv_b, o_proj]
+            type: bf16
+          - role: [expert_gate, expert_up, expert_down]
+            type: weight_only_int8
+            group_size: 64
+          - name: "model.layers.2.mlp.shared_experts.*"
+            type: skip
+        mtp: weight_only_int4
+    """)
+    out = tmp_path / "o"
+    assert main(["quantize", str(tiny_fp8), "--out", str(out), "--recipe", str(p), "-q"]) == 0
+    ck = Checkpoint.open(out)
+    assert ck.info("model.layers.0.self_attn.q_b_proj.weight").dtype == "BF16"
+    assert ck.info("model.layers.1.self_attn.q_b_proj.weight").dtype == "F8_E4M3"
+    assert ck.info("model.layers.2.mlp.experts.3.up_proj.weight_scale").shape[0] == 256 // 64
+    assert ck.info("model.layers.3.mlp.experts.3.up_proj.weight_scale").shape == (192,)  # MTP: int4 per channel
+    assert "model.layers.2.mlp.shared_experts.up_proj.weight" not in ck
+    assert "model.layers.3.mlp.shared_experts.up_proj.weight" in ck  # MTP tensors follow the MTP recipe
+    qc = ck.config["quantization_config"]
+    assert qc["quant_type"] == "custom" and qc["mtp_quant_type"] == "weight_only_int4"
