@@ -65,11 +65,13 @@ class TinySpec:
     layers: int | None = None
     experts: int | None = None
     shard_mb: float | None = None
+    overrides: tuple[tuple[str, object], ...] = ()  # extra config.json values, e.g. (("hidden_size", 2048),)
 
 
 def make_config(spec: TinySpec) -> dict:
     cfg = copy.deepcopy(REAL_CONFIG)
     cfg.update(TINY if spec.preset == "tiny" else REAL_DIMS)
+    cfg.update(dict(spec.overrides))
     if spec.layers is not None:
         if spec.layers < 1:
             raise UsageError("--layers must be at least 1")

@@ -23,6 +23,7 @@ def quantize(
     no_mtp: Annotated[bool, typer.Option("--no-mtp", help="Write only the base model.")] = False,
     recipe: Annotated[Path | None, typer.Option("--recipe", help="YAML recipe of rules (see docs/recipes.md).")] = None,
     workers: Workers = None,
+    memory_mb: Annotated[int, typer.Option("--memory-mb", help="Scratch memory for row chunks, over all workers (MiB).")] = 768,
     device: Device = "cpu",
     dry_run: DryRun = False,
     force: Force = False,
@@ -43,6 +44,8 @@ def quantize(
         raise UsageError("--mtp-only and --no-mtp exclude each other")
     if device != "cpu":
         raise UsageError(f"--device {device}: only cpu is available in this version")
+    if memory_mb < 16:
+        raise UsageError("--memory-mb must be at least 16")
     if workers is not None and workers < 1:
         raise UsageError("--workers must be at least 1")
     rec = plan_mod.load_recipe(type_, recipe, arch=arch, group_size=group_size, mtp_type=mtp_type)
@@ -54,7 +57,7 @@ def quantize(
             return
         rep = _RichReporter(o)
         with rep:
-            res = engine.run(ck, p, out, engine.Options(workers=workers, force=force), rep)
+            res = engine.run(ck, p, out, engine.Options(workers=workers, force=force, memory_budget=memory_mb << 20), rep)
     res["seconds"] = rep.elapsed()
     o.result(res)
     o.print(f"wrote {res['shards']} shards to {out} ({human_bytes(res['bytes_out'])}; converted {res['converted']}, "
