@@ -240,3 +240,38 @@ def test_weight_only_refuses_bad_shapes(tmp_path):
 def test_cli_usage_errors(tiny_fp8, tmp_path, capsys, args, msg):
     assert main(["quantize", str(tiny_fp8), "--out", str(tmp_path / "o"), *args]) == 2
     assert msg in capsys.readouterr().err
+
+
+def test_two_nodes_share_the_work_and_match_one_node(tiny_fp8, tmp_path, monkeypatch):
+    args = ["--type", "a8w8_fp8_wint4", "--mtp-type", "weight_only_int8"]
+    _quantize(tiny_fp8, tmp_path / "one", *args)
+    monkeypatch.setenv("PADDLE_TRAINERS_NUM", "2")
+    monkeypatch.setenv("PADDLE_TRAINER_ID", "1")  # as paddle.distributed.launch would set it
+    assert main(["quantize", str(tiny_fp8), "--out", str(tmp_path / "two"), "-q", *args]) == 0
+    node1 = Manifest.load(tmp_path / "two", "dsx-manifest.node-1-of-2.json")
+    assert node1.complete and 0 < len(node1.files) < 6
+    assert not (tmp_path / "two" / "model.safetensors.index.json").exists()  # not published yet
+    assert main(["quantize", str(tiny_fp8), "--out", str(tmp_path / "two"), "-q", "--node-rank", "0", *args]) == 0
+    assert Manifest.load(tmp_path / "two").complete
+    for f in sorted((tmp_path / "one").iterdir()):
+        if not f.name.startswith("dsx-manifest"):
+            assert sha256_file(f) == sha256_file(tmp_path / "two" / f.name), f.name
+    assert main(["quantize", str(tiny_fp8), "--out", str(tmp_path / "x"), "-q", "--node-rank", "2", *args]) == 2
+
+
+def test_fp8_source_with_other_blocks_is_requantized(tmp_path):
+    from ds_export.tiny import REAL_CONFIG, TinySpec, write_tiny
+
+    qc = dict(REAL_CONFIG["quantization_config"], weight_block_size=[64, 64])
+    write_tiny(tmp_path / "src", TinySpec(overrides=(("quantization_config", qc),)))
+    src = Checkpoint.open(tmp_path / "src")
+    assert src.info("model.layers.0.self_attn.o_proj.weight_scale_inv").shape == (4, 4)
+    out = _quantize(tmp_path / "src", tmp_path / "o", "--type", "a8w8_fp8")
+    name = "model.layers.0.self_attn.o_proj.weight"
+    assert out.info(name + "_scale_inv").shape == (2, 2)
+    q = src.get(name).astype(np.float64)
+    s = src.get(name + "_scale_inv").astype(np.float64)
+    ref = q * np.repeat(np.repeat(s, 64, 0), 64, 1)
+    err = np.abs(_dequant_f32(out, name) - ref)
+    s128 = np.repeat(np.repeat(out.get(name + "_scale_inv"), 128, 0), 128, 1)
+    assert (err <= np.maximum(np.abs(ref) * 2.0**-4, s128 * 2.0**-10) * (1 + 1e-6)).all()

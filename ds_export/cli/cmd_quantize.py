@@ -23,6 +23,9 @@ def quantize(
     no_mtp: Annotated[bool, typer.Option("--no-mtp", help="Write only the base model.")] = False,
     recipe: Annotated[Path | None, typer.Option("--recipe", help="YAML recipe of rules (see docs/recipes.md).")] = None,
     workers: Workers = None,
+    num_nodes: Annotated[int | None, typer.Option("--num-nodes", help="Split the shards over this many nodes sharing --out "
+                                                  "(default: PADDLE_TRAINERS_NUM or 1).")] = None,
+    node_rank: Annotated[int | None, typer.Option("--node-rank", help="This node's rank (default: PADDLE_TRAINER_ID or 0).")] = None,
     memory_mb: Annotated[int, typer.Option("--memory-mb", help="Scratch memory for row chunks, over all workers (MiB).")] = 768,
     device: Device = "cpu",
     dry_run: DryRun = False,
@@ -48,6 +51,7 @@ def quantize(
         raise UsageError("--memory-mb must be at least 16")
     if workers is not None and workers < 1:
         raise UsageError("--workers must be at least 1")
+    n_nodes, rank = engine.node_from_env(num_nodes, node_rank)
     rec = plan_mod.load_recipe(type_, recipe, arch=arch, group_size=group_size, mtp_type=mtp_type)
     with Checkpoint.open(src) as ck:
         p = plan_mod.build(ck, rec, selection="mtp" if mtp_only else "base" if no_mtp else "all")
@@ -57,9 +61,14 @@ def quantize(
             return
         rep = _RichReporter(o)
         with rep:
-            res = engine.run(ck, p, out, engine.Options(workers=workers, force=force, memory_budget=memory_mb << 20), rep)
+            res = engine.run(ck, p, out, engine.Options(workers=workers, force=force, memory_budget=memory_mb << 20,
+                                                         num_nodes=n_nodes, node_rank=rank), rep)
     res["seconds"] = rep.elapsed()
     o.result(res)
+    if not res["complete"]:
+        o.print(f"node {rank} of {n_nodes}: its {res['shards']} shards are done; the output is published when the "
+                "last node finishes")
+        return
     o.print(f"wrote {res['shards']} shards to {out} ({human_bytes(res['bytes_out'])}; converted {res['converted']}, "
             f"verified and kept {res['skipped']}) in {res['seconds']:.1f} s, "
             f"{res['bytes_in'] / max(res['seconds'], 1e-9) / 1e9:.2f} GB/s of input")

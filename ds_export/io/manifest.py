@@ -26,20 +26,21 @@ class Manifest:
     run: dict = field(default_factory=dict)  # what produced it: tool, version, command, source checksum
     files: dict[str, dict] = field(default_factory=dict)  # rel path -> {"size", "sha256"}
     complete: bool = False
+    name: str = MANIFEST_NAME  # per-node manifests of a multi-node run have their own names
 
     @property
     def path(self) -> Path:
-        return self.root / MANIFEST_NAME
+        return self.root / self.name
 
     @classmethod
-    def load(cls, root: str | os.PathLike) -> "Manifest | None":
+    def load(cls, root: str | os.PathLike, name: str = MANIFEST_NAME) -> "Manifest | None":
         root = Path(root)
-        p = root / MANIFEST_NAME
+        p = root / name
         if not p.exists():
             return None
         try:
             obj = json.loads(p.read_text(encoding="utf-8"))
-            return cls(root, obj["run"], obj["files"], bool(obj["complete"]))
+            return cls(root, obj["run"], obj["files"], bool(obj["complete"]), name)
         except (json.JSONDecodeError, KeyError, TypeError) as e:
             raise CheckpointError(f"{p}: unreadable manifest ({e.__class__.__name__})",
                                   hint="delete it and rerun with --force") from None

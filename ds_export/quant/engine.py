@@ -10,6 +10,11 @@ with its sha256. A rerun of the same plan re-verifies those shards, skips
 them, and redoes the rest; the result is byte-identical to an uninterrupted
 run. A different plan's output is never overwritten without `force`. The
 index, config and `complete: true` are written last.
+
+Several nodes (`num_nodes`, `node_rank`; a shared output directory): the
+shards are split by bytes, deterministically; each node records its own
+`dsx-manifest.node-R-of-N.json`, and whichever node finds every node's
+manifest complete merges them into the final index, config and manifest.
 """
 
 from __future__ import annotations
@@ -40,6 +45,32 @@ class Options:
     force: bool = False
     memory_budget: int = 768 << 20  # bytes of chunk scratch, over all workers
     verify_existing: bool = True  # re-hash finished shards before skipping them
+    num_nodes: int = 1
+    node_rank: int = 0
+
+
+def node_from_env(num_nodes: int | None, node_rank: int | None) -> tuple[int, int]:
+    """--num-nodes/--node-rank, else the variables `python -m paddle.distributed.launch` sets."""
+    n = num_nodes if num_nodes is not None else int(os.environ.get("PADDLE_TRAINERS_NUM", "1"))
+    r = node_rank if node_rank is not None else int(os.environ.get("PADDLE_TRAINER_ID", "0"))
+    if n < 1 or not 0 <= r < n:
+        raise UsageError(f"node rank {r} of {n} nodes is out of range", hint="0 <= --node-rank < --num-nodes")
+    return n, r
+
+
+def assign(shards: list[OutShard], num_nodes: int) -> list[list[OutShard]]:
+    """Split shards over nodes by bytes (largest first to the least loaded node; deterministic)."""
+    loads = [0] * num_nodes
+    parts: list[list[OutShard]] = [[] for _ in range(num_nodes)]
+    for s in sorted(shards, key=lambda s: (-s.bytes_in, s.file)):
+        i = loads.index(min(loads))
+        parts[i].append(s)
+        loads[i] += s.bytes_in
+    return parts
+
+
+def node_manifest_name(num_nodes: int, rank: int) -> str:
+    return MANIFEST_NAME if num_nodes == 1 else f"dsx-manifest.node-{rank}-of-{num_nodes}.json"
 
 
 class Reporter:
@@ -50,22 +81,31 @@ class Reporter:
     def shard_done(self, file: str) -> None: ...
 
 
-def _prepare_out(out: Path, plan: Plan, force: bool) -> Manifest:
+def _ours(p: Path) -> bool:
+    return p.name.startswith(("model-", "dsx-manifest")) or p.name.endswith(PARTIAL_SUFFIX)
+
+
+def _prepare_out(out: Path, plan: Plan, force: bool, name: str = MANIFEST_NAME) -> Manifest:
     digest = plan.digest()
     if out.exists() and not out.is_dir():
         raise UsageError(f"{out}: exists and is not a directory")
     out.mkdir(parents=True, exist_ok=True)
-    old = Manifest.load(out)
+    old = Manifest.load(out, name)
     if old is not None and old.run.get("plan_digest") == digest:
         return old
-    if old is not None or any(out.iterdir()):
+    main = Manifest.load(out) if name != MANIFEST_NAME else None
+    if main is not None and main.run.get("plan_digest") != digest:
+        old = old or main
+    # Other nodes of the same multi-node run write beside us: their files are not "other files".
+    foreign = [p for p in out.iterdir() if not (name != MANIFEST_NAME and _ours(p))]
+    if (old is not None and old.run.get("plan_digest") != digest) or (old is None and foreign):
         if not force:
             what = f"a different dsx run ({old.run.get('recipe', {}).get('name')})" if old else "other files"
             raise UsageError(f"{out}: holds {what}", hint="choose another --out, or pass --force to replace it")
         _clear(out, old)
     m = Manifest(out, run={"tool": "dsx", "version": __version__, "plan_digest": digest, "source": plan.source,
                            "source_fingerprint": plan.source_fingerprint, "recipe": plan.recipe,
-                           "selection": plan.selection})
+                           "selection": plan.selection}, name=name)
     m.save()
     return m
 
@@ -73,9 +113,9 @@ def _prepare_out(out: Path, plan: Plan, force: bool) -> Manifest:
 def _clear(out: Path, old: Manifest | None) -> None:
     """--force: remove what a previous dsx run wrote (never anything else)."""
     names = set(old.files) if old else set()
-    names |= {INDEX_NAME, MANIFEST_NAME, "config.json", *SIDE_FILES}
+    names |= {INDEX_NAME, "config.json", *SIDE_FILES}
     for p in out.iterdir():
-        if p.name in names or p.name.endswith(PARTIAL_SUFFIX) or (p.name.startswith("model-") and p.suffix == ".safetensors"):
+        if p.is_file() and (p.name in names or _ours(p)):
             p.unlink()
 
 
@@ -100,21 +140,23 @@ def run(ck: Checkpoint, plan: Plan, out: str | os.PathLike, opts: Options = Opti
         reporter: Reporter | None = None, *, on_shard: Callable[[str], None] | None = None) -> dict:
     out = Path(out)
     reporter = reporter or Reporter()
-    manifest = _prepare_out(out, plan, opts.force)
+    n_nodes, rank = opts.num_nodes, opts.node_rank
+    mine = plan.shards if n_nodes == 1 else assign(plan.shards, n_nodes)[rank]
+    manifest = _prepare_out(out, plan, opts.force, node_manifest_name(n_nodes, rank))
     manifest.complete = False
     manifest.save()
-    for p in out.glob("*" + PARTIAL_SUFFIX):
-        p.unlink()  # leftovers of a killed run: never trusted
     done, todo = [], []
-    for s in plan.shards:
+    for s in mine:
         ok = s.file in manifest.files and manifest.verify_file(s.file, hash_check=opts.verify_existing) is None
         (done if ok else todo).append(s)
+    for s in todo:  # leftovers of a killed run are never trusted (other nodes' partials are left alone)
+        (out / (s.file + PARTIAL_SUFFIX)).unlink(missing_ok=True)
     _check_space(out, sum(s.bytes_out for s in todo))
     cores = os.cpu_count() or 1
     workers = max(1, min(opts.workers or cores, len(todo) or 1))
     threads = max(1, cores // workers)
     chunk_bytes = max(8 << 20, opts.memory_budget // (2 * workers))
-    reporter.start(sum(s.bytes_in for s in todo), len(plan.shards), len(done))
+    reporter.start(sum(s.bytes_in for s in todo), len(mine), len(done))
     lock = threading.Lock()
     todo.sort(key=lambda s: -s.bytes_in)  # big shards first: better balance
     with ThreadPoolExecutor(max_workers=workers) as pool:
@@ -131,10 +173,31 @@ def run(ck: Checkpoint, plan: Plan, out: str | os.PathLike, opts: Options = Opti
             for f in futs:
                 f.cancel()
             raise
-    _finish(ck, plan, out, manifest)
-    return {"out": str(out), "shards": len(plan.shards), "converted": len(todo), "skipped": len(done),
-            "bytes_in": plan.bytes_in, "bytes_out": plan.bytes_out, "plan_digest": plan.digest(),
-            "workers": workers}
+    res = {"out": str(out), "shards": len(mine), "converted": len(todo), "skipped": len(done),
+           "bytes_in": sum(s.bytes_in for s in mine), "bytes_out": sum(s.bytes_out for s in mine),
+           "plan_digest": plan.digest(), "workers": workers, "node": f"{rank}/{n_nodes}", "complete": True}
+    if n_nodes == 1:
+        _finish(ck, plan, out, manifest)
+        return res
+    manifest.complete = True  # this node's share
+    manifest.save()
+    res["complete"] = _merge_nodes(ck, plan, out, n_nodes)
+    return res
+
+
+def _merge_nodes(ck: Checkpoint, plan: Plan, out: Path, n_nodes: int) -> bool:
+    """Publish the whole output once every node's manifest is complete for this plan."""
+    digest = plan.digest()
+    merged = Manifest(out, run=None)
+    for r in range(n_nodes):
+        m = Manifest.load(out, node_manifest_name(n_nodes, r))
+        if m is None or not m.complete or m.run.get("plan_digest") != digest:
+            return False
+        merged.run = dict(m.run)
+        merged.files.update(m.files)
+    merged.run["nodes"] = n_nodes
+    _finish(ck, plan, out, merged)
+    return True
 
 
 def _finish(ck: Checkpoint, plan: Plan, out: Path, manifest: Manifest) -> None:
