@@ -20,9 +20,11 @@ native: $(STAMP)
 
 # The main job on the embedded default: the bundled tiny DeepSeek-V3 checkpoint, no network.
 demo: setup
-	rm -rf build/tiny
+	rm -rf build/tiny build/tiny-mix
 	$(BIN)/dsx tiny build/tiny
 	$(BIN)/dsx inspect build/tiny
+	$(BIN)/dsx quantize build/tiny --out build/tiny-mix --type a8w8_fp8_wint4 --mtp-type a8w8_fp8 --force
+	$(BIN)/dsx inspect build/tiny-mix
 
 test: setup
 	$(BIN)/python -m pytest -q

@@ -27,9 +27,15 @@ def summarize(path: str | Path) -> dict:
             ent["tensors"] += 1
             ent["params"] += t.numel
             ent["dtypes"].add(SHORT.get(t.dtype, t.dtype))
+        types = (ck.config.get("quantization_config") or {}).get("types_by_role") or {}
+        for (mtp, role), ent in by_role.items():
+            t = types.get(("mtp." if mtp else "") + role, {}).get("type")
+            if t == "weight_only_int4" and "int8" in ent["dtypes"]:  # two nibbles per int8 byte
+                ent["dtypes"] = {"int4 (packed in int8)" if d == "int8" else d for d in ent["dtypes"]}
+                ent["params"] *= 2
         experts = {r.expert for r in roles.values() if r.expert is not None}
         mtp_layers = sorted({r.layer for r in roles.values() if r.mtp})
-        rows = [{"role": ("mtp:" if mtp else "") + role, **v, "dtypes": " + ".join(sorted(v["dtypes"], key=len))}
+        rows = [{"role": ("mtp:" if mtp else "") + role, **v, "dtypes": " + ".join(sorted(v["dtypes"], key=lambda d: ("scale" in d, d)))}
                 for (mtp, role), v in sorted(by_role.items(), key=lambda kv: (kv[0][0], order[kv[0][1]]))]
         return {
             "path": str(path),
@@ -43,6 +49,6 @@ def summarize(path: str | Path) -> dict:
             "shards": len(ck.shards),
             "tensors": len(infos),
             "total_bytes": sum(t.nbytes for t in infos.values()),
-            "params": sum(t.numel for t in infos.values() if roles[t.name].kind not in ("scale_inv", "scale")),
+            "params": sum(r["params"] for r in by_role.values()),
             "roles": rows,
         }
