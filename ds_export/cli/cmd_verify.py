@@ -8,7 +8,8 @@ from typing import Annotated
 import typer
 
 from ds_export.cli.options import Device, Json, Quiet
-from ds_export.errors import NotImplementedYet
+from ds_export.cli.output import Out
+from ds_export.errors import DsxError, UsageError
 
 
 def verify(
@@ -17,6 +18,7 @@ def verify(
     export_dir: Annotated[Path | None, typer.Option("--export", help="An exported model to run end to end.")] = None,
     device: Device = "cpu",
     samples: Annotated[int, typer.Option("--samples", help="Layers sampled for kernel numerics.")] = 4,
+    experts: Annotated[int | None, typer.Option("--experts", help="Routed experts checked per layer (default: all).")] = None,
     report: Annotated[Path | None, typer.Option("--report", help="Write a JSON report.")] = None,
     html: Annotated[Path | None, typer.Option("--html", help="Write an HTML report with plots.")] = None,
     gate: Annotated[Path | None, typer.Option("--gate", help="YAML file of pass/fail thresholds.")] = None,
@@ -30,4 +32,45 @@ def verify(
       dsx verify build/tiny-mix --reference build/tiny
       dsx verify /data/R1-wint4 --reference /data/DeepSeek-R1 --device cuda --html report.html
     """
-    raise NotImplementedYet("dsx verify is not implemented yet")
+    from ds_export.io.writer import atomic_write_json
+    from ds_export.verify import verify as run_verify
+
+    o = Out(json, quiet)
+    if export_dir is not None or html is not None or gate is not None or device != "cpu":
+        raise UsageError("--export, --html, --gate and --device cuda are not available in this version yet")
+    rep = run_verify(target, reference, expert_sample=experts)
+    if report is not None:
+        atomic_write_json(report, rep)
+    o.result(rep)
+    if o.human:
+        _print(o, rep)
+    if not rep["ok"]:
+        first = rep["findings"][0] if rep["findings"] else None
+        bad = [w for w in rep["weights"] if not w["ok"]]
+        what = (f"{first['where']}: {first['problem']}" if first else
+                f"{bad[0]['name']}: SQNR {bad[0]['sqnr_db']} dB below the {bad[0]['format']} gate of {bad[0]['gate']} dB")
+        n = len(rep["findings"]) + len(bad)
+        raise DsxError(f"verify failed ({n} problem{'s' if n > 1 else ''}); first: {what}")
+
+
+def _print(o: Out, rep: dict) -> None:
+    from rich.table import Table
+
+    for f in rep["findings"]:
+        o.print(f"[red]FAIL[/] {f['check']}: {f['where']}: {f['problem']}")
+    if rep["by_format"]:
+        t = Table(title="weights vs reference (min SQNR per format and role; `exact` = bit-identical)", show_edge=False)
+        for c in ("format", "role", "n", "SQNR dB", "gate", "min cos", "ok"):
+            t.add_column(c, justify="left" if c in ("format", "role") else "right")
+        for g in rep["by_format"].values():
+            sq = "exact" if g["min_sqnr_db"] is None else f"{g['min_sqnr_db']:.1f}"
+            gate = "exact" if g["gate_db"] == float("inf") else f">={g['gate_db']:.0f}"
+            t.add_row(_short(g["format"]), g["role"], str(g["tensors"]), sq, gate, f"{g['min_cosine']:.4f}",
+                      "[green]ok[/]" if not g["failed"] else f"[red]{g['failed']} bad[/]")
+        o.print(t)
+    o.print("[green]verify: all checks passed[/]" if rep["ok"] else "[red]verify: FAILED[/]")
+
+
+def _short(fmt: str) -> str:
+    return {"a8w8_fp8": "fp8", "weight_only_int8": "int8", "weight_only_int4": "int4", "float32": "fp32",
+            "weight_only_int8/g": "int8 grp", "weight_only_int4/g": "int4 grp"}.get(fmt, fmt)

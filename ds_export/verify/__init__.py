@@ -1,0 +1,56 @@
+"""`dsx verify`: integrity (files, tensors, config) and weight numerics of a dsx output.
+
+`verify(target, reference=...)` returns a report dict; `report["ok"]` is true
+only when every check passes. Kernel and end-to-end numerics join with the
+kernels and export.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+from ds_export.io.checkpoint import Checkpoint
+from ds_export.models import deepseek_v3 as ds
+from ds_export.verify.integrity import check_config, check_files, check_tensors
+from ds_export.verify.weights import check_weights
+
+
+def verify(target: str | Path, reference: str | Path | None = None, *, expert_sample: int | None = None) -> dict:
+    target = Path(target)
+    findings, manifest = check_files(target)
+    report: dict = {"target": str(target), "reference": str(reference) if reference else None}
+    if any(f.check == "files" and ("sha256" in f.problem or "missing" in f.problem or "bytes" in f.problem)
+           for f in findings):
+        # Do not read tensors out of files that fail their hashes: report that alone.
+        report.update(findings=[f.__dict__ for f in findings], weights=[], by_format={}, ok=False)
+        return report
+    with Checkpoint.open(target) as ck:
+        cfg = ds.DeepseekV3Config.from_dict(ck.config, source=str(target / "config.json"))
+        findings += check_tensors(ck, cfg) + check_config(ck, cfg)
+        stats = []
+        if reference is not None:
+            with Checkpoint.open(reference) as ref:
+                stats = check_weights(ck, ref, cfg, expert_sample=expert_sample)
+    report["findings"] = [f.__dict__ for f in findings]
+    report["weights"] = [s.to_json() for s in stats]
+    report["by_format"] = _aggregate(stats)
+    report["run"] = manifest.run if manifest else None
+    report["ok"] = not findings and all(s.ok for s in stats)
+    return report
+
+
+def _aggregate(stats) -> dict:
+    groups: dict[tuple[str, str], list] = defaultdict(list)
+    for s in stats:
+        groups[(s.format, ("mtp:" if s.mtp else "") + s.role)].append(s)
+    out = {}
+    for (fmt, role), ss in sorted(groups.items()):
+        finite = [s.sqnr_db for s in ss if s.sqnr_db != float("inf")]
+        out[f"{fmt} {role}"] = {
+            "format": fmt, "role": role, "tensors": len(ss), "failed": sum(not s.ok for s in ss),
+            "min_sqnr_db": min(finite) if finite else None, "exact": len(ss) - len(finite),
+            "max_rel_fro": max(s.rel_fro for s in ss), "min_cosine": min(s.cosine for s in ss),
+            "max_saturated": max(s.saturated for s in ss), "gate_db": ss[0].gate,
+        }
+    return out

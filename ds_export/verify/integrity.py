@@ -1,0 +1,134 @@
+"""Integrity of a dsx output: files, hashes, tensors and config agree with each other and the architecture.
+
+Every problem is a `Finding` naming the file or tensor; nothing here raises on
+a bad target (a report lists all problems at once), except for a target that
+cannot be opened at all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ds_export.errors import DsxError
+from ds_export.formats import fp8_block, weight_only
+from ds_export.io.checkpoint import INDEX_NAME, Checkpoint
+from ds_export.io.manifest import Manifest
+from ds_export.models import deepseek_v3 as ds
+
+WO_BITS = {"weight_only_int8": 8, "weight_only_int4": 4}
+
+
+@dataclass(frozen=True)
+class Finding:
+    check: str  # "files" | "tensors" | "config"
+    where: str  # file or tensor name
+    problem: str
+
+    def line(self) -> str:
+        return f"{self.where}: {self.problem}"
+
+
+def check_files(root: Path) -> tuple[list[Finding], Manifest | None]:
+    """Manifest present and complete; every listed file present with its size and sha256."""
+    out: list[Finding] = []
+    m = Manifest.load(root)
+    if m is None:
+        return [Finding("files", str(root), "no dsx-manifest.json: not a dsx output (or written by an older tool)")], None
+    if not m.complete:
+        out.append(Finding("files", str(m.path), "the run is not complete (interrupted?): rerun the same command"))
+    for rel in sorted(m.files):
+        why = m.verify_file(rel)
+        if why:
+            out.append(Finding("files", rel, why.split(": ", 1)[-1]))
+    listed = set(m.files)
+    for p in sorted(root.glob("*.safetensors")):
+        if p.name not in listed:
+            out.append(Finding("files", p.name, "present but not in the manifest (a stray or foreign file)"))
+    return out, m
+
+
+def expected_outputs(name: str, shape: tuple[int, ...], src_dtype: str, t: dict) -> dict[str, tuple[str, tuple]]:
+    """Tensors a source weight must become under a type entry {"type", "group_size"} of types_by_role."""
+    typ = t.get("type")
+    if typ in (None, "keep"):
+        return {}
+    if typ == "bf16":
+        return {name: ("BF16", shape)}
+    if typ == "float32":
+        return {name: ("F32", shape)}
+    if typ == "a8w8_fp8":
+        ps = fp8_block.packed_shapes(shape[0], shape[1])
+        return {name: ("F8_E4M3", ps["weight"]["shape"]), name + ds.SCALE_SUFFIX: ("F32", ps["weight_scale_inv"]["shape"])}
+    if typ in WO_BITS:
+        ps = weight_only.packed_shapes(shape[0], shape[1], WO_BITS[typ], t.get("group_size", -1), t.get("arch", 90))
+        return {name: ("I8", ps["qweight"]["shape"]), name + ds.WO_SCALE_SUFFIX: ("BF16", ps["scale"]["shape"])}
+    return {}
+
+
+def check_tensors(target: Checkpoint, cfg: ds.DeepseekV3Config) -> list[Finding]:
+    """Every tensor the architecture needs is there, with the dtype and shape its type implies."""
+    out: list[Finding] = []
+    qc = target.config.get("quantization_config") or {}
+    types = qc.get("types_by_role") or {}
+    arch = qc.get("weightonly_arch", 90)
+    selection = qc.get("selection", "all")
+    try:
+        roles = ds.map_tensors(target.names(), cfg, source=str(target.root))
+    except DsxError as e:
+        return [Finding("tensors", str(target.root), str(e))]
+    src_cfg = ds.DeepseekV3Config.from_dict({**cfg.raw, "quantization_config": None}, source="config")
+    for et in ds.expected_tensors(src_cfg, fp8=False):
+        r = et.role
+        if (selection == "base" and r.mtp) or (selection == "mtp" and not r.mtp):
+            continue
+        t = dict(types.get(("mtp." if r.mtp else "") + r.role, {}))
+        t.setdefault("arch", arch)
+        want = expected_outputs(et.name, et.shape, et.dtype, t) if types else {et.name: (None, et.shape)}
+        if not want and et.name not in target:
+            out.append(Finding("tensors", et.name, "missing"))
+        for name, (dtype, shape) in want.items():
+            if name not in target:
+                out.append(Finding("tensors", name, f"missing (its type is {t.get('type', 'unquantized')})"))
+                continue
+            info = target.info(name)
+            if tuple(info.shape) != tuple(shape) or (dtype and info.dtype != dtype):
+                out.append(Finding("tensors", name, f"is {info.dtype} {list(info.shape)}, its type "
+                                                   f"{t.get('type')} implies {dtype} {list(shape)}"))
+    del roles
+    return out
+
+
+_STALE_FP8_KEYS = ("fmt", "activation_scheme", "weight_block_size")
+
+
+def check_config(target: Checkpoint, cfg: ds.DeepseekV3Config) -> list[Finding]:
+    """config.json agrees with the tensors: no stale quantization keys, MTP settings right."""
+    out: list[Finding] = []
+    where = str(target.root / "config.json")
+    qc = target.config.get("quantization_config")
+    dtypes = {target.info(n).dtype for n in target.names()}
+    if qc is None:
+        if dtypes & {"F8_E4M3", "I8"}:
+            out.append(Finding("config", where, "tensors are quantized but config.json has no quantization_config"))
+    elif qc.get("quant_method") == "fp8" and "I8" in dtypes:
+        out.append(Finding("config", where, "quantization_config is the source's FP8 one, but tensors are weight-only"))
+    elif qc.get("quant_method") == "dsx":
+        has_fp8 = "F8_E4M3" in dtypes
+        for k in _STALE_FP8_KEYS:
+            if (k in qc) != has_fp8:
+                out.append(Finding("config", where, f"quantization_config.{k} is "
+                                                    f"{'present without' if k in qc else 'missing despite'} FP8 tensors"))
+        if ("weightonly_group_size" in qc) != ("I8" in dtypes):
+            out.append(Finding("config", where, "quantization_config.weightonly_group_size disagrees with the tensors"))
+        for k in ("source_fingerprint", "quant_type", "tool"):
+            if not qc.get(k):
+                out.append(Finding("config", where, f"quantization_config.{k} is missing"))
+    mtp_present = any(n.startswith(f"model.layers.{L}.") for L in cfg.mtp_layers for n in target.names())
+    selection = (qc or {}).get("selection", "all")
+    if cfg.num_nextn_predict_layers and not mtp_present and selection != "base":
+        out.append(Finding("config", where, f"num_nextn_predict_layers is {cfg.num_nextn_predict_layers} but no MTP "
+                                            "tensors are present"))
+    if not (target.root / INDEX_NAME).exists():
+        out.append(Finding("files", INDEX_NAME, "missing: the output is not complete"))
+    return out

@@ -1,0 +1,158 @@
+"""dsx verify: passes on correct conversions, fails naming the culprit on planted faults."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from ds_export.cli.app import main
+from ds_export.formats import weight_only
+from ds_export.io.checkpoint import Checkpoint
+from ds_export.io.manifest import Manifest
+from ds_export.io.safetensors_file import SafetensorsFile
+from ds_export.io.writer import atomic_write_json, write_file
+from ds_export.verify import verify
+
+EXPERT = "model.layers.1.mlp.experts.{}.gate_proj.weight"
+
+
+@pytest.fixture(scope="module")
+def outputs(tiny_fp8, tmp_path_factory):
+    root = tmp_path_factory.mktemp("v")
+    runs = {
+        "mix": ["--type", "a8w8_fp8_wint4", "--mtp-type", "a8w8_fp8"],
+        "int8g128": ["--type", "weight_only_int8", "--group-size", "128"],
+        "bf16": ["--type", "bf16"],
+        "fp8": ["--type", "a8w8_fp8"],
+    }
+    for name, args in runs.items():
+        assert main(["quantize", str(tiny_fp8), "--out", str(root / name), "-q", *args]) == 0
+    return root
+
+
+@pytest.fixture
+def mix_copy(outputs, tmp_path):
+    shutil.copytree(outputs / "mix", tmp_path / "mix")
+    return tmp_path / "mix"
+
+
+@pytest.mark.parametrize("name", ["mix", "int8g128", "bf16", "fp8"])
+def test_correct_conversions_pass(outputs, tiny_fp8, name, capsys):
+    rep = verify(outputs / name, tiny_fp8)
+    assert rep["ok"], rep["findings"] or [w for w in rep["weights"] if not w["ok"]]
+    assert rep["weights"] and not rep["findings"]
+    assert main(["verify", str(outputs / name), "--reference", str(tiny_fp8)]) == 0
+    assert "all checks passed" in capsys.readouterr().out
+
+
+def _rewrite_shard(root, tensor, change):
+    """Rewrite the shard holding `tensor` with change(dict) applied, and re-record its hash (a converter bug,
+    not disk corruption: integrity passes, numerics must catch it)."""
+    ck = Checkpoint.open(root)
+    rel = ck.weight_map[tensor]
+    f = SafetensorsFile(root / rel)
+    ts = {n: np.array(f.get(n)) for n in f.tensors}
+    f.close()
+    ck.close()
+    change(ts)
+    write_file(root / rel, ts, {"format": "pt"})
+    m = Manifest.load(root)
+    m.record_file(rel)
+
+
+def _bad(rep):
+    return [w["name"] for w in rep["weights"] if not w["ok"]]
+
+
+def test_flipped_byte_fails_naming_the_file(mix_copy, tiny_fp8, capsys):
+    shard = sorted(mix_copy.glob("model-*.safetensors"))[1]
+    with open(shard, "r+b") as f:
+        f.seek(shard.stat().st_size // 2)
+        b = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([b[0] ^ 0x10]))
+    rep = verify(mix_copy, tiny_fp8)
+    assert not rep["ok"] and any(shard.name == x["where"] and "sha256" in x["problem"] for x in rep["findings"])
+    assert main(["verify", str(mix_copy), "--reference", str(tiny_fp8)]) == 1
+    err = capsys.readouterr().err
+    assert shard.name in err and len(err.strip().splitlines()) == 1
+
+
+def test_swapped_experts_are_caught(mix_copy, tiny_fp8):
+    def swap(ts):
+        a, b = EXPERT.format(0), EXPERT.format(1)
+        ts[a], ts[b] = ts[b], ts[a]
+        ts[a + "_scale"], ts[b + "_scale"] = ts[b + "_scale"], ts[a + "_scale"]
+
+    _rewrite_shard(mix_copy, EXPERT.format(0), swap)
+    rep = verify(mix_copy, tiny_fp8)
+    assert not rep["findings"] and set(_bad(rep)) == {EXPERT.format(0), EXPERT.format(1)}
+
+
+def test_wrong_scale_is_caught(mix_copy, tiny_fp8):
+    name = "model.layers.2.self_attn.o_proj.weight"
+
+    def scale(ts):
+        ts[name + "_scale_inv"] = ts[name + "_scale_inv"] * np.float32(2)
+
+    _rewrite_shard(mix_copy, name, scale)
+    assert _bad(verify(mix_copy, tiny_fp8)) == [name]
+
+
+def test_wrong_arch_layout_is_caught(mix_copy, tiny_fp8):
+    name = EXPERT.format(5)
+    src = Checkpoint.open(tiny_fp8)
+    from ds_export.formats import fp8_block
+
+    w = fp8_block.dequant_ref(src.get(name), src.get(name + "_scale_inv")).astype(weight_only.BF16)
+
+    def arch70(ts):
+        q, s = weight_only.quantize_ref(w, 4, -1, 70)  # V100 layout under a config that says arch 90
+        assert q.shape == ts[name].shape
+        ts[name] = q
+
+    _rewrite_shard(mix_copy, name, arch70)
+    assert _bad(verify(mix_copy, tiny_fp8)) == [name]
+
+
+def test_truncated_file_fails(mix_copy, tiny_fp8):
+    shard = sorted(mix_copy.glob("model-*.safetensors"))[-1]
+    with open(shard, "r+b") as f:
+        f.truncate(shard.stat().st_size - 10)
+    rep = verify(mix_copy, tiny_fp8)
+    assert not rep["ok"] and any(x["where"] == shard.name for x in rep["findings"])
+
+
+def test_stale_config_key_fails(outputs, tiny_fp8, tmp_path):
+    root = tmp_path / "int8"
+    shutil.copytree(outputs / "int8g128", root)
+    cfg = json.loads((root / "config.json").read_text())
+    cfg["quantization_config"]["weight_block_size"] = [128, 128]  # left over from the FP8 source
+    atomic_write_json(root / "config.json", cfg)
+    Manifest.load(root).record_file("config.json")
+    rep = verify(root, tiny_fp8)
+    assert [f["problem"] for f in rep["findings"]] == [
+        "quantization_config.weight_block_size is present without FP8 tensors"]
+
+
+def test_missing_tensor_fails(mix_copy, tiny_fp8):
+    name = "model.layers.0.self_attn.q_a_layernorm.weight"
+    _rewrite_shard(mix_copy, name, lambda ts: ts.pop(name))
+    idx = json.loads((mix_copy / "model.safetensors.index.json").read_text())
+    del idx["weight_map"][name]
+    idx["metadata"].pop("total_size")
+    atomic_write_json(mix_copy / "model.safetensors.index.json", idx)
+    Manifest.load(mix_copy).record_file("model.safetensors.index.json")
+    rep = verify(mix_copy, tiny_fp8)
+    assert any(f["where"] == name and f["problem"].startswith("missing") for f in rep["findings"])
+
+
+def test_incomplete_run_fails(mix_copy, tiny_fp8):
+    m = Manifest.load(mix_copy)
+    m.complete = False
+    m.save()
+    rep = verify(mix_copy, tiny_fp8)
+    assert any("not complete" in f["problem"] for f in rep["findings"])
