@@ -25,6 +25,7 @@ demo: setup
 	$(BIN)/dsx inspect build/tiny
 	$(BIN)/dsx quantize build/tiny --out build/tiny-mix --type a8w8_fp8_wint4 --mtp-type a8w8_fp8 --force
 	$(BIN)/dsx inspect build/tiny-mix
+	$(BIN)/dsx verify build/tiny-mix --reference build/tiny
 
 test: setup
 	$(BIN)/python -m pytest -q

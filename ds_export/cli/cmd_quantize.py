@@ -116,7 +116,7 @@ class _RichReporter:
 
         self._t0 = time.perf_counter()
         self._clock = time.perf_counter
-        self.p = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+        self.p = Progress(TextColumn("{task.description}", style="dim"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                           TimeRemainingColumn(), console=o.err, disable=not o.human)
         self.task = None
 
@@ -139,3 +139,6 @@ class _RichReporter:
 
     def shard_done(self, file):
         pass
+
+    def tensor(self, name):
+        self.p.update(self.task, description=f"quantize {name}")

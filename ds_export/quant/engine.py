@@ -79,6 +79,7 @@ class Reporter:
     def start(self, total_bytes: int, shards: int, skipped: int) -> None: ...
     def advance(self, nbytes: int) -> None: ...
     def shard_done(self, file: str) -> None: ...
+    def tensor(self, name: str) -> None: ...
 
 
 def _ours(p: Path) -> bool:
@@ -131,6 +132,7 @@ def _write_shard(ck: Checkpoint, out: Path, shard: OutShard, chunk_bytes: int, t
     path = out / shard.file
     with ShardWriter(path, shard.entries(), {"format": "pt"}) as w:
         for task in shard.tasks:
+            reporter.tensor(task.src)
             convert(ck, task, w.write, chunk_bytes=chunk_bytes, threads=threads, progress=reporter.advance)
         sha = w.close()
     return shard.file, sha, w.size
