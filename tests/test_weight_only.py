@@ -235,6 +235,25 @@ def test_chunk_local_outputs_concatenate_to_whole(bits, group):
         wo.quantize_rows_native(w[:8], n, (0, 8), bits, group, 70)
 
 
+@pytest.mark.parametrize("bits,group", [(8, -1), (4, 128), (4, -1), (8, 64)])
+@pytest.mark.parametrize("block", [(128, 128), (64, 64)])
+def test_fused_fp8_source_equals_dequant_then_quantize(bits, group, block):
+    """quantize_fp8_rows_native == fp8_block.dequant_native(bf16) followed by quantize_rows_native, bit for bit."""
+    from ds_export.formats import fp8_block
+
+    n, k = 320, 448  # ragged FP8 blocks both ways
+    rng = np.random.default_rng(23)
+    codes = rng.integers(0, 256, (n, k), dtype=np.uint8)
+    codes[(codes & 0x7F) == 0x7F] = 0x11  # no NaN codes
+    codes[5] = 0  # an all-zero channel
+    s = np.exp2(rng.uniform(-12, 2, (-(-n // block[0]), -(-k // block[1])))).astype(np.float32)
+    for r0, r1 in [(0, n), (64, 200)]:
+        bf = fp8_block.dequant_native(codes, s, block, "bfloat16", rows=(r0, r1))
+        want = wo.quantize_rows_native(bf, n, (r0, r1), bits, group, 90)
+        got = wo.quantize_fp8_rows_native(codes, s, block, (r0, r1), bits, group, 90, threads=2)
+        assert got[0].tobytes() == want[0].tobytes() and got[1].tobytes() == want[1].tobytes()
+
+
 # ------------------------------------------------------------------ round trip error
 
 

@@ -13,6 +13,8 @@
 // 32-bit word of arch 70), so OpenMP splits the block range statically.
 
 #include <math.h>
+
+#include <algorithm>
 #include <stdlib.h>
 #include <string.h>
 
@@ -22,6 +24,8 @@
 #endif
 
 #include "dsx.h"
+
+#include <algorithm>
 
 namespace {
 
@@ -268,22 +272,79 @@ void store_rowmajor_kn(const Spec& sp, const int8_t* qblk, int64_t r0, uint8_t* 
   }
 }
 
+// Optional FP8 source: rows are e4m3 codes, decoded to the bf16 Paddle would be given
+// (float32 decode(code) * block scale_inv, rounded to nearest even) just before quantizing.
+struct Fp8Source {
+  const uint8_t* rows = nullptr;  // row r_begin first, row-major [*, K]
+  const float* scale_inv = nullptr;  // the full [ceil(N/bn), ceil(K/bk)] block scales
+  int64_t bn = 0, bk = 0;
+};
+
+// e4m3fn code -> float32, exact (0x7F / 0xFF are NaN; there is no infinity).
+inline float e4m3_to_f32(uint32_t c) {
+  const uint32_t sign = (c & 0x80u) << 24, e = (c >> 3) & 0xFu, m = c & 7u;
+  uint32_t bits;
+  if (e == 15 && m == 7) {
+    bits = 0x7FC00000u;
+  } else if (e == 0) {
+    float f = static_cast<float>(m) * (1.0f / 512.0f);
+    memcpy(&bits, &f, sizeof bits);
+  } else {
+    bits = ((e + 120u) << 23) | (m << 20);
+  }
+  bits |= sign;
+  float f;
+  memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+// Decodes row `r` into bf16 through per-column-block tables of decode(code) * scale,
+// rebuilt only when the scale row changes (lut holds ceil(K/bk) x 256 entries).
+inline void decode_fp8_row(const Fp8Source& src, const Spec& sp, int64_t r, int64_t r_begin, uint16_t* lut,
+                           int64_t* lut_row, uint16_t* x) {
+  const int64_t nbk = (sp.k + src.bk - 1) / src.bk, srow = r / src.bn;
+  if (*lut_row != srow) {
+    const float* s = src.scale_inv + srow * nbk;
+    for (int64_t j = 0; j < nbk; ++j)
+      for (uint32_t c = 0; c < 256; ++c) lut[j * 256 + c] = f32_to_bf16(e4m3_to_f32(c) * s[j]);
+    *lut_row = srow;
+  }
+  const uint8_t* row = src.rows + (r - r_begin) * sp.k;
+  for (int64_t j = 0; j < nbk; ++j) {
+    const uint16_t* t = lut + j * 256;
+    for (int64_t c = j * src.bk, c1 = std::min(c + src.bk, sp.k); c < c1; ++c) x[c] = t[row[c]];
+  }
+}
+
 template <int BITS>
 int quantize_blocks(const Spec& sp, const uint16_t* w_rows, int64_t r_begin, int64_t r_end,
-                    uint8_t* out, uint16_t* scale, int num_threads) {
+                    uint8_t* out, uint16_t* scale, int num_threads, const Fp8Source& fp8 = Fp8Source()) {
   const int64_t nblk = (r_end - r_begin) / kBlock;
   int rc = DSX_OK;
   const int nt = num_threads > 0 ? num_threads : omp_get_max_threads();
 #pragma omp parallel num_threads(nt)
   {
     int8_t* qblk = static_cast<int8_t*>(malloc(static_cast<size_t>(kBlock * sp.k)));
-    int local = qblk ? DSX_OK : DSX_ENOMEM;
+    uint16_t* xrow = nullptr;
+    uint16_t* lut = nullptr;
+    int64_t lut_row = -1;
+    if (fp8.rows) {
+      xrow = static_cast<uint16_t*>(malloc(static_cast<size_t>(sp.k) * 2));
+      lut = static_cast<uint16_t*>(malloc(static_cast<size_t>((sp.k + fp8.bk - 1) / fp8.bk) * 256 * 2));
+    }
+    int local = qblk && (!fp8.rows || (xrow && lut)) ? DSX_OK : DSX_ENOMEM;
 #pragma omp for schedule(static)
     for (int64_t b = 0; b < nblk; ++b) {
       if (local != DSX_OK) continue;
       const int64_t r0 = r_begin + b * kBlock;
       for (int i = 0; i < kBlock; ++i) {
-        const uint16_t* x = w_rows + (r0 - r_begin + i) * sp.k;
+        const uint16_t* x;
+        if (fp8.rows) {
+          decode_fp8_row(fp8, sp, r0 + i, r_begin, lut, &lut_row, xrow);
+          x = xrow;
+        } else {
+          x = w_rows + (r0 - r_begin + i) * sp.k;
+        }
         if (!quantize_row<BITS>(sp, x, r0 + i, qblk + i * sp.k, scale)) local = DSX_WO_ENONFINITE;
       }
       if (local != DSX_OK) continue;
@@ -294,6 +355,8 @@ int quantize_blocks(const Spec& sp, const uint16_t* w_rows, int64_t r_begin, int
       }
     }
     free(qblk);
+    free(xrow);
+    free(lut);
     if (local != DSX_OK) {
 #pragma omp critical(dsx_wo_rc)
       rc = rc == DSX_OK ? local : rc;
@@ -335,6 +398,31 @@ extern "C" int dsx_wo_quantize_bf16_rowmajor_nk_rows(const uint16_t* w_rows, int
   uint8_t* out = reinterpret_cast<uint8_t*>(qweight_rows);
   return bits == 8 ? quantize_blocks<8>(sp, w_rows, row_begin, row_end, out, scale_rows, num_threads)
                    : quantize_blocks<4>(sp, w_rows, row_begin, row_end, out, scale_rows, num_threads);
+}
+
+extern "C" int dsx_wo_quantize_fp8_rowmajor_nk_rows(const uint8_t* w_fp8_rows, const float* scale_inv,
+                                                    int64_t block_n, int64_t block_k, int64_t n_out,
+                                                    int64_t k_in, int64_t row_begin, int64_t row_end,
+                                                    int bits, int group_size, int arch, int8_t* qweight_rows,
+                                                    uint16_t* scale_rows, int num_threads) {
+  if (!w_fp8_rows || !scale_inv || !qweight_rows || !scale_rows || arch == 70 || block_n <= 0 || block_k <= 0 ||
+      !valid(n_out, k_in, bits, group_size, arch))
+    return DSX_EINVAL;
+  if (row_begin < 0 || row_end > n_out || row_begin >= row_end || row_begin % kBlock || row_end % kBlock)
+    return DSX_EINVAL;
+  Spec sp;
+  build_spec(&sp, n_out, k_in, bits, group_size, arch);
+  sp.out_off = (row_begin / sp.interleave) * k_in * sp.interleave;
+  sp.scale_r0 = row_begin;
+  sp.scale_ld = row_end - row_begin;
+  Fp8Source src;
+  src.rows = w_fp8_rows;
+  src.scale_inv = scale_inv;
+  src.bn = block_n;
+  src.bk = block_k;
+  uint8_t* out = reinterpret_cast<uint8_t*>(qweight_rows);
+  return bits == 8 ? quantize_blocks<8>(sp, nullptr, row_begin, row_end, out, scale_rows, num_threads, src)
+                   : quantize_blocks<4>(sp, nullptr, row_begin, row_end, out, scale_rows, num_threads, src);
 }
 
 namespace {

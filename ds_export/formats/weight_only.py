@@ -286,6 +286,49 @@ def _native_rows_fn():
     return bind("dsx_wo_quantize_bf16_rowmajor_nk_rows", P, I64, I64, I64, I64, I32, I32, I32, P, P, I32)
 
 
+@functools.lru_cache(maxsize=1)
+def _native_fp8_fn():
+    from ds_export.native import I32, I64, P, bind
+
+    return bind("dsx_wo_quantize_fp8_rowmajor_nk_rows", P, P, I64, I64, I64, I64, I64, I64, I32, I32, I32, P, P, I32)
+
+
+def quantize_fp8_rows_native(w_fp8, scale_inv, block, rows, bits: int, group_size: int = -1, arch: int = 90, *,
+                             threads: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Fused block-FP8 -> weight-only for output channels rows=(r0, r1) (arch >= 75).
+
+    w_fp8: the full [N, K] e4m3 weight (uint8 bits or ml_dtypes.float8_e4m3fn),
+    scale_inv: its full float32 block scales for `block` (bn, bk). Same outputs as
+    quantize_rows_native on the bf16 rows that fp8_block.dequant_native(...,
+    'bfloat16') would give (Paddle's input), without materializing them.
+    """
+    w = np.asarray(w_fp8)
+    if w.ndim != 2 or w.dtype.itemsize != 1:
+        raise DsxError(f"weight: FP8 weight-only quantization takes a 2-D e4m3 array, got {w.dtype} {w.shape}")
+    n, k = w.shape
+    bn, bk = (int(b) for b in block)
+    s = np.ascontiguousarray(scale_inv, dtype=np.float32)
+    if s.shape != (-(-n // bn), -(-k // bk)):
+        raise DsxError(f"scale_inv: expected [{-(-n // bn)}, {-(-k // bk)}] for [{n}, {k}] with block {block}, "
+                       f"got {list(s.shape)}")
+    check_args(n, k, bits, group_size, arch)
+    if arch == 70:
+        raise DsxError("arch 70 interleaves all channels of each K row: chunk-local output needs arch >= 75")
+    r0, r1 = _check_rows(rows, n)
+    src = np.ascontiguousarray(w[r0:r1]).view(np.uint8)
+    q = np.empty((r1 - r0) * k * bits // 8, np.int8)
+    sc = np.empty((r1 - r0,) if group_size == -1 else (-(-k // group_size), r1 - r0), BF16)
+    rc = _native_fp8_fn()(src.ctypes.data, s.ctypes.data, bn, bk, n, k, r0, r1, bits, group_size, arch,
+                          q.ctypes.data, sc.ctypes.data, int(threads))
+    if rc == ENONFINITE:
+        raise DsxError(f"weight rows {r0}..{r1}: NaN codes found; weight-only quantization refuses non-finite weights")
+    if rc != 0:
+        from ds_export.native import check
+
+        check(rc, "dsx_wo_quantize_fp8_rowmajor_nk_rows")
+    return q, sc
+
+
 def quantize_rows_native(w_rows, n_out: int, rows, bits: int, group_size: int = -1, arch: int = 90, *,
                          threads: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Quantize output channels rows=(r0, r1) into chunk-local outputs (arch >= 75).

@@ -20,6 +20,7 @@ manifest complete merges them into the final index, config and manifest.
 from __future__ import annotations
 
 import os
+import queue
 import shutil
 import threading
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -127,13 +128,53 @@ def _check_space(out: Path, need: int) -> None:
                        hint="free space or choose another --out")
 
 
+class _WriteBehind:
+    """Writes chunks in a thread of its own, so disk writes overlap the next chunk's conversion.
+
+    At most `depth` chunks wait in the queue (they count against the memory budget).
+    """
+
+    def __init__(self, w: ShardWriter, depth: int = 2):
+        self.w = w
+        self.q: queue.Queue = queue.Queue(maxsize=depth)
+        self.error: BaseException | None = None
+        self.t = threading.Thread(target=self._run, daemon=True)
+        self.t.start()
+
+    def _run(self):
+        while True:
+            item = self.q.get()
+            if item is None:
+                return
+            if self.error is None:
+                try:
+                    self.w.write(*item)
+                except BaseException as e:  # noqa: BLE001 - handed to the producer
+                    self.error = e
+
+    def write(self, name, data) -> None:
+        if self.error is not None:
+            raise self.error
+        self.q.put((name, data))
+
+    def drain(self) -> None:
+        self.q.put(None)
+        self.t.join()
+        if self.error is not None:
+            raise self.error
+
+
 def _write_shard(ck: Checkpoint, out: Path, shard: OutShard, chunk_bytes: int, threads: int,
                  reporter: Reporter) -> tuple[str, str, int]:
     path = out / shard.file
     with ShardWriter(path, shard.entries(), {"format": "pt"}) as w:
-        for task in shard.tasks:
-            reporter.tensor(task.src)
-            convert(ck, task, w.write, chunk_bytes=chunk_bytes, threads=threads, progress=reporter.advance)
+        wb = _WriteBehind(w)
+        try:
+            for task in shard.tasks:
+                reporter.tensor(task.src)
+                convert(ck, task, wb.write, chunk_bytes=chunk_bytes, threads=threads, progress=reporter.advance)
+        finally:
+            wb.drain()
         sha = w.close()
     return shard.file, sha, w.size
 
@@ -157,7 +198,8 @@ def run(ck: Checkpoint, plan: Plan, out: str | os.PathLike, opts: Options = Opti
     cores = os.cpu_count() or 1
     workers = max(1, min(opts.workers or cores, len(todo) or 1))
     threads = max(1, cores // workers)
-    chunk_bytes = max(8 << 20, opts.memory_budget // (2 * workers))
+    # Per worker: the chunk being converted, its float32 scratch and two chunks queued for writing.
+    chunk_bytes = max(4 << 20, opts.memory_budget // (4 * workers))
     reporter.start(sum(s.bytes_in for s in todo), len(mine), len(done))
     lock = threading.Lock()
     todo.sort(key=lambda s: -s.bytes_in)  # big shards first: better balance

@@ -132,12 +132,18 @@ def _to_weight_only(ck, task, write, chunk_bytes, progress, threads):
         whole = (np.empty(shapes["qweight"]["shape"], np.int8), np.empty(shapes["scale"]["shape"], weight_only.BF16))
     for r0 in range(0, n, step):
         r1 = min(n, r0 + step)
-        # Paddle's input is the bf16 weight: FP8 sources are dequantized and rounded to bf16 first.
-        w = _src_rows(ck, task, r0, r1, "bfloat16")
+        # Paddle's input is the bf16 weight: FP8 sources are dequantized and rounded to bf16 first
+        # (fused into the quantizer for arch >= 75, bit-identical to doing it separately).
         if whole is not None:
+            w = _src_rows(ck, task, r0, r1, "bfloat16")
             weight_only.quantize_native(w, bits, tg.group_size, tg.arch, out=whole, rows=(r0, r1), threads=threads)
         else:
-            q, s = weight_only.quantize_rows_native(w, n, (r0, r1), bits, tg.group_size, tg.arch, threads=threads)
+            if task.src_scale:
+                q, s = weight_only.quantize_fp8_rows_native(ck.get(task.src), ck.get(task.src_scale), task.src_block,
+                                                            (r0, r1), bits, tg.group_size, tg.arch, threads=threads)
+            else:
+                w = _src_rows(ck, task, r0, r1, "bfloat16")
+                q, s = weight_only.quantize_rows_native(w, n, (r0, r1), bits, tg.group_size, tg.arch, threads=threads)
             write(task.outputs[0].name, q)  # channels' bytes are contiguous in Paddle's layout: stream them
             scales.append(s)
         progress((r1 - r0) * _row_bytes(task))

@@ -48,6 +48,18 @@ int dsx_wo_quantize_bf16_rowmajor_nk_rows(const uint16_t* w_rows, int64_t n_out,
                                           int group_size, int arch, int8_t* qweight_rows,
                                           uint16_t* scale_rows, int num_threads);
 
+/* The same from a block-FP8 source, fused: rows are float8_e4m3fn codes (w_fp8_rows
+ * points at row row_begin), scale_inv the full [ceil(N/block_n), ceil(K/block_k)]
+ * float32 block scales. Each row is decoded to exactly the bf16 Paddle would be
+ * given (float32 decode(code) * scale_inv, round to nearest even) and quantized,
+ * without materializing the bf16 tensor. Bit-identical to dequantizing to bf16
+ * and calling dsx_wo_quantize_bf16_rowmajor_nk_rows. */
+int dsx_wo_quantize_fp8_rowmajor_nk_rows(const uint8_t* w_fp8_rows, const float* scale_inv,
+                                         int64_t block_n, int64_t block_k, int64_t n_out,
+                                         int64_t k_in, int64_t row_begin, int64_t row_end,
+                                         int bits, int group_size, int arch, int8_t* qweight_rows,
+                                         uint16_t* scale_rows, int num_threads);
+
 /* Inverse: qweight + scale -> float32 [N, K] row-major (q * scale, exact
  * float32 product). Returns 0 or DSX_EINVAL. */
 int dsx_wo_dequantize_rowmajor_nk(const int8_t* qweight, const uint16_t* scale,
