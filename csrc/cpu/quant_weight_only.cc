@@ -381,11 +381,13 @@ extern "C" int dsx_wo_quantize_bf16_rowmajor_nk(const uint16_t* w_rows, int64_t 
                    : quantize_blocks<4>(sp, w_rows, row_begin, row_end, out, scale, num_threads);
 }
 
-extern "C" int dsx_wo_quantize_bf16_rowmajor_nk_rows(const uint16_t* w_rows, int64_t n_out, int64_t k_in,
-                                                     int64_t row_begin, int64_t row_end, int bits,
-                                                     int group_size, int arch, int8_t* qweight_rows,
-                                                     uint16_t* scale_rows, int num_threads) {
-  if (!w_rows || !qweight_rows || !scale_rows || arch == 70 || !valid(n_out, k_in, bits, group_size, arch))
+namespace {
+
+// Chunk-local quantization of channels [row_begin, row_end) from bf16 rows or an FP8 source.
+int quantize_rows_local(const uint16_t* w_rows, const Fp8Source& fp8, int64_t n_out, int64_t k_in,
+                        int64_t row_begin, int64_t row_end, int bits, int group_size, int arch,
+                        int8_t* qweight_rows, uint16_t* scale_rows, int num_threads) {
+  if ((!w_rows && !fp8.rows) || !qweight_rows || !scale_rows || arch == 70 || !valid(n_out, k_in, bits, group_size, arch))
     return DSX_EINVAL;
   if (row_begin < 0 || row_end > n_out || row_begin >= row_end || row_begin % kBlock || row_end % kBlock)
     return DSX_EINVAL;
@@ -396,8 +398,19 @@ extern "C" int dsx_wo_quantize_bf16_rowmajor_nk_rows(const uint16_t* w_rows, int
   sp.scale_r0 = row_begin;
   sp.scale_ld = row_end - row_begin;
   uint8_t* out = reinterpret_cast<uint8_t*>(qweight_rows);
-  return bits == 8 ? quantize_blocks<8>(sp, w_rows, row_begin, row_end, out, scale_rows, num_threads)
-                   : quantize_blocks<4>(sp, w_rows, row_begin, row_end, out, scale_rows, num_threads);
+  return bits == 8 ? quantize_blocks<8>(sp, w_rows, row_begin, row_end, out, scale_rows, num_threads, fp8)
+                   : quantize_blocks<4>(sp, w_rows, row_begin, row_end, out, scale_rows, num_threads, fp8);
+}
+
+}  // namespace
+
+extern "C" int dsx_wo_quantize_bf16_rowmajor_nk_rows(const uint16_t* w_rows, int64_t n_out, int64_t k_in,
+                                                     int64_t row_begin, int64_t row_end, int bits,
+                                                     int group_size, int arch, int8_t* qweight_rows,
+                                                     uint16_t* scale_rows, int num_threads) {
+  if (!w_rows) return DSX_EINVAL;
+  return quantize_rows_local(w_rows, Fp8Source(), n_out, k_in, row_begin, row_end, bits, group_size, arch,
+                             qweight_rows, scale_rows, num_threads);
 }
 
 extern "C" int dsx_wo_quantize_fp8_rowmajor_nk_rows(const uint8_t* w_fp8_rows, const float* scale_inv,
@@ -405,24 +418,14 @@ extern "C" int dsx_wo_quantize_fp8_rowmajor_nk_rows(const uint8_t* w_fp8_rows, c
                                                     int64_t k_in, int64_t row_begin, int64_t row_end,
                                                     int bits, int group_size, int arch, int8_t* qweight_rows,
                                                     uint16_t* scale_rows, int num_threads) {
-  if (!w_fp8_rows || !scale_inv || !qweight_rows || !scale_rows || arch == 70 || block_n <= 0 || block_k <= 0 ||
-      !valid(n_out, k_in, bits, group_size, arch))
-    return DSX_EINVAL;
-  if (row_begin < 0 || row_end > n_out || row_begin >= row_end || row_begin % kBlock || row_end % kBlock)
-    return DSX_EINVAL;
-  Spec sp;
-  build_spec(&sp, n_out, k_in, bits, group_size, arch);
-  sp.out_off = (row_begin / sp.interleave) * k_in * sp.interleave;
-  sp.scale_r0 = row_begin;
-  sp.scale_ld = row_end - row_begin;
+  if (!w_fp8_rows || !scale_inv || block_n <= 0 || block_k <= 0) return DSX_EINVAL;
   Fp8Source src;
   src.rows = w_fp8_rows;
   src.scale_inv = scale_inv;
   src.bn = block_n;
   src.bk = block_k;
-  uint8_t* out = reinterpret_cast<uint8_t*>(qweight_rows);
-  return bits == 8 ? quantize_blocks<8>(sp, nullptr, row_begin, row_end, out, scale_rows, num_threads, src)
-                   : quantize_blocks<4>(sp, nullptr, row_begin, row_end, out, scale_rows, num_threads, src);
+  return quantize_rows_local(nullptr, src, n_out, k_in, row_begin, row_end, bits, group_size, arch, qweight_rows,
+                             scale_rows, num_threads);
 }
 
 namespace {
