@@ -1,0 +1,219 @@
+"""A DeepSeek-V3 checkpoint as exported-layout numpy arrays, layer by layer.
+
+`load_weights(src, dtype)` reads an original checkpoint (block-FP8 or bf16) and returns
+`ModelWeights`: every tensor keyed by its role from `ds_export.models.deepseek_v3` (no tensor
+names here), in the layout the Paddle model consumes:
+
+- FP8 weights are dequantized exactly (`fp8_block.dequant_native`, fp8 value x scale_inv in
+  float32, no bf16 rounding on the way), then cast to `dtype` ("float32", or "bfloat16" by
+  round-to-nearest-even of that float32 value).
+- A Linear becomes `LinearWeights(fmt="dense", tensors={"weight": [in, out]})`: Paddle's Linear
+  layout, i.e. the HF weight [out, in] transposed. Other formats (weight-only, block FP8) will
+  add their own `fmt` with their own tensors; the model builds a Layer per `fmt`.
+- Norm weights [n] and embeddings [vocab, hidden] keep their shapes, in `dtype`.
+- The router (`router` [hidden, n_experts], `router_bias` [n_experts]) is always float32.
+- `kv_b` is replaced by the MLA absorption pair `w_uk`, `w_uv` (see `absorb_kv_b`).
+
+Absorbed layout, and why. kv_b_proj [H*(nope+v), kv_lora] holds, per head h, rows
+W_UK[h] (nope rows: keys) then W_UV[h] (v rows: values). We export them batched per head,
+FastDeploy / DeepSeek-reference style:
+
+    w_uk [H, nope, kv_lora]   q_latent[t, h] = q_nope[t, h] @ w_uk[h]      (scores vs. the latent)
+    w_uv [H, kv_lora, v]      out[t, h]      = o_latent[t, h] @ w_uv[h]    (latent -> value space)
+
+and keep q_b_proj and o_proj as they are. PaddleNLP's alternative pre-multiplies them
+(W_Q_UK = q_b nope part x W_UK -> [q_lora, H*kv_lora]; W_UV_O = W_UV x o_proj -> [H*kv_lora,
+hidden]). We do not, because (1) the products are big: for the real model W_UV_O is
+65536 x 7168 per layer, 4x o_proj (~28 G extra parameters over 61 layers); (2) q_b and o_proj
+stay the checkpoint's own weights, so their FP8 blocks pass through bit-exactly and later
+quantized formats apply to them unchanged, whereas a product of two quantized matrices
+would need re-quantizing; (3) the batched matmuls are small (kv_b is 32 MB in bf16 per layer).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import ml_dtypes
+import numpy as np
+
+from ds_export.errors import CheckpointError, DsxError
+from ds_export.formats import fp8_block
+from ds_export.io.checkpoint import Checkpoint
+from ds_export.models import deepseek_v3 as ds
+
+DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
+NORM_ROLES = frozenset({"input_norm", "post_attn_norm", "q_a_norm", "kv_a_norm", "final_norm",
+                        "mtp_enorm", "mtp_hnorm", "mtp_head_norm"})
+EMBED_ROLES = frozenset({"embed", "mtp_embed"})
+FLOAT32_ROLES = frozenset({"router", "router_bias"})  # kept float32 whatever the model dtype
+# Linear roles (HF weight [out, in]) exported as LinearWeights; kv_b is absorbed instead.
+LINEAR_ROLES = frozenset(r for r, (_, quant) in ds.ROLES.items() if quant and r != "kv_b") | {"lm_head", "mtp_head"}
+EXPERT_ROLE_KEYS = {"expert_gate": "gate", "expert_up": "up", "expert_down": "down"}
+
+
+@dataclass
+class LinearWeights:
+    """One Linear in exported layout. fmt "dense": tensors {"weight": [in, out]} in the model dtype."""
+
+    fmt: str
+    tensors: dict[str, np.ndarray]
+
+    @property
+    def in_features(self) -> int:
+        return int(self.tensors["weight"].shape[0])
+
+    @property
+    def out_features(self) -> int:
+        return int(self.tensors["weight"].shape[1])
+
+
+@dataclass
+class LayerWeights:
+    """One decoder layer (a main layer or an MTP layer): role -> array or LinearWeights.
+
+    Keys: input_norm, post_attn_norm, q_a, q_a_norm, q_b (or q_proj), kv_a, kv_a_norm, w_uk,
+    w_uv, o_proj; dense layers: dense_gate/up/down; MoE layers: router, router_bias,
+    shared_gate/up/down and `experts[e]` = {"gate", "up", "down"}; MTP layers add mtp_embed,
+    mtp_enorm, mtp_hnorm, mtp_eh_proj, mtp_head_norm, mtp_head.
+    """
+
+    index: int
+    mtp: bool
+    moe: bool
+    tensors: dict[str, object] = field(default_factory=dict)
+    experts: list[dict[str, LinearWeights]] = field(default_factory=list)
+
+    def __getitem__(self, key: str):
+        return self.tensors[key]
+
+
+@dataclass
+class ModelWeights:
+    cfg: ds.DeepseekV3Config
+    dtype: str
+    top: dict[str, object]  # embed, final_norm, lm_head
+    layers: list[LayerWeights]  # the main model's decoder layers, in order
+    mtp: list[LayerWeights]  # MTP layers (empty when not loaded)
+
+
+# ------------------------------------------------------------- absorption ----
+
+def absorb_kv_b(kv_b: np.ndarray, num_heads: int, qk_nope_head_dim: int, v_head_dim: int):
+    """kv_b_proj weight [H*(nope+v), kv_lora] (HF layout) -> (w_uk [H, nope, kv_lora], w_uv [H, kv_lora, v])."""
+    rows = num_heads * (qk_nope_head_dim + v_head_dim)
+    if kv_b.ndim != 2 or kv_b.shape[0] != rows:
+        raise DsxError(f"kv_b_proj: shape {list(kv_b.shape)} is not [{rows}, kv_lora_rank] "
+                       f"(heads {num_heads} x (qk_nope {qk_nope_head_dim} + v {v_head_dim}))")
+    per_head = kv_b.reshape(num_heads, qk_nope_head_dim + v_head_dim, kv_b.shape[1])
+    w_uk = np.ascontiguousarray(per_head[:, :qk_nope_head_dim, :])
+    w_uv = np.ascontiguousarray(per_head[:, qk_nope_head_dim:, :].transpose(0, 2, 1))
+    return w_uk, w_uv
+
+
+# ----------------------------------------------------------------- reading ----
+
+class _Reader:
+    """Reads checkpoint tensors as float32 (FP8 dequantized exactly) and casts to the model dtype."""
+
+    def __init__(self, ckpt: Checkpoint, cfg: ds.DeepseekV3Config, dtype: str):
+        self.ckpt, self.cfg, self.dt = ckpt, cfg, DTYPES[dtype]
+        self.block = cfg.fp8_block or ds.FP8_BLOCK
+
+    def float32(self, name: str) -> np.ndarray:
+        info = self.ckpt.info(name)
+        if info.dtype == "F8_E4M3":
+            sname = name + ds.SCALE_SUFFIX
+            if sname not in self.ckpt:
+                raise CheckpointError(f"{self.ckpt.root}: FP8 tensor {name} has no {sname}",
+                                      hint="the checkpoint is incomplete or not block-scaled FP8")
+            return fp8_block.dequant_native(self.ckpt.get(name), self.ckpt.get(sname), self.block, "float32")
+        if info.dtype in ("F32", "BF16", "F16"):
+            return np.asarray(self.ckpt.get(name), dtype=np.float32)
+        raise DsxError(f"{self.ckpt.root}: tensor {name} is {info.dtype}; export reads original FP8/bf16 "
+                       "checkpoints only for now (quantized sources come with the quantized Linears)")
+
+    def cast(self, a: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(a.astype(self.dt))
+
+    def tensor(self, name: str, role: str):
+        w = self.float32(name)
+        if role in FLOAT32_ROLES:
+            return np.ascontiguousarray(w.T if role == "router" else w)
+        if role in LINEAR_ROLES:
+            return LinearWeights("dense", {"weight": self.cast(w.T)})
+        if role in NORM_ROLES or role in EMBED_ROLES:
+            return self.cast(w)
+        raise DsxError(f"tensor {name}: role {role} has no export rule")
+
+
+def _group_names(ckpt: Checkpoint, cfg: ds.DeepseekV3Config) -> tuple[dict, dict[int, dict]]:
+    """Checkpoint names -> (top-level roles, {layer: {name: TensorRole}}), weights only."""
+    roles = ds.map_tensors(ckpt.names(), cfg, source=str(ckpt.root))
+    top, layers = {}, {}
+    for name, r in roles.items():
+        if r.kind == "scale":
+            raise DsxError(f"{ckpt.root}: {name} is a weight-only scale; export reads original FP8/bf16 "
+                           "checkpoints only for now")
+        if r.kind == "scale_inv":
+            continue
+        (top if r.layer is None else layers.setdefault(r.layer, {}))[name] = r
+    return top, layers
+
+
+def _check_complete(ckpt: Checkpoint, cfg: ds.DeepseekV3Config, layer: int | None, have: dict) -> None:
+    want = ds.expected_tensors(cfg, layers=range(layer, layer + 1) if layer is not None else range(0),
+                               include_top=layer is None)
+    missing = [e.name for e in want if e.role.kind in ("weight", "bias") and e.name not in have]
+    if missing:
+        where = f"layer {layer}" if layer is not None else "top level"
+        more = f" (+{len(missing) - 3} more)" if len(missing) > 3 else ""
+        raise CheckpointError(f"{ckpt.root}: {where} lacks {', '.join(missing[:3])}{more}",
+                              hint="the checkpoint is partial: re-download or re-convert it")
+
+
+def _load_layer(rd: _Reader, layer: int, names: dict) -> LayerWeights:
+    cfg = rd.cfg
+    lw = LayerWeights(layer, cfg.is_mtp_layer(layer), cfg.is_moe_layer(layer))
+    if lw.moe:
+        lw.experts = [{} for _ in range(cfg.n_routed_experts)]
+    for name, r in names.items():
+        if r.role == "kv_b":
+            lw.tensors["w_uk"], lw.tensors["w_uv"] = (rd.cast(a) for a in absorb_kv_b(
+                rd.float32(name), cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.v_head_dim))
+        elif r.role in EXPERT_ROLE_KEYS:
+            lw.experts[r.expert][EXPERT_ROLE_KEYS[r.role]] = rd.tensor(name, r.role)
+        else:
+            lw.tensors[r.role] = rd.tensor(name, r.role)
+    return lw
+
+
+def load_weights(src: Checkpoint | str | os.PathLike, dtype: str = "float32", *,
+                 include_mtp: bool = True) -> ModelWeights:
+    """Read a whole original checkpoint into exported-layout arrays (see the module docstring).
+
+    dtype: "float32" or "bfloat16" (norms, embeddings, Linears, w_uk/w_uv; router stays float32).
+    include_mtp: also load the MTP layer(s) (cfg.mtp_layers).
+    """
+    if dtype not in DTYPES:
+        raise DsxError(f"export dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
+    ckpt = src if isinstance(src, Checkpoint) else Checkpoint.open(src)
+    cfg = ds.DeepseekV3Config.from_dict(ckpt.config, source=str(ckpt.root / "config.json"))
+    if cfg.topk_method != "noaux_tc" or cfg.raw.get("scoring_func", "sigmoid") != "sigmoid":
+        raise DsxError(f"{ckpt.root}: topk_method {cfg.topk_method!r} / scoring_func "
+                       f"{cfg.raw.get('scoring_func')!r}: export supports DeepSeek-V3's noaux_tc + sigmoid router")
+    top_names, layer_names = _group_names(ckpt, cfg)
+    _check_complete(ckpt, cfg, None, top_names)
+    rd = _Reader(ckpt, cfg, dtype)
+    top = {r.role: rd.tensor(n, r.role) for n, r in top_names.items()}
+    if "lm_head" not in top:  # tie_word_embeddings
+        top["lm_head"] = LinearWeights("dense", {"weight": np.ascontiguousarray(top["embed"].T)})
+    wanted = list(range(cfg.num_hidden_layers)) + (list(cfg.mtp_layers) if include_mtp else [])
+    layers = []
+    for L in wanted:
+        names = layer_names.get(L, {})
+        _check_complete(ckpt, cfg, L, names)
+        layers.append(_load_layer(rd, L, names))
+    main = [lw for lw in layers if not lw.mtp]
+    return ModelWeights(cfg, dtype, top, main, [lw for lw in layers if lw.mtp])
