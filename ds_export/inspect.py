@@ -10,7 +10,7 @@ from ds_export.models import deepseek_v3 as ds
 
 
 def summarize(path: str | Path) -> dict:
-    with Checkpoint.open(path) as ck:
+    with Checkpoint.open(path, partial=True) as ck:
         cfg = ds.DeepseekV3Config.from_dict(ck.config, source=str(Path(path) / "config.json"))
         infos = {t.name: t for t in ck.infos()}
         roles = ds.map_tensors(list(infos), cfg, source=str(path))
@@ -47,6 +47,7 @@ def summarize(path: str | Path) -> dict:
             "mtp_layers": mtp_layers,
             "quantization_config": ck.config.get("quantization_config"),
             "shards": len(ck.shards),
+            "missing_shards": len(ck.missing_shards),
             "tensors": len(infos),
             "total_bytes": sum(t.nbytes for t in infos.values()),
             "params": sum(r["params"] for r in by_role.values()),

@@ -275,3 +275,19 @@ def test_fp8_source_with_other_blocks_is_requantized(tmp_path):
     err = np.abs(_dequant_f32(out, name) - ref)
     s128 = np.repeat(np.repeat(out.get(name + "_scale_inv"), 128, 0), 128, 1)
     assert (err <= np.maximum(np.abs(ref) * 2.0**-4, s128 * 2.0**-10) * (1 + 1e-6)).all()
+
+
+def test_mtp_only_on_a_partial_download(tiny_fp8, tmp_path):
+    """`dsx download --only mtp` leaves an index listing absent base shards: --mtp-only still works."""
+    import shutil
+
+    src = tmp_path / "mtp-only"
+    shutil.copytree(tiny_fp8, src)
+    ck = Checkpoint.open(src)
+    mtp_files = {f for n, f in ck.weight_map.items() if n.startswith("model.layers.3.")}
+    for f in set(ck.weight_map.values()) - mtp_files:
+        (src / f).unlink()
+    assert main(["quantize", str(src), "--out", str(tmp_path / "o1"), "--type", "bf16", "-q"]) == 1  # needs all
+    out = _quantize(src, tmp_path / "o2", "--type", "a8w8_fp8", "--mtp-only")
+    assert out.names() and all(n.startswith("model.layers.3.") for n in out.names())
+    assert len(Checkpoint.open(src, partial=True).missing_shards) == len(set(ck.weight_map.values()) - mtp_files)

@@ -1,4 +1,4 @@
-"""dsx download (issue: download). Options are final; the implementation lands with that issue."""
+"""dsx download: parse options, call `ds_export.download.download`, show progress and the summary."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Annotated
 
 import typer
 
-from ds_export.cli.options import Json, Quiet, Workers
-from ds_export.errors import NotImplementedYet
+from ds_export.cli.options import Json, Quiet
+from ds_export.cli.output import Out, human_bytes
 
 
 def download(
@@ -18,15 +18,81 @@ def download(
     only: Annotated[str, typer.Option("--only", help="all | base | mtp | config: select shards by role from the index.")] = "all",
     include: Annotated[list[str] | None, typer.Option("--include", help="Extra glob of files to fetch (repeatable).")] = None,
     exclude: Annotated[list[str] | None, typer.Option("--exclude", help="Glob of files to skip (repeatable).")] = None,
-    workers: Workers = None,
+    workers: Annotated[int, typer.Option("--workers", "-j", help="Files downloaded in parallel.")] = 8,
     verify: Annotated[bool, typer.Option("--verify/--no-verify", help="Check sizes, sha256 and safetensors headers.")] = True,
     json: Json = False,
     quiet: Quiet = False,
 ) -> None:
     """Fetch a checkpoint that is complete, sha256-verified and resumable across crashes (HTTP Range).
 
+    The endpoint comes from HF_ENDPOINT (mirrors work), the token from HF_TOKEN or `hf auth login`.
+    Rerun the same command after an interruption: finished files are kept, partial ones continue.
+
     Examples:
       dsx download deepseek-ai/DeepSeek-R1 --local-dir /data/DeepSeek-R1
       dsx download deepseek-ai/DeepSeek-R1 --only mtp --local-dir /data/R1-mtp
+      dsx download deepseek-ai/DeepSeek-R1 --only config --local-dir /data/R1-meta --json
     """
-    raise NotImplementedYet("dsx download is not implemented yet")
+    from ds_export.download import Interrupted, Options, download as run_download
+
+    o = Out(json, quiet)
+    target = local_dir if local_dir is not None else Path(repo_id.rstrip("/").split("/")[-1])
+    opts = Options(revision=revision, only=only, include=tuple(include or ()), exclude=tuple(exclude or ()),
+                   workers=workers, verify=verify)
+    try:
+        with _RichReporter(o) as rep:
+            res = run_download(repo_id, target, opts, rep)
+    except KeyboardInterrupt:
+        raise Interrupted(f"interrupted; finished and partial files stay in {target}",
+                          hint="rerun the same command to resume") from None
+    o.result(res)
+    n_new = len(res["downloaded"])
+    o.print(f"{res['repo_id']}@{res['commit'][:12]} -> {res['local_dir']}: {res['files']} files "
+            f"({human_bytes(res['bytes_total'])}); fetched {n_new}, already complete {res['already_complete']}, "
+            f"{human_bytes(res['bytes_downloaded'])} in {res['seconds']:.1f} s"
+            + (f", resumed {len(res['resumed'])}" if res["resumed"] else "")
+            + (f", refetched after a mismatch {len(res['refetched'])}" if res["refetched"] else "")
+            + ("" if res["verified"] else " (not verified: --no-verify)"))
+
+
+class _RichReporter:
+    """download.Reporter as one rich progress line (bytes, GB/s, ETA, files); silent in --json/--quiet."""
+
+    def __init__(self, o: Out):
+        from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
+                                   TransferSpeedColumn)
+
+        self.o = o
+        self.p = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                          TimeRemainingColumn(), console=o.err, disable=not o.human)
+        self.task = None
+        self.files = self.done = 0
+
+    def __enter__(self):
+        self.p.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.p.__exit__(*exc)
+
+    def _describe(self) -> str:
+        return f"download {self.done}/{self.files} files"
+
+    def start(self, total_bytes, done_bytes, files, files_done):
+        self.files, self.done = files, files_done
+        self.task = self.p.add_task(self._describe(), total=total_bytes, completed=done_bytes)
+
+    def advance(self, n):
+        if self.task is not None:
+            self.p.advance(self.task, n)
+
+    def file_done(self, path):
+        if self.task is not None:
+            self.done += 1
+            self.p.update(self.task, description=self._describe())
+
+    def note(self, msg):
+        if self.o.human:
+            from rich.markup import escape
+
+            self.p.console.print(f"[yellow]{escape(msg)}[/yellow]", markup=True, highlight=False)

@@ -49,4 +49,7 @@ def inspect(
     for r in s["roles"]:
         t.add_row(r["role"], r["dtypes"], str(r["tensors"]), f"{r['params']:,}", human_bytes(r["bytes"]))
     out.print(t)
+    if s["missing_shards"]:
+        out.print(f"[yellow]partial checkpoint[/]: {s['missing_shards']} shards listed in the index are absent "
+                  "(e.g. `dsx download --only mtp`); only the tensors present are summarized")
     out.print(f"{s['tensors']} tensors in {s['shards']} shards, {s['params']:,} parameters, {human_bytes(s['total_bytes'])}")

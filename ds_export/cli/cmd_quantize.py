@@ -53,7 +53,8 @@ def quantize(
         raise UsageError("--workers must be at least 1")
     n_nodes, rank = engine.node_from_env(num_nodes, node_rank)
     rec = plan_mod.load_recipe(type_, recipe, arch=arch, group_size=group_size, mtp_type=mtp_type)
-    with Checkpoint.open(src) as ck:
+    # --mtp-only works on a partial source too (e.g. `dsx download --only mtp`).
+    with Checkpoint.open(src, partial=mtp_only) as ck:
         p = plan_mod.build(ck, rec, selection="mtp" if mtp_only else "base" if no_mtp else "all")
         if dry_run:
             o.result(p.to_json())

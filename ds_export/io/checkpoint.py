@@ -50,25 +50,34 @@ class Checkpoint:
     shards: dict[str, SafetensorsFile]  # file name (relative) -> shard
     weight_map: dict[str, str]  # tensor name -> file name
     index_metadata: dict = field(default_factory=dict)
+    missing_shards: list[str] = field(default_factory=list)  # with partial=True: listed but absent
 
     @classmethod
-    def open(cls, root: str | os.PathLike, *, need_config: bool = True) -> "Checkpoint":
+    def open(cls, root: str | os.PathLike, *, need_config: bool = True, partial: bool = False) -> "Checkpoint":
+        """partial: accept an index whose shards are not all present (e.g. `dsx download --only mtp`):
+        the tensors of missing shards are dropped. Shards that are present are validated as always."""
         root = Path(root)
         if not root.is_dir():
             raise CheckpointError(f"{root}: not a directory", hint="pass a checkpoint directory with config.json")
         config = _load_json(root / "config.json", "config.json") if need_config or (root / "config.json").exists() else {}
         index_path = root / INDEX_NAME
+        missing: list[str] = []
         if index_path.exists():
             index = _load_json(index_path, "index")
             wm = index.get("weight_map")
             if not isinstance(wm, dict) or not wm:
                 raise CheckpointError(f"{index_path}: missing or empty weight_map")
             files = sorted(set(wm.values()), key=str)
-            for rel in files:
-                p = _safe_shard_path(root, rel, index_path)
-                if not p.exists():
-                    raise CheckpointError(f"{index_path}: lists {rel}, which is missing",
-                                          hint="the download is incomplete: rerun `dsx download`")
+            missing = [rel for rel in files if not _safe_shard_path(root, rel, index_path).exists()]
+            if missing and not partial:
+                raise CheckpointError(f"{index_path}: lists {missing[0]}, which is missing"
+                                      + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""),
+                                      hint="the download is incomplete: rerun `dsx download`")
+            if missing:
+                files = [f for f in files if f not in missing]
+                wm = {n: f for n, f in wm.items() if f not in missing}
+                if not files:
+                    raise CheckpointError(f"{root}: none of the shards its index lists is present")
             shards = {rel: SafetensorsFile(root / rel) for rel in files}
             meta = index.get("metadata") or {}
         elif (root / SINGLE_NAME).exists():
@@ -77,7 +86,7 @@ class Checkpoint:
             meta = {}
         else:
             raise CheckpointError(f"{root}: neither {INDEX_NAME} nor {SINGLE_NAME} found")
-        ck = cls(root, config, shards, dict(wm), meta)
+        ck = cls(root, config, shards, dict(wm), meta, missing)
         ck._cross_check()
         return ck
 
@@ -95,7 +104,7 @@ class Checkpoint:
             if name not in seen:
                 raise CheckpointError(f"{self.root / rel}: index lists tensor {name!r} but the shard does not hold it")
         total = self.index_metadata.get("total_size")
-        if isinstance(total, int):
+        if isinstance(total, int) and not self.missing_shards:
             have = sum(t.nbytes for s in self.shards.values() for t in s.tensors.values())
             if total != have:
                 raise CheckpointError(f"{self.root / INDEX_NAME}: metadata.total_size is {total}, tensors sum to {have}")
