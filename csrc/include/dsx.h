@@ -32,5 +32,7 @@ int dsx_abi_version(void);
 
 #include "dsx/quant_weight_only.h"
 #include "dsx/quant_fp8.h"
+#include "dsx/gemm_fp8.h"
+#include "dsx/mtp_accept.h"
 
 #endif /* DSX_H_ */

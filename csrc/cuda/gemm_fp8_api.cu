@@ -1,0 +1,128 @@
+// C ABI of the CUDA block FP8 GEMMs (include/dsx/gemm_fp8.h): argument checks and the
+// choice between the CUTLASS sm90a kernels and the simple any-shape kernel.
+#include "gemm_fp8_internal.cuh"
+
+namespace {
+
+using dsx_cuda::GemmNt;
+using dsx_cuda::Tuning;
+
+enum { kAuto = 0, kCutlass = 1, kSimple = 2, kPingpong = 3, kSwapAB = 4 };
+
+struct Algo {
+  int base;
+  Tuning tuning;
+};
+
+bool decode(int algo, Algo* out) {
+  if (algo < 0) return false;
+  out->base = algo & 15;
+  out->tuning = Tuning{(algo >> 4) & 15, (algo >> 8) & 15, (algo >> 12) & 15, (algo >> 16) & 255,
+                       (algo >> 24) & 15};
+  return out->base <= kSwapAB && out->tuning.raster <= 2 && out->tuning.decomposition <= 3 &&
+         out->tuning.reduction <= 1 && (algo >> 28) == 0;
+}
+
+bool shape_ok(int64_t m, int64_t n, int64_t k) { return m >= 0 && n > 0 && k > 0; }
+
+// Automatic choice between the dense CUTLASS kernels, from H200 measurements (bench/
+// gpu_kernels.py): pingpong 64x128 tiles up to this many rows (1.07-1.19x cuBLAS at M = 64
+// and 128 on DeepSeek shapes, where cooperative stream-K was 1.3-1.6x slower), cooperative
+// 128x128 stream-K above (pingpong was 1.3-1.6x slower at M = 4096).
+constexpr int64_t kPingpongMaxRows = 128;
+
+// True when a CUTLASS kernel should run; resolves kAuto to the CUTLASS kernel it picks in
+// a->base. *err is set when algo forces CUTLASS but the shape cannot take it.
+bool use_cutlass(const GemmNt& g, Algo* a, int* err) {
+  *err = DSX_OK;
+  if (a->base == kSimple) return false;
+  const bool ok = dsx_cuda::cutlass_built() && dsx_cuda::tma_compatible(g);
+  if (a->base != kAuto && !ok) *err = DSX_EINVAL;  // a CUTLASS kernel was forced
+  if (ok && a->base == kAuto) a->base = g.m <= kPingpongMaxRows ? kPingpong : kCutlass;
+  return ok;
+}
+
+}  // namespace
+
+extern "C" int dsx_gemm_fp8_nt_workspace_cuda(int64_t m, int64_t n, int64_t k, int algo,
+                                              int64_t* bytes) {
+  Algo a;
+  if (!bytes || !decode(algo, &a) || !shape_ok(m, n, k)) return DSX_EINVAL;
+  *bytes = 0;
+  // Pointers are not known yet: assume 16-byte aligned ones (cudaMalloc gives 256).
+  const auto al = reinterpret_cast<const uint8_t*>(uintptr_t{256});
+  GemmNt g{al, nullptr, al, nullptr, reinterpret_cast<uint16_t*>(uintptr_t{256}), m, n, k};
+  int err;
+  if (!use_cutlass(g, &a, &err)) return err;
+  size_t ws = 0;
+  int rc;
+  if (a.base == kPingpong) {
+    rc = dsx_cuda::cutlass_pingpong_workspace(m, n, k, a.tuning, &ws);
+  } else if (a.base == kSwapAB) {
+    rc = dsx_cuda::cutlass_swapab_workspace(m, n, k, a.tuning, &ws);
+  } else {
+    rc = dsx_cuda::cutlass_dense_workspace(m, n, k, a.tuning, &ws);
+  }
+  *bytes = static_cast<int64_t>(ws);
+  return rc;
+}
+
+extern "C" int dsx_gemm_fp8_nt_cuda(const uint8_t* a, const float* sa, const uint8_t* b,
+                                    const float* sb, uint16_t* out, int64_t m, int64_t n,
+                                    int64_t k, void* workspace, int64_t workspace_bytes,
+                                    int algo, void* stream) {
+  Algo al;
+  if (!decode(algo, &al) || !shape_ok(m, n, k) || workspace_bytes < 0) return DSX_EINVAL;
+  if (m == 0) return DSX_OK;
+  if (!a || !sa || !b || !sb || !out) return DSX_EINVAL;
+  const GemmNt g{a, sa, b, sb, out, m, n, k};
+  const auto s = static_cast<cudaStream_t>(stream);
+  int err;
+  if (use_cutlass(g, &al, &err)) {
+    const auto ws_bytes = static_cast<size_t>(workspace_bytes);
+    if (al.base == kPingpong) {
+      return dsx_cuda::cutlass_pingpong_run(g, workspace, ws_bytes, al.tuning, s);
+    }
+    if (al.base == kSwapAB) return dsx_cuda::cutlass_swapab_run(g, workspace, ws_bytes, al.tuning, s);
+    return dsx_cuda::cutlass_dense_run(g, workspace, ws_bytes, al.tuning, s);
+  }
+  if (err != DSX_OK) return err;
+  return dsx_cuda::simple_dense_run(g, s);
+}
+
+extern "C" int dsx_gemm_fp8_grouped_nt_contiguous_workspace_cuda(int64_t num_experts, int64_t m,
+                                                                 int64_t n, int64_t k, int algo,
+                                                                 int64_t* bytes) {
+  Algo a;
+  if (!bytes || !decode(algo, &a) || !shape_ok(m, n, k) || num_experts <= 0) return DSX_EINVAL;
+  if (num_experts > INT32_MAX) return DSX_EINVAL;
+  *bytes = 0;
+  const auto al = reinterpret_cast<const uint8_t*>(uintptr_t{256});
+  GemmNt g{al, nullptr, al, nullptr, reinterpret_cast<uint16_t*>(uintptr_t{256}), m, n, k};
+  int err;
+  if (!use_cutlass(g, &a, &err)) return err;
+  size_t ws = 0;
+  const int rc = dsx_cuda::cutlass_grouped_workspace(num_experts, m, n, k, &ws);
+  *bytes = static_cast<int64_t>(ws);
+  return rc;
+}
+
+extern "C" int dsx_gemm_fp8_grouped_nt_contiguous_cuda(
+    const uint8_t* a, const float* sa, const uint8_t* b, const float* sb, const int32_t* offsets,
+    int64_t num_experts, uint16_t* out, int64_t m, int64_t n, int64_t k, void* workspace,
+    int64_t workspace_bytes, int algo, void* stream) {
+  Algo al;
+  if (!decode(algo, &al) || !shape_ok(m, n, k) || workspace_bytes < 0) return DSX_EINVAL;
+  if (num_experts <= 0 || num_experts > INT32_MAX || !offsets) return DSX_EINVAL;
+  if (m == 0) return DSX_OK;
+  if (!a || !sa || !b || !sb || !out) return DSX_EINVAL;
+  const GemmNt g{a, sa, b, sb, out, m, n, k};
+  const auto s = static_cast<cudaStream_t>(stream);
+  int err;
+  if (use_cutlass(g, &al, &err)) {
+    return dsx_cuda::cutlass_grouped_run(g, offsets, num_experts, workspace,
+                                         static_cast<size_t>(workspace_bytes), al.tuning, s);
+  }
+  if (err != DSX_OK) return err;
+  return dsx_cuda::simple_grouped_run(g, offsets, num_experts, s);
+}

@@ -1,0 +1,283 @@
+// CUTLASS 3.x (nvidia-cutlass 4.2.0.0 headers) configurations of the Hopper block-scaled
+// FP8 GEMM, written for dsx's layouts. Included only where DSX_HAVE_CUTLASS is set.
+//
+// Mapping of dsx's "nt" layout onto CUTLASS's (M, N, K, L) GEMM:
+//   A  = activations e4m3 [M, K] row-major            -> RowMajor (K-major) A
+//   B  = weights e4m3 [N, K] row-major (HF [out, in])  -> ColumnMajor (K-major) B
+//   SFA = float32 [M, ceil(K/128)] row-major           -> scale granularity (1, 128), K-major
+//   SFB = float32 [ceil(N/128), ceil(K/128)] row-major -> scale granularity (128, 128), K-major
+//   D  = bf16 [M, N] row-major, no C operand (D = 1 * accumulator).
+// The mainloop (KernelTmaWarpSpecializedCooperativeFP8Blockwise) runs one 128-deep wgmma
+// sequence per K block into a temporary accumulator and promotes it as acc += tmp * sa*sb,
+// which is the order documented in gemm_fp8.h.
+#pragma once
+
+#include "cute/tensor.hpp"
+#include "gemm_fp8_internal.cuh"
+#include "cutlass/cutlass.h"
+#include "cutlass/detail/blockwise_scale_layout.hpp"
+#include "cutlass/epilogue/collective/collective_builder.hpp"
+#include "cutlass/epilogue/dispatch_policy.hpp"
+#include "cutlass/epilogue/fusion/operations.hpp"
+#include "cutlass/gemm/collective/collective_builder.hpp"
+#include "cutlass/gemm/device/gemm_universal_adapter.h"
+#include "cutlass/gemm/dispatch_policy.hpp"
+#include "cutlass/gemm/group_array_problem_shape.hpp"
+#include "cutlass/gemm/kernel/gemm_universal.hpp"
+#include "cutlass/gemm/kernel/tile_scheduler_params.h"
+#include "cutlass/numeric_types.h"
+
+namespace dsx_cuda::cfg {
+
+using namespace cute;
+
+using ElementA = cutlass::float_e4m3_t;
+using ElementB = cutlass::float_e4m3_t;
+using ElementD = cutlass::bfloat16_t;
+using ElementAcc = float;
+using LayoutA = cutlass::layout::RowMajor;
+using LayoutB = cutlass::layout::ColumnMajor;
+using LayoutD = cutlass::layout::RowMajor;
+constexpr int kAlignAB = 16;  // 16 bytes of e4m3
+constexpr int kAlignD = 8;    // 16 bytes of bf16
+
+// Scale granularity (M, N, K) = (1, 128, 128), both scale tensors K-major (row-major above).
+using ScaleConfig = cutlass::detail::Sm90BlockwiseScaleConfig<1, 128, 128, cute::GMMA::Major::K,
+                                                              cute::GMMA::Major::K>;
+using LayoutSFA = decltype(ScaleConfig::deduce_layoutSFA());
+using LayoutSFB = decltype(ScaleConfig::deduce_layoutSFB());
+
+using Epilogue1 = cutlass::epilogue::fusion::LinearCombination<ElementD, float, void, float>;
+
+// Dense: 128x128x128 tiles, 2 CTAs per cluster along N (A multicast), cooperative
+// warp-specialized FP8 block-wise mainloop, stream-K tile scheduler (full waves run
+// data-parallel, the tail is split along K so small-M problems fill all SMs).
+struct Dense {
+  static constexpr bool kStreamK = true;
+  using Tile = Shape<_128, _128, _128>;
+  using Cluster = Shape<_1, _2, _1>;
+  using Epi = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, Cluster,
+      cutlass::epilogue::collective::EpilogueTileAuto, ElementAcc, float, void, LayoutD, 1,
+      ElementD, LayoutD, kAlignD, cutlass::epilogue::TmaWarpSpecializedCooperative,
+      Epilogue1>::CollectiveOp;
+  using Main = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementA,
+      cute::tuple<LayoutA, LayoutSFA>, kAlignAB, ElementB, cute::tuple<LayoutB, LayoutSFB>,
+      kAlignAB, ElementAcc, Tile, Cluster,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+          sizeof(typename Epi::SharedStorage))>,
+      cutlass::gemm::KernelTmaWarpSpecializedCooperativeFP8Blockwise>::CollectiveOp;
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Main, Epi,
+                                                      cutlass::gemm::StreamKScheduler>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+};
+
+// Dense, pingpong: two consumer warpgroups work on separate 64x128 tiles, so one's scale
+// promotion overlaps the other's tensor-core work; persistent data-parallel scheduler.
+struct DensePingpong {
+  static constexpr bool kStreamK = false;
+  using Tile = Shape<_64, _128, _128>;
+  using Cluster = Shape<_1, _2, _1>;
+  using Epi = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, Cluster,
+      cutlass::epilogue::collective::EpilogueTileAuto, ElementAcc, float, void, LayoutD, 1,
+      ElementD, LayoutD, kAlignD, cutlass::epilogue::TmaWarpSpecialized, Epilogue1>::CollectiveOp;
+  using Main = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementA,
+      cute::tuple<LayoutA, LayoutSFA>, kAlignAB, ElementB, cute::tuple<LayoutB, LayoutSFB>,
+      kAlignAB, ElementAcc, Tile, Cluster,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+          sizeof(typename Epi::SharedStorage))>,
+      cutlass::gemm::KernelTmaWarpSpecializedPingpongFP8Blockwise>::CollectiveOp;
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Main, Epi>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+};
+
+// Dense, swapped operands for few tokens: CUTLASS computes D^T[N, M] = W[N, K] . A[M, K]^T,
+// so the weights fill the 128-row side of the tile and the tokens a 32-wide side (less
+// wasted tensor-core work and 4x more tiles than 128x128 at M <= 128). Scale granularity
+// becomes (128, 1, 128); D^T is column-major with leading dimension N, i.e. exactly our
+// row-major out[M, N]. Cooperative, stream-K.
+struct DenseSwapAB {
+  static constexpr bool kStreamK = true;
+  using Tile = Shape<_128, _32, _128>;
+  using Cluster = Shape<_1, _1, _1>;
+  using LayoutDt = cutlass::layout::ColumnMajor;
+  using Scale = cutlass::detail::Sm90BlockwiseScaleConfig<128, 1, 128, cute::GMMA::Major::K,
+                                                          cute::GMMA::Major::K>;
+  using LayoutSFW = decltype(Scale::deduce_layoutSFA());
+  using LayoutSFX = decltype(Scale::deduce_layoutSFB());
+  using Epi = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, Cluster,
+      cutlass::epilogue::collective::EpilogueTileAuto, ElementAcc, float, void, LayoutDt, 1,
+      ElementD, LayoutDt, kAlignD, cutlass::epilogue::TmaWarpSpecializedCooperative,
+      Epilogue1>::CollectiveOp;
+  using Main = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementB,
+      cute::tuple<LayoutA, LayoutSFW>, kAlignAB, ElementA, cute::tuple<LayoutB, LayoutSFX>,
+      kAlignAB, ElementAcc, Tile, Cluster,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+          sizeof(typename Epi::SharedStorage))>,
+      cutlass::gemm::KernelTmaWarpSpecializedCooperativeFP8Blockwise>::CollectiveOp;
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Main, Epi,
+                                                      cutlass::gemm::StreamKScheduler>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+};
+
+// Grouped (MoE, ptr-array): one problem per expert, arguments in device arrays.
+struct Grouped {
+  using Problem = cutlass::gemm::GroupProblemShape<Shape<int, int, int>>;
+  using Tile = Shape<_128, _128, _128>;
+  using Cluster = Shape<_1, _1, _1>;
+  using Epi = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, Cluster,
+      cutlass::epilogue::collective::EpilogueTileAuto, ElementAcc, float, void, LayoutD*, 1,
+      ElementD, LayoutD*, kAlignD, cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
+      Epilogue1>::CollectiveOp;
+  using Main = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementA,
+      cute::tuple<LayoutA*, LayoutSFA*>, kAlignAB, ElementB, cute::tuple<LayoutB*, LayoutSFB*>,
+      kAlignAB, ElementAcc, Tile, Cluster,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+          sizeof(typename Epi::SharedStorage))>,
+      cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise>::CollectiveOp;
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<Problem, Main, Epi>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+};
+
+// Row-major / K-major strides: only the leading (row) stride is dynamic for L = 1.
+template <class Stride>
+CUTE_HOST_DEVICE Stride row_stride(int64_t ld) {
+  Stride s{};
+  cute::get<0>(s) = ld;
+  return s;
+}
+
+// Column-major strides (M, N, L): only the second (column) stride is dynamic for L = 1.
+template <class Stride>
+CUTE_HOST_DEVICE Stride col_stride(int64_t ld) {
+  Stride s{};
+  cute::get<1>(s) = ld;
+  return s;
+}
+
+template <class Sched>
+void set_tuning(Sched& sched, Tuning t) {
+  using Raster = decltype(sched.raster_order);
+  if (t.raster == 1) sched.raster_order = Raster::AlongM;
+  if (t.raster == 2) sched.raster_order = Raster::AlongN;
+  if (t.swizzle == 1 || t.swizzle == 2 || t.swizzle == 4 || t.swizzle == 8) {
+    sched.max_swizzle_size = t.swizzle;
+  }
+}
+
+template <class Sched>
+void set_stream_k(Sched& sched, Tuning t) {
+  using Mode = decltype(sched.decomposition_mode);
+  if (t.decomposition == 1) sched.decomposition_mode = Mode::DataParallel;
+  if (t.decomposition == 2) sched.decomposition_mode = Mode::SplitK;
+  if (t.decomposition == 3) sched.decomposition_mode = Mode::StreamK;
+  if (t.splits > 1) sched.splits = t.splits;
+  if (t.reduction == 1) sched.reduction_mode = decltype(sched.reduction_mode)::Nondeterministic;
+}
+
+// The current device and its SM count; false when no device is usable (the tile
+// schedulers divide by the SM count, so it must never be 0).
+inline bool hw_info(cutlass::KernelHardwareInfo* hw) {
+  hw->sm_count = 0;
+  if (cudaGetDevice(&hw->device_id) != cudaSuccess) return false;
+  if (cudaDeviceGetAttribute(&hw->sm_count, cudaDevAttrMultiProcessorCount, hw->device_id) !=
+      cudaSuccess) {
+    return false;
+  }
+  return hw->sm_count > 0;
+}
+
+// ---- dense runner, shared by the dense configurations (one per translation unit) ----
+
+template <class Cfg>
+typename Cfg::Gemm::Arguments dense_args(const GemmNt& g, Tuning t,
+                                         const cutlass::KernelHardwareInfo& hw) {
+  using G = typename Cfg::Gemm;
+  using StrideA = typename G::GemmKernel::StrideA;
+  using StrideB = typename G::GemmKernel::StrideB;
+  using StrideD = typename G::GemmKernel::StrideD;
+  const int m = static_cast<int>(g.m), n = static_cast<int>(g.n), k = static_cast<int>(g.k);
+  typename G::Arguments args{
+      cutlass::gemm::GemmUniversalMode::kGemm,
+      {m, n, k, 1},
+      {reinterpret_cast<const ElementA*>(g.a), row_stride<StrideA>(k),
+       reinterpret_cast<const ElementB*>(g.b), row_stride<StrideB>(k), g.sa,
+       ScaleConfig::tile_atom_to_shape_SFA(make_shape(m, n, k, 1)), g.sb,
+       ScaleConfig::tile_atom_to_shape_SFB(make_shape(m, n, k, 1))},
+      {{}, nullptr, row_stride<StrideD>(n), reinterpret_cast<ElementD*>(g.out),
+       row_stride<StrideD>(n)},
+      hw};
+  args.epilogue.thread.alpha = 1.0f;
+  args.epilogue.thread.beta = 0.0f;
+  set_tuning(args.scheduler, t);
+  if constexpr (Cfg::kStreamK) set_stream_k(args.scheduler, t);
+  return args;
+}
+
+// D^T = W . A^T (DenseSwapAB): weights are CUTLASS's A, activations its B.
+template <class Cfg>
+typename Cfg::Gemm::Arguments swap_args(const GemmNt& g, Tuning t,
+                                        const cutlass::KernelHardwareInfo& hw) {
+  using G = typename Cfg::Gemm;
+  using StrideA = typename G::GemmKernel::StrideA;
+  using StrideB = typename G::GemmKernel::StrideB;
+  using StrideD = typename G::GemmKernel::StrideD;
+  const int m = static_cast<int>(g.m), n = static_cast<int>(g.n), k = static_cast<int>(g.k);
+  typename G::Arguments args{
+      cutlass::gemm::GemmUniversalMode::kGemm,
+      {n, m, k, 1},
+      {reinterpret_cast<const ElementB*>(g.b), row_stride<StrideA>(k),
+       reinterpret_cast<const ElementA*>(g.a), row_stride<StrideB>(k), g.sb,
+       Cfg::Scale::tile_atom_to_shape_SFA(make_shape(n, m, k, 1)), g.sa,
+       Cfg::Scale::tile_atom_to_shape_SFB(make_shape(n, m, k, 1))},
+      {{}, nullptr, col_stride<StrideD>(n), reinterpret_cast<ElementD*>(g.out),
+       col_stride<StrideD>(n)},
+      hw};
+  args.epilogue.thread.alpha = 1.0f;
+  args.epilogue.thread.beta = 0.0f;
+  set_tuning(args.scheduler, t);
+  set_stream_k(args.scheduler, t);
+  return args;
+}
+
+template <class Cfg, bool kSwap = false>
+typename Cfg::Gemm::Arguments make_args(const GemmNt& g, Tuning t,
+                                        const cutlass::KernelHardwareInfo& hw) {
+  if constexpr (kSwap) {
+    return swap_args<Cfg>(g, t, hw);
+  } else {
+    return dense_args<Cfg>(g, t, hw);
+  }
+}
+
+template <class Cfg, bool kSwap = false>
+int dense_workspace(int64_t m, int64_t n, int64_t k, Tuning t, size_t* bytes) {
+  cutlass::KernelHardwareInfo hw;
+  if (!hw_info(&hw)) return DSX_ECUDA;
+  GemmNt g{nullptr, nullptr, nullptr, nullptr, nullptr, m, n, k};
+  *bytes = Cfg::Gemm::get_workspace_size(make_args<Cfg, kSwap>(g, t, hw));
+  return DSX_OK;
+}
+
+template <class Cfg, bool kSwap = false>
+int dense_run(const GemmNt& g, void* ws, size_t ws_bytes, Tuning t, cudaStream_t s) {
+  using G = typename Cfg::Gemm;
+  cutlass::KernelHardwareInfo hw;
+  if (!hw_info(&hw)) return DSX_ECUDA;
+  auto args = make_args<Cfg, kSwap>(g, t, hw);
+  if (G::get_workspace_size(args) > ws_bytes) return DSX_EINVAL;
+  G gemm;
+  if (gemm.can_implement(args) != cutlass::Status::kSuccess) return DSX_EINVAL;
+  if (gemm.initialize(args, ws, s) != cutlass::Status::kSuccess) return DSX_ECUDA;
+  if (gemm.run(s) != cutlass::Status::kSuccess) return DSX_ECUDA;
+  return cuda_rc(cudaGetLastError());
+}
+
+}  // namespace dsx_cuda::cfg

@@ -1,0 +1,34 @@
+// Dense block-scaled FP8 GEMM through CUTLASS's Hopper kernel: the cooperative stream-K
+// configuration cfg::Dense (gemm_fp8_cutlass.cuh). One configuration per translation unit
+// keeps the slow template instantiations compiling in parallel.
+#include "gemm_fp8_internal.cuh"
+
+#if defined(DSX_HAVE_CUTLASS)
+#include "gemm_fp8_cutlass.cuh"
+
+namespace dsx_cuda {
+
+bool cutlass_built() { return true; }
+
+int cutlass_dense_workspace(int64_t m, int64_t n, int64_t k, Tuning t, size_t* bytes) {
+  return cfg::dense_workspace<cfg::Dense>(m, n, k, t, bytes);
+}
+
+int cutlass_dense_run(const GemmNt& g, void* ws, size_t ws_bytes, Tuning t, cudaStream_t s) {
+  return cfg::dense_run<cfg::Dense>(g, ws, ws_bytes, t, s);
+}
+
+}  // namespace dsx_cuda
+
+#else  // built without CUTLASS headers: the simple kernel serves every call
+
+namespace dsx_cuda {
+bool cutlass_built() { return false; }
+int cutlass_dense_workspace(int64_t, int64_t, int64_t, Tuning, size_t* bytes) {
+  *bytes = 0;
+  return DSX_OK;
+}
+int cutlass_dense_run(const GemmNt&, void*, size_t, Tuning, cudaStream_t) { return DSX_EINVAL; }
+}  // namespace dsx_cuda
+
+#endif

@@ -1,0 +1,64 @@
+// Internal interface between the CUDA translation units of the block FP8 GEMM.
+// The C ABI (include/dsx/gemm_fp8.h) is implemented in gemm_fp8_api.cu on top of these.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "dsx.h"
+
+#if defined(__has_include)
+#if __has_include(<cutlass/cutlass.h>)
+#define DSX_HAVE_CUTLASS 1
+#endif
+#endif
+
+namespace dsx_cuda {
+
+// One "nt" GEMM (see gemm_fp8.h): device pointers, row-major, fp8 as bytes, bf16 as bits.
+struct GemmNt {
+  const uint8_t* a;
+  const float* sa;
+  const uint8_t* b;
+  const float* sb;
+  uint16_t* out;
+  int64_t m, n, k;
+};
+
+// Benchmark knobs for the CUTLASS tile scheduler (0 = CUTLASS's default everywhere).
+struct Tuning {
+  int raster;         // 0 heuristic, 1 along M, 2 along N
+  int swizzle;        // 1, 2, 4 or 8
+  int decomposition;  // dense only: 0 heuristic, 1 data-parallel, 2 split-K, 3 stream-K
+  int splits;         // dense only: K splits for split-K (1..255)
+  int reduction;      // dense stream-K/split-K: 0 deterministic (turnstile), 1 atomic order
+};
+
+inline int cuda_rc(cudaError_t e) { return e == cudaSuccess ? DSX_OK : DSX_ECUDA; }
+
+// Can the CUTLASS TMA kernels take this problem? (16-byte row strides and base pointers.)
+inline bool tma_compatible(const GemmNt& g) {
+  auto al = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; };
+  return g.k % 16 == 0 && g.n % 8 == 0 && al(g.a) && al(g.b) && al(g.out) && g.m <= INT32_MAX &&
+         g.n <= INT32_MAX && g.k <= INT32_MAX;
+}
+
+// ---- CUTLASS sm90a kernels (gemm_fp8_cutlass_{dense,pingpong,swapab,grouped}.cu) ----
+bool cutlass_built();
+int cutlass_dense_workspace(int64_t m, int64_t n, int64_t k, Tuning t, size_t* bytes);
+int cutlass_dense_run(const GemmNt& g, void* ws, size_t ws_bytes, Tuning t, cudaStream_t s);
+int cutlass_pingpong_workspace(int64_t m, int64_t n, int64_t k, Tuning t, size_t* bytes);
+int cutlass_pingpong_run(const GemmNt& g, void* ws, size_t ws_bytes, Tuning t, cudaStream_t s);
+int cutlass_swapab_workspace(int64_t m, int64_t n, int64_t k, Tuning t, size_t* bytes);
+int cutlass_swapab_run(const GemmNt& g, void* ws, size_t ws_bytes, Tuning t, cudaStream_t s);
+int cutlass_grouped_workspace(int64_t experts, int64_t m, int64_t n, int64_t k, size_t* bytes);
+int cutlass_grouped_run(const GemmNt& g, const int32_t* offsets, int64_t experts, void* ws,
+                        size_t ws_bytes, Tuning t, cudaStream_t s);
+
+// ---- simple CUDA-core kernels for any shape (gemm_fp8_simple.cu) ----
+int simple_dense_run(const GemmNt& g, cudaStream_t s);
+int simple_grouped_run(const GemmNt& g, const int32_t* offsets, int64_t experts, cudaStream_t s);
+
+}  // namespace dsx_cuda

@@ -1,0 +1,90 @@
+/* Block-scaled FP8 GEMM (DeepSeek-V3 layout) and FP8 activation quantization.
+ *
+ * Layout ("nt": A is [M, K] row-major, B is [N, K] row-major, i.e. out = A @ B^T):
+ *   a   : float8_e4m3fn [M, K] row-major (activations)
+ *   sa  : float32 [M, ceil(K/128)] row-major: one scale per token per 128-wide K group
+ *   b   : float8_e4m3fn [N, K] row-major (HF Linear weight, [out, in])
+ *   sb  : float32 [ceil(N/128), ceil(K/128)] row-major: one scale per 128x128 block
+ *   out : bfloat16 [M, N] row-major
+ *
+ *   out[m, n] = bf16( sum_kb  P(m, n, kb) * (sa[m, kb] * sb[n/128, kb]) )
+ *   P(m, n, kb) = sum_{k in block kb} a[m, k] * b[n, k]        (fp32, exact fp8 products)
+ *
+ * Accumulation order (both back ends): for each K block kb in increasing order an fp32
+ * partial sum P over that block's (up to) 128 products is formed, the scale product
+ * s = sa*sb is rounded to fp32, and acc = acc + P * s; out = round-to-nearest-even bf16 of
+ * acc. Inside a block the CPU kernel sums 16 interleaved lanes (lane j takes k = j mod 16,
+ * in increasing k) and combines the lanes by a pairwise tree; the CUDA kernels use the
+ * tensor cores' own order (CUTLASS wgmma) or a sequential loop (fallback kernel). The CPU
+ * kernel does not contract a*b+c into FMA; the CUDA kernels may. Ragged N and K (not
+ * multiples of 128) are handled: the last block holds fewer elements.
+ *
+ * Grouped "contiguous" variant (MoE): the rows of A (and of out) are grouped per expert:
+ * expert e owns rows [offsets[e], offsets[e+1]) (offsets: int32 [E+1], offsets[0] = 0,
+ * non-decreasing, offsets[E] = M); b is [E, N, K], sb is [E, ceil(N/128), ceil(K/128)].
+ *
+ * CUDA entry points take device pointers, run asynchronously on `stream` (a cudaStream_t
+ * passed as void*, NULL = legacy default stream), allocate nothing, and are CUDA-graph
+ * capturable when given their workspace. Query the workspace size first (it may be 0).
+ * `algo`: 0 = automatic: a CUTLASS sm90a block-wise kernel where its TMA alignment allows
+ * (K % 16 == 0, N % 8 == 0, 16-byte aligned pointers): pingpong 64x128 tiles for M <= 128,
+ * cooperative 128x128 stream-K above; else the simple kernel. Forcing one (DSX_EINVAL if the
+ * shape cannot take it): 1 = cooperative stream-K, 2 = simple, 3 = pingpong, 4 = swapped
+ * operands (out^T = W . A^T, 128x32 tiles, stream-K); the grouped GEMM has one CUTLASS
+ * kernel (1, 3, 4 all select it). Benchmarking knobs of the CUTLASS tile scheduler
+ * (0 = its default): bits 4..7 raster order (1 along M, 2 along N), bits 8..11 swizzle
+ * (1, 2, 4, 8); stream-K kernels only: bits 12..15 decomposition (1 data-parallel,
+ * 2 split-K, 3 stream-K), bits 16..23 the split-K factor, bits 24..27 reduction (1 = atomic
+ * order, not bit-reproducible). Query the workspace with the algo value you run with.
+ */
+#ifndef DSX_GEMM_FP8_H_
+#define DSX_GEMM_FP8_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- CPU (libdsx_cpu; OpenMP) ---- */
+int dsx_gemm_fp8_nt_cpu(const uint8_t* a, const float* sa, const uint8_t* b, const float* sb,
+                        uint16_t* out, int64_t m, int64_t n, int64_t k);
+
+int dsx_gemm_fp8_grouped_nt_contiguous_cpu(const uint8_t* a, const float* sa, const uint8_t* b,
+                                           const float* sb, const int32_t* offsets,
+                                           int64_t num_experts, uint16_t* out, int64_t m,
+                                           int64_t n, int64_t k);
+
+/* ---- CUDA (libdsx_cuda; sm_90a) ---- */
+int dsx_gemm_fp8_nt_workspace_cuda(int64_t m, int64_t n, int64_t k, int algo, int64_t* bytes);
+
+int dsx_gemm_fp8_nt_cuda(const uint8_t* a, const float* sa, const uint8_t* b, const float* sb,
+                         uint16_t* out, int64_t m, int64_t n, int64_t k, void* workspace,
+                         int64_t workspace_bytes, int algo, void* stream);
+
+/* Workspace of the grouped GEMM: per-expert argument arrays + CUTLASS scratch. `m` is the
+ * total row count (offsets[E]); it must be known on the host, the split need not be. */
+int dsx_gemm_fp8_grouped_nt_contiguous_workspace_cuda(int64_t num_experts, int64_t m, int64_t n,
+                                                      int64_t k, int algo, int64_t* bytes);
+
+/* offsets is a DEVICE int32 array [E+1]; it is read only by kernels (no host sync). */
+int dsx_gemm_fp8_grouped_nt_contiguous_cuda(const uint8_t* a, const float* sa, const uint8_t* b,
+                                            const float* sb, const int32_t* offsets,
+                                            int64_t num_experts, uint16_t* out, int64_t m,
+                                            int64_t n, int64_t k, void* workspace,
+                                            int64_t workspace_bytes, int algo, void* stream);
+
+/* Per-token activation quantization, fused, one launch:
+ *   x : bfloat16 [M, K] row-major -> q : float8_e4m3fn [M, K], s : float32 [M, ceil(K/128)]
+ *   s[m, g] = amax(|x[m, 128g : 128g+128]|) / 448 (fp32 division);
+ *   q[m, k] = e4m3(x[m, k] / s[m, g]) rounded to nearest even, saturated to +-448.
+ *   An all-zero group gets s = 0 and q = 0. NaN inputs propagate (NaN scale). */
+int dsx_act_quant_fp8_cuda(const uint16_t* x, uint8_t* q, float* s, int64_t m, int64_t k,
+                           void* stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DSX_GEMM_FP8_H_ */

@@ -1,0 +1,203 @@
+"""CUDA kernels (libdsx_cuda, sm_90a) against float64 numpy and the CPU kernels.
+
+GPU machine only: skipped where no CUDA device is visible. Every output buffer is
+poisoned (NaN / 0x7f bytes) before the kernel runs, so an unwritten element fails.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from ds_export.errors import DsxError
+from ds_export.native import cuda
+from ds_export.native import kernels as K
+
+pytestmark = pytest.mark.skipif(not cuda.available(), reason="no CUDA device")
+
+FP8, BF16 = ml_dtypes.float8_e4m3fn, ml_dtypes.bfloat16
+
+# (M, N, K, path the automatic choice must take)
+DENSE_CASES = [
+    (256, 512, 1024, "cutlass"),  # aligned
+    (64, 576, 7168, "cutlass"),  # kv_a_proj-like: N = 576 is not a multiple of 128
+    (37, 256, 1040, "cutlass"),  # K = 8*128 + 16: a 16-wide last K block, ragged M
+    (1, 2048, 512, "cutlass"),  # one token
+    (300, 1536, 2048, "cutlass"),  # several M tiles, stream-K tail
+    (19, 130, 300, "simple"),  # N % 8 != 0 and K % 16 != 0: no TMA
+    (5, 200, 264, "simple"),  # K % 16 == 8
+]
+
+
+def make_gemm(rng, m, n, k, e=None):
+    kb, nb = K.cdiv(k, 128), K.cdiv(n, 128)
+    a = (rng.standard_normal((m, k)) * 40).clip(-448, 448).astype(FP8)
+    sa = rng.uniform(1e-3, 2e-2, (m, kb)).astype(np.float32)
+    bshape, sbshape = ((n, k), (nb, kb)) if e is None else ((e, n, k), (e, nb, kb))
+    b = (rng.standard_normal(bshape) * 40).clip(-448, 448).astype(FP8)
+    sb = rng.uniform(1e-3, 2e-2, sbshape).astype(np.float32)
+    return a, sa, b, sb
+
+
+def ref_gemm(a, sa, b, sb, absolute=False):
+    f = (lambda x: np.abs(x.astype(np.float64))) if absolute else (lambda x: x.astype(np.float64))
+    m, k = a.shape
+    n = b.shape[0]
+    out = np.zeros((m, n))
+    for kb in range(K.cdiv(k, 128)):
+        sl = slice(kb * 128, min(k, kb * 128 + 128))
+        sbcol = np.repeat(sb[:, kb].astype(np.float64), 128)[:n]
+        out += (f(a[:, sl]) @ f(b[:, sl]).T) * sa[:, kb : kb + 1] * sbcol[None, :]
+    return out
+
+
+def assert_gemm_close(out, a, sa, b, sb, what):
+    """Within one bf16 rounding plus the fp8 tensor-core accumulation bound of float64."""
+    ref, mag = ref_gemm(a, sa, b, sb), ref_gemm(a, sa, b, sb, absolute=True)
+    got = out.astype(np.float64)
+    assert np.isfinite(got).all(), f"{what}: unwritten (NaN-poisoned) or non-finite outputs"
+    bad = np.abs(got - ref) > np.abs(ref) * 2.0**-8 + mag * 2.0**-10
+    assert not bad.any(), f"{what}: {bad.sum()}/{bad.size} outside tolerance, first {np.argwhere(bad)[0]}"
+    rel = np.linalg.norm(got - ref) / np.linalg.norm(ref)
+    assert rel < 4e-3, f"{what}: relative error {rel:.2e}"
+    return rel
+
+
+@pytest.mark.parametrize("m,n,k,path", DENSE_CASES)
+def test_dense_gemm_matches_float64(m, n, k, path):
+    rng = np.random.default_rng(m + n + k)
+    a, sa, b, sb = make_gemm(rng, m, n, k)
+    assert_gemm_close(cuda.gemm_fp8_nt(a, sa, b, sb), a, sa, b, sb, f"auto {(m, n, k)}")
+    assert_gemm_close(cuda.gemm_fp8_nt(a, sa, b, sb, algo=2), a, sa, b, sb, f"simple {(m, n, k)}")
+    # 1 cooperative stream-K, 3 pingpong, 4 swapped operands, then forced split-K,
+    # data-parallel and atomic-order reduction scheduling
+    for algo in (1, 3, 4, 1 | 2 << 12 | 3 << 16, 1 | 1 << 12, 4 | 2 << 12 | 4 << 16, 1 | 3 << 12 | 1 << 24):
+        if path == "cutlass":
+            assert_gemm_close(cuda.gemm_fp8_nt(a, sa, b, sb, algo=algo), a, sa, b, sb, f"algo {algo} {(m, n, k)}")
+        else:
+            with pytest.raises(DsxError, match="invalid"):
+                cuda.gemm_fp8_nt(a, sa, b, sb, algo=algo)
+
+
+def test_dense_gemm_agrees_with_cpu_kernel_and_is_deterministic():
+    rng = np.random.default_rng(7)
+    a, sa, b, sb = make_gemm(rng, 128, 1024, 2048)
+    g1, g2 = cuda.gemm_fp8_nt(a, sa, b, sb), cuda.gemm_fp8_nt(a, sa, b, sb)
+    assert np.array_equal(g1.view(np.uint16), g2.view(np.uint16)), "stream-K result changed between runs"
+    cpu = K.gemm_fp8_nt(a, sa, b, sb).astype(np.float64)
+    rel = np.linalg.norm(g1.astype(np.float64) - cpu) / np.linalg.norm(cpu)
+    assert rel < 4e-3 and (g1.astype(np.float64) == cpu).mean() > 0.5
+
+
+def test_auto_choice_matches_forced_kernels_bitwise():
+    """algo 0 runs pingpong at M <= 128 and cooperative stream-K above (deterministic)."""
+    rng = np.random.default_rng(9)
+    for m, forced in ((128, 3), (129, 1)):
+        a, sa, b, sb = make_gemm(rng, m, 512, 1024)
+        auto, want = cuda.gemm_fp8_nt(a, sa, b, sb), cuda.gemm_fp8_nt(a, sa, b, sb, algo=forced)
+        assert np.array_equal(auto.view(np.uint16), want.view(np.uint16)), f"M={m}"
+
+
+def test_dense_planted_scale_fault_is_caught():
+    rng = np.random.default_rng(8)
+    a, sa, b, sb = make_gemm(rng, 64, 256, 512)
+    bad = sb.copy()
+    bad[1, 3] *= 1.25
+    with pytest.raises(AssertionError):
+        assert_gemm_close(cuda.gemm_fp8_nt(a, sa, b, bad), a, sa, b, sb, "planted")
+
+
+@pytest.mark.parametrize("n,k,algo", [(512, 1024, 0), (576, 2048, 0), (512, 1024, 2), (130, 300, 0)])
+def test_grouped_gemm_matches_per_expert_float64(n, k, algo):
+    rng = np.random.default_rng(n + k + algo)
+    sizes = [0, 130, 1, 0, 257, 64, 7, 0]  # empty experts, tile-ragged ones
+    off = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32)
+    a, sa, b, sb = make_gemm(rng, int(off[-1]), n, k, e=len(sizes))
+    out = cuda.gemm_fp8_grouped_nt_contiguous(a, sa, b, sb, off, algo=algo)
+    for e in range(len(sizes)):
+        r = slice(off[e], off[e + 1])
+        if sizes[e]:
+            assert_gemm_close(out[r], a[r], sa[r], b[e], sb[e], f"expert {e} algo {algo}")
+
+
+def ref_act_quant(x):
+    xf = x.astype(np.float32)
+    m, k = xf.shape
+    g = K.cdiv(k, 128)
+    pad = np.zeros((m, g * 128), np.float32)
+    pad[:, :k] = xf
+    blocks = pad.reshape(m, g, 128)
+    s = (np.abs(blocks).max(-1) / np.float32(448)).astype(np.float32)
+    safe = np.where(s > 0, s, np.float32(1))[..., None]
+    q = np.where(s[..., None] > 0, blocks / safe, np.float32(0)).reshape(m, g * 128)[:, :k]
+    return q.astype(FP8), s
+
+
+@pytest.mark.parametrize("m,k", [(64, 7168), (33, 300), (1, 128), (5, 200), (3, 1004)])
+def test_act_quant_bit_exact(m, k):
+    rng = np.random.default_rng(m * k)
+    x = (rng.standard_normal((m, k)) * np.exp(rng.uniform(-8, 8, (m, 1)))).astype(BF16)
+    x[0, :128] = 0  # an all-zero group: scale 0, q 0
+    q, s = cuda.act_quant_fp8(x)
+    rq, rs = ref_act_quant(x)
+    assert np.array_equal(s.view(np.uint32), rs.view(np.uint32))
+    assert np.array_equal(q.view(np.uint8), rq.view(np.uint8))
+    # round trip feeds the GEMM: dequantized q*s is within e4m3's half-step of x
+    deq = q.astype(np.float32) * np.repeat(s, 128, axis=1)[:, :k]
+    assert np.all(np.abs(deq - x.astype(np.float32)) <= np.abs(x.astype(np.float32)) * 2.0**-4 + np.repeat(s, 128, axis=1)[:, :k] * 2.0**-9)
+
+
+def make_mtp(rng, bsz, k, dtype, vocab=4):
+    target = rng.integers(0, vocab, (bsz, k + 1)).astype(dtype)
+    draft = np.where(rng.random((bsz, k)) < 0.7, target[:, :k], rng.integers(0, vocab, (bsz, k))).astype(dtype)
+    return draft, target, rng.integers(0, k + 1, bsz).astype(np.int32)
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+@pytest.mark.parametrize("bsz,k", [(256, 5), (1000, 8), (3, 0)])
+def test_mtp_accept_matches_cpu(dtype, bsz, k):
+    d, t, nd = make_mtp(np.random.default_rng(bsz + k), bsz, k, dtype)
+    acc, cnt = cuda.mtp_accept_greedy(d, t, nd)
+    racc, rcnt = K.mtp_accept_greedy(d, t, nd)
+    assert np.array_equal(acc, racc) and np.array_equal(cnt, rcnt)
+
+
+def test_mtp_accept_in_cuda_graph_reads_fresh_inputs_and_clamps():
+    rng = np.random.default_rng(11)
+    bsz, k = 256, 5
+    d, t, nd = make_mtp(rng, bsz, k, np.int64)
+    dd, td, ndd = cuda.to_device(d), cuda.to_device(t), cuda.to_device(nd)
+    acc, cnt = cuda.empty((bsz, k + 1), np.int64), cuda.empty((bsz,), np.int32)
+    stream = cuda.Stream()
+    graph = cuda.Graph(lambda s: cuda.mtp_accept_greedy_device(dd, td, ndd, acc, cnt, stream=s), stream)
+    d2, t2, nd2 = make_mtp(rng, bsz, k, np.int64)
+    nd2[:3] = [k + 3, -2, 99]  # out of range on the device: clamped to [0, K]
+    dd.upload(d2), td.upload(t2), ndd.upload(nd2)
+    graph.launch()
+    stream.synchronize()
+    racc, rcnt = K.mtp_accept_greedy(d2, t2, np.clip(nd2, 0, k))
+    assert np.array_equal(acc.numpy(), racc) and np.array_equal(cnt.numpy(), rcnt)
+
+
+def test_dense_gemm_captures_in_cuda_graph():
+    rng = np.random.default_rng(12)
+    m, n, k = 96, 1024, 1024
+    a, sa, b, sb = make_gemm(rng, m, n, k)
+    direct = cuda.gemm_fp8_nt(a, sa, b, sb)
+    dev = [cuda.to_device(x.view(np.uint8) if x.dtype == FP8 else x) for x in (a, sa, b, sb)]
+    out = cuda.empty((m, n), np.uint16).fill_bytes(0xFF)
+    ws_n = cuda.gemm_workspace_bytes(m, n, k)
+    ws = cuda.empty((max(ws_n, 1),), np.uint8)
+    stream = cuda.Stream()
+    graph = cuda.Graph(lambda s: cuda.gemm_fp8_nt_device(*dev, out, workspace=ws, stream=s), stream)
+    graph.launch()
+    stream.synchronize()
+    assert np.array_equal(out.numpy(), direct.view(np.uint16))
+
+
+def test_cuda_wrappers_reject_bad_device_arrays():
+    a = cuda.empty((4, 128), np.uint8)
+    with pytest.raises(DsxError, match="sa"):
+        cuda.gemm_fp8_nt_device(a, cuda.empty((4, 2), np.float32), cuda.empty((128, 128), np.uint8),
+                                cuda.empty((1, 1), np.float32), cuda.empty((4, 128), np.uint16))
