@@ -13,7 +13,8 @@ import traceback
 import typer
 
 from ds_export import __version__
-from ds_export.cli import cmd_download, cmd_export, cmd_inspect, cmd_quantize, cmd_run, cmd_tiny, cmd_verify
+from ds_export.cli import (cmd_download, cmd_export, cmd_generate, cmd_inspect, cmd_quantize, cmd_run, cmd_tiny,
+                           cmd_verify)
 from ds_export.errors import DsxError
 
 app = typer.Typer(
@@ -27,7 +28,7 @@ app = typer.Typer(
 )
 
 for fn in (cmd_download.download, cmd_quantize.quantize, cmd_export.export, cmd_verify.verify,
-           cmd_run.run, cmd_inspect.inspect, cmd_tiny.tiny):
+           cmd_generate.generate, cmd_run.run, cmd_inspect.inspect, cmd_tiny.tiny):
     app.command(name=fn.__name__)(fn)
 
 
@@ -58,8 +59,9 @@ def main(argv: list[str] | None = None) -> int:
         code = rv if isinstance(rv, int) else 0
     except DsxError as e:
         code = _fail(e.one_line(), e.exit_code)
-    except typer.Exit as e:
-        code = e.exit_code
+    except typer.Exit as e:  # Typer reports Ctrl-C as Exit(130) without a word
+        code = _fail("interrupted; partial outputs were left unpublished (rerun to resume)", 130) \
+            if e.exit_code == 130 else e.exit_code
     except (KeyboardInterrupt, typer.Abort):
         code = _fail("interrupted; partial outputs were left unpublished (rerun to resume)", 130)
     except BrokenPipeError:

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from ds_export.cli.options import Force, Json, OutDir, Quiet
-from ds_export.errors import NotImplementedYet
+from ds_export.cli.output import Out, human_bytes
 
 
 def export(
@@ -16,8 +16,9 @@ def export(
     out: OutDir = Path("export"),
     tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel degree: writes rank_{r}/ per rank.")] = 1,
     speculate: Annotated[bool, typer.Option("--speculate", help="Also export the MTP draft into OUT/mtp/.")] = False,
-    dtype: Annotated[str, typer.Option("--dtype", help="bfloat16 | float16 | float32.")] = "bfloat16",
-    max_seq_len: Annotated[int, typer.Option("--max-seq-len", help="Longest sequence the cache holds.")] = 8192,
+    dtype: Annotated[str, typer.Option("--dtype", help="float32 or bfloat16 (bf16 arithmetic is emulated on CPU).")] = "float32",
+    max_seq_len: Annotated[int, typer.Option("--max-seq-len", help="Longest sequence the cache holds.")] = 4096,
+    draft_tokens: Annotated[int, typer.Option("--draft-tokens", help="Draft tokens per step the export is set up for (1..5).")] = 1,
     block_size: Annotated[int, typer.Option("--block-size", help="KV-cache page size in tokens.")] = 64,
     force: Force = False,
     json: Json = False,
@@ -29,4 +30,11 @@ def export(
       dsx export build/tiny-mix --out build/tiny-export --speculate
       dsx export /data/R1-wint4 --out /data/R1-infer --tp 8 --speculate
     """
-    raise NotImplementedYet("dsx export is not implemented yet")
+    from ds_export.export.exporter import export as run_export
+
+    o = Out(json, quiet)
+    res = run_export(src, out, dtype=dtype, max_seq_len=max_seq_len, block_size=block_size, tp=tp,
+                     speculate=speculate, draft_tokens=draft_tokens, force=force)
+    o.result(res)
+    o.print(f"exported {len(res['files'])} files ({human_bytes(res['bytes'])}) to {out}"
+            + (" with the MTP draft in mtp/" if speculate else ""))

@@ -1,0 +1,145 @@
+"""`dsx export`: save the inference program(s) Paddle Inference loads, published atomically.
+
+Layout of OUT (tp = 1; see docs/export-model.md):
+
+    OUT/model.json, model.pdiparams       the base step program (PIR)
+    OUT/config.json                       source config + PaddleNLP-style inference keys
+    OUT/generation_config.json, tokenizer files
+    OUT/mtp/model.json, model.pdiparams   --speculate: the MTP draft program
+    OUT/mtp/config.json                   the draft's config (num_hidden_layers = 1)
+    OUT/dsx-manifest.json                 every file with its sha256; complete = true
+
+Everything is written into OUT.partial/ and renamed to OUT at the end, so an
+interrupted export never looks complete.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from ds_export import __version__
+from ds_export.errors import DsxError, UsageError
+from ds_export.io.checkpoint import Checkpoint
+from ds_export.io.manifest import Manifest
+from ds_export.io.writer import atomic_write_json
+from ds_export.models import deepseek_v3 as ds
+
+SIDE_FILES = ("generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+              "tokenizer.model")
+DTYPES = ("float32", "bfloat16")
+
+
+def _source_quant(ck: Checkpoint) -> str:
+    """The source's quantization, refusing what the exported program cannot consume yet."""
+    qc = ck.config.get("quantization_config") or {}
+    if qc.get("quant_method") == "fp8":
+        return "fp8_source"
+    if qc.get("quant_method") == "dsx":
+        types = {t["type"] for t in (qc.get("types_by_role") or {}).values()}
+        wo = sorted(t for t in types if t.startswith("weight_only"))
+        if wo:
+            raise UsageError(f"{ck.root}: holds {', '.join(wo)} weights; exporting weight-only programs needs the "
+                             "quantized custom operators, which are not in this version",
+                             hint="export the source checkpoint or a bf16 / a8w8_fp8 dsx output")
+        return qc.get("quant_type", "dsx")
+    return "bf16"
+
+
+def inference_config(src_cfg: dict, *, dtype: str, max_seq_len: int, block_size: int, tp: int,
+                     speculate: bool, draft_tokens: int, source_quant: str) -> dict:
+    cfg = {k: v for k, v in src_cfg.items() if k != "quantization_config"}
+    cfg.update({
+        "infer_model_dtype": dtype, "infer_model_max_seq_len": max_seq_len, "infer_model_block_size": block_size,
+        "tensor_parallel_degree": tp, "quant_type": "none", "weights_from": source_quant,
+        "mla_use_matrix_absorption": True, "mla_absorption_layout": "per_head_w_uk_w_uv",
+        "speculate_method": "mtp" if speculate else None,
+        "speculate_max_draft_token_num": draft_tokens if speculate else 0,
+        "dsx_export": {"tool": f"dsx {__version__}", "program": "step(input_ids, cache_lens, cache) -> "
+                       "(logits, hidden, cache)", "cache_layout": "[layers, batch, max_seq_len, kv_lora_rank + "
+                       "qk_rope_head_dim]"},
+    })
+    return cfg
+
+
+def export(src: str | os.PathLike, out: str | os.PathLike, *, dtype: str = "float32", max_seq_len: int = 4096,
+           block_size: int = 64, tp: int = 1, speculate: bool = False, draft_tokens: int = 1,
+           force: bool = False) -> dict:
+    import warnings
+
+    os.environ.setdefault("GLOG_minloglevel", "2")  # Paddle's C++ logging: warnings and up only
+    warnings.filterwarnings("ignore", category=UserWarning, module=r"paddle\.")
+    import paddle
+
+    from ds_export.export.modeling import DeepseekV3ForInference
+    from ds_export.export.mtp import MTPDraft
+    from ds_export.export.weights import load_weights
+
+    out = Path(out)
+    if dtype not in DTYPES:
+        raise UsageError(f"--dtype {dtype!r}: this version exports {' or '.join(DTYPES)}")
+    if tp != 1:
+        raise UsageError(f"--tp {tp}: tensor-parallel export is not in this version yet (use --tp 1)")
+    if max_seq_len < 2 or not 1 <= draft_tokens <= 5:
+        raise UsageError("--max-seq-len must be >= 2 and --draft-tokens 1..5")
+    if out.exists() and not force:
+        raise UsageError(f"{out}: exists", hint="choose a new --out or pass --force to replace it")
+    with Checkpoint.open(src) as ck:
+        cfg = ds.DeepseekV3Config.from_dict(ck.config, source=str(Path(src) / "config.json"))
+        if speculate and not cfg.num_nextn_predict_layers:
+            raise UsageError(f"{src}: --speculate needs an MTP layer, and num_nextn_predict_layers is 0")
+        sq = _source_quant(ck)
+        weights = load_weights(ck, dtype, include_mtp=speculate)
+        if speculate and not weights.mtp:
+            raise UsageError(f"{src}: --speculate needs the MTP layer's tensors, which are not in the checkpoint")
+        tmp = out.with_name(out.name + ".partial")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        base = DeepseekV3ForInference(weights, max_seq_len)
+        paddle.jit.save(base, str(tmp / "model"), input_spec=base.input_spec())
+        icfg = inference_config(ck.config, dtype=dtype, max_seq_len=max_seq_len, block_size=block_size, tp=tp,
+                                speculate=speculate, draft_tokens=draft_tokens, source_quant=sq)
+        atomic_write_json(tmp / "config.json", icfg)
+        for name in SIDE_FILES:
+            if (ck.root / name).is_file():
+                shutil.copyfile(ck.root / name, tmp / name)
+        if speculate:
+            (tmp / "mtp").mkdir()
+            draft = MTPDraft(weights, max_seq_len)
+            paddle.jit.save(draft, str(tmp / "mtp" / "model"), input_spec=draft.input_spec())
+            mcfg = dict(icfg, num_hidden_layers=1, num_nextn_predict_layers=0, speculate_method=None,
+                        mtp_source_layer=cfg.mtp_layers[0], dsx_export=dict(icfg["dsx_export"], program=(
+                            "draft(input_ids, hidden, cache_lens, cache) -> (logits, hidden, cache): token t+1 "
+                            "and the base hidden state of position t predict token t+2")))
+            atomic_write_json(tmp / "mtp" / "config.json", mcfg)
+        del weights, base
+    m = Manifest(tmp, run={"tool": "dsx", "version": __version__, "command": "export", "source": str(src),
+                           "dtype": dtype, "tp": tp, "speculate": speculate})
+    for p in sorted(tmp.rglob("*")):
+        if p.is_file() and p.name != m.name:
+            m.files[str(p.relative_to(tmp))] = {}
+    for rel in list(m.files):
+        m.record_file(rel)
+    m.complete = True
+    m.save()
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(tmp, out)
+    files = sorted(m.files)
+    return {"out": str(out), "files": files, "bytes": sum(e["size"] for e in m.files.values()),
+            "speculate": speculate, "dtype": dtype}
+
+
+def check_export(path: str | os.PathLike) -> Manifest:
+    """An export directory that is complete and intact, or a clear error."""
+    path = Path(path)
+    m = Manifest.load(path)
+    if m is None or not m.complete:
+        raise DsxError(f"{path}: not a complete dsx export (no complete dsx-manifest.json)",
+                       hint="run dsx export again")
+    for rel in m.files:
+        why = m.verify_file(rel, hash_check=False)
+        if why:
+            raise DsxError(why, hint="the export is damaged: run dsx export again")
+    return m

@@ -1,0 +1,183 @@
+"""Run an export with Paddle Inference: greedy decoding, with or without MTP speculation.
+
+The base program is one step function (input_ids [B, S], cache_lens [B], cache) ->
+(logits, hidden, cache): prefill, decode and verification are the same call.
+With speculation each base step verifies 1 + K tokens ([t0, d1..dK]) and keeps
+the longest prefix of drafts that equal the base model's own argmax, plus its
+bonus token (the MTP accept kernel from csrc/). The draft program sees, at
+position t, token t+1 and the base hidden state of position t; it catches up
+on the committed positions after every verification, then chains K drafts on
+its own hidden output. Greedy output is the same with and without speculation.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ds_export.errors import DsxError, UsageError
+from ds_export.export.exporter import check_export
+
+
+class Program:
+    """One saved program under Paddle Inference (CPU; GPU when Paddle has CUDA)."""
+
+    def __init__(self, prefix: Path):
+        import paddle
+        from paddle import inference
+
+        cfg = inference.Config(str(prefix) + ".json", str(prefix) + ".pdiparams")
+        if paddle.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0:
+            cfg.enable_use_gpu(256, 0)
+        else:
+            cfg.disable_gpu()
+        cfg.disable_glog_info()
+        cfg.disable_mkldnn()  # its pass check prints one line per op to stdout; the plain CPU kernels are exact
+        self.pred = inference.create_predictor(cfg)
+        self.inputs = self.pred.get_input_names()
+
+    def __call__(self, *arrays: np.ndarray) -> list[np.ndarray]:
+        for name, a in zip(self.inputs, arrays):
+            h = self.pred.get_input_handle(name)
+            h.reshape(list(a.shape))
+            h.copy_from_cpu(np.ascontiguousarray(a))
+        self.pred.run()
+        return [self.pred.get_output_handle(n).copy_to_cpu() for n in self.pred.get_output_names()]
+
+
+@dataclass
+class Result:
+    tokens: list[list[int]]  # generated tokens per sequence
+    base_steps: int  # base-model calls after the prefill
+    drafted: int = 0
+    accepted: int = 0
+    logits: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        d = {"tokens": self.tokens, "base_steps": self.base_steps}
+        if self.drafted:
+            d.update(drafted=self.drafted, accepted=self.accepted, acceptance_rate=self.accepted / self.drafted,
+                     tokens_per_base_step=sum(map(len, self.tokens)) / max(1, self.base_steps) / len(self.tokens))
+        return d
+
+
+class Session:
+    def __init__(self, export_dir: str | Path, *, speculate: bool = False):
+        d = Path(export_dir)
+        check_export(d)
+        self.cfg = json.loads((d / "config.json").read_text())
+        self.max_len = int(self.cfg["infer_model_max_seq_len"])
+        self.dtype = {"float32": np.float32}.get(self.cfg["infer_model_dtype"])
+        if self.dtype is None:
+            import ml_dtypes
+
+            self.dtype = ml_dtypes.bfloat16
+        self.width = int(self.cfg["kv_lora_rank"]) + int(self.cfg["qk_rope_head_dim"])
+        self.layers = int(self.cfg["num_hidden_layers"])
+        self.base = Program(d / "model")
+        self.mtp = None
+        if speculate:
+            if not (d / "mtp" / "model.json").exists():
+                raise UsageError(f"{d}: has no MTP draft (export it with --speculate)")
+            self.mtp = Program(d / "mtp" / "model")
+
+    def cache(self, layers: int, batch: int) -> np.ndarray:
+        return np.zeros((layers, batch, self.max_len, self.width), self.dtype)
+
+
+def _pad(rows: list[list[int]]) -> np.ndarray:
+    width = max(len(r) for r in rows)
+    return np.array([r + [0] * (width - len(r)) for r in rows], np.int64)
+
+
+def _gather(a: np.ndarray, idx) -> np.ndarray:
+    return a[np.arange(a.shape[0]), np.asarray(idx)]
+
+
+def generate(s: Session, prompts: list[list[int]], max_new_tokens: int, *, speculate: int = 0,
+             dump_logits: bool = False) -> Result:
+    if not prompts or any(not p for p in prompts):
+        raise UsageError("every prompt needs at least one token")
+    lens = np.array([len(p) for p in prompts], np.int64)
+    if int(lens.max()) + max_new_tokens + speculate + 1 > s.max_len:
+        raise UsageError(f"prompt ({int(lens.max())}) + --max-new-tokens ({max_new_tokens}) + drafts exceed the "
+                         f"export's max sequence length {s.max_len}", hint="export with a larger --max-seq-len")
+    if speculate and s.mtp is None:
+        raise UsageError("--speculate needs a session opened with the MTP draft")
+    b = len(prompts)
+    cache = s.cache(s.layers, b)
+    logits, hidden, cache = s.base(_pad(prompts), np.zeros(b, np.int64), cache)
+    res = Result([[] for _ in prompts], 0)
+    if dump_logits:
+        res.logits["base_logits"] = logits.astype(np.float32)
+    t0 = _gather(logits, lens - 1).argmax(-1)
+    for i in range(b):
+        res.tokens[i].append(int(t0[i]))
+    if not speculate:
+        L = lens.copy()
+        while min(map(len, res.tokens)) < max_new_tokens:
+            logits, hidden, cache = s.base(t0[:, None].astype(np.int64), L, cache)
+            res.base_steps += 1
+            t0 = logits[:, 0].argmax(-1)
+            L += 1
+            for i in range(b):
+                res.tokens[i].append(int(t0[i]))
+    else:
+        _speculative(s, prompts, lens, hidden, cache, t0, max_new_tokens, speculate, res)
+    if dump_logits and s.mtp is not None and int(lens.min()) > 1:
+        res.logits["mtp_logits"] = _mtp_prompt_logits(s, prompts, lens)
+    for t in res.tokens:
+        del t[max_new_tokens:]
+    return res
+
+
+def _mtp_prompt_logits(s: Session, prompts, lens) -> np.ndarray:
+    """The draft's prediction at each prompt position t from token t+1 and the base hidden of t."""
+    b = len(prompts)
+    _, hidden, _ = s.base(_pad(prompts), np.zeros(b, np.int64), s.cache(s.layers, b))
+    ids = _pad([p[1:] for p in prompts])
+    lg, _, _ = s.mtp(ids, np.ascontiguousarray(hidden[:, : ids.shape[1]].astype(np.float32)), np.zeros(b, np.int64),
+                     s.cache(1, b))
+    return lg.astype(np.float32)
+
+
+def _speculative(s: Session, prompts, lens, hidden, cache, t0, max_new: int, k: int, res: Result) -> None:
+    from ds_export.native.kernels import mtp_accept_greedy
+
+    b = len(prompts)
+    mcache = s.cache(1, b)
+    # Draft catch-up on the prompt: draft position t gets token t+1 (the last one is t0) and base hidden t.
+    ids = _pad([p[1:] + [int(t0[i])] for i, p in enumerate(prompts)])
+    hid = np.ascontiguousarray(hidden[:, : ids.shape[1]].astype(np.float32))
+    mstart = np.zeros(b, np.int64)  # draft-cache position of the catch-up's first token
+    last = lens - 1  # index (in the catch-up) of each sequence's newest committed position
+    L = lens.copy()  # positions the base cache holds per sequence
+    while min(map(len, res.tokens)) < max_new:
+        mlg, mh, mcache = s.mtp(ids, hid, mstart, mcache)
+        drafts = [_gather(mlg, last).argmax(-1)]
+        h = _gather(mh, last)[:, None].astype(np.float32)
+        for j in range(1, k):  # chain on the draft's own hidden output, at positions L, L+1, ...
+            lg, h, mcache = s.mtp(drafts[-1][:, None].astype(np.int64), h, L + j - 1, mcache)
+            drafts.append(lg[:, 0].argmax(-1))
+            h = h.astype(np.float32)
+        d = np.stack(drafts, 1).astype(np.int64)  # [B, K]
+        logits, vh, cache = s.base(np.concatenate([t0[:, None].astype(np.int64), d], 1), L, cache)
+        res.base_steps += 1
+        accepted, count = mtp_accept_greedy(d, logits.argmax(-1).astype(np.int64), np.full(b, k, np.int32))
+        res.drafted += b * k
+        res.accepted += int((count - 1).sum())
+        for i in range(b):
+            res.tokens[i].extend(int(x) for x in accepted[i, : count[i]])
+        # Committed: t0 and the accepted drafts at positions L .. L+n_acc; the bonus token is the new t0.
+        # The draft catches up on exactly those positions (token p+1, base hidden p), overwriting its chain.
+        n_acc = count.astype(np.int64) - 1
+        ids = _pad([[int(x) for x in accepted[i, : count[i]]] for i in range(b)])
+        hid = np.ascontiguousarray(vh[:, : ids.shape[1]].astype(np.float32))
+        mstart, last = L.copy(), n_acc
+        t0 = _gather(accepted, n_acc)
+        L = L + n_acc + 1
+        if int(L.max()) + k + 1 > s.max_len:
+            raise DsxError(f"generation reached the export's max sequence length {s.max_len}")

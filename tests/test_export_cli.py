@@ -1,0 +1,127 @@
+"""dsx export + dsx generate on the tiny checkpoint: the saved programs, greedy decoding, speculation."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from ds_export.cli.app import main
+from ds_export.export import runtime
+from ds_export.io.checkpoint import Checkpoint
+
+pytest.importorskip("paddle")
+PROMPTS = [[0, 5, 9, 17, 33, 2], [0, 44, 3, 2, 250, 7]]
+IDS = ";".join(",".join(map(str, p)) for p in PROMPTS)
+
+
+@pytest.fixture(scope="module")
+def exported(tiny_fp8, tmp_path_factory):
+    out = tmp_path_factory.mktemp("exp") / "tiny-export"
+    assert main(["export", str(tiny_fp8), "--out", str(out), "--speculate", "--max-seq-len", "128", "-q"]) == 0
+    return out
+
+
+def test_layout_and_config(exported):
+    for f in ("model.json", "model.pdiparams", "config.json", "tokenizer.json", "mtp/model.json",
+              "mtp/model.pdiparams", "mtp/config.json", "dsx-manifest.json"):
+        assert (exported / f).is_file(), f
+    cfg = json.loads((exported / "config.json").read_text())
+    assert cfg["infer_model_max_seq_len"] == 128 and cfg["mla_use_matrix_absorption"] is True
+    assert cfg["speculate_method"] == "mtp" and "quantization_config" not in cfg
+    mcfg = json.loads((exported / "mtp" / "config.json").read_text())
+    assert mcfg["num_hidden_layers"] == 1 and mcfg["mtp_source_layer"] == 3
+    assert not exported.with_name(exported.name + ".partial").exists()
+
+
+def test_prompt_logits_match_transformers_and_the_draft_reference(exported, tiny_fp8, tmp_path):
+    torch = pytest.importorskip("torch")
+    from reference_hf import build_reference, reference_forward
+    from test_export_model import mtp_reference
+
+    npz = tmp_path / "l.npz"
+    assert main(["generate", str(exported), "--input-ids", IDS, "--max-new-tokens", "1", "--dump-logits", str(npz),
+                 "-q"]) == 0
+    got = np.load(npz)
+    assert got["base_logits"].shape == (2, 6, 512) and got["mtp_logits"].shape == (2, 5, 512)
+    hf = build_reference(tiny_fp8)
+    ck = Checkpoint.open(tiny_fp8)
+    from ds_export.models import deepseek_v3 as ds
+
+    cfg = ds.DeepseekV3Config.from_dict(ck.config)
+    for b, p in enumerate(PROMPTS):
+        ref, h = reference_forward(hf, p)
+        assert np.abs(got["base_logits"][b] - ref).max() / np.abs(ref).max() < 1e-4
+        with torch.no_grad():
+            mref, _ = mtp_reference(ck, cfg, hf, np.array(p[1:]), h[:-1])
+        assert np.abs(got["mtp_logits"][b] - mref).max() / np.abs(mref).max() < 1e-4
+
+
+def _greedy_reference(tiny_fp8, prompt, n):
+    import torch
+    from reference_hf import build_reference
+
+    hf = build_reference(tiny_fp8)
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(n):
+            ids.append(int(hf(torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[len(prompt):]
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_speculation_gives_the_same_greedy_output(exported, tiny_fp8, k, capsys):
+    assert main(["generate", str(exported), "--input-ids", IDS, "--max-new-tokens", "10", "--json"]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert main(["generate", str(exported), "--input-ids", IDS, "--max-new-tokens", "10", "--speculate", str(k),
+                 "--json"]) == 0
+    spec = json.loads(capsys.readouterr().out)
+    assert spec["tokens"] == plain["tokens"] and plain["base_steps"] == 9
+    assert 0 <= spec["acceptance_rate"] <= 1 and spec["drafted"] > 0
+    if k == 1:
+        assert plain["tokens"][0] == _greedy_reference(tiny_fp8, PROMPTS[0], 10)
+
+
+def test_a_perfect_draft_is_fully_accepted(exported):
+    """Machinery check: a draft that knows the greedy continuation gets every token accepted,
+    so each base step yields K + 1 tokens and the output is unchanged."""
+    sess = runtime.Session(exported, speculate=True)
+    plain = runtime.generate(sess, PROMPTS, 20)  # the oracle knows more than the run will need
+    full = [p + t for p, t in zip(PROMPTS, plain.tokens)]
+    real_mtp = sess.mtp
+
+    def oracle(ids, hidden, cache_lens, cache):
+        lg, h, cache = real_mtp(ids, hidden, cache_lens, cache)  # real shapes, hidden and cache
+        lg = np.full_like(lg, -1e9)
+        for b in range(ids.shape[0]):
+            for i in range(ids.shape[1]):
+                pos = int(cache_lens[b]) + i + 2  # draft position p predicts token p + 2
+                if pos < len(full[b]):
+                    lg[b, i, full[b][pos]] = 0
+        return lg, h, cache
+
+    sess.mtp = oracle
+    k = 3
+    res = runtime.generate(sess, PROMPTS, 12, speculate=k)
+    assert res.tokens == [t[:12] for t in plain.tokens]
+    assert res.accepted == res.drafted and res.base_steps == 3  # 1 token from the prefill + 3 x (K + 1)
+
+
+def test_errors(exported, tiny_fp8, tmp_path, capsys):
+    assert main(["export", str(tiny_fp8), "--out", str(exported)]) == 2  # exists, no --force
+    assert "exists" in capsys.readouterr().err
+    assert main(["export", str(tiny_fp8), "--out", str(tmp_path / "x"), "--tp", "2"]) == 2
+    assert main(["generate", str(exported), "--input-ids", "1,x"]) == 2
+    assert main(["generate", str(exported), "--input-ids", "0,1", "--max-new-tokens", "500"]) == 2
+    assert "max sequence length" in capsys.readouterr().err
+    broken = tmp_path / "broken"
+    shutil.copytree(exported, broken)
+    (broken / "dsx-manifest.json").unlink()
+    assert main(["generate", str(broken), "--input-ids", "0,1"]) == 1
+    assert "not a complete dsx export" in capsys.readouterr().err
+    wo = tmp_path / "wo"
+    assert main(["quantize", str(tiny_fp8), "--out", str(wo), "--type", "weight_only_int8", "-q"]) == 0
+    assert main(["export", str(wo), "--out", str(tmp_path / "e")]) == 2
+    assert "custom operators" in capsys.readouterr().err
