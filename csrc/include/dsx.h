@@ -34,5 +34,6 @@ int dsx_abi_version(void);
 #include "dsx/quant_fp8.h"
 #include "dsx/gemm_fp8.h"
 #include "dsx/mtp_accept.h"
+#include "dsx/gemm_weight_only.h"
 
 #endif /* DSX_H_ */

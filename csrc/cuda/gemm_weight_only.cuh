@@ -1,0 +1,255 @@
+// Device helpers of the weight-only GEMM (gemm_weight_only.cu): loads, Paddle-layout
+// unpacking into mma fragments, the bf16 tensor-core mma, and one warp step per layout
+// (step_int8, step_int4, step_int4_g64).
+//
+// How Paddle's bytes meet the mma (m16n8k16, A = weights [16 channels x 16 k] row-major,
+// B = activations [16 k x 8 tokens]; lane = 4 * g + c, g = groupID, c = thread in group):
+// A's registers for a lane are {row g: k 2c,2c+1}, {row g+8: same}, {row g: k 2c+8,2c+9},
+// {row g+8: same}; B's are {k 2c,2c+1} and {k 2c+8,2c+9} of token g. The dot product does
+// not care which real k stands behind a logical k, as long as A and B agree, so each lane
+// takes whole 32-bit words of Paddle's layout and its B values are read from the matching
+// real k of x.
+//
+//  int8: a 32-bit word of a channel's 64-element segment holds, in bytes 0..3, the real
+//        k = 16b + 2j + {0, 8, 1, 9} (b = word / 4, j = word % 4; doc section 3): bytes
+//        {0, 2} are a logical pair {2c, 2c+1} and bytes {1, 3} the pair {2c+8, 2c+9}. A lane
+//        loads words 4c..4c+3 (16 bytes) of rows g and g+8: mma step s = 0..3 uses word
+//        4c+s, real k = 16c + 2s + {0, 1} and + 8: x[16c .. 16c+16) of the tile.
+//  int4: a word holds 8 nibbles with real k = 2w + {0, 8, 16, 24, 1, 9, 17, 25} inside its
+//        32-block (w = word % 4); nibbles {2h, 2h+4} form the pair k = 2w + 16h + {0, 1}
+//        and nibbles {2h+1, 2h+5} the pair 8 above. A lane loads one 16-byte half of a
+//        segment (one 32-block): lane c takes tile 2*step + c/2, half c%2, i.e. real
+//        k = 32c + [0, 32) of the 128-wide step; mma step 2w + h uses word w, half h.
+//
+// Values: int8 byte u = q + 128, int4 nibble u = q + 8. Each is turned into bf16 q exactly
+// with integer ops and one bf16x2 fma: bf16 bits 0x4300 | v is 128 + v for v < 128.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace dsx_wo {
+
+// 16-byte streaming load (weights are read once: no L1 allocation, 256-byte L2 prefetch).
+__device__ __forceinline__ uint4 ldg_stream16(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+// Shared-memory reads are plain C++ loads, so the compiler orders them with the barriers.
+__device__ __forceinline__ uint4 lds128(const uint16_t* p) { return *reinterpret_cast<const uint4*>(p); }
+__device__ __forceinline__ uint2 lds64(const uint16_t* p) { return *reinterpret_cast<const uint2*>(p); }
+
+// 16 bytes global -> shared, asynchronously; src_bytes 0 writes zeros (reads nothing).
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src_bytes) {
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(a), "l"(gmem), "r"(src_bytes)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// d = a * 1 + c on bf16x2: exact here (small integers).
+__device__ __forceinline__ uint32_t bf16x2_add(uint32_t a, uint32_t c) {
+  uint32_t d;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(0x3F803F80u), "r"(c));
+  return d;
+}
+
+// int8: bytes {0, 2} (pair 0) or {1, 3} (pair 1) of a word -> bf16x2 q = u - 128, low half
+// from the lower byte. v = u & 127 gives 128 + v; subtract 256 (u < 128) or 128 (u >= 128).
+template <int PAIR>
+__device__ __forceinline__ uint32_t i8_pair(uint32_t w) {
+  const uint32_t t = PAIR ? (w >> 8) : w;  // bytes of the pair at bits 0..7 and 16..23
+  const uint32_t val = (t & 0x007F007Fu) | 0x43004300u;   // 128 + (u & 127)
+  const uint32_t neg = (t & 0x00800080u) ^ 0xC380C380u;   // -256, or -128 if u >= 128
+  return bf16x2_add(val, neg);
+}
+
+// int4: nibbles {J, J + 4} of a word -> bf16x2 q = u - 8 (low half from nibble J).
+template <int J>
+__device__ __forceinline__ uint32_t i4_pair(uint32_t w) {
+  const uint32_t val = ((w >> (4 * J)) & 0x000F000Fu) | 0x43004300u;  // 128 + u
+  return bf16x2_add(val, 0xC308C308u);                                  // - 136
+}
+
+// d += A (16x16, row) * B (16x8, col), bf16 in, fp32 accumulate.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  asm(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ float bf16_bits_to_f32(uint16_t b) {
+  return __uint_as_float(static_cast<uint32_t>(b) << 16);
+}
+
+__device__ __forceinline__ uint16_t f32_to_bf16_rne(float f) {
+  const uint32_t u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);  // quiet NaN
+  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+// One step of weights for one lane: 16 bytes of rows g and g+8, and their scales
+// (GMODE 1: s[0] = bf16 of row g | row g+8 << 16; GMODE 2: s[0], s[1] for the two 64-groups).
+struct Stage {
+  uint4 w[2];
+  uint32_t s[2];
+};
+
+__device__ __forceinline__ uint32_t word(const uint4& v, int i) {
+  return i == 0 ? v.x : (i == 1 ? v.y : (i == 2 ? v.z : v.w));
+}
+__device__ __forceinline__ uint32_t half_of(const uint2& v, int i) { return i == 0 ? v.x : v.y; }
+
+__device__ __forceinline__ void add_scaled(float (&acc)[4], const float (&part)[4], uint32_t s) {
+  const float s0 = bf16_bits_to_f32(static_cast<uint16_t>(s & 0xFFFF));
+  const float s1 = bf16_bits_to_f32(static_cast<uint16_t>(s >> 16));
+  acc[0] = fmaf(part[0], s0, acc[0]);
+  acc[1] = fmaf(part[1], s0, acc[1]);
+  acc[2] = fmaf(part[2], s1, acc[2]);
+  acc[3] = fmaf(part[3], s1, acc[3]);
+}
+
+// A step's tensor-core partial (at most 8 chained mma, started from 0) joins the fp32
+// accumulator on the CUDA cores: acc += part (per channel: scaled at the very end) or
+// acc = fma(part, s, acc) (group scales). Short mma chains keep the tensor cores' own
+// accumulation (which aligns and truncates internally) to 128 products.
+template <int GMODE>
+__device__ __forceinline__ void promote(float (&acc)[4], const float (&part)[4], uint32_t s) {
+  if (GMODE == 0) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[i] += part[i];
+  } else {
+    add_scaled(acc, part, s);
+  }
+}
+
+// int8 step: 4 mma k-steps; xs points at this step's 64 K of x in shared memory.
+template <int MT, int GMODE>
+__device__ __forceinline__ void step_int8(float (&acc)[MT][4], const Stage& st, const uint16_t* xs,
+                                          int ld, int mlast, int g, int c) {
+  uint32_t a[4][4];
+#pragma unroll
+  for (int s = 0; s < 4; ++s) {
+    const uint32_t r0 = word(st.w[0], s), r1 = word(st.w[1], s);
+    a[s][0] = dsx_wo::i8_pair<0>(r0);
+    a[s][1] = dsx_wo::i8_pair<0>(r1);
+    a[s][2] = dsx_wo::i8_pair<1>(r0);
+    a[s][3] = dsx_wo::i8_pair<1>(r1);
+  }
+#pragma unroll
+  for (int t = 0; t < MT; ++t) {
+    const uint16_t* p = xs + min(8 * t + g, mlast) * ld + 16 * c;
+    const uint4 u0 = dsx_wo::lds128(p), u1 = dsx_wo::lds128(p + 8);
+    const uint32_t b[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
+    float part[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int s = 0; s < 4; ++s) dsx_wo::mma_bf16(part, a[s], b[s], b[s + 4]);
+    promote<GMODE>(acc[t], part, st.s[0]);
+  }
+}
+
+// int4 step (per channel or group 128): 8 mma k-steps over 128 K.
+template <int MT, int GMODE>
+__device__ __forceinline__ void step_int4(float (&acc)[MT][4], const Stage& st, const uint16_t* xs,
+                                          int ld, int mlast, int g, int c) {
+  uint32_t a[8][4];
+#pragma unroll
+  for (int w = 0; w < 4; ++w) {
+    const uint32_t r0 = word(st.w[0], w), r1 = word(st.w[1], w);
+    a[2 * w][0] = dsx_wo::i4_pair<0>(r0);
+    a[2 * w][1] = dsx_wo::i4_pair<0>(r1);
+    a[2 * w][2] = dsx_wo::i4_pair<1>(r0);
+    a[2 * w][3] = dsx_wo::i4_pair<1>(r1);
+    a[2 * w + 1][0] = dsx_wo::i4_pair<2>(r0);
+    a[2 * w + 1][1] = dsx_wo::i4_pair<2>(r1);
+    a[2 * w + 1][2] = dsx_wo::i4_pair<3>(r0);
+    a[2 * w + 1][3] = dsx_wo::i4_pair<3>(r1);
+  }
+#pragma unroll
+  for (int t = 0; t < MT; ++t) {
+    const uint16_t* p = xs + min(8 * t + g, mlast) * ld + 32 * c;
+    uint32_t b[16];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint4 u = dsx_wo::lds128(p + 8 * i);
+      b[4 * i] = u.x, b[4 * i + 1] = u.y, b[4 * i + 2] = u.z, b[4 * i + 3] = u.w;
+    }
+    float part[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int s = 0; s < 8; ++s) {
+      const int w = s >> 1, h = s & 1;
+      dsx_wo::mma_bf16(part, a[s], b[w + 8 * h], b[w + 8 * h + 4]);
+    }
+    promote<GMODE>(acc[t], part, st.s[0]);
+  }
+}
+
+// int4 step with group 64: a step spans two groups, but each mma must stay inside one. Lane
+// c holds tile c/2 only, so lanes c and c^2 swap half their words: afterwards word slots
+// 0, 1 of every lane hold tile 0 and slots 2, 3 tile 1 (slot w of lane c is word
+// (w & 1) | (c/2) << 1 of lane (w/2 == c/2 ? c : c ^ 2)), and mma k-steps 0..3 / 4..7
+// cover one 64-group each, with their own partial sums and scales.
+template <int MT>
+__device__ __forceinline__ void step_int4_g64(float (&acc)[MT][4], const Stage& st,
+                                              const uint16_t* xs, int ld, int mlast, int g, int c) {
+  const bool hi = (c >> 1) != 0;
+  uint32_t wd[2][4];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const uint4 v = st.w[r];
+    const uint32_t got0 = __shfl_xor_sync(0xffffffffu, hi ? v.x : v.z, 2);
+    const uint32_t got1 = __shfl_xor_sync(0xffffffffu, hi ? v.y : v.w, 2);
+    wd[r][0] = hi ? got0 : v.x;
+    wd[r][1] = hi ? got1 : v.y;
+    wd[r][2] = hi ? v.z : got0;
+    wd[r][3] = hi ? v.w : got1;
+  }
+  uint32_t a[8][4];
+#pragma unroll
+  for (int w = 0; w < 4; ++w) {
+    const uint32_t r0 = wd[0][w], r1 = wd[1][w];
+    a[2 * w][0] = dsx_wo::i4_pair<0>(r0);
+    a[2 * w][1] = dsx_wo::i4_pair<0>(r1);
+    a[2 * w][2] = dsx_wo::i4_pair<1>(r0);
+    a[2 * w][3] = dsx_wo::i4_pair<1>(r1);
+    a[2 * w + 1][0] = dsx_wo::i4_pair<2>(r0);
+    a[2 * w + 1][1] = dsx_wo::i4_pair<2>(r1);
+    a[2 * w + 1][2] = dsx_wo::i4_pair<3>(r0);
+    a[2 * w + 1][3] = dsx_wo::i4_pair<3>(r1);
+  }
+  // slot w, half h, pair lo: real k = 64 (w/2) + 32 (c&1) + 2 ((w&1) | hi << 1) + 16 h + {0,1}
+  const int base = 32 * (c & 1) + (hi ? 4 : 0);
+#pragma unroll
+  for (int t = 0; t < MT; ++t) {
+    const uint16_t* p = xs + min(8 * t + g, mlast) * ld + base;
+    uint2 xv[2][4];
+#pragma unroll
+    for (int sg = 0; sg < 2; ++sg)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) xv[sg][i] = dsx_wo::lds64(p + 64 * sg + 8 * i);
+#pragma unroll
+    for (int sg = 0; sg < 2; ++sg) {
+      float part[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int s = 4 * sg; s < 4 * sg + 4; ++s) {
+        const int w = s >> 1, h = s & 1;
+        dsx_wo::mma_bf16(part, a[s], half_of(xv[sg][2 * h], w & 1), half_of(xv[sg][2 * h + 1], w & 1));
+      }
+      add_scaled(acc[t], part, st.s[sg]);
+    }
+  }
+}
+
+}  // namespace dsx_wo

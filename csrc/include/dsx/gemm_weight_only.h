@@ -1,0 +1,72 @@
+/* Weight-only GEMM: bf16 activations x INT8 / INT4 weights in Paddle's layout.
+ *
+ *   out[m, n] = bf16( sum_k x[m, k] * q[n, k] * s(n, k) )
+ *
+ * Layouts (N = out features, K = in features; "nt": out = x @ W^T):
+ *   x       : bfloat16 [M, K] row-major (uint16_t bits)
+ *   qweight : Paddle's `weight_quantize` bytes for arch 75..100 (80, 89 and 90 are
+ *             identical): int8 [N, K] (bits 8) or [N/2, K] (bits 4), the sm80-style
+ *             CUTLASS mixed-GEMM interleave (docs/format-weight-only.md, section 3);
+ *             q[n, k] is the signed integer it encodes (-128..127 or -8..7)
+ *   scale   : bfloat16 [N] (group_size -1) or [ceil(K/group_size), N] (group 64, 128);
+ *             s(n, k) = scale[n] or scale[k / group_size, n]
+ *   out     : bfloat16 [M, N] row-major
+ * Requirements: bits 4|8, group_size -1|64|128, arch 75|80|86|89|90|100 (arch 70's
+ * row-major bytes are refused), N % 64 == 0, K % 64 == 0, M >= 0 (M == 0 is a no-op).
+ *
+ * Accumulation order.
+ *  CPU: each weight is dequantized once to fp32, w = float(q) * float(s) (exact: at most
+ *  7 + 8 significant bits); every product w * x is then exact in fp32 (at most 23 bits)
+ *  except for underflow, so only the sums round. For each (m, n), lane j (j = k mod 8)
+ *  sums its products in increasing k, the 8 lanes are combined as
+ *  ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)), then rounded once to bf16
+ *  (nearest even). Error bound: |acc - exact| <= (K/8 + 3) * 2^-24 * sum_k |x w|, plus
+ *  the bf16 rounding (<= 2^-8 |acc|). The result does not depend on the thread count.
+ *  CUDA: tensor-core mma (m16n8k16, bf16 in, fp32 accumulate) on the integers q (exact in
+ *  bf16) times x; the K range is cut into `splits` contiguous slices of whole steps
+ *  (a step is 64 K for int8, 128 K for int4). Each step's partial P (a chain of at most
+ *  8 mma started at 0, in the tensor cores' own order; one per 64-group for int4 g64)
+ *  joins an fp32 accumulator in increasing k: per-channel scale acc = acc + P, and the
+ *  slice's acc is multiplied by s(n) at the end; group scale acc = fma(P, s, acc).
+ *  The slices' fp32 partials are summed in slice order (0, 1, ...) through distributed
+ *  shared memory of a thread-block cluster, then rounded to bf16. No atomics: for fixed
+ *  (M, N, K, algo) on one GPU model the output is bit-for-bit reproducible.
+ *
+ * CUDA entry: device pointers (x, qweight 16-byte aligned), asynchronous on `stream`
+ * (a cudaStream_t as void*, NULL = legacy default stream), no allocation, one launch per
+ * 64 rows of x (so CUDA-graph capturable). `algo` 0 = automatic; otherwise a tuning
+ * word: bits 0..3 warps per block (each warp owns 16 output channels: 1, 2, 4, 8),
+ * bits 4..7 K splits = cluster size (1, 2, 4, 8), bits 8..15 x-chunk rounds (the
+ * activations are staged in shared memory 4 * rounds steps at a time); a zero field
+ * keeps its automatic value. Returns 0, DSX_EINVAL or DSX_ECUDA (launch failure).
+ */
+#ifndef DSX_GEMM_WEIGHT_ONLY_H_
+#define DSX_GEMM_WEIGHT_ONLY_H_
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* CPU (libdsx_cpu, OpenMP over tiles of 16 output channels). num_threads 0 = OpenMP's
+ * default. Returns 0, DSX_EINVAL or DSX_ENOMEM. */
+int dsx_wo_gemm_bf16_nt_cpu(const uint16_t* x, const int8_t* qweight, const uint16_t* scale,
+                            uint16_t* out, int64_t m, int64_t n, int64_t k, int bits,
+                            int group_size, int arch, int num_threads);
+
+/* CUDA (libdsx_cuda, sm_90a). Pointers are device memory. */
+int dsx_wo_gemm_bf16_nt_cuda(const void* x, const void* qweight, const void* scale, void* out,
+                             int64_t m, int64_t n, int64_t k, int bits, int group_size,
+                             int arch, int algo, void* stream);
+
+/* The launch configuration `algo` resolves to for this shape on the current device:
+ * warps per block, K splits, x-chunk rounds (for benchmarks and logs). */
+int dsx_wo_gemm_config_cuda(int64_t m, int64_t n, int64_t k, int bits, int group_size,
+                            int algo, int* warps, int* splits, int* rounds);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DSX_GEMM_WEIGHT_ONLY_H_ */

@@ -1,0 +1,178 @@
+"""Weight-only GEMM front ends: bf16 x [M, K] @ dequant(W)^T with W in Paddle's layout.
+
+W is what ``ds_export.formats.weight_only.quantize_ref`` / ``quantize_native`` return
+(= Paddle's ``weight_quantize`` for arch 75..100; 80, 89 and 90 give the same bytes):
+qweight int8 [N, K] (bits 8) or [N // 2, K] (bits 4), scale bfloat16 [N] (group -1) or
+[ceil(K / group), N]. The result is bfloat16 [M, N]; the arithmetic and its
+accumulation order are documented in csrc/include/dsx/gemm_weight_only.h.
+
+- ``gemm_weight_only(x, qweight, scale, bits, group_size, arch)``: CPU (libdsx_cpu), numpy
+  in and out;
+- ``gemm_weight_only_cuda_device(...)``: CUDA, on ``ds_export.native.cuda.DeviceArray``s
+  (device pointers), asynchronous on a stream, no allocation;
+- ``gemm_weight_only_cuda(...)``: CUDA numpy convenience (upload, run, download);
+- ``cuda_config(...)``: the launch configuration an ``algo`` word resolves to.
+
+Every check raises DsxError naming the argument, what was expected and what to do.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import ml_dtypes
+import numpy as np
+
+from ds_export.errors import DsxError
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+ARCHS = (75, 80, 86, 89, 90, 100)  # the tiled layout; arch 70's bytes are not accepted
+
+
+def check_args(m: int, n: int, k: int, bits: int, group_size: int, arch: int) -> None:
+    """Raise DsxError unless the GEMM supports this (shape, bits, group, arch)."""
+    if bits not in (4, 8):
+        raise DsxError(f"bits: weight-only GEMM takes 4 or 8, got {bits}")
+    if group_size not in (-1, 64, 128):
+        raise DsxError(f"group_size: weight-only GEMM takes -1, 64 or 128, got {group_size}")
+    if arch not in ARCHS:
+        hint = " (arch 70 bytes are row-major; re-quantize with arch 80/89/90)" if arch == 70 else ""
+        raise DsxError(f"arch: weight-only GEMM reads Paddle's arch {ARCHS} layout, got {arch}{hint}")
+    if n <= 0 or k <= 0 or n % 64 or k % 64:
+        raise DsxError(f"weight [N={n}, K={k}]: N and K must be positive multiples of 64 (Paddle's layout tiles by 64)")
+    if m < 0:
+        raise DsxError(f"x: M must be >= 0, got {m}")
+
+
+def check_inputs(x, qweight, scale, bits: int, group_size: int = -1, arch: int = 90):
+    """Validate numpy inputs; return (x as uint16 bits, qweight int8, scale as uint16 bits, M, N, K).
+
+    x: bfloat16 [M, K]; scale: bfloat16 [N] or [ceil(K/g), N] (N is read from it);
+    qweight: int8 (or uint8) [N, K] for bits 8, [N // 2, K] for bits 4.
+    """
+    for name, a in (("x", x), ("qweight", qweight), ("scale", scale)):
+        if not isinstance(a, np.ndarray):
+            raise DsxError(f"{name}: expected a numpy array, got {type(a).__name__}")
+    if x.dtype != BF16 or x.ndim != 2:
+        raise DsxError(f"x: expected bfloat16 [M, K] activations, got {x.dtype} {x.shape}; "
+                       "cast with .astype(ml_dtypes.bfloat16)")
+    if scale.dtype != BF16 or scale.ndim not in (1, 2):
+        raise DsxError(f"scale: expected bfloat16 [N] or [ceil(K/g), N], got {scale.dtype} {scale.shape}")
+    m, k = x.shape
+    n = scale.shape[-1]
+    check_args(m, n, k, bits, group_size, arch)
+    want_s = (n,) if group_size == -1 else (-(-k // group_size), n)
+    if scale.shape != want_s:
+        raise DsxError(f"scale: expected shape {want_s} for group_size {group_size} and K={k}, got {scale.shape}")
+    want_q = (n, k) if bits == 8 else (n // 2, k)
+    if qweight.dtype not in (np.int8, np.uint8) or qweight.shape != want_q:
+        raise DsxError(
+            f"qweight: expected int8 {want_q} (Paddle's int{bits} bytes for N={n}, K={k}), got {qweight.dtype} "
+            f"{qweight.shape}; is K the last dim of x and N the last dim of scale?"
+        )
+    return (np.ascontiguousarray(x).view(np.uint16), np.ascontiguousarray(qweight).view(np.int8),
+            np.ascontiguousarray(scale).view(np.uint16), m, n, k)
+
+
+@functools.lru_cache(maxsize=1)
+def _cpu_fn():
+    from ds_export.native import I32, I64, P, bind
+
+    return bind("dsx_wo_gemm_bf16_nt_cpu", P, P, P, P, I64, I64, I64, I32, I32, I32, I32)
+
+
+def gemm_weight_only(x, qweight, scale, bits: int, group_size: int = -1, arch: int = 90, *,
+                     threads: int = 0) -> np.ndarray:
+    """CPU: bfloat16 [M, N] = x [M, K] @ dequant(qweight, scale)^T (fp32 accumulation).
+
+    threads: OpenMP threads (0 = OpenMP's default); the result does not depend on it.
+    """
+    from ds_export.native import check, ptr
+
+    xb, q, s, m, n, k = check_inputs(x, qweight, scale, bits, group_size, arch)
+    out = np.empty((m, n), np.uint16)
+    if m:
+        rc = _cpu_fn()(ptr(xb), ptr(q), ptr(s), ptr(out), m, n, k, bits, group_size, arch, int(threads))
+        check(rc, "dsx_wo_gemm_bf16_nt_cpu")
+    return out.view(BF16)
+
+
+# ---------------------------------------------------------------- CUDA
+
+
+@functools.lru_cache(maxsize=1)
+def _cuda_fns():
+    from ds_export.native import cuda
+
+    P, I64, I32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    run = cuda._fn("dsx_wo_gemm_bf16_nt_cuda", P, P, P, P, I64, I64, I64, I32, I32, I32, I32, P)
+    pi = ctypes.POINTER(I32)
+    cfg = cuda._fn("dsx_wo_gemm_config_cuda", I64, I64, I64, I32, I32, I32, pi, pi, pi)
+    return run, cfg
+
+
+def cuda_config(m: int, n: int, k: int, bits: int, group_size: int = -1, algo: int = 0) -> dict:
+    """{'warps', 'splits', 'rounds'}: the launch configuration `algo` resolves to on this GPU."""
+    from ds_export.native import check
+
+    check_args(m, n, k, bits, group_size, 90)
+    w, s, r = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
+    rc = _cuda_fns()[1](m, n, k, bits, group_size, algo, ctypes.byref(w), ctypes.byref(s), ctypes.byref(r))
+    check(rc, f"dsx_wo_gemm_config_cuda (algo {algo:#x})")
+    return {"warps": w.value, "splits": s.value, "rounds": r.value}
+
+
+def gemm_weight_only_cuda_device(x, qweight, scale, out, *, bits: int, group_size: int = -1, arch: int = 90,
+                                 algo: int = 0, stream=None) -> None:
+    """out[M, N] (uint16 bf16 bits) = x[M, K] (uint16 bf16 bits) @ dequant(W)^T, on device arrays.
+
+    qweight: DeviceArray int8/uint8 in Paddle's shape; scale: uint16 (bf16 bits) [N] or
+    [ceil(K/g), N]. Asynchronous on `stream` (a cuda.Stream, None = default stream).
+    """
+    from ds_export.native import check, cuda
+
+    for name, a in (("x", x), ("qweight", qweight), ("scale", scale), ("out", out)):
+        if not isinstance(a, cuda.DeviceArray):
+            raise DsxError(f"{name}: expected a ds_export.native.cuda.DeviceArray, got {type(a).__name__}")
+    if len(x.shape) != 2 or not scale.shape:
+        raise DsxError(f"x: expected [M, K] and scale [N] or [G, N] device arrays, got {x.shape} and {scale.shape}")
+    m, k = x.shape
+    n = scale.shape[-1]
+    check_args(m, n, k, bits, group_size, arch)
+    want_s = (n,) if group_size == -1 else (-(-k // group_size), n)
+    cuda._need(x, "x", (m, k), np.uint16)
+    cuda._need(scale, "scale", want_s, np.uint16)
+    cuda._need(out, "out", (m, n), np.uint16)
+    want_q = (n, k) if bits == 8 else (n // 2, k)
+    if qweight.shape != want_q or qweight.dtype not in (np.int8, np.uint8):
+        raise DsxError(f"qweight: expected an int8 DeviceArray {want_q}, got {qweight.dtype} {qweight.shape}")
+    if algo < 0 or algo >> 16:
+        raise DsxError(f"algo: expected 0 (automatic) or a word from algo_word(), got {algo}")
+    rc = _cuda_fns()[0](x.ptr, qweight.ptr, scale.ptr, out.ptr, m, n, k, bits, group_size, arch, algo,
+                        stream.handle if stream else None)
+    check(rc, f"dsx_wo_gemm_bf16_nt_cuda (M={m}, N={n}, K={k}, int{bits}, group {group_size}, algo {algo:#x})")
+
+
+def gemm_weight_only_cuda(x, qweight, scale, bits: int, group_size: int = -1, arch: int = 90, *,
+                          algo: int = 0) -> np.ndarray:
+    """CUDA numpy convenience: same contract and checks as gemm_weight_only (synchronous)."""
+    from ds_export.native import cuda
+
+    xb, q, s, m, n, k = check_inputs(x, qweight, scale, bits, group_size, arch)
+    out = cuda.empty((m, n), np.uint16).fill_bytes(0xFF)  # NaN poison: every element must be written
+    dev = [cuda.to_device(a) for a in (xb, q, s)]  # kept alive until the download syncs
+    gemm_weight_only_cuda_device(*dev, out, bits=bits, group_size=group_size, arch=arch, algo=algo)
+    return out.numpy().view(BF16)
+
+
+def algo_word(warps: int = 0, splits: int = 0, rounds: int = 0) -> int:
+    """Pack a tuning word for the CUDA kernel (0 fields stay automatic)."""
+    if warps not in (0, 1, 2, 4, 8) or splits not in (0, 1, 2, 4, 8) or not 0 <= rounds < 256:
+        raise DsxError(f"algo: warps and splits must be 0, 1, 2, 4 or 8 and rounds 0..255, "
+                       f"got {warps}, {splits}, {rounds}")
+    return warps | splits << 4 | rounds << 8
+
+
+__all__ = ["check_args", "check_inputs", "gemm_weight_only", "gemm_weight_only_cuda", "gemm_weight_only_cuda_device",
+           "cuda_config", "algo_word"]

@@ -1,0 +1,120 @@
+"""CUDA weight-only GEMM (csrc/cuda/gemm_weight_only.cu) against float64 numpy and the CPU kernel.
+
+GPU machine only (skipped where no CUDA device is visible); run by
+tests/gpu/run_gemm_weight_only.sh. The output buffer is poisoned (0xFFFF = NaN) first, so an
+unwritten element fails.
+
+Bound: the tensor cores multiply exactly (q and x are exact in bf16) and accumulate in
+fp32 with their own alignment / rounding, about 2 fp32 ulps of the running magnitude per
+16-wide mma; partials are scaled and summed in fp32. We allow
+E = (K/8 + 16) * 2^-22 * sum|x||w| (4x the CPU kernel's bound) plus the bf16 rounding,
+|out - ref| <= 2^-8 (|ref| + E) + E, and require >= 90% of outputs to be exactly the
+correctly rounded bf16 of the float64 result (the accumulation error is normally far
+below half a bf16 ulp).
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from ds_export.errors import DsxError
+from ds_export.formats import weight_only as wo
+from ds_export.native import cuda
+from ds_export.native import gemm_weight_only as G
+
+pytestmark = pytest.mark.skipif(not cuda.available(), reason="no CUDA device")
+
+BF16 = ml_dtypes.bfloat16
+
+# (M, N, K, bits, group): M across the 8-token tiles and the 64-row launches; N of one tile
+# and ragged against 16 * warps; K with an int4 half step (K % 128 == 64) and DeepSeek's 7168.
+CASES = [
+    (1, 64, 64, 8, -1), (1, 64, 64, 4, -1), (3, 192, 320, 8, 64), (3, 192, 320, 4, 64),
+    (8, 576, 1088, 4, 128), (9, 576, 1088, 8, 128), (16, 2048, 7168, 4, -1), (16, 2048, 7168, 8, -1),
+    (17, 320, 448, 4, 64), (31, 128, 192, 4, -1), (33, 256, 2048, 8, 64), (64, 1024, 512, 4, 128),
+    (65, 128, 256, 8, -1), (130, 192, 576, 4, 64), (4, 7168, 2048, 4, -1), (2, 512, 7168, 4, 64),
+]
+
+
+def make(m, n, k, bits, group, seed=0):
+    rng = np.random.default_rng([seed, m, n, k, bits, group + 1])
+    w = (rng.standard_normal((n, k)) * rng.uniform(0.5, 2.0, (n, 1))).astype(np.float32)
+    q, s = wo.quantize_native(w, bits, group, 90)
+    x = rng.standard_normal((m, k)).astype(BF16)
+    return x, q, s, wo.dequantize_native(q, s, bits, group, 90, k).astype(np.float64)
+
+
+def check_bound(out, x, wd, what, exact_frac=0.9):
+    x64, got = x.astype(np.float64), out.astype(np.float64)
+    ref, mag = x64 @ wd.T, np.abs(x64) @ np.abs(wd).T
+    assert np.isfinite(got).all(), f"{what}: unwritten (NaN-poisoned) or non-finite outputs"
+    e = (x.shape[1] / 8 + 16) * 2.0**-22 * mag
+    bad = np.abs(got - ref) > 2.0**-8 * (np.abs(ref) + e) + e
+    assert not bad.any(), f"{what}: {bad.sum()}/{bad.size} outside the bound, first at {np.argwhere(bad)[0]}"
+    exact = out.view(np.uint16) == ref.astype(np.float32).astype(BF16).view(np.uint16)
+    assert exact.mean() >= exact_frac, f"{what}: only {exact.mean():.1%} correctly rounded"
+
+
+@pytest.mark.parametrize("m,n,k,bits,group", CASES)
+def test_matches_float64_and_cpu(m, n, k, bits, group):
+    x, q, s, wd = make(m, n, k, bits, group)
+    out = G.gemm_weight_only_cuda(x, q, s, bits, group, 90)
+    check_bound(out, x, wd, f"cuda {(m, n, k, bits, group)}")
+    cpu = G.gemm_weight_only(x, q, s, bits, group, 90)
+    diff = np.abs(out.astype(np.float64) - cpu.astype(np.float64))
+    scale = np.abs(cpu.astype(np.float64))
+    assert (diff <= 2.0**-7 * scale + 1e-3 * scale.max()).all(), f"cuda vs cpu: max diff {diff.max()}"
+
+
+@pytest.mark.parametrize("bits,group", [(8, -1), (8, 128), (4, -1), (4, 128), (4, 64)])
+def test_every_config_is_right_and_deterministic(bits, group):
+    m, n, k = 12, 384, 2112  # 33 int8 steps / 16.5 int4 steps: ragged for every split
+    x, q, s, wd = make(m, n, k, bits, group, seed=1)
+    for warps in (1, 2, 4, 8):
+        for splits in (1, 2, 4, 8):
+            for rounds in (1, 3):
+                algo = G.algo_word(warps, splits, rounds)
+                a = G.gemm_weight_only_cuda(x, q, s, bits, group, 90, algo=algo)
+                b = G.gemm_weight_only_cuda(x, q, s, bits, group, 90, algo=algo)
+                assert np.array_equal(a.view(np.uint16), b.view(np.uint16)), f"algo {algo:#x} not deterministic"
+                check_bound(a, x, wd, f"algo {algo:#x}")
+
+
+def test_planted_nibble_swap_is_caught():
+    x, q, s, wd = make(5, 256, 1024, 4, -1)
+    u = q.view(np.uint8)
+    swapped = ((u >> 4) | (u << 4)).astype(np.uint8).view(np.int8)
+    out = G.gemm_weight_only_cuda(x, swapped, s, 4, -1, 90)
+    with pytest.raises(AssertionError):
+        check_bound(out, x, wd, "nibble-swapped weights")
+
+
+def test_device_api_stream_and_graph():
+    m, n, k, bits, group = 4, 1024, 2048, 4, 128
+    x, q, s, wd = make(m, n, k, bits, group)
+    dx, dq, ds = cuda.to_device(x.view(np.uint16)), cuda.to_device(q), cuda.to_device(s.view(np.uint16))
+    out = cuda.empty((m, n), np.uint16).fill_bytes(0xFF)
+    stream = cuda.Stream()
+    G.gemm_weight_only_cuda_device(dx, dq, ds, out, bits=bits, group_size=group, stream=stream)
+    stream.synchronize()
+    first = out.numpy()
+    check_bound(first.view(BF16), x, wd, "device api")
+    out.fill_bytes(0xFF)
+    stream.synchronize()
+    graph = cuda.Graph(lambda st: G.gemm_weight_only_cuda_device(dx, dq, ds, out, bits=bits, group_size=group,
+                                                                 stream=st), stream)
+    graph.launch()
+    stream.synchronize()
+    assert np.array_equal(out.numpy(), first), "graph replay differs from the direct launch"
+
+
+def test_config_and_bad_algo():
+    cfg = G.cuda_config(1, 2048, 7168, 4, -1)
+    assert cfg["warps"] in (1, 2, 4, 8) and cfg["splits"] in (1, 2, 4, 8) and cfg["rounds"] >= 1
+    x, q, s, _ = make(2, 64, 128, 8, -1)
+    with pytest.raises(DsxError, match="invalid"):
+        G.gemm_weight_only_cuda(x, q, s, 8, -1, 90, algo=3)  # 3 warps
+    with pytest.raises(DsxError, match="arch"):
+        G.gemm_weight_only_cuda(x, q, s, 8, -1, 70)

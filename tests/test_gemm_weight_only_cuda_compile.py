@@ -1,0 +1,260 @@
+"""The CUDA weight-only GEMM without a GPU: it compiles for sm_90a, and its data mapping is right.
+
+1. csrc/cuda/gemm_weight_only.cu compiles with the local nvcc for sm_90a (skipped
+   without nvcc): all 20 kernel instances, no register spills.
+2. A numpy model of what each lane of the kernel does (which 16 bytes it loads, which bits
+   make which bf16 value, which x element in shared memory it pairs them with, which scale
+   and partial sum they go to, the int4 group-64 word exchange between lanes) reproduces
+   x @ dequantize_ref(W)^T in float64. The model restates the kernel's index expressions
+   (gemm_weight_only.cu / .cuh) one for one, so a layout slip there has a twin here; the
+   planted faults show the check can fail.
+3. The header is plain C, and the Python device-array entry point refuses bad inputs
+   before it touches the GPU.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from ds_export.errors import DsxError
+from ds_export.formats import weight_only as wo
+from ds_export.native import cuda
+from ds_export.native import gemm_weight_only as G
+from ds_export.native.build import CSRC
+
+BF16 = ml_dtypes.bfloat16
+NVCC = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None)
+UNIT = CSRC / "cuda" / "gemm_weight_only.cu"
+
+
+# ---------------------------------------------------------------- 1. compile
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
+def test_compiles_for_sm90a_without_spills(tmp_path):
+    cmd = [NVCC, "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "--expt-relaxed-constexpr", "-O3",
+           "-DNDEBUG", "-Xcompiler", "-fPIC", "-Xptxas", "-v", f"-I{CSRC / 'include'}", "-c", str(UNIT),
+           "-o", str(tmp_path / "wo.o")]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    log = res.stdout + res.stderr
+    assert res.returncode == 0, f"nvcc failed:\n{log[-4000:]}"
+    blocks = [b for b in log.split("Compiling entry function")[1:] if "wo_gemm_kernel" in b.split("\n")[0]]
+    names = {re.search(r"wo_gemm_kernelILi(\d)ELi(\d)ELi(\d)", b).groups() for b in blocks}
+    want = {(b, mt, gm) for b, gms in (("8", "01"), ("4", "012")) for gm in gms for mt in "1248"}
+    assert names == want, f"kernel instances: got {sorted(names)}"
+    for b in blocks:
+        assert "0 bytes spill stores" in b and "0 bytes spill loads" in b, f"spills in {b[:200]}"
+        regs = int(re.search(r"Used (\d+) registers", b).group(1))
+        assert regs <= 255
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc not installed")
+def test_header_is_plain_c(tmp_path):
+    src = tmp_path / "t.c"
+    src.write_text(  # also pins the CPU signature the Python binding declares
+        '#include "dsx.h"\n'
+        "typedef int (*cpu_fn)(const uint16_t*, const int8_t*, const uint16_t*, uint16_t*, int64_t, int64_t, int64_t,"
+        " int, int, int, int);\n"
+        "int main(void) { cpu_fn f = dsx_wo_gemm_bf16_nt_cpu; return f == 0; }\n"
+    )
+    res = subprocess.run(["gcc", "-std=c99", "-Wall", "-Werror", "-fsyntax-only", f"-I{CSRC / 'include'}", str(src)],
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+
+
+# ---------------------------------------------------------------- 2. lane model
+
+
+def _half(u32: np.ndarray, hi: bool) -> np.ndarray:
+    bits = ((u32 >> 16) if hi else (u32 & 0xFFFF)).astype(np.uint16)
+    return bits.view(BF16).astype(np.float64)
+
+
+def _bf16x2_add(a: np.ndarray, c: int):
+    """fma.rn.bf16x2(a, 1, c) of the kernel, for exact small integers: (low, high) values."""
+    c = np.uint32(c)
+    return _half(a, False) + _half(c, False), _half(a, True) + _half(c, True)
+
+
+def i8_pair(w: np.ndarray, pair: int, fault=None):
+    if fault == "pair":
+        pair ^= 1
+    t = (w >> np.uint32(8)) if pair else w
+    val = (t & np.uint32(0x007F007F)) | np.uint32(0x43004300)
+    neg = (t & np.uint32(0x00800080)) ^ np.uint32(0xC380C380)
+    return _half(val, False) + _half(neg, False), _half(val, True) + _half(neg, True)
+
+
+def i4_pair(w: np.ndarray, j: int, fault=None):
+    if fault == "pair":
+        j ^= 1
+    val = ((w >> np.uint32(4 * j)) & np.uint32(0x000F000F)) | np.uint32(0x43004300)
+    return _bf16x2_add(val, 0xC308C308)
+
+
+def model_gemm(x, qweight, scale, bits, group, fault=None):
+    """float64 [M, N]: the kernel's per-lane loads, unpacking, x pairing and scaling, summed exactly."""
+    m, k = x.shape
+    n = scale.shape[-1]
+    kt = k // 64
+    step_k = 64 if bits == 8 else 128
+    nsteps = kt if bits == 8 else (kt + 1) // 2
+    gmode = 0 if group == -1 else (2 if bits == 4 and group == 64 else 1)
+    xs = np.zeros((m, nsteps * step_k))
+    xs[:, :k] = x.astype(np.float64)  # stage_x: zeros past K
+    qb = np.ascontiguousarray(qweight).view(np.uint8).reshape(-1)
+    s32 = scale.astype(np.float64)
+    ngroups = 1 if group == -1 else -(-k // group)
+    chans = np.arange(n)
+    k2 = 2 * k
+    out = np.zeros((m, n))
+
+    def lane_words(c, step):  # ring load of rows n (both mma rows are just channels here)
+        if bits == 8:
+            off = (chans >> 1) * k2 + (chans & 1) * 64 + 16 * c + step * 128
+        else:
+            off = (chans >> 2) * k2 + (chans & 3) * 32 + (c >> 1) * 128 + (c & 1) * 16 + step * 256
+        if bits == 4 and 2 * step + (c >> 1) >= kt:
+            return np.zeros((n, 4), np.uint32)
+        return qb[off[:, None] + np.arange(16)].copy().view("<u4").reshape(n, 4)
+
+    def scale_of(grp):
+        return s32[grp] if 0 <= grp < ngroups else np.zeros(n)
+
+    for step in range(nsteps):
+        xstep = xs[:, step * step_k:(step + 1) * step_k]
+        words = [lane_words(c, step) for c in range(4)]
+        parts = [np.zeros((m, n)), np.zeros((m, n))]  # per 64-group of the step (gmode 2) or one
+        for c in range(4):
+            pairs = []  # (value array [n], x offset of its element) per used half of a bf16x2
+            if bits == 8:
+                for s in range(4):
+                    lo, hi = i8_pair(words[c][:, s], 0, fault), i8_pair(words[c][:, s], 1, fault)
+                    base = 16 * c
+                    pairs += [(0, lo[0], base + 2 * s), (0, lo[1], base + 2 * s + 1),
+                              (0, hi[0], base + 2 * (s + 4)), (0, hi[1], base + 2 * (s + 4) + 1)]
+            elif gmode != 2 or fault == "noswap":
+                for s in range(8):
+                    w, h = s >> 1, s & 1
+                    lo, hi = i4_pair(words[c][:, w], 2 * h, fault), i4_pair(words[c][:, w], 2 * h + 1, fault)
+                    base, sg = 32 * c, (s >= 4 if gmode == 2 else 0)
+                    pairs += [(sg, lo[0], base + 2 * (w + 8 * h)), (sg, lo[1], base + 2 * (w + 8 * h) + 1),
+                              (sg, hi[0], base + 2 * (w + 8 * h + 4)), (sg, hi[1], base + 2 * (w + 8 * h + 4) + 1)]
+            else:
+                hi_lane = c >> 1
+                own, partner = words[c], words[c ^ 2]
+                # got0/got1 = what the partner sends: (hi ? v.x : v.z), (hi ? v.y : v.w) of the partner
+                got = (partner[:, 2], partner[:, 3]) if hi_lane else (partner[:, 0], partner[:, 1])
+                slots = [got[0], got[1], own[:, 2], own[:, 3]] if hi_lane else [own[:, 0], own[:, 1], got[0], got[1]]
+                base = 32 * (c & 1) + (4 if hi_lane else 0)
+                for s in range(8):
+                    w, h = s >> 1, s & 1
+                    sg = s // 4
+                    lo, hi = i4_pair(slots[w], 2 * h, fault), i4_pair(slots[w], 2 * h + 1, fault)
+                    o_lo = base + 64 * sg + 8 * (2 * h) + 2 * (w & 1)
+                    o_hi = base + 64 * sg + 8 * (2 * h + 1) + 2 * (w & 1)
+                    pairs += [(sg, lo[0], o_lo), (sg, lo[1], o_lo + 1), (sg, hi[0], o_hi), (sg, hi[1], o_hi + 1)]
+            for sg, val, off in pairs:
+                parts[sg] += xstep[:, off:off + 1] * val[None, :]
+        if gmode == 0:
+            out += parts[0]
+        elif gmode == 1:
+            out += parts[0] * scale_of(step * step_k // group)[None, :]
+        else:
+            out += parts[0] * scale_of(2 * step)[None, :] + parts[1] * scale_of(2 * step + 1)[None, :]
+    if gmode == 0:
+        out *= s32[None, :]
+    return out
+
+
+CASES = [  # (m, n, k, bits, group): K % 128 == 64 gives int4 a half step
+    (3, 64, 320, 8, -1), (2, 128, 192, 8, 64), (5, 64, 384, 8, 128),
+    (3, 64, 320, 4, -1), (2, 128, 256, 4, 128), (4, 64, 192, 4, 128), (3, 64, 320, 4, 64), (2, 128, 256, 4, 64),
+]
+
+
+def make_case(m, n, k, bits, group, seed=0):
+    rng = np.random.default_rng(seed + m * 7 + n + k + bits + group)
+    w = rng.standard_normal((n, k)).astype(BF16)
+    q, s = wo.quantize_ref(w, bits, group, 90)
+    x = rng.standard_normal((m, k)).astype(BF16)
+    wd = wo.dequantize_ref(q, s, bits, group, 90, k).astype(np.float64)
+    return x, q, s, x.astype(np.float64) @ wd.T, np.abs(x.astype(np.float64)) @ np.abs(wd).T
+
+
+@pytest.mark.parametrize("m,n,k,bits,group", CASES)
+def test_lane_model_reads_paddle_layout(m, n, k, bits, group):
+    x, q, s, ref, mag = make_case(m, n, k, bits, group)
+    got = model_gemm(x, q, s, bits, group)
+    assert np.all(np.abs(got - ref) <= 1e-12 * mag + 1e-300), np.abs(got - ref).max()
+
+
+@pytest.mark.parametrize("fault,case", [("pair", CASES[0]), ("pair", CASES[3]), ("noswap", CASES[6])])
+def test_lane_model_catches_planted_faults(fault, case):
+    m, n, k, bits, group = case
+    x, q, s, ref, mag = make_case(m, n, k, bits, group)
+    got = model_gemm(x, q, s, bits, group, fault=fault)
+    assert np.abs(got - ref).max() > 1e-2 * np.abs(ref).max()
+
+
+def test_bf16_magic_constants():
+    """The bit constants of gemm_weight_only.cuh are the numbers the comments claim."""
+    dec = lambda b: float(np.array([b], np.uint16).view(BF16)[0])  # noqa: E731
+    assert (dec(0x4300), dec(0x4380), dec(0xC380), dec(0xC308), dec(0x3F80)) == (128, 256, -256, -136, 1)
+    u = np.arange(256, dtype=np.uint32)
+    lo, _ = i8_pair(u | (u << 16), 0)
+    assert np.array_equal(lo, u.astype(np.float64) - 128)
+    v = np.arange(16, dtype=np.uint32)
+    lo4, hi4 = i4_pair(v | (v[::-1] << 16), 0)
+    assert np.array_equal(lo4, v - 8.0) and np.array_equal(hi4, v[::-1] - 8.0)
+
+
+# ---------------------------------------------------------------- 3. binding checks
+
+
+def _fake_device_array(shape, dtype):
+    """A DeviceArray shell (no allocation) for argument checks that never reach the GPU."""
+    a = object.__new__(cuda.DeviceArray)
+    a.shape, a.dtype, a.ptr = tuple(shape), np.dtype(dtype), None
+    return a
+
+
+@pytest.mark.parametrize("case,match", [
+    ("numpy_x", "x: expected a ds_export.native.cuda.DeviceArray"),
+    ("q_int8_shape_for_int4", "qweight: expected an int8 DeviceArray"),
+    ("scale_float32", "scale: expected a DeviceArray"),
+    ("out_wrong_n", "out: expected a DeviceArray"),
+    ("arch70", "arch"),
+    ("k_not_64", "multiples of 64"),
+    ("bad_algo", "algo"),
+])
+def test_device_entry_checks_before_launch(case, match):
+    m, n, k = 4, 128, 256
+    args = dict(x=_fake_device_array((m, k), np.uint16), qweight=_fake_device_array((n // 2, k), np.int8),
+                scale=_fake_device_array((n,), np.uint16), out=_fake_device_array((m, n), np.uint16))
+    kw = dict(bits=4, group_size=-1, arch=90)
+    if case == "numpy_x":
+        args["x"] = np.zeros((m, k), np.uint16)
+    elif case == "q_int8_shape_for_int4":
+        args["qweight"] = _fake_device_array((n, k), np.int8)
+    elif case == "scale_float32":
+        args["scale"] = _fake_device_array((n,), np.float32)
+    elif case == "out_wrong_n":
+        args["out"] = _fake_device_array((m, n + 64), np.uint16)
+    elif case == "arch70":
+        kw["arch"] = 70
+    elif case == "k_not_64":
+        args["x"] = _fake_device_array((m, 200), np.uint16)
+    elif case == "bad_algo":
+        kw["algo"] = 1 << 16
+    with pytest.raises(DsxError, match=match):
+        G.gemm_weight_only_cuda_device(*args.values(), **kw)
+    with pytest.raises(DsxError, match="warps and splits"):
+        G.algo_word(3, 1)
