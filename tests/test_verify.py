@@ -156,3 +156,31 @@ def test_incomplete_run_fails(mix_copy, tiny_fp8):
     m.save()
     rep = verify(mix_copy, tiny_fp8)
     assert any("not complete" in f["problem"] for f in rep["findings"])
+
+
+def test_kernel_checks_run_and_pass(outputs, tiny_fp8):
+    rep = verify(outputs / "mix", tiny_fp8)
+    kinds = {k["kernel"] for k in rep["kernels"]}
+    assert {"block fp8 gemm", "weight_only_int4 gemm", "grouped fp8 gemm (MoE)", "mtp accept"} <= kinds
+    assert all(k["ok"] and k["kernel_err"] < 8e-3 for k in rep["kernels"])
+    int4 = [k for k in rep["kernels"] if k["kernel"] == "weight_only_int4 gemm"]
+    assert all(12 < k["quant_sqnr_db"] < 25 for k in int4)  # INT4 per channel: the quantization error users see
+
+
+def test_broken_kernel_is_caught(outputs, tiny_fp8, monkeypatch, capsys):
+    """A weight-only GEMM that reads the layout with bytes 1 and 2 of each word swapped (a wrong interleave)."""
+    from ds_export.native import gemm_weight_only as gw
+
+    real = gw.gemm_weight_only
+
+    def wrong_interleave(x, qweight, scale, bits, group_size=-1, arch=90, **kw):
+        q = np.ascontiguousarray(qweight).view(np.uint8).reshape(-1, 4)[:, [0, 2, 1, 3]]
+        return real(x, q.reshape(qweight.shape).view(np.int8), scale, bits, group_size, arch, **kw)
+
+    monkeypatch.setattr(gw, "gemm_weight_only", wrong_interleave)
+    rep = verify(outputs / "mix", tiny_fp8)
+    bad = [k for k in rep["kernels"] if not k["ok"]]
+    assert bad and all(k["kernel"] == "weight_only_int4 gemm" for k in bad)
+    assert all(w["ok"] for w in rep["weights"])  # the stored weights are fine: only the kernel is wrong
+    assert main(["verify", str(outputs / "mix"), "--reference", str(tiny_fp8)]) == 1
+    assert "weight_only_int4 gemm" in capsys.readouterr().err

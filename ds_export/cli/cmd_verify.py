@@ -38,7 +38,7 @@ def verify(
     o = Out(json, quiet)
     if export_dir is not None or html is not None or gate is not None or device != "cpu":
         raise UsageError("--export, --html, --gate and --device cuda are not available in this version yet")
-    rep = run_verify(target, reference, expert_sample=experts)
+    rep = run_verify(target, reference, expert_sample=experts, samples=samples)
     if report is not None:
         atomic_write_json(report, rep)
     o.result(rep)
@@ -47,9 +47,15 @@ def verify(
     if not rep["ok"]:
         first = rep["findings"][0] if rep["findings"] else None
         bad = [w for w in rep["weights"] if not w["ok"]]
-        what = (f"{first['where']}: {first['problem']}" if first else
-                f"{bad[0]['name']}: SQNR {bad[0]['sqnr_db']} dB below the {bad[0]['format']} gate of {bad[0]['gate']} dB")
-        n = len(rep["findings"]) + len(bad)
+        kbad = [k for k in rep["kernels"] if not k["ok"]]
+        if first:
+            what = f"{first['where']}: {first['problem']}"
+        elif bad:
+            what = f"{bad[0]['name']}: SQNR {bad[0]['sqnr_db']} dB below the {bad[0]['format']} gate of {bad[0]['gate']} dB"
+        else:
+            what = (f"{kbad[0]['kernel']} on {kbad[0]['tensor']}: error {kbad[0]['kernel_err']:.2e} vs float64 on its "
+                    "own inputs (a kernel or layout bug)")
+        n = len(rep["findings"]) + len(bad) + len(kbad)
         raise DsxError(f"verify failed ({n} problem{'s' if n > 1 else ''}); first: {what}")
 
 
@@ -67,6 +73,16 @@ def _print(o: Out, rep: dict) -> None:
             gate = "exact" if g["gate_db"] == float("inf") else f">={g['gate_db']:.0f}"
             t.add_row(_short(g["format"]), g["role"], str(g["tensors"]), sq, gate, f"{g['min_cosine']:.4f}",
                       "[green]ok[/]" if not g["failed"] else f"[red]{g['failed']} bad[/]")
+        o.print(t)
+    if rep["kernels"]:
+        t = Table(title="kernels (csrc, CPU): error vs float64 on the kernel's own inputs, and quantization SQNR",
+                  show_edge=False)
+        for c in ("kernel", "tensor", "kernel err", "quant SQNR dB", "ok"):
+            t.add_column(c, justify="left" if c in ("kernel", "tensor") else "right")
+        for k in rep["kernels"]:
+            sq = "-" if k["quant_sqnr_db"] is None else f"{k['quant_sqnr_db']:.1f}"
+            t.add_row(k["kernel"], k["tensor"].replace("model.layers.", "L"), f"{k['kernel_err']:.1e}", sq,
+                      "[green]ok[/]" if k["ok"] else "[red]FAIL[/]")
         o.print(t)
     o.print("[green]verify: all checks passed[/]" if rep["ok"] else "[red]verify: FAILED[/]")
 

@@ -13,30 +13,35 @@ from pathlib import Path
 from ds_export.io.checkpoint import Checkpoint
 from ds_export.models import deepseek_v3 as ds
 from ds_export.verify.integrity import check_config, check_files, check_tensors
+from ds_export.verify.kernels import check_kernels
 from ds_export.verify.weights import check_weights
 
 
-def verify(target: str | Path, reference: str | Path | None = None, *, expert_sample: int | None = None) -> dict:
+def verify(target: str | Path, reference: str | Path | None = None, *, expert_sample: int | None = None,
+           samples: int = 4) -> dict:
     target = Path(target)
     findings, manifest = check_files(target)
     report: dict = {"target": str(target), "reference": str(reference) if reference else None}
     if any(f.check == "files" and ("sha256" in f.problem or "missing" in f.problem or "bytes" in f.problem)
            for f in findings):
         # Do not read tensors out of files that fail their hashes: report that alone.
-        report.update(findings=[f.__dict__ for f in findings], weights=[], by_format={}, ok=False)
+        report.update(findings=[f.__dict__ for f in findings], weights=[], by_format={}, kernels=[], ok=False)
         return report
     with Checkpoint.open(target) as ck:
         cfg = ds.DeepseekV3Config.from_dict(ck.config, source=str(target / "config.json"))
         findings += check_tensors(ck, cfg) + check_config(ck, cfg)
-        stats = []
+        stats, kstats = [], []
         if reference is not None:
             with Checkpoint.open(reference) as ref:
                 stats = check_weights(ck, ref, cfg, expert_sample=expert_sample)
+                if samples > 0:
+                    kstats = check_kernels(ck, ref, cfg, samples=samples)
     report["findings"] = [f.__dict__ for f in findings]
     report["weights"] = [s.to_json() for s in stats]
     report["by_format"] = _aggregate(stats)
+    report["kernels"] = [k.to_json() for k in kstats]
     report["run"] = manifest.run if manifest else None
-    report["ok"] = not findings and all(s.ok for s in stats)
+    report["ok"] = not findings and all(s.ok for s in stats) and all(k.ok for k in kstats)
     return report
 
 
