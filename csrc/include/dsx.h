@@ -35,5 +35,6 @@ int dsx_abi_version(void);
 #include "dsx/gemm_fp8.h"
 #include "dsx/mtp_accept.h"
 #include "dsx/gemm_weight_only.h"
+#include "dsx/quant_cuda.h"
 
 #endif /* DSX_H_ */
