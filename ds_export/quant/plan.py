@@ -16,14 +16,13 @@ from pathlib import Path
 
 from ds_export import __version__
 from ds_export.errors import UsageError
+from ds_export import formats
 from ds_export.formats import fp8_block, weight_only
 from ds_export.io.checkpoint import INDEX_NAME, Checkpoint
 from ds_export.io.writer import Entry
 from ds_export.models import deepseek_v3 as ds
 from ds_export.quant.recipe import Recipe, Target
 
-WO_BITS = {"weight_only_int8": 8, "weight_only_int4": 4}
-WO_SCALE_SUFFIX = "_scale"  # "<...>.weight" -> "<...>.weight_scale" (Paddle's weight-only scale)
 
 
 @dataclass(frozen=True)
@@ -126,23 +125,11 @@ def source_fingerprint(ck: Checkpoint) -> str:
 
 
 def _outputs(name: str, shape: tuple[int, ...], src_dtype: str, t: Target) -> tuple[Entry, ...]:
-    if t.type == "skip":
-        return ()
-    if t.type == "keep":
-        return (Entry(name, src_dtype, shape),)
-    if t.type == "bf16":
-        return (Entry(name, "BF16", shape),)
-    if t.type == "float32":
-        return (Entry(name, "F32", shape),)
-    if t.type == "a8w8_fp8":
-        ps = fp8_block.packed_shapes(shape[0], shape[1])
-        return (Entry(name, "F8_E4M3", tuple(ps["weight"]["shape"])),
-                Entry(name + ds.SCALE_SUFFIX, "F32", tuple(ps["weight_scale_inv"]["shape"])))
-    bits = WO_BITS[t.type]
-    weight_only.check_args(shape[0], shape[1], bits, t.group_size, t.arch, name=name)
-    ps = weight_only.packed_shapes(shape[0], shape[1], bits, t.group_size, t.arch)
-    return (Entry(name, "I8", tuple(ps["qweight"]["shape"])),
-            Entry(name + WO_SCALE_SUFFIX, "BF16", tuple(ps["scale"]["shape"])))
+    fmt = formats.get(t.type)
+    if fmt.bits:
+        weight_only.check_args(shape[0], shape[1], fmt.bits, t.group_size, t.arch, name=name)
+    return tuple(Entry(name + suffix, dtype, shape_) for suffix, dtype, shape_ in
+                 fmt.outputs(shape, src_dtype, t.group_size, t.arch))
 
 
 def build(ck: Checkpoint, recipe: Recipe, *, selection: str = "all") -> Plan:

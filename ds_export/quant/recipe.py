@@ -35,12 +35,14 @@ from pathlib import Path
 
 import yaml
 
+from ds_export import formats
 from ds_export.errors import UsageError
 from ds_export.models import deepseek_v3 as ds
 
 BUILTIN_DIR = Path(__file__).resolve().parents[2] / "recipes" / "quant"
-LINEAR_TARGETS = ("keep", "bf16", "a8w8_fp8", "weight_only_int8", "weight_only_int4", "skip")
-OTHER_TARGETS = ("keep", "bf16", "float32", "skip")
+# Targets: every registered format, plus "skip" (drop the tensor).
+LINEAR_TARGETS = tuple(n for n in formats.FORMATS if n != "float32") + ("skip",)
+OTHER_TARGETS = tuple(n for n, f in formats.FORMATS.items() if not f.linear_only) + ("skip",)
 TARGETS = tuple(dict.fromkeys(LINEAR_TARGETS + OTHER_TARGETS))
 GROUP_SIZES = (-1, 64, 128)
 ARCHS = (70, 75, 80, 86, 89, 90)

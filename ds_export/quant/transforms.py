@@ -17,7 +17,8 @@ from ds_export.formats import bf16 as bf16_fmt
 from ds_export.formats import fp8_block, weight_only
 from ds_export.io.checkpoint import Checkpoint
 from ds_export.io.dtypes import ST_TO_NP
-from ds_export.quant.plan import WO_BITS, Task
+from ds_export import formats
+from ds_export.quant.plan import Task
 
 Write = Callable[[str, np.ndarray], None]
 Progress = Callable[[int], None]
@@ -65,7 +66,7 @@ def convert(ck: Checkpoint, task: Task, write: Write, *, chunk_bytes: int = 64 <
             _cast(ck, task, write, chunk_bytes, progress, "bfloat16" if t == "bf16" else "float32")
         elif t == "a8w8_fp8":
             _to_fp8(ck, task, write, chunk_bytes, progress)
-        elif t in WO_BITS:
+        elif formats.get(t).bits:
             _to_weight_only(ck, task, write, chunk_bytes, progress, threads)
         else:
             raise DsxError(f"{task.src}: no transform for target {t!r}")
@@ -123,7 +124,7 @@ def _to_weight_only(ck, task, write, chunk_bytes, progress, threads):
         raise DsxError(f"{task.src}: weight-only needs a 2-D Linear weight, got shape {list(task.shape)}")
     n, k = task.shape
     tg = task.target
-    bits = WO_BITS[tg.type]
+    bits = formats.get(tg.type).bits
     step = _chunk_rows(task, chunk_bytes, 64)
     scales = []
     whole = None

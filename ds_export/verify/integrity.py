@@ -11,12 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ds_export.errors import DsxError
-from ds_export.formats import fp8_block, weight_only
+from ds_export import formats
 from ds_export.io.checkpoint import INDEX_NAME, Checkpoint
 from ds_export.io.manifest import Manifest
 from ds_export.models import deepseek_v3 as ds
-
-WO_BITS = {"weight_only_int8": 8, "weight_only_int4": 4}
 
 
 @dataclass(frozen=True)
@@ -51,19 +49,10 @@ def check_files(root: Path) -> tuple[list[Finding], Manifest | None]:
 def expected_outputs(name: str, shape: tuple[int, ...], src_dtype: str, t: dict) -> dict[str, tuple[str, tuple]]:
     """Tensors a source weight must become under a type entry {"type", "group_size"} of types_by_role."""
     typ = t.get("type")
-    if typ in (None, "keep"):
+    if typ in (None, "keep") or typ not in formats.FORMATS:
         return {}
-    if typ == "bf16":
-        return {name: ("BF16", shape)}
-    if typ == "float32":
-        return {name: ("F32", shape)}
-    if typ == "a8w8_fp8":
-        ps = fp8_block.packed_shapes(shape[0], shape[1])
-        return {name: ("F8_E4M3", ps["weight"]["shape"]), name + ds.SCALE_SUFFIX: ("F32", ps["weight_scale_inv"]["shape"])}
-    if typ in WO_BITS:
-        ps = weight_only.packed_shapes(shape[0], shape[1], WO_BITS[typ], t.get("group_size", -1), t.get("arch", 90))
-        return {name: ("I8", ps["qweight"]["shape"]), name + ds.WO_SCALE_SUFFIX: ("BF16", ps["scale"]["shape"])}
-    return {}
+    outs = formats.get(typ).outputs(shape, src_dtype, t.get("group_size", -1), t.get("arch", 90))
+    return {name + suffix: (dtype, shape_) for suffix, dtype, shape_ in outs}
 
 
 def check_tensors(target: Checkpoint, cfg: ds.DeepseekV3Config) -> list[Finding]:
