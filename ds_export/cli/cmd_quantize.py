@@ -28,6 +28,8 @@ def quantize(
     node_rank: Annotated[int | None, typer.Option("--node-rank", help="This node's rank (default: PADDLE_TRAINER_ID or 0).")] = None,
     memory_mb: Annotated[int, typer.Option("--memory-mb", help="Scratch memory for row chunks, over all workers (MiB).")] = 768,
     device: Device = "cpu",
+    gpus: Annotated[str | None, typer.Option("--gpus", help="With --device cuda: GPU indices, e.g. 0,1 (default: all "
+                                             "visible). One worker per GPU; output identical to the CPU path.")] = None,
     dry_run: DryRun = False,
     force: Force = False,
     json: Json = False,
@@ -45,8 +47,9 @@ def quantize(
     o = Out(json, quiet)
     if mtp_only and no_mtp:
         raise UsageError("--mtp-only and --no-mtp exclude each other")
-    if device != "cpu":
-        raise UsageError(f"--device {device}: only cpu is available in this version")
+    from ds_export.quant.backend import parse_gpus
+
+    gpu_ids = parse_gpus(device, gpus)
     if memory_mb < 16:
         raise UsageError("--memory-mb must be at least 16")
     if workers is not None and workers < 1:
@@ -63,7 +66,8 @@ def quantize(
         rep = _RichReporter(o)
         with rep:
             res = engine.run(ck, p, out, engine.Options(workers=workers, force=force, memory_budget=memory_mb << 20,
-                                                         num_nodes=n_nodes, node_rank=rank), rep)
+                                                         num_nodes=n_nodes, node_rank=rank,
+                                                         gpus=tuple(gpu_ids)), rep)
     res["seconds"] = rep.elapsed()
     o.result(res)
     if not res["complete"]:

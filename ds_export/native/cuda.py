@@ -52,7 +52,7 @@ def cudart() -> ctypes.CDLL:
         for name, args in {
             "cudaMalloc": [ctypes.POINTER(P), SZ], "cudaFree": [P], "cudaMemcpy": [P, P, SZ, I32],
             "cudaMemcpyAsync": [P, P, SZ, I32, P], "cudaMemsetAsync": [P, I32, SZ, P],
-            "cudaGetDeviceCount": [ctypes.POINTER(I32)], "cudaDeviceSynchronize": [],
+            "cudaGetDeviceCount": [ctypes.POINTER(I32)], "cudaDeviceSynchronize": [], "cudaSetDevice": [I32],
             "cudaStreamCreate": [ctypes.POINTER(P)], "cudaStreamDestroy": [P], "cudaStreamSynchronize": [P],
             "cudaEventCreate": [ctypes.POINTER(P)], "cudaEventDestroy": [P], "cudaEventRecord": [P, P],
             "cudaEventSynchronize": [P], "cudaEventElapsedTime": [ctypes.POINTER(ctypes.c_float), P, P],
@@ -80,6 +80,17 @@ def available() -> bool:
         return cudart().cudaGetDeviceCount(ctypes.byref(n)) == 0 and n.value > 0
     except (DsxError, OSError):
         return False
+
+
+def device_count() -> int:
+    n = I32(0)
+    rt_check(cudart().cudaGetDeviceCount(ctypes.byref(n)), "cudaGetDeviceCount")
+    return n.value
+
+
+def set_device(index: int) -> None:
+    """Make GPU `index` current for the calling host thread (CUDA keeps the device per thread)."""
+    rt_check(cudart().cudaSetDevice(int(index)), f"cudaSetDevice({index})")
 
 
 @functools.lru_cache(maxsize=1)

@@ -33,6 +33,7 @@ from ds_export.errors import DsxError, UsageError
 from ds_export.io.checkpoint import INDEX_NAME, Checkpoint
 from ds_export.io.manifest import MANIFEST_NAME, Manifest
 from ds_export.io.writer import PARTIAL_SUFFIX, ShardWriter, atomic_write_json, write_index
+from ds_export.quant.backend import CpuBackend, CudaBackend
 from ds_export.quant.plan import OutShard, Plan
 from ds_export.quant.transforms import convert
 
@@ -48,6 +49,7 @@ class Options:
     verify_existing: bool = True  # re-hash finished shards before skipping them
     num_nodes: int = 1
     node_rank: int = 0
+    gpus: tuple[int, ...] = ()  # --device cuda: one worker thread per GPU, each with its own converter
 
 
 def node_from_env(num_nodes: int | None, node_rank: int | None) -> tuple[int, int]:
@@ -164,15 +166,23 @@ class _WriteBehind:
             raise self.error
 
 
+_local = threading.local()  # per worker thread: its GPU backend (CUDA keeps the device per thread)
+
+
+def _gpu_worker_init(ids: "queue.Queue[int]") -> None:
+    _local.backend = CudaBackend(ids.get_nowait())
+
+
 def _write_shard(ck: Checkpoint, out: Path, shard: OutShard, chunk_bytes: int, threads: int,
                  reporter: Reporter) -> tuple[str, str, int]:
+    backend = getattr(_local, "backend", None) or CpuBackend(threads)
     path = out / shard.file
     with ShardWriter(path, shard.entries(), {"format": "pt"}) as w:
         wb = _WriteBehind(w)
         try:
             for task in shard.tasks:
                 reporter.tensor(task.src)
-                convert(ck, task, wb.write, chunk_bytes=chunk_bytes, threads=threads, progress=reporter.advance)
+                convert(ck, task, wb.write, chunk_bytes=chunk_bytes, backend=backend, progress=reporter.advance)
         finally:
             wb.drain()
         sha = w.close()
@@ -196,14 +206,20 @@ def run(ck: Checkpoint, plan: Plan, out: str | os.PathLike, opts: Options = Opti
         (out / (s.file + PARTIAL_SUFFIX)).unlink(missing_ok=True)
     _check_space(out, sum(s.bytes_out for s in todo))
     cores = os.cpu_count() or 1
-    workers = max(1, min(opts.workers or cores, len(todo) or 1))
+    workers = len(opts.gpus) if opts.gpus else max(1, min(opts.workers or cores, len(todo) or 1))
     threads = max(1, cores // workers)
     # Per worker: the chunk being converted, its float32 scratch and two chunks queued for writing.
     chunk_bytes = max(4 << 20, opts.memory_budget // (4 * workers))
     reporter.start(sum(s.bytes_in for s in todo), len(mine), len(done))
     lock = threading.Lock()
     todo.sort(key=lambda s: -s.bytes_in)  # big shards first: better balance
-    with ThreadPoolExecutor(max_workers=workers) as pool:
+    init: dict = {}
+    if opts.gpus:
+        ids: queue.Queue = queue.Queue()
+        for g in opts.gpus:
+            ids.put(g)
+        init = {"initializer": _gpu_worker_init, "initargs": (ids,)}
+    with ThreadPoolExecutor(max_workers=workers, **init) as pool:
         futs = [pool.submit(_write_shard, ck, out, s, chunk_bytes, threads, reporter) for s in todo]
         try:
             for f in as_completed(futs):
@@ -219,7 +235,8 @@ def run(ck: Checkpoint, plan: Plan, out: str | os.PathLike, opts: Options = Opti
             raise
     res = {"out": str(out), "shards": len(mine), "converted": len(todo), "skipped": len(done),
            "bytes_in": sum(s.bytes_in for s in mine), "bytes_out": sum(s.bytes_out for s in mine),
-           "plan_digest": plan.digest(), "workers": workers, "node": f"{rank}/{n_nodes}", "complete": True}
+           "plan_digest": plan.digest(), "workers": workers, "node": f"{rank}/{n_nodes}", "complete": True,
+           "device": f"cuda:{','.join(map(str, opts.gpus))}" if opts.gpus else "cpu"}
     if n_nodes == 1:
         _finish(ck, plan, out, manifest)
         return res

@@ -18,6 +18,7 @@ from ds_export.formats import fp8_block, weight_only
 from ds_export.io.checkpoint import Checkpoint
 from ds_export.io.dtypes import ST_TO_NP
 from ds_export import formats
+from ds_export.quant.backend import CpuBackend
 from ds_export.quant.plan import Task
 
 Write = Callable[[str, np.ndarray], None]
@@ -30,10 +31,10 @@ def _chunk_rows(task: Task, chunk_bytes: int, align: int) -> int:
     return rows
 
 
-def _src_rows(ck: Checkpoint, task: Task, r0: int, r1: int, dtype: str) -> np.ndarray:
+def _src_rows(ck: Checkpoint, task: Task, r0: int, r1: int, dtype: str, be: CpuBackend) -> np.ndarray:
     """Source rows [r0, r1) decoded to 'float32' or 'bfloat16' (FP8: value x block scale_inv)."""
     if task.src_scale:
-        return fp8_block.dequant_native(ck.get(task.src), ck.get(task.src_scale), task.src_block, dtype, rows=(r0, r1))
+        return be.dequant(ck.get(task.src), ck.get(task.src_scale), task.src_block, dtype, (r0, r1))
     a = ck.get(task.src)
     if a.ndim:
         a = a[r0:r1]
@@ -52,9 +53,10 @@ def _copy_raw(ck: Checkpoint, name: str, out_name: str, write: Write, chunk_byte
         progress(part.size)
 
 
-def convert(ck: Checkpoint, task: Task, write: Write, *, chunk_bytes: int = 64 << 20, threads: int = 0,
-            progress: Progress = lambda n: None) -> None:
+def convert(ck: Checkpoint, task: Task, write: Write, *, chunk_bytes: int = 64 << 20,
+            backend: CpuBackend | None = None, progress: Progress = lambda n: None) -> None:
     """Produce every output of `task`, in plan order, through `write(name, array)`."""
+    be = backend or CpuBackend()
     t = task.target.type
     outs = task.outputs
     try:
@@ -63,11 +65,11 @@ def convert(ck: Checkpoint, task: Task, write: Write, *, chunk_bytes: int = 64 <
             if task.src_scale:
                 _copy_raw(ck, task.src_scale, outs[1].name, write, chunk_bytes, progress)
         elif t in ("bf16", "float32"):
-            _cast(ck, task, write, chunk_bytes, progress, "bfloat16" if t == "bf16" else "float32")
+            _cast(ck, task, write, chunk_bytes, progress, "bfloat16" if t == "bf16" else "float32", be)
         elif t == "a8w8_fp8":
-            _to_fp8(ck, task, write, chunk_bytes, progress)
+            _to_fp8(ck, task, write, chunk_bytes, progress, be)
         elif formats.get(t).bits:
-            _to_weight_only(ck, task, write, chunk_bytes, progress, threads)
+            _to_weight_only(ck, task, write, chunk_bytes, progress, be)
         else:
             raise DsxError(f"{task.src}: no transform for target {t!r}")
     finally:
@@ -80,17 +82,17 @@ def _row_bytes(task: Task) -> int:
     return int(np.prod(task.shape[1:], dtype=np.int64)) * ST_TO_NP[task.src_dtype].itemsize if task.shape else 0
 
 
-def _cast(ck, task, write, chunk_bytes, progress, dtype):
+def _cast(ck, task, write, chunk_bytes, progress, dtype, be):
     name = task.outputs[0].name
     if len(task.shape) < 2:
-        write(name, np.ascontiguousarray(_src_rows(ck, task, 0, task.shape[0] if task.shape else 0, dtype)))
+        write(name, np.ascontiguousarray(_src_rows(ck, task, 0, task.shape[0] if task.shape else 0, dtype, be)))
         progress(task.bytes_in)
         return
     n = task.shape[0]
     step = _chunk_rows(task, chunk_bytes, 128)
     for r0 in range(0, n, step):
         r1 = min(n, r0 + step)
-        write(name, np.ascontiguousarray(_src_rows(ck, task, r0, r1, dtype)))
+        write(name, np.ascontiguousarray(_src_rows(ck, task, r0, r1, dtype, be)))
         progress((r1 - r0) * _row_bytes(task))
     _scale_progress(task, progress)
 
@@ -100,7 +102,7 @@ def _scale_progress(task: Task, progress: Progress) -> None:
         progress(task.bytes_in - task.shape[0] * _row_bytes(task))
 
 
-def _to_fp8(ck, task, write, chunk_bytes, progress):
+def _to_fp8(ck, task, write, chunk_bytes, progress, be):
     if len(task.shape) != 2:
         raise DsxError(f"{task.src}: a8w8_fp8 needs a 2-D Linear weight, got shape {list(task.shape)}")
     n = task.shape[0]
@@ -111,7 +113,7 @@ def _to_fp8(ck, task, write, chunk_bytes, progress):
     dtype = "float32" if task.src_scale or task.src_dtype == "F32" else "bfloat16"
     for r0 in range(0, n, step):
         r1 = min(n, r0 + step)
-        q, s = fp8_block.quantize_native(_src_rows(ck, task, r0, r1, dtype), fp8_block.BLOCK)
+        q, s = be.to_fp8(_src_rows(ck, task, r0, r1, dtype, be))
         write(task.outputs[0].name, q)
         scales.append(s)
         progress((r1 - r0) * _row_bytes(task))
@@ -119,7 +121,7 @@ def _to_fp8(ck, task, write, chunk_bytes, progress):
     _scale_progress(task, progress)
 
 
-def _to_weight_only(ck, task, write, chunk_bytes, progress, threads):
+def _to_weight_only(ck, task, write, chunk_bytes, progress, be):
     if len(task.shape) != 2:
         raise DsxError(f"{task.src}: weight-only needs a 2-D Linear weight, got shape {list(task.shape)}")
     n, k = task.shape
@@ -135,16 +137,17 @@ def _to_weight_only(ck, task, write, chunk_bytes, progress, threads):
         r1 = min(n, r0 + step)
         # Paddle's input is the bf16 weight: FP8 sources are dequantized and rounded to bf16 first
         # (fused into the quantizer for arch >= 75, bit-identical to doing it separately).
-        if whole is not None:
-            w = _src_rows(ck, task, r0, r1, "bfloat16")
-            weight_only.quantize_native(w, bits, tg.group_size, tg.arch, out=whole, rows=(r0, r1), threads=threads)
+        if whole is not None:  # CPU kernels only (the GPU path needs chunk-local outputs)
+            w = _src_rows(ck, task, r0, r1, "bfloat16", be)
+            weight_only.quantize_native(w, bits, tg.group_size, tg.arch, out=whole, rows=(r0, r1),
+                                        threads=be.threads)
         else:
             if task.src_scale:
-                q, s = weight_only.quantize_fp8_rows_native(ck.get(task.src), ck.get(task.src_scale), task.src_block,
-                                                            (r0, r1), bits, tg.group_size, tg.arch, threads=threads)
+                q, s = be.fp8_to_weight_only(ck.get(task.src), ck.get(task.src_scale), task.src_block, (r0, r1),
+                                             bits, tg.group_size, tg.arch)
             else:
-                w = _src_rows(ck, task, r0, r1, "bfloat16")
-                q, s = weight_only.quantize_rows_native(w, n, (r0, r1), bits, tg.group_size, tg.arch, threads=threads)
+                w = _src_rows(ck, task, r0, r1, "bfloat16", be)
+                q, s = be.rows_to_weight_only(w, n, (r0, r1), bits, tg.group_size, tg.arch)
             write(task.outputs[0].name, q)  # channels' bytes are contiguous in Paddle's layout: stream them
             scales.append(s)
         progress((r1 - r0) * _row_bytes(task))
