@@ -45,12 +45,6 @@ def test_help_describes_every_command(cmd, capsys):
     assert "Examples" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("args", [["run", "r.yaml"]])
-def test_unimplemented_commands_exit_2(args, capsys):
-    assert main(args) == 2
-    assert "not implemented yet" in capsys.readouterr().err
-
-
 def test_errors_are_one_line_without_traceback(tiny_fp8, tmp_path):
     import shutil
 

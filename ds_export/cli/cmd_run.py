@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from ds_export.cli.options import DryRun, Json, Quiet
-from ds_export.errors import NotImplementedYet
+from ds_export.cli.output import Out, human_bytes
 
 
 def run(
@@ -16,6 +16,8 @@ def run(
     workdir: Annotated[Path | None, typer.Option("--workdir", help="Where every step writes (default: ./dsx-work/<recipe>).")] = None,
     from_step: Annotated[str | None, typer.Option("--from-step", help="download | quantize | export | verify.")] = None,
     until_step: Annotated[str | None, typer.Option("--until-step", help="Stop after this step.")] = None,
+    metadata: Annotated[Path | None, typer.Option("--metadata", help="With --dry-run: plan from a config.json + "
+                                                  "model.safetensors.index.json[.gz] instead of a download.")] = None,
     dry_run: DryRun = False,
     json: Json = False,
     quiet: Quiet = False,
@@ -27,4 +29,33 @@ def run(
       dsx run recipes/tiny.yaml
       dsx run recipes/r1-wint4-tp8.yaml --dry-run
     """
-    raise NotImplementedYet("dsx run is not implemented yet")
+    from ds_export.run import pipeline
+    from ds_export.run.recipe import load
+
+    o = Out(json, quiet)
+    dep = load(recipe)
+    wd = workdir or Path("dsx-work") / dep.name
+    if dry_run:
+        plan = pipeline.dry_run(dep, wd, metadata=metadata)
+        o.result(plan)
+        _print_dry(o, plan)
+        return
+    res = pipeline.run(dep, wd, from_step=from_step, until_step=until_step, say=o.print)
+    o.result(res)
+    o.print(f"[green]{dep.name}: done[/] ({', '.join(res['steps'])}) in {wd}")
+
+
+def _print_dry(o: Out, p: dict) -> None:
+    from ds_export.run.pipeline import MEASURED_GBPS
+
+    q, e = p["quantize"], p["export"]
+    o.print(f"[bold]{p['recipe']}[/] ({p['source']}) in {p['workdir']}")
+    o.print(f"  download: {human_bytes(p['download_bytes'])}")
+    o.print(f"  quantize: {q['type']} (MTP: {q['mtp'] or 'not kept'}), {human_bytes(q['bytes_in'])} -> "
+            f"{human_bytes(q['bytes_out'])} in {q['shards']} shards, about {p['estimated_quantize_s'] / 60:.0f} min "
+            f"at the measured {MEASURED_GBPS} GB/s")
+    o.print(f"  export: tp {e['tp']}{' + MTP draft' if e['speculate'] else ''}: {', '.join(e['layout'][:3])}"
+            f"{' ...' if len(e['layout']) > 3 else ''}; {human_bytes(max(e['bytes_per_rank']))} per rank")
+    o.print(f"  disk: about {human_bytes(p['disk_bytes'])}")
+    if p["serving"]:
+        o.print("  serving: " + ", ".join(f"{k} {v}" for k, v in p["serving"].items()))

@@ -224,18 +224,22 @@ def _resolve_mtp(spec, source: str, line: int, arch: int, group: int) -> Recipe:
     return parse(spec, source, _depth=1)
 
 
-def load(path: str | Path, *, _depth: int = 0) -> Recipe:
+def load_yaml(path: str | Path):
+    """A YAML file whose mappings remember their line (`.line`), or a one-line UsageError."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise UsageError(f"{path}: recipe not found") from None
     try:
-        obj = yaml.load(text, Loader=_LineLoader)  # noqa: S506 - SafeLoader subclass
+        return yaml.load(text, Loader=_LineLoader)  # noqa: S506 - SafeLoader subclass
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         raise UsageError(f"{path}:{mark.line + 1 if mark else 1}: not valid YAML ({getattr(e, 'problem', e)})") from None
-    return parse(obj, str(path), _depth=_depth)
+
+
+def load(path: str | Path, *, _depth: int = 0) -> Recipe:
+    return parse(load_yaml(path), str(path), _depth=_depth)
 
 
 def builtin_names() -> list[str]:

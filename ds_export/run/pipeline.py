@@ -1,0 +1,235 @@
+"""Run a deployment recipe step by step, resuming from whatever is complete and verified.
+
+WORKDIR/source       the checkpoint (dsx download, or dsx tiny for the embedded default)
+WORKDIR/quantized    dsx quantize output (base + MTP, each with its own type)
+WORKDIR/export       dsx export output (rank_{r}/ when tp > 1; mtp/ with speculation)
+WORKDIR/verify.json  dsx verify report
+Every step is itself resumable (download and quantize keep manifests; export is skipped when a
+complete export with the same settings exists), so rerunning the same command continues.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from ds_export.errors import DsxError, UsageError
+from ds_export.io.checkpoint import INDEX_NAME, Checkpoint
+from ds_export.io.manifest import Manifest
+from ds_export.io.writer import atomic_write_json
+from ds_export.run.recipe import STEPS, Deployment
+
+# Measured conversion throughput used for time estimates (docs/benchmarks.md: H200 x2 host, 32 cores).
+MEASURED_GBPS = 1.68
+
+
+@dataclass
+class Layout:
+    root: Path
+
+    @property
+    def source(self) -> Path:
+        return self.root / "source"
+
+    @property
+    def quantized(self) -> Path:
+        return self.root / "quantized"
+
+    @property
+    def export(self) -> Path:
+        return self.root / "export"
+
+    @property
+    def report(self) -> Path:
+        return self.root / "verify.json"
+
+
+def _steps(from_step: str | None, until_step: str | None) -> list[str]:
+    for s in (from_step, until_step):
+        if s is not None and s not in STEPS:
+            raise UsageError(f"step {s!r}: expected one of {', '.join(STEPS)}")
+    a = STEPS.index(from_step) if from_step else 0
+    b = STEPS.index(until_step) if until_step else len(STEPS) - 1
+    if a > b:
+        raise UsageError(f"--from-step {from_step} comes after --until-step {until_step}")
+    return list(STEPS[a:b + 1])
+
+
+def _recipe(dep: Deployment):
+    from ds_export.quant.plan import load_recipe
+
+    q = dep.quantize
+    return load_recipe(q.get("type"), Path(q["recipe"]) if q.get("recipe") else None, arch=q.get("arch"),
+                       group_size=q.get("group_size"), mtp_type=q.get("mtp_type"))
+
+
+def _selection(dep: Deployment) -> str:
+    return "all" if dep.quantize.get("mtp_type") else "base"
+
+
+def run(dep: Deployment, workdir: Path, *, from_step=None, until_step=None,
+        say: Callable[[str], None] = print) -> dict:
+    lay = Layout(Path(workdir))
+    lay.root.mkdir(parents=True, exist_ok=True)
+    done: dict = {"recipe": dep.name, "workdir": str(lay.root), "steps": {}}
+    for step in _steps(from_step, until_step):
+        say(f"[{step}]")
+        done["steps"][step] = globals()[f"_step_{step}"](dep, lay, say)
+    return done
+
+
+def _step_download(dep: Deployment, lay: Layout, say) -> dict:
+    if dep.tiny:
+        from ds_export.tiny import TinySpec, write_tiny
+
+        if (lay.source / INDEX_NAME).exists():
+            Checkpoint.open(lay.source).close()  # validate what is there
+            say(f"  {lay.source}: tiny checkpoint already written")
+            return {"skipped": True}
+        shutil.rmtree(lay.source, ignore_errors=True)
+        t = dep.model["tiny"]
+        res = write_tiny(lay.source, TinySpec(seed=int(t.get("seed", 0)), dtype=str(t.get("dtype", "fp8"))))
+        say(f"  wrote the tiny checkpoint ({res['tensors']} tensors) to {lay.source}")
+        return {"tensors": res["tensors"], "bytes": res["bytes"]}
+    from ds_export.download import Options, download
+
+    m = dep.model
+    res = download(m["repo"], lay.source, Options(revision=m.get("revision", "main"), only=m.get("only", "all")))
+    say(f"  {m['repo']}@{res['commit'][:12]}: {res['files']} files, {res['bytes_downloaded'] / 1e9:.2f} GB fetched")
+    return {"commit": res["commit"], "files": res["files"]}
+
+
+def _step_quantize(dep: Deployment, lay: Layout, say) -> dict:
+    from ds_export.quant import engine, plan as plan_mod
+
+    with Checkpoint.open(lay.source) as ck:
+        p = plan_mod.build(ck, _recipe(dep), selection=_selection(dep))
+        res = engine.run(ck, p, lay.quantized, engine.Options())
+    say(f"  {lay.quantized}: {res['shards']} shards ({res['converted']} converted, {res['skipped']} verified and kept)")
+    return res
+
+
+def _export_settings(dep: Deployment, lay: Layout) -> dict:
+    e = dep.export
+    return {"source": str(lay.quantized), "dtype": e.get("dtype", "bfloat16"), "tp": int(e.get("tp", 1)),
+            "speculate": bool(e.get("speculate", False))}
+
+
+def _step_export(dep: Deployment, lay: Layout, say) -> dict:
+    from ds_export.export.exporter import export
+
+    want = _export_settings(dep, lay)
+    m = Manifest.load(lay.export)
+    if m is not None and m.complete and all(m.run.get(k) == v for k, v in want.items()):
+        say(f"  {lay.export}: complete export with the same settings, kept")
+        return {"skipped": True}
+    e = dep.export
+    res = export(lay.quantized, lay.export, dtype=want["dtype"], max_seq_len=int(e.get("max_seq_len", 4096)),
+                 block_size=int(e.get("block_size", 64)), tp=want["tp"], speculate=want["speculate"],
+                 draft_tokens=int(e.get("draft_tokens", 1)), force=True)
+    say(f"  {lay.export}: {len(res['files'])} files")
+    return {"files": len(res["files"]), "bytes": res["bytes"]}
+
+
+def _step_verify(dep: Deployment, lay: Layout, say) -> dict:
+    from ds_export.verify import verify
+
+    v = dep.verify
+    rep = verify(lay.quantized, lay.source, expert_sample=v.get("experts"), samples=int(v.get("samples", 4)))
+    atomic_write_json(lay.report, rep)
+    n_w, n_k = len(rep["weights"]), len(rep["kernels"])
+    if not rep["ok"]:
+        raise DsxError(f"verify failed: see {lay.report}", hint=f"dsx verify {lay.quantized} --reference {lay.source}")
+    say(f"  all checks passed: {n_w} weights, {n_k} kernel checks (report {lay.report})")
+    return {"ok": True, "weights": n_w, "kernels": n_k}
+
+
+def _step_generate(dep: Deployment, lay: Layout, say) -> dict:
+    if not dep.generate:
+        say("  no generate section: skipped")
+        return {"skipped": True}
+    from ds_export.export.runtime import Session, generate
+    from ds_export.tiny_tokenizer import encode
+
+    g = dep.generate
+    k = int(g.get("speculate", 0))
+    sess = Session(lay.export, speculate=bool(k))
+    res = generate(sess, [encode(g["prompt"])], int(g.get("max_new_tokens", 16)), speculate=k)
+    plain = generate(Session(lay.export), [encode(g["prompt"])], int(g.get("max_new_tokens", 16)))
+    if plain.tokens != res.tokens:
+        raise DsxError("speculative decoding changed the greedy output: the export or the draft is inconsistent")
+    out = res.to_json()
+    say(f"  tokens {res.tokens[0]}" + (f"; acceptance {out['acceptance_rate']:.0%}, "
+                                        f"{out['tokens_per_base_step']:.2f} tokens per base step" if k else ""))
+    return out
+
+
+# ------------------------------------------------------------------------------ dry run ----
+
+def dry_run(dep: Deployment, workdir: Path, *, metadata: Path | None = None) -> dict:
+    """The whole plan without touching the network or writing outputs: sizes, shards, per-rank layout,
+    disk and time estimates. Real recipes plan from metadata (config.json + index[.gz])."""
+    from ds_export.quant import plan as plan_mod
+    from ds_export.run.metadata import sparse_from_metadata
+
+    lay = Layout(Path(workdir))
+    with tempfile.TemporaryDirectory(prefix="dsx-dry-") as tmp:
+        if dep.tiny:
+            from ds_export.tiny import TinySpec, write_tiny
+
+            src = Path(tmp) / "tiny"
+            write_tiny(src, TinySpec(seed=int(dep.model["tiny"].get("seed", 0))))
+        elif metadata is not None:
+            src = sparse_from_metadata(Path(metadata), Path(tmp) / "meta")
+        elif (lay.source / INDEX_NAME).exists():
+            src = lay.source
+        else:
+            raise UsageError(f"dry run of {dep.source}: no local metadata for {dep.model['repo']}",
+                             hint="pass --metadata DIR (config.json + model.safetensors.index.json[.gz])")
+        with Checkpoint.open(src) as ck:
+            p = plan_mod.build(ck, _recipe(dep), selection=_selection(dep))
+            src_bytes = ck.total_bytes()
+            mtp_src = sum(ck.info(n).nbytes for n in ck.names() if _is_mtp(ck, n))
+    tp = int(dep.export.get("tp", 1))
+    ranks = rank_bytes(p, tp)
+    fetch = src_bytes - (mtp_src if dep.model.get("only") == "base" else 0)
+    return {
+        "recipe": dep.name, "source": dep.model.get("repo", "tiny"), "workdir": str(lay.root),
+        "download_bytes": fetch, "quantize": {"type": p.recipe["name"], "mtp": p.recipe.get("mtp"),
+                                              "bytes_in": p.bytes_in, "bytes_out": p.bytes_out,
+                                              "shards": len(p.shards)},
+        "export": {"tp": tp, "speculate": bool(dep.export.get("speculate")),
+                   "layout": [f"export/rank_{r}/" if tp > 1 else "export/" for r in range(tp)]
+                   + (["export/mtp/"] if dep.export.get("speculate") else []),
+                   "bytes_per_rank": ranks},
+        "disk_bytes": fetch + p.bytes_out + sum(ranks),
+        "estimated_quantize_s": p.bytes_in / (MEASURED_GBPS * 1e9),
+        "serving": dep.serving,
+    }
+
+
+def _is_mtp(ck: Checkpoint, name: str) -> bool:
+    from ds_export.models import deepseek_v3 as ds
+
+    cfg = ds.DeepseekV3Config.from_dict(ck.config)
+    return any(name.startswith(f"model.layers.{L}.") for L in cfg.mtp_layers)
+
+
+def rank_bytes(p, tp: int) -> list[int]:
+    """Bytes each tensor-parallel rank holds (PaddleNLP splits: column/row/vocab split, the rest replicated)."""
+    from ds_export.models import deepseek_v3 as ds
+
+    per = [0] * tp
+    for t in p.tasks():
+        split = ds.ROLES[t.role][0]
+        for e in t.outputs:
+            if split is None:
+                for r in range(tp):
+                    per[r] += e.nbytes
+            else:
+                for r in range(tp):
+                    per[r] += e.nbytes // tp + (1 if r < e.nbytes % tp else 0)
+    return per

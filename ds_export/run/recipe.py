@@ -1,0 +1,115 @@
+"""Deployment recipes (`recipes/*.yaml`): validated data for `dsx run`. Schema (docs/recipes.md):
+
+    name: r1-wint4-tp8
+    description: text
+    model:                      # exactly one of repo / tiny
+      repo: deepseek-ai/DeepSeek-R1
+      revision: main
+      only: all                 # all | base (no MTP needed)
+      tiny: {seed: 0, dtype: fp8}
+    quantize: {type: weight_only_int4, mtp_type: null, arch: 90, group_size: -1, recipe: null}
+    export: {tp: 8, speculate: false, draft_tokens: 1, dtype: bfloat16, max_seq_len: 8192, block_size: 64}
+    verify: {experts: 8, samples: 4}
+    generate: {prompt: "...", max_new_tokens: 16, speculate: 1}     # optional smoke test
+    serving: {gpus: "8x H800 80 GB", nodes: 1, max_batch: 128, block_size: 64, draft_tokens: 1,
+              gpu_memory_gb: 80, notes: "..."}                       # documentation only
+
+Unknown keys and bad values are errors naming the line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ds_export.errors import UsageError
+from ds_export.quant.recipe import GROUP_SIZES, builtin_names, load_yaml
+
+SECTIONS = {
+    "model": {"repo": str, "revision": str, "only": str, "tiny": dict},
+    "quantize": {"type": str, "mtp_type": (str, type(None)), "arch": int, "group_size": int, "recipe": (str, type(None))},
+    "export": {"tp": int, "speculate": bool, "draft_tokens": int, "dtype": str, "max_seq_len": int,
+               "block_size": int},
+    "verify": {"experts": (int, type(None)), "samples": int},
+    "generate": {"prompt": str, "max_new_tokens": int, "speculate": int},
+    "serving": {"gpus": str, "nodes": int, "max_batch": int, "block_size": int, "draft_tokens": int,
+                "gpu_memory_gb": int, "notes": str},
+}
+STEPS = ("download", "quantize", "export", "verify", "generate")
+
+
+@dataclass
+class Deployment:
+    name: str
+    description: str
+    model: dict
+    quantize: dict
+    export: dict
+    verify: dict = field(default_factory=dict)
+    generate: dict | None = None
+    serving: dict = field(default_factory=dict)
+    source: str = "<recipe>"
+
+    @property
+    def tiny(self) -> bool:
+        return "tiny" in self.model
+
+
+def _err(source, line, msg) -> UsageError:
+    return UsageError(f"{source}:{line}: {msg}", hint="see docs/recipes.md")
+
+
+def parse(obj, source: str) -> Deployment:
+    if not isinstance(obj, dict):
+        raise _err(source, 1, "a deployment recipe must be a mapping")
+    line = getattr(obj, "line", 1)
+    unknown = set(obj) - {"name", "description", *SECTIONS}
+    if unknown:
+        raise _err(source, line, f"unknown key(s) {', '.join(sorted(map(str, unknown)))}")
+    for req in ("name", "model", "quantize", "export"):
+        if req not in obj:
+            raise _err(source, line, f"{req} is required")
+    sec = {}
+    for name, keys in SECTIONS.items():
+        val = obj.get(name) or {}
+        vline = getattr(val, "line", line)
+        if not isinstance(val, dict):
+            raise _err(source, vline, f"{name} must be a mapping")
+        for k, v in val.items():
+            if k not in keys:
+                raise _err(source, vline, f"{name}.{k} is not a known key ({', '.join(keys)})")
+            if not isinstance(v, keys[k]) or (keys[k] is int and isinstance(v, bool)):
+                raise _err(source, vline, f"{name}.{k} = {v!r} has the wrong type")
+        sec[name] = dict(val)
+    d = Deployment(str(obj["name"]), str(obj.get("description", "")), sec["model"], sec["quantize"], sec["export"],
+                   sec["verify"], sec["generate"] if obj.get("generate") else None, sec["serving"], source)
+    _check(d, obj, source)
+    return d
+
+
+def _check(d: Deployment, obj, source: str) -> None:
+    m, q, e = d.model, d.quantize, d.export
+    line = lambda k: getattr(obj.get(k), "line", 1)  # noqa: E731
+    if ("repo" in m) == ("tiny" in m):
+        raise _err(source, line("model"), "model needs exactly one of repo and tiny")
+    if m.get("only", "all") not in ("all", "base"):
+        raise _err(source, line("model"), "model.only must be all or base")
+    if ("type" in q) == bool(q.get("recipe")):
+        raise _err(source, line("quantize"), "quantize needs exactly one of type and recipe")
+    for k in ("type", "mtp_type"):
+        if q.get(k) and q[k] not in builtin_names():
+            raise _err(source, line("quantize"), f"quantize.{k} {q[k]!r} is not one of {', '.join(builtin_names())}")
+    if q.get("group_size", -1) not in GROUP_SIZES:
+        raise _err(source, line("quantize"), f"quantize.group_size must be one of {GROUP_SIZES}")
+    if e.get("tp", 1) < 1 or e.get("dtype", "bfloat16") not in ("float32", "bfloat16"):
+        raise _err(source, line("export"), "export.tp must be >= 1 and export.dtype float32 or bfloat16")
+    if e.get("speculate") and not q.get("mtp_type"):
+        raise _err(source, line("export"), "export.speculate needs quantize.mtp_type (the draft's quant type)")
+    if not 1 <= e.get("draft_tokens", 1) <= 5:
+        raise _err(source, line("export"), "export.draft_tokens must be 1..5 (the seeds' serving limit)")
+    if m.get("only") == "base" and e.get("speculate"):
+        raise _err(source, line("model"), "model.only: base downloads no MTP layer, but export.speculate needs it")
+
+
+def load(path: str | Path) -> Deployment:
+    return parse(load_yaml(path), str(path))

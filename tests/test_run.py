@@ -1,0 +1,107 @@
+"""dsx run: shipped recipes validate and dry-run against DeepSeek-R1's metadata; the tiny recipe runs."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from ds_export.cli.app import main
+from ds_export.errors import UsageError
+from ds_export.models import deepseek_v3 as ds
+from ds_export.run import pipeline
+from ds_export.run.recipe import load
+from r1_sparse import R1_METADATA
+
+RECIPES = sorted((Path(__file__).parents[1] / "recipes").glob("*.yaml"))
+REAL = [r for r in RECIPES if r.name.startswith("r1-")]
+GiB = 2**30
+
+
+def test_the_seeds_deployments_are_shipped():
+    names = {load(r).name for r in RECIPES}
+    assert {"tiny", "r1-wint4-tp8", "r1-fp8-wint4-mtp-tp8", "r1-wint4-mtp-wint8-tp8", "r1-fp8-mtp-tp16",
+            "r1-wint8-mtp-tp16"} <= names
+    pairs = {load(r).name: (load(r).quantize["type"], load(r).quantize.get("mtp_type"), load(r).export["tp"])
+             for r in REAL}
+    assert pairs["r1-fp8-wint4-mtp-tp8"] == ("a8w8_fp8_wint4", "a8w8_fp8", 8)
+    assert pairs["r1-wint4-mtp-wint8-tp8"] == ("weight_only_int4", "weight_only_int8", 8)
+    assert pairs["r1-fp8-mtp-tp16"] == ("a8w8_fp8", "a8w8_fp8", 16)
+    assert pairs["r1-wint8-mtp-tp16"] == ("weight_only_int8", "weight_only_int8", 16)
+    assert pairs["r1-wint4-tp8"] == ("weight_only_int4", None, 8)
+
+
+@pytest.fixture(scope="module")
+def r1_sizes():
+    cfg = ds.DeepseekV3Config.from_dict(json.loads((R1_METADATA / "config.json").read_text()))
+    ts = ds.expected_tensors(cfg)
+    fp8 = [t for t in ts if t.dtype == "F8_E4M3" and not t.role.mtp]
+    return {"total": sum(t.nbytes for t in ts), "mtp": sum(t.nbytes for t in ts if t.role.mtp),
+            "fp8_base": sum(t.nbytes for t in fp8),
+            "experts_base": sum(t.nbytes for t in fp8 if t.role.expert is not None)}
+
+
+@pytest.mark.parametrize("recipe", REAL, ids=lambda p: p.stem)
+def test_dry_run_against_r1_metadata(recipe, r1_sizes, tmp_path):
+    dep = load(recipe)
+    p = pipeline.dry_run(dep, tmp_path, metadata=R1_METADATA)
+    tp = dep.export["tp"]
+    want_in = r1_sizes["total"] - (0 if dep.quantize.get("mtp_type") else r1_sizes["mtp"])
+    assert p["quantize"]["bytes_in"] == want_in
+    assert p["download_bytes"] == (r1_sizes["total"] - r1_sizes["mtp"] if dep.model.get("only") == "base"
+                                   else r1_sizes["total"])
+    ranks = p["export"]["bytes_per_rank"]
+    assert len(ranks) == tp and max(ranks) - min(ranks) < 0.01 * max(ranks)
+    assert sum(ranks) >= p["quantize"]["bytes_out"]  # replicated tensors count on every rank
+    assert max(ranks) < 80 * GiB  # every seed deployment fits an 80 GB GPU
+    assert p["export"]["layout"][0] == "export/rank_0/"
+    # Independent estimate: INT4 halves the FP8 bytes it replaces; FP8 and INT8 keep one byte per weight
+    # (scale tensors and the router's bf16 -> fp32 move the total by well under 2%).
+    z = r1_sizes
+    no_mtp = 0 if dep.quantize.get("mtp_type") else z["mtp"]
+    expected = {"weight_only_int4": z["total"] - no_mtp - z["fp8_base"] / 2,
+                "a8w8_fp8_wint4": z["total"] - z["experts_base"] / 2,
+                "a8w8_fp8": z["total"], "weight_only_int8": z["total"]}[dep.quantize["type"]]
+    assert abs(p["quantize"]["bytes_out"] / expected - 1) < 0.02, p["quantize"]["bytes_out"] / GiB
+
+
+def test_dry_run_cli(tmp_path, capsys):
+    assert main(["run", str(REAL[0]), "--dry-run", "--metadata", str(R1_METADATA), "--workdir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "quantize:" in out and "per rank" in out and not list(tmp_path.iterdir())
+
+
+def test_dry_run_needs_metadata_for_a_repo(tmp_path, capsys):
+    assert main(["run", str(REAL[0]), "--dry-run", "--workdir", str(tmp_path)]) == 2
+    assert "--metadata" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("text,msg", [
+    ("name: x\nmodel: {tiny: {}}\nquantize: {type: bf16}\nexport: {tp: 1}\nbogus: 1\n", r":1: unknown key"),
+    ("name: x\nmodel: {tiny: {}, repo: a/b}\nquantize: {type: bf16}\nexport: {}\n", "exactly one of repo and tiny"),
+    ("name: x\nmodel: {tiny: {}}\nquantize: {type: int3}\nexport: {}\n", "quantize.type 'int3'"),
+    ("name: x\nmodel: {tiny: {}}\nquantize: {type: bf16}\nexport: {speculate: true}\n", "needs quantize.mtp_type"),
+    ("name: x\nmodel: {tiny: {}}\nquantize: {type: bf16}\nexport: {tp: 1, colour: 2}\n", "export.colour"),
+    ("name: x\nmodel: {tiny: {}}\nquantize: {type: bf16}\nexport: {draft_tokens: 9}\n", "1..5"),
+    ("name: x\nmodel: {tiny: {}}\nquantize: {type: bf16}\n", "export is required"),
+])
+def test_recipe_validation(tmp_path, text, msg):
+    p = tmp_path / "r.yaml"
+    p.write_text(textwrap.dedent(text))
+    with pytest.raises(UsageError, match=msg):
+        load(p)
+
+
+def test_tiny_recipe_runs_and_resumes(tmp_path, capsys):
+    wd = tmp_path / "wd"
+    assert main(["run", "recipes/tiny.yaml", "--workdir", str(wd), "--until-step", "verify"]) == 0
+    rep = json.loads((wd / "verify.json").read_text())
+    assert rep["ok"] and rep["kernels"]
+    capsys.readouterr()
+    assert main(["run", "recipes/tiny.yaml", "--workdir", str(wd), "--until-step", "quantize", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["steps"]["download"] == {"skipped": True}
+    assert res["steps"]["quantize"]["converted"] == 0  # verified and kept
+    assert main(["run", "recipes/tiny.yaml", "--from-step", "verify", "--until-step", "quantize"]) == 2
