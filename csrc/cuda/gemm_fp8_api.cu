@@ -30,6 +30,11 @@ bool shape_ok(int64_t m, int64_t n, int64_t k) { return m >= 0 && n > 0 && k > 0
 // and 128 on DeepSeek shapes, where cooperative stream-K was 1.3-1.6x slower), cooperative
 // 128x128 stream-K above (pingpong was 1.3-1.6x slower at M = 4096).
 constexpr int64_t kPingpongMaxRows = 128;
+// Small M with few output tiles and a long K leaves most SMs idle in pingpong: swap-AB (out^T =
+// W A^T, 128x32 tiles) with 2-way deterministic split-K measured 1.56-1.58x cuBLAS at M = 64/128
+// on 2048x7168 (pingpong: 1.16-1.18x), 1.04x at M = 16 (pingpong: 0.82x).
+constexpr int64_t kSwapMaxPingpongTiles = 64;
+constexpr int64_t kSwapMinK = 4096;
 
 // True when a CUTLASS kernel should run; resolves kAuto to the CUTLASS kernel it picks in
 // a->base. *err is set when algo forces CUTLASS but the shape cannot take it.
@@ -38,7 +43,17 @@ bool use_cutlass(const GemmNt& g, Algo* a, int* err) {
   if (a->base == kSimple) return false;
   const bool ok = dsx_cuda::cutlass_built() && dsx_cuda::tma_compatible(g);
   if (a->base != kAuto && !ok) *err = DSX_EINVAL;  // a CUTLASS kernel was forced
-  if (ok && a->base == kAuto) a->base = g.m <= kPingpongMaxRows ? kPingpong : kCutlass;
+  if (ok && a->base == kAuto) {
+    const int64_t pingpong_tiles = ((g.m + 63) / 64) * ((g.n + 127) / 128);
+    if (g.m <= kPingpongMaxRows && pingpong_tiles < kSwapMaxPingpongTiles && g.k >= kSwapMinK) {
+      a->base = kSwapAB;
+      a->tuning.decomposition = 2;  // split-K
+      a->tuning.splits = 2;
+      a->tuning.reduction = 0;  // deterministic
+    } else {
+      a->base = g.m <= kPingpongMaxRows ? kPingpong : kCutlass;
+    }
+  }
   return ok;
 }
 

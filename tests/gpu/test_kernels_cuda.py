@@ -91,12 +91,16 @@ def test_dense_gemm_agrees_with_cpu_kernel_and_is_deterministic():
 
 
 def test_auto_choice_matches_forced_kernels_bitwise():
-    """algo 0 runs pingpong at M <= 128 and cooperative stream-K above (deterministic)."""
+    """algo 0 runs pingpong at M <= 128, swap-AB with 2-way split-K when M <= 128 leaves fewer than 64
+    pingpong tiles and K >= 4096, and cooperative stream-K above (all deterministic)."""
     rng = np.random.default_rng(9)
-    for m, forced in ((128, 3), (129, 1)):
-        a, sa, b, sb = make_gemm(rng, m, 512, 1024)
+    swap_splitk2 = 4 | 2 << 12 | 2 << 16
+    for m, n, k, forced in ((128, 512, 1024, 3), (129, 512, 1024, 1), (64, 2048, 7168, swap_splitk2),
+                            (16, 2048, 7168, swap_splitk2), (128, 7168, 2048, 3)):
+        a, sa, b, sb = make_gemm(rng, m, n, k)
         auto, want = cuda.gemm_fp8_nt(a, sa, b, sb), cuda.gemm_fp8_nt(a, sa, b, sb, algo=forced)
-        assert np.array_equal(auto.view(np.uint16), want.view(np.uint16)), f"M={m}"
+        assert np.array_equal(auto.view(np.uint16), want.view(np.uint16)), f"M={m} N={n} K={k}"
+        assert_gemm_close(auto, a, sa, b, sb, f"auto {(m, n, k)}")
 
 
 def test_dense_planted_scale_fault_is_caught():
