@@ -184,3 +184,24 @@ def test_broken_kernel_is_caught(outputs, tiny_fp8, monkeypatch, capsys):
     assert all(w["ok"] for w in rep["weights"])  # the stored weights are fine: only the kernel is wrong
     assert main(["verify", str(outputs / "mix"), "--reference", str(tiny_fp8)]) == 1
     assert "weight_only_int4 gemm" in capsys.readouterr().err
+
+
+def test_html_and_json_reports(outputs, tiny_fp8, tmp_path):
+    from html.parser import HTMLParser
+
+    h, j = tmp_path / "r.html", tmp_path / "r.json"
+    assert main(["verify", str(outputs / "mix"), "--reference", str(tiny_fp8), "--html", str(h), "--report", str(j),
+                 "-q"]) == 0
+    page = h.read_text()
+    HTMLParser().feed(page)  # parses
+    assert page.count("<svg") == 2 and "All checks passed" in page and "weight_only_int4 expert_up" in page
+    rep = json.loads(j.read_text())
+    assert rep["ok"] and len(rep["weights"]) > 100
+
+
+def test_html_report_of_a_failure(mix_copy, tiny_fp8, tmp_path):
+    shard = sorted(mix_copy.glob("model-*.safetensors"))[0]
+    with open(shard, "r+b") as f:
+        f.truncate(shard.stat().st_size - 1)
+    assert main(["verify", str(mix_copy), "--reference", str(tiny_fp8), "--html", str(tmp_path / "r.html")]) == 1
+    assert "FAILED" in (tmp_path / "r.html").read_text()

@@ -36,11 +36,16 @@ def verify(
     from ds_export.verify import verify as run_verify
 
     o = Out(json, quiet)
-    if export_dir is not None or html is not None or gate is not None or device != "cpu":
-        raise UsageError("--export, --html, --gate and --device cuda are not available in this version yet")
+    if export_dir is not None or gate is not None or device != "cpu":
+        raise UsageError("--export, --gate and --device cuda are not available in this version yet")
     rep = run_verify(target, reference, expert_sample=experts, samples=samples)
     if report is not None:
         atomic_write_json(report, rep)
+    if html is not None:
+        from ds_export.io.writer import atomic_write_text
+        from ds_export.verify.html import render
+
+        atomic_write_text(html, render(rep))
     o.result(rep)
     if o.human:
         _print(o, rep)
