@@ -205,3 +205,12 @@ def test_html_report_of_a_failure(mix_copy, tiny_fp8, tmp_path):
         f.truncate(shard.stat().st_size - 1)
     assert main(["verify", str(mix_copy), "--reference", str(tiny_fp8), "--html", str(tmp_path / "r.html")]) == 1
     assert "FAILED" in (tmp_path / "r.html").read_text()
+
+
+def test_gate_file(outputs, tiny_fp8, tmp_path, capsys):
+    g = tmp_path / "g.yaml"
+    g.write_text("min_sqnr_db:\n  weight_only_int4: 30\n")  # stricter than INT4 per channel can reach
+    assert main(["verify", str(outputs / "mix"), "--reference", str(tiny_fp8), "--gate", str(g)]) == 1
+    assert "below the weight_only_int4 gate of 30" in capsys.readouterr().err
+    g.write_text("min_sqnr_db:\n  int4: 30\n")
+    assert main(["verify", str(outputs / "mix"), "--reference", str(tiny_fp8), "--gate", str(g)]) == 2

@@ -36,9 +36,12 @@ def verify(
     from ds_export.verify import verify as run_verify
 
     o = Out(json, quiet)
-    if export_dir is not None or gate is not None or device != "cpu":
-        raise UsageError("--export, --gate and --device cuda are not available in this version yet")
-    rep = run_verify(target, reference, expert_sample=experts, samples=samples)
+    if export_dir is not None or device != "cpu":
+        raise UsageError("--export and --device cuda are not available in this version yet")
+    from ds_export.verify import load_gates
+
+    gates = load_gates(gate) if gate is not None else None
+    rep = run_verify(target, reference, expert_sample=experts, samples=samples, gates=gates)
     if report is not None:
         atomic_write_json(report, rep)
     if html is not None:

@@ -17,8 +17,25 @@ from ds_export.verify.kernels import check_kernels
 from ds_export.verify.weights import check_weights
 
 
+def load_gates(path: str | Path) -> dict:
+    """--gate FILE.yaml: {min_sqnr_db: {format: dB, ...}, kernel_max_rel_err: x}; unknown keys are errors."""
+    from ds_export.errors import UsageError
+    from ds_export.quant.recipe import load_yaml
+    from ds_export.verify.kernels import KERNEL_GATE
+    from ds_export.verify.weights import MIN_SQNR
+
+    obj = load_yaml(path) or {}
+    bad = set(obj) - {"min_sqnr_db", "kernel_max_rel_err"} if isinstance(obj, dict) else {"<not a mapping>"}
+    sq = obj.get("min_sqnr_db", {}) if isinstance(obj, dict) else {}
+    if bad or not isinstance(sq, dict) or set(sq) - set(MIN_SQNR):
+        raise UsageError(f"{path}: gates take min_sqnr_db ({', '.join(MIN_SQNR)}) and kernel_max_rel_err",
+                         hint="see docs/numerics.md")
+    return {"min_sqnr_db": {k: float(v) for k, v in sq.items()},
+            "kernel_max_rel_err": float(obj.get("kernel_max_rel_err", KERNEL_GATE))}
+
+
 def verify(target: str | Path, reference: str | Path | None = None, *, expert_sample: int | None = None,
-           samples: int = 4) -> dict:
+           samples: int = 4, gates: dict | None = None) -> dict:
     target = Path(target)
     findings, manifest = check_files(target)
     report: dict = {"target": str(target), "reference": str(reference) if reference else None}
@@ -33,9 +50,11 @@ def verify(target: str | Path, reference: str | Path | None = None, *, expert_sa
         stats, kstats = [], []
         if reference is not None:
             with Checkpoint.open(reference) as ref:
-                stats = check_weights(ck, ref, cfg, expert_sample=expert_sample)
+                g = gates or {}
+                stats = check_weights(ck, ref, cfg, expert_sample=expert_sample, gates=g.get("min_sqnr_db"))
                 if samples > 0:
-                    kstats = check_kernels(ck, ref, cfg, samples=samples)
+                    kw = {"gate": g["kernel_max_rel_err"]} if "kernel_max_rel_err" in g else {}
+                    kstats = check_kernels(ck, ref, cfg, samples=samples, **kw)
     report["findings"] = [f.__dict__ for f in findings]
     report["weights"] = [s.to_json() for s in stats]
     report["by_format"] = _aggregate(stats)

@@ -90,7 +90,7 @@ def _sample_layers(layers: list[int], samples: int) -> list[int]:
 
 
 def check_kernels(target: Checkpoint, reference: Checkpoint, cfg: ds.DeepseekV3Config, *, samples: int = 4,
-                  seed: int = 0) -> list[KernelStat]:
+                  seed: int = 0, gate: float = KERNEL_GATE) -> list[KernelStat]:
     roles = {n: ds.classify(n, cfg) for n in target.names()}
     layers = sorted({r.layer for r in roles.values() if r.layer is not None})
     chosen = set(_sample_layers(layers, samples))
@@ -112,13 +112,13 @@ def check_kernels(target: Checkpoint, reference: Checkpoint, cfg: ds.DeepseekV3C
             continue
         _, sqnr, _, _ = compare(x.astype(np.float64) @ ref_w.T, y.astype(np.float64))
         err = _max_rel(y, ref)
-        stats.append(KernelStat(kern, name, r.role, r.layer, err, sqnr, err <= KERNEL_GATE))
-    stats += _grouped(target, roles, chosen, seed)
+        stats.append(KernelStat(kern, name, r.role, r.layer, err, sqnr, err <= gate))
+    stats += _grouped(target, roles, chosen, seed, gate)
     stats.append(_mtp_accept(seed))
     return stats
 
 
-def _grouped(target: Checkpoint, roles: dict, chosen: set, seed: int) -> list[KernelStat]:
+def _grouped(target: Checkpoint, roles: dict, chosen: set, seed: int, gate: float) -> list[KernelStat]:
     """The MoE path: FP8 experts of one sampled layer through the contiguous grouped GEMM."""
     from ds_export.native.kernels import gemm_fp8_grouped_nt_contiguous
 
@@ -142,7 +142,7 @@ def _grouped(target: Checkpoint, roles: dict, chosen: set, seed: int) -> list[Ke
             np.float64).T for e in range(len(names))])
         err = _max_rel(y, ref)
         out.append(KernelStat("grouped fp8 gemm (MoE)", f"model.layers.{layer}.mlp.experts.*.up_proj", "expert_up",
-                              layer, err, math.inf, err <= KERNEL_GATE))
+                              layer, err, math.inf, err <= gate))
     return out
 
 

@@ -103,7 +103,7 @@ def compare(ref: np.ndarray, got: np.ndarray) -> tuple[float, float, float, floa
 
 
 def check_weights(target: Checkpoint, reference: Checkpoint, cfg: ds.DeepseekV3Config,
-                  *, expert_sample: int | None = None) -> list[WeightStat]:
+                  *, expert_sample: int | None = None, gates: dict | None = None) -> list[WeightStat]:
     """Compare every quantizable weight present in both (routed experts: the first `expert_sample` per layer)."""
     stats = []
     for name in target.names():
@@ -119,7 +119,7 @@ def check_weights(target: Checkpoint, reference: Checkpoint, cfg: ds.DeepseekV3C
                                     0.0, False))
             continue
         rel, sqnr, mx, cos = compare(ref, got)
-        gate = MIN_SQNR.get(fmt, 0.0)
+        gate = {**MIN_SQNR, **(gates or {})}.get(fmt, 0.0)
         # A stored tensor of the source's own format must be the source itself (passthrough copies).
         src_dtype = reference.info(name).dtype
         same = (fmt == "a8w8_fp8" and src_dtype == "F8_E4M3") or (fmt == "bf16" and src_dtype == "BF16")
