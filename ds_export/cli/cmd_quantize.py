@@ -74,9 +74,29 @@ def quantize(
         o.print(f"node {rank} of {n_nodes}: its {res['shards']} shards are done; the output is published when the "
                 "last node finishes")
         return
+    _print_summary(o, p)
     o.print(f"wrote {res['shards']} shards to {out} ({human_bytes(res['bytes_out'])}; converted {res['converted']}, "
             f"verified and kept {res['skipped']}) in {res['seconds']:.1f} s, "
             f"{res['bytes_in'] / max(res['seconds'], 1e-9) / 1e9:.2f} GB/s of input")
+
+
+def _print_summary(o: Out, p) -> None:
+    """The final table: what each target type got, in and out."""
+    from rich.table import Table
+
+    rows: dict[str, list] = {}
+    for t in p.tasks():
+        r = rows.setdefault(_label(t), [0, 0, 0])
+        r[0] += 1
+        r[1] += t.bytes_in
+        r[2] += t.bytes_out
+    tab = Table(title=f"{p.recipe['name']}" + (f" (MTP: {p.recipe['mtp']})" if p.recipe.get("mtp") else ""),
+                show_edge=False)
+    for c in ("written as", "tensors", "bytes in", "bytes out"):
+        tab.add_column(c, justify="left" if c == "written as" else "right")
+    for label, (n, bi, bo) in sorted(rows.items(), key=lambda kv: -kv[1][1]):
+        tab.add_row(label, str(n), human_bytes(bi), human_bytes(bo))
+    o.print(tab)
 
 
 def _print_plan(o: Out, p) -> None:
