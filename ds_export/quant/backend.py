@@ -2,9 +2,9 @@
 
 Both backends give bit-identical results (the CUDA kernels are tested against
 the CPU ones byte for byte), so the output of `dsx quantize` does not depend on
-the device or on the number of GPUs. A CudaBackend belongs to one host thread:
-CUDA keeps the current device per thread, and the converter's streams and
-buffers live on that device.
+the device or on the number of GPUs. A CudaBackend belongs to one worker process
+(the engine spawns one per GPU); its converter's streams and buffers live on
+that GPU.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """Execute a quantization plan: shard by shard, in bounded memory, resumable, never half-published.
 
-One process; `workers` threads each convert a whole output shard (the C++
-kernels and file I/O release the GIL), and each kernel call uses
-cores / workers OpenMP threads. Memory is bounded by `memory_budget`, split
-over the workers as row-chunk sizes.
+On CPU: one process; `workers` threads each convert a whole output shard (the
+C++ kernels and file I/O release the GIL), and each kernel call uses
+cores / workers OpenMP threads, so memory stays that of one interpreter and is
+bounded by `memory_budget`, split over the workers as row-chunk sizes.
+With GPUs: one spawned worker process per GPU, each with its own converter.
 
 Resume: `dsx-manifest.json` names the plan digest and every finished shard
 with its sha256. A rerun of the same plan re-verifies those shards, skips
@@ -49,7 +50,7 @@ class Options:
     verify_existing: bool = True  # re-hash finished shards before skipping them
     num_nodes: int = 1
     node_rank: int = 0
-    gpus: tuple[int, ...] = ()  # --device cuda: one worker thread per GPU, each with its own converter
+    gpus: tuple[int, ...] = ()  # --device cuda: one worker process per GPU, each with its own converter
 
 
 def node_from_env(num_nodes: int | None, node_rank: int | None) -> tuple[int, int]:
@@ -166,11 +167,47 @@ class _WriteBehind:
             raise self.error
 
 
-_local = threading.local()  # per worker thread: its GPU backend (CUDA keeps the device per thread)
+_local = threading.local()  # a GPU worker process: its checkpoint, backend and progress queue
 
 
-def _gpu_worker_init(ids: "queue.Queue[int]") -> None:
-    _local.backend = CudaBackend(ids.get_nowait())
+def _gpu_worker_init(root: str, partial: bool, ids, progress) -> None:
+    """One process per GPU (spawned): opens the source itself and binds its GPU."""
+    _local.ck = Checkpoint.open(root, partial=partial)
+    _local.backend = CudaBackend(ids.get())
+    _local.progress = progress
+
+
+class _QueueReporter(Reporter):
+    """What a GPU worker process reports: bytes, batched, through a multiprocessing queue."""
+
+    def __init__(self, q):
+        self.q, self.pending = q, 0
+
+    def advance(self, nbytes: int) -> None:
+        self.pending += nbytes
+        if self.pending >= 64 << 20:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.pending:
+            self.q.put(self.pending)
+            self.pending = 0
+
+
+def _write_shard_gpu(out: Path, shard: OutShard, chunk_bytes: int) -> tuple[str, str, int]:
+    rep = _QueueReporter(_local.progress)
+    try:
+        return _write_shard(_local.ck, out, shard, chunk_bytes, 0, rep)
+    finally:
+        rep.flush()
+
+
+def _drain(q, reporter: Reporter, stop: threading.Event) -> None:
+    while not stop.is_set() or not q.empty():
+        try:
+            reporter.advance(q.get(timeout=0.1))
+        except queue.Empty:
+            pass
 
 
 def _write_shard(ck: Checkpoint, out: Path, shard: OutShard, chunk_bytes: int, threads: int,
@@ -211,28 +248,13 @@ def run(ck: Checkpoint, plan: Plan, out: str | os.PathLike, opts: Options = Opti
     # Per worker: the chunk being converted, its float32 scratch and two chunks queued for writing.
     chunk_bytes = max(4 << 20, opts.memory_budget // (4 * workers))
     reporter.start(sum(s.bytes_in for s in todo), len(mine), len(done))
-    lock = threading.Lock()
     todo.sort(key=lambda s: -s.bytes_in)  # big shards first: better balance
-    init: dict = {}
     if opts.gpus:
-        ids: queue.Queue = queue.Queue()
-        for g in opts.gpus:
-            ids.put(g)
-        init = {"initializer": _gpu_worker_init, "initargs": (ids,)}
-    with ThreadPoolExecutor(max_workers=workers, **init) as pool:
-        futs = [pool.submit(_write_shard, ck, out, s, chunk_bytes, threads, reporter) for s in todo]
-        try:
-            for f in as_completed(futs):
-                file, sha, size = f.result()
-                with lock:
-                    manifest.record(file, sha, size)
-                reporter.shard_done(file)
-                if on_shard:
-                    on_shard(file)
-        except BaseException:
-            for f in futs:
-                f.cancel()
-            raise
+        _run_gpu_processes(ck, out, todo, chunk_bytes, opts.gpus, manifest, reporter, on_shard)
+    else:
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            futs = [pool.submit(_write_shard, ck, out, s, chunk_bytes, threads, reporter) for s in todo]
+            _collect(futs, manifest, reporter, on_shard)
     res = {"out": str(out), "shards": len(mine), "converted": len(todo), "skipped": len(done),
            "bytes_in": sum(s.bytes_in for s in mine), "bytes_out": sum(s.bytes_out for s in mine),
            "plan_digest": plan.digest(), "workers": workers, "node": f"{rank}/{n_nodes}", "complete": True,
@@ -244,6 +266,45 @@ def run(ck: Checkpoint, plan: Plan, out: str | os.PathLike, opts: Options = Opti
     manifest.save()
     res["complete"] = _merge_nodes(ck, plan, out, n_nodes)
     return res
+
+
+def _collect(futs, manifest: Manifest, reporter: Reporter, on_shard) -> None:
+    """Record each finished shard in the manifest as it completes (this thread is the only writer)."""
+    try:
+        for f in as_completed(futs):
+            file, sha, size = f.result()
+            manifest.record(file, sha, size)
+            reporter.shard_done(file)
+            if on_shard:
+                on_shard(file)
+    except BaseException:
+        for f in futs:
+            f.cancel()
+        raise
+
+
+def _run_gpu_processes(ck: Checkpoint, out: Path, todo: list[OutShard], chunk_bytes: int, gpus, manifest: Manifest,
+                       reporter: Reporter, on_shard) -> None:
+    """One spawned worker process per GPU, each taking whole shards as it frees up (balanced by bytes:
+    the largest shards go first). Output bytes do not depend on which GPU wrote a shard."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    ctx = mp.get_context("spawn")
+    ids, progress = ctx.Queue(), ctx.Queue()
+    for g in gpus:
+        ids.put(g)
+    stop = threading.Event()
+    drainer = threading.Thread(target=_drain, args=(progress, reporter, stop), daemon=True)
+    drainer.start()
+    try:
+        with ProcessPoolExecutor(max_workers=len(gpus), mp_context=ctx, initializer=_gpu_worker_init,
+                                 initargs=(str(ck.root), bool(ck.missing_shards), ids, progress)) as pool:
+            futs = [pool.submit(_write_shard_gpu, out, s, chunk_bytes) for s in todo]
+            _collect(futs, manifest, reporter, on_shard)
+    finally:
+        stop.set()
+        drainer.join()
 
 
 def _merge_nodes(ck: Checkpoint, plan: Plan, out: Path, n_nodes: int) -> bool:
