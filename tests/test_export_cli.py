@@ -123,5 +123,9 @@ def test_errors(exported, tiny_fp8, tmp_path, capsys):
     assert "not a complete dsx export" in capsys.readouterr().err
     wo = tmp_path / "wo"
     assert main(["quantize", str(tiny_fp8), "--out", str(wo), "--type", "weight_only_int8", "-q"]) == 0
-    assert main(["export", str(wo), "--out", str(tmp_path / "e")]) == 2
-    assert "custom operators" in capsys.readouterr().err
+    qc_path = wo / "config.json"  # a recipe entry that contradicts the stored tensors
+    cfg = json.loads(qc_path.read_text())
+    cfg["quantization_config"]["types_by_role"]["q_b"] = {"type": "weight_only_int4", "group_size": -1}
+    qc_path.write_text(json.dumps(cfg))
+    assert main(["export", str(wo), "--out", str(tmp_path / "e")]) != 0
+    assert "do not fit int4" in capsys.readouterr().err

@@ -31,28 +31,37 @@ SIDE_FILES = ("generation_config.json", "tokenizer.json", "tokenizer_config.json
 DTYPES = ("float32", "bfloat16")
 
 
-def _source_quant(ck: Checkpoint) -> str:
-    """The source's quantization, refusing what the exported program cannot consume yet."""
+def _source_quant(ck: Checkpoint) -> dict:
+    """The source's quantization: {"weights_from", "quant_type", "mtp_quant_type"} plus PaddleNLP-style keys.
+
+    Original FP8 checkpoints are dequantized (quant_type "none"); a `dsx quantize` output keeps its
+    Linears quantized (weight-only int8/int4, block FP8, mixed), run by the dsx custom operators.
+    """
     qc = ck.config.get("quantization_config") or {}
     if qc.get("quant_method") == "fp8":
-        return "fp8_source"
+        return {"weights_from": "fp8_source", "quant_type": "none", "mtp_quant_type": "none"}
     if qc.get("quant_method") == "dsx":
-        types = {t["type"] for t in (qc.get("types_by_role") or {}).values()}
-        wo = sorted(t for t in types if t.startswith("weight_only"))
-        if wo:
-            raise UsageError(f"{ck.root}: holds {', '.join(wo)} weights; exporting weight-only programs needs the "
-                             "quantized custom operators, which are not in this version",
-                             hint="export the source checkpoint or a bf16 / a8w8_fp8 dsx output")
-        return qc.get("quant_type", "dsx")
-    return "bf16"
+        qt = qc.get("quant_type", "dsx")
+        out = {"weights_from": qt, "quant_type": qt, "mtp_quant_type": qc.get("mtp_quant_type", qt)}
+        for key in ("weight_block_size", "weightonly_group_size", "weightonly_arch"):
+            if key in qc:
+                out[key] = qc[key]
+        return out
+    return {"weights_from": "bf16", "quant_type": "none", "mtp_quant_type": "none"}
 
 
 def inference_config(src_cfg: dict, *, dtype: str, max_seq_len: int, block_size: int, tp: int,
-                     speculate: bool, draft_tokens: int, source_quant: str) -> dict:
+                     speculate: bool, draft_tokens: int, source_quant: dict, custom_ops: bool = False) -> dict:
+    """config.json of an export: the source config (minus quantization_config) + inference keys.
+
+    source_quant (from `_source_quant`): quant_type / weights_from / weight-only and FP8 keys;
+    custom_ops: the program calls the dsx Paddle ops (runtime loads ops.load_ops() first).
+    """
     cfg = {k: v for k, v in src_cfg.items() if k != "quantization_config"}
+    cfg.update({k: v for k, v in source_quant.items() if k != "mtp_quant_type"})
     cfg.update({
         "infer_model_dtype": dtype, "infer_model_max_seq_len": max_seq_len, "infer_model_block_size": block_size,
-        "tensor_parallel_degree": tp, "quant_type": "none", "weights_from": source_quant,
+        "tensor_parallel_degree": tp, "dsx_custom_ops": "dsx_paddle_ops" if custom_ops else None,
         "mla_use_matrix_absorption": True, "mla_absorption_layout": "per_head_w_uk_w_uv",
         "speculate_method": "mtp" if speculate else None,
         "speculate_max_draft_token_num": draft_tokens if speculate else 0,
@@ -61,6 +70,17 @@ def inference_config(src_cfg: dict, *, dtype: str, max_seq_len: int, block_size:
                        "qk_rope_head_dim]"},
     })
     return cfg
+
+
+def _uses_ops(top: dict, layers) -> bool:
+    """Whether any Linear of these weights is quantized (run by the dsx custom operators)."""
+    from ds_export.export.weights import LinearWeights
+
+    lins = [v for v in top.values() if isinstance(v, LinearWeights)]
+    for lw in layers:
+        lins += [v for v in lw.tensors.values() if isinstance(v, LinearWeights)]
+        lins += [v for e in lw.experts for v in e.values()]
+    return any(v.fmt != "dense" for v in lins)
 
 
 def export(src: str | os.PathLike, out: str | os.PathLike, *, dtype: str = "float32", max_seq_len: int = 4096,
@@ -99,7 +119,8 @@ def export(src: str | os.PathLike, out: str | os.PathLike, *, dtype: str = "floa
         base = DeepseekV3ForInference(weights, max_seq_len)
         paddle.jit.save(base, str(tmp / "model"), input_spec=base.input_spec())
         icfg = inference_config(ck.config, dtype=dtype, max_seq_len=max_seq_len, block_size=block_size, tp=tp,
-                                speculate=speculate, draft_tokens=draft_tokens, source_quant=sq)
+                                speculate=speculate, draft_tokens=draft_tokens, source_quant=sq,
+                                custom_ops=_uses_ops(weights.top, weights.layers))
         atomic_write_json(tmp / "config.json", icfg)
         for name in SIDE_FILES:
             if (ck.root / name).is_file():
@@ -109,6 +130,8 @@ def export(src: str | os.PathLike, out: str | os.PathLike, *, dtype: str = "floa
             draft = MTPDraft(weights, max_seq_len)
             paddle.jit.save(draft, str(tmp / "mtp" / "model"), input_spec=draft.input_spec())
             mcfg = dict(icfg, num_hidden_layers=1, num_nextn_predict_layers=0, speculate_method=None,
+                        quant_type=sq["mtp_quant_type"], dsx_custom_ops="dsx_paddle_ops" if _uses_ops(
+                            {}, weights.mtp[:1]) else None,
                         mtp_source_layer=cfg.mtp_layers[0], dsx_export=dict(icfg["dsx_export"], program=(
                             "draft(input_ids, hidden, cache_lens, cache) -> (logits, hidden, cache): token t+1 "
                             "and the base hidden state of position t predict token t+2")))

@@ -14,7 +14,8 @@ Precision: parameters and the cache are stored in the model dtype; arithmetic is
 (Paddle's CPU build has no bf16 matmul/add kernels). For bfloat16, every Linear / batched
 matmul output, norm output, residual sum and cache write is rounded to bf16, which emulates a
 bf16 GEMM with float32 accumulation. Linears go through `make_linear` (one Layer class per
-weight format, keyed by `LinearWeights.fmt`) so quantized formats slot in there.
+weight format, keyed by `LinearWeights.fmt`): "dense" (matmul), "weight_only" and "fp8" (the
+dsx custom operators of ops.py, CPU kernels from csrc/; their outputs are bf16-exact values).
 
 Written for `paddle.jit.save`: no Python-side reads of tensor values inside forward, shapes
 through `paddle.shape`, forward's first parameter is `self`. Math: docs/export-model.md.
@@ -32,6 +33,7 @@ from paddle import nn
 from paddle.static import InputSpec
 
 from ds_export.errors import DsxError
+from ds_export.export.quant_layers import Fp8Linear, WeightOnlyLinear
 from ds_export.export.weights import LayerWeights, LinearWeights, ModelWeights
 from ds_export.models.deepseek_v3 import DeepseekV3Config
 
@@ -148,7 +150,8 @@ class DenseLinear(nn.Layer):
         return _round(paddle.matmul(x, _f32(self.weight, self.dtype_name)), self.dtype_name)
 
 
-LINEAR_FORMATS = {"dense": DenseLinear}  # LinearWeights.fmt -> Layer class (quantized formats go here)
+# LinearWeights.fmt -> Layer class
+LINEAR_FORMATS = {"dense": DenseLinear, "weight_only": WeightOnlyLinear, "fp8": Fp8Linear}
 
 
 def make_linear(lw: LinearWeights, dtype: str) -> nn.Layer:

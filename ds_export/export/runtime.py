@@ -25,12 +25,17 @@ from ds_export.export.exporter import check_export
 class Program:
     """One saved program under Paddle Inference (CPU; GPU when Paddle has CUDA)."""
 
-    def __init__(self, prefix: Path):
+    def __init__(self, prefix: Path, *, custom_ops: bool = False):
         import paddle
         from paddle import inference
 
+        if custom_ops:  # a custom op's .so must be loaded in this process before create_predictor
+            from ds_export.export.ops import load_ops
+
+            load_ops()
         cfg = inference.Config(str(prefix) + ".json", str(prefix) + ".pdiparams")
-        if paddle.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0:
+        # The dsx ops have CPU kernels only (their CUDA kernels are not wired in yet): such programs stay on CPU.
+        if not custom_ops and paddle.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0:
             cfg.enable_use_gpu(256, 0)
         else:
             cfg.disable_gpu()
@@ -77,12 +82,13 @@ class Session:
             self.dtype = ml_dtypes.bfloat16
         self.width = int(self.cfg["kv_lora_rank"]) + int(self.cfg["qk_rope_head_dim"])
         self.layers = int(self.cfg["num_hidden_layers"])
-        self.base = Program(d / "model")
+        self.base = Program(d / "model", custom_ops=bool(self.cfg.get("dsx_custom_ops")))
         self.mtp = None
         if speculate:
             if not (d / "mtp" / "model.json").exists():
                 raise UsageError(f"{d}: has no MTP draft (export it with --speculate)")
-            self.mtp = Program(d / "mtp" / "model")
+            mcfg = json.loads((d / "mtp" / "config.json").read_text())
+            self.mtp = Program(d / "mtp" / "model", custom_ops=bool(mcfg.get("dsx_custom_ops")))
 
     def cache(self, layers: int, batch: int) -> np.ndarray:
         return np.zeros((layers, batch, self.max_len, self.width), self.dtype)

@@ -1,18 +1,28 @@
 """A DeepSeek-V3 checkpoint as exported-layout numpy arrays, layer by layer.
 
-`load_weights(src, dtype)` reads an original checkpoint (block-FP8 or bf16) and returns
-`ModelWeights`: every tensor keyed by its role from `ds_export.models.deepseek_v3` (no tensor
-names here), in the layout the Paddle model consumes:
+`load_weights(src, dtype)` reads an original checkpoint (block-FP8 or bf16) or a `dsx quantize`
+output and returns `ModelWeights`: every tensor keyed by its role from
+`ds_export.models.deepseek_v3` (no tensor names here), in the layout the Paddle model consumes.
+A Linear becomes a `LinearWeights(fmt, tensors)`; the model builds one Layer per `fmt`:
 
-- FP8 weights are dequantized exactly (`fp8_block.dequant_native`, fp8 value x scale_inv in
-  float32, no bf16 rounding on the way), then cast to `dtype` ("float32", or "bfloat16" by
-  round-to-nearest-even of that float32 value).
-- A Linear becomes `LinearWeights(fmt="dense", tensors={"weight": [in, out]})`: Paddle's Linear
-  layout, i.e. the HF weight [out, in] transposed. Other formats (weight-only, block FP8) will
-  add their own `fmt` with their own tensors; the model builds a Layer per `fmt`.
+- "dense": {"weight": [in, out]} in `dtype` (Paddle's Linear layout, the HF weight transposed).
+  bf16/float32 weights; FP8 weights of an original checkpoint (dequantized exactly,
+  `fp8_block.dequant_native`: fp8 value x scale_inv in float32, no bf16 rounding on the way,
+  then cast to `dtype` by round-to-nearest-even); and any quantized weight when
+  `dequantize=True` (float32 value from the numpy references in ds_export/formats).
+- "weight_only": {"qweight": int8 [N, K] (bits 8) or [N/2, K] (bits 4) in Paddle's
+  `weight_quantize` byte layout, "scale": bfloat16 [N] or [ceil(K/g), N], "bits", "group",
+  "arch"} exactly as `dsx quantize` stored them (`<name>.weight`, `<name>.weight_scale`);
+  bits / group_size from quantization_config.types_by_role (checked against the shapes), arch
+  from weightonly_arch.
+- "fp8": {"weight": float8_e4m3fn [N, K] (ml_dtypes), "scale_inv": float32 [ceil(N/128),
+  ceil(K/128)]} (`<name>.weight`, `<name>.weight_scale_inv`), kept when `keep_fp8` (default: for
+  dsx quantize outputs, not for original checkpoints, whose FP8 is dequantized as above).
 - Norm weights [n] and embeddings [vocab, hidden] keep their shapes, in `dtype`.
 - The router (`router` [hidden, n_experts], `router_bias` [n_experts]) is always float32.
-- `kv_b` is replaced by the MLA absorption pair `w_uk`, `w_uv` (see `absorb_kv_b`).
+- `kv_b` is replaced by the MLA absorption pair `w_uk`, `w_uv` (see `absorb_kv_b`), always dense:
+  a quantized kv_b (FP8 or weight-only) is dequantized to float32 by the numpy references
+  first (it feeds small batched per-head matmuls, not a Linear), then cast to `dtype`.
 
 Absorbed layout, and why. kv_b_proj [H*(nope+v), kv_lora] holds, per head h, rows
 W_UK[h] (nope rows: keys) then W_UV[h] (v rows: values). We export them batched per head,
@@ -39,7 +49,7 @@ import ml_dtypes
 import numpy as np
 
 from ds_export.errors import CheckpointError, DsxError
-from ds_export.formats import fp8_block
+from ds_export.formats import fp8_block, weight_only
 from ds_export.io.checkpoint import Checkpoint
 from ds_export.models import deepseek_v3 as ds
 
@@ -55,18 +65,24 @@ EXPERT_ROLE_KEYS = {"expert_gate": "gate", "expert_up": "up", "expert_down": "do
 
 @dataclass
 class LinearWeights:
-    """One Linear in exported layout. fmt "dense": tensors {"weight": [in, out]} in the model dtype."""
+    """One Linear in exported layout (fmt "dense" | "weight_only" | "fp8"; see the module docstring)."""
 
     fmt: str
-    tensors: dict[str, np.ndarray]
+    tensors: dict[str, object]
 
     @property
     def in_features(self) -> int:
-        return int(self.tensors["weight"].shape[0])
+        t = self.tensors
+        return int(t["weight"].shape[0] if self.fmt == "dense" else (t["qweight"] if "qweight" in t else t["weight"]).shape[1])
 
     @property
     def out_features(self) -> int:
-        return int(self.tensors["weight"].shape[1])
+        t = self.tensors
+        if self.fmt == "dense":
+            return int(t["weight"].shape[1])
+        if self.fmt == "weight_only":
+            return int(t["qweight"].shape[0]) * (2 if t["bits"] == 4 else 1)
+        return int(t["weight"].shape[0])
 
 
 @dataclass
@@ -115,30 +131,83 @@ def absorb_kv_b(kv_b: np.ndarray, num_heads: int, qk_nope_head_dim: int, v_head_
 # ----------------------------------------------------------------- reading ----
 
 class _Reader:
-    """Reads checkpoint tensors as float32 (FP8 dequantized exactly) and casts to the model dtype."""
+    """Reads checkpoint tensors: float32 values (FP8 / weight-only dequantized exactly) or kept quantized.
 
-    def __init__(self, ckpt: Checkpoint, cfg: ds.DeepseekV3Config, dtype: str):
+    keep_fp8 / keep_wo: build "fp8" / "weight_only" LinearWeights instead of dequantizing.
+    reference: dequantize FP8 with the numpy reference (`fp8_block.dequant_ref`, same values as
+    the native one) so a dequantized model shares no compiled code with the quantized ops.
+    """
+
+    def __init__(self, ckpt: Checkpoint, cfg: ds.DeepseekV3Config, dtype: str, *, keep_fp8: bool, keep_wo: bool,
+                 reference: bool = False):
         self.ckpt, self.cfg, self.dt = ckpt, cfg, DTYPES[dtype]
         self.block = cfg.fp8_block or ds.FP8_BLOCK
+        self.keep_fp8, self.keep_wo, self.reference = keep_fp8, keep_wo, reference
+        self.qc = ckpt.config.get("quantization_config") or {}
 
-    def float32(self, name: str) -> np.ndarray:
+    def _companion(self, name: str, suffix: str, what: str) -> np.ndarray:
+        sname = name + suffix
+        if sname not in self.ckpt:
+            raise CheckpointError(f"{self.ckpt.root}: {what} tensor {name} has no {sname}",
+                                  hint="the checkpoint is incomplete or was not written by dsx quantize / DeepSeek")
+        return self.ckpt.get(sname)
+
+    def weight_only_args(self, name: str, role: str, mtp: bool) -> dict:
+        """{"qweight", "scale", "bits", "group", "arch"} of a stored weight-only Linear, checked."""
+        q, s = self.ckpt.get(name), self._companion(name, ds.WO_SCALE_SUFFIX, "weight-only")
+        rule = (self.qc.get("types_by_role") or {}).get(("mtp." if mtp else "") + role) or {}
+        kind = rule.get("type", "")
+        bits = 4 if kind.endswith("int4") else 8 if kind.endswith("int8") else None
+        n = int(s.shape[-1])
+        if bits is None:  # no recipe entry: infer from the shapes
+            bits = 8 if q.shape[0] == n else 4
+        group = int(rule.get("group_size", self.qc.get("weightonly_group_size", -1)))
+        arch = int(self.qc.get("weightonly_arch", 90))
+        k = int(q.shape[1])
+        try:
+            want = weight_only.packed_shapes(n, k, bits, group, arch)
+        except DsxError as e:
+            raise DsxError(f"{self.ckpt.root}: {name}: {e}") from None
+        if tuple(q.shape) != tuple(want["qweight"]["shape"]) or tuple(s.shape) != tuple(want["scale"]["shape"]):
+            raise CheckpointError(f"{self.ckpt.root}: {name} {list(q.shape)} / scale {list(s.shape)} do not fit "
+                                  f"int{bits} group {group} (expected {want['qweight']['shape']} / "
+                                  f"{want['scale']['shape']})", hint="types_by_role disagrees with the tensors")
+        return {"qweight": np.ascontiguousarray(q.view(np.int8)),
+                "scale": np.ascontiguousarray(np.asarray(s).astype(ml_dtypes.bfloat16)),
+                "bits": bits, "group": group, "arch": arch}
+
+    def float32(self, name: str, role: str = "", mtp: bool = False) -> np.ndarray:
         info = self.ckpt.info(name)
         if info.dtype == "F8_E4M3":
-            sname = name + ds.SCALE_SUFFIX
-            if sname not in self.ckpt:
-                raise CheckpointError(f"{self.ckpt.root}: FP8 tensor {name} has no {sname}",
-                                      hint="the checkpoint is incomplete or not block-scaled FP8")
-            return fp8_block.dequant_native(self.ckpt.get(name), self.ckpt.get(sname), self.block, "float32")
+            sinv = self._companion(name, ds.SCALE_SUFFIX, "FP8")
+            if self.reference:
+                return fp8_block.dequant_ref(self.ckpt.get(name), sinv, self.block).astype(np.float32)
+            return fp8_block.dequant_native(self.ckpt.get(name), sinv, self.block, "float32")
+        if info.dtype == "I8":
+            a = self.weight_only_args(name, role, mtp)
+            return weight_only.dequantize_ref(a["qweight"], a["scale"], a["bits"], a["group"], a["arch"],
+                                              int(a["qweight"].shape[1]))
         if info.dtype in ("F32", "BF16", "F16"):
             return np.asarray(self.ckpt.get(name), dtype=np.float32)
-        raise DsxError(f"{self.ckpt.root}: tensor {name} is {info.dtype}; export reads original FP8/bf16 "
-                       "checkpoints only for now (quantized sources come with the quantized Linears)")
+        raise DsxError(f"{self.ckpt.root}: tensor {name} is {info.dtype}; export reads bf16/float32, block FP8 "
+                       "and dsx weight-only (int8) tensors")
 
     def cast(self, a: np.ndarray) -> np.ndarray:
         return np.ascontiguousarray(a.astype(self.dt))
 
-    def tensor(self, name: str, role: str):
-        w = self.float32(name)
+    def tensor(self, name: str, role: str, mtp: bool = False):
+        stored = self.ckpt.info(name).dtype
+        if role in LINEAR_ROLES and stored == "I8" and self.keep_wo:
+            return LinearWeights("weight_only", self.weight_only_args(name, role, mtp))
+        if role in LINEAR_ROLES and stored == "F8_E4M3" and self.keep_fp8:
+            sinv = np.ascontiguousarray(np.asarray(self._companion(name, ds.SCALE_SUFFIX, "FP8"), np.float32))
+            w = np.ascontiguousarray(np.asarray(self.ckpt.get(name)).view(ml_dtypes.float8_e4m3fn))
+            if tuple(self.block) != (128, 128):
+                raise DsxError(f"{self.ckpt.root}: {name}: FP8 block {list(self.block)}; the FP8 op takes 128x128 "
+                               "blocks", hint="requantize with dsx quantize --type a8w8_fp8, or export it dense")
+            fp8_block.check_scale_shape(w.shape, sinv.shape, (128, 128), name)
+            return LinearWeights("fp8", {"weight": w, "scale_inv": sinv})
+        w = self.float32(name, role, mtp)
         if role in FLOAT32_ROLES:
             return np.ascontiguousarray(w.T if role == "router" else w)
         if role in LINEAR_ROLES:
@@ -153,10 +222,7 @@ def _group_names(ckpt: Checkpoint, cfg: ds.DeepseekV3Config) -> tuple[dict, dict
     roles = ds.map_tensors(ckpt.names(), cfg, source=str(ckpt.root))
     top, layers = {}, {}
     for name, r in roles.items():
-        if r.kind == "scale":
-            raise DsxError(f"{ckpt.root}: {name} is a weight-only scale; export reads original FP8/bf16 "
-                           "checkpoints only for now")
-        if r.kind == "scale_inv":
+        if r.kind in ("scale", "scale_inv"):  # read with their weights
             continue
         (top if r.layer is None else layers.setdefault(r.layer, {}))[name] = r
     return top, layers
@@ -181,20 +247,25 @@ def _load_layer(rd: _Reader, layer: int, names: dict) -> LayerWeights:
     for name, r in names.items():
         if r.role == "kv_b":
             lw.tensors["w_uk"], lw.tensors["w_uv"] = (rd.cast(a) for a in absorb_kv_b(
-                rd.float32(name), cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.v_head_dim))
+                rd.float32(name, r.role, lw.mtp), cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.v_head_dim))
         elif r.role in EXPERT_ROLE_KEYS:
-            lw.experts[r.expert][EXPERT_ROLE_KEYS[r.role]] = rd.tensor(name, r.role)
+            lw.experts[r.expert][EXPERT_ROLE_KEYS[r.role]] = rd.tensor(name, r.role, lw.mtp)
         else:
-            lw.tensors[r.role] = rd.tensor(name, r.role)
+            lw.tensors[r.role] = rd.tensor(name, r.role, lw.mtp)
     return lw
 
 
 def load_weights(src: Checkpoint | str | os.PathLike, dtype: str = "float32", *,
-                 include_mtp: bool = True) -> ModelWeights:
-    """Read a whole original checkpoint into exported-layout arrays (see the module docstring).
+                 include_mtp: bool = True, keep_fp8: bool | None = None, dequantize: bool = False) -> ModelWeights:
+    """Read a whole checkpoint into exported-layout arrays (see the module docstring).
 
-    dtype: "float32" or "bfloat16" (norms, embeddings, Linears, w_uk/w_uv; router stays float32).
+    dtype: "float32" or "bfloat16" (norms, embeddings, dense Linears, w_uk/w_uv; router stays float32).
     include_mtp: also load the MTP layer(s) (cfg.mtp_layers).
+    keep_fp8: FP8 Linears as "fp8" LinearWeights (run by the dsx_fp8_linear op) instead of dense;
+        None = True for `dsx quantize` outputs (quant_method "dsx"), False for original checkpoints.
+    dequantize: every quantized Linear (FP8 and weight-only) dense, dequantized by the numpy
+        references `fp8_block.dequant_ref` / `weight_only.dequantize_ref` (the float reference of a
+        quantized export, sharing no compiled code with the ops); overrides keep_fp8.
     """
     if dtype not in DTYPES:
         raise DsxError(f"export dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
@@ -205,7 +276,10 @@ def load_weights(src: Checkpoint | str | os.PathLike, dtype: str = "float32", *,
                        f"{cfg.raw.get('scoring_func')!r}: export supports DeepSeek-V3's noaux_tc + sigmoid router")
     top_names, layer_names = _group_names(ckpt, cfg)
     _check_complete(ckpt, cfg, None, top_names)
-    rd = _Reader(ckpt, cfg, dtype)
+    if keep_fp8 is None:
+        keep_fp8 = (ckpt.config.get("quantization_config") or {}).get("quant_method") == "dsx"
+    rd = _Reader(ckpt, cfg, dtype, keep_fp8=bool(keep_fp8) and not dequantize, keep_wo=not dequantize,
+                 reference=dequantize)
     top = {r.role: rd.tensor(n, r.role) for n, r in top_names.items()}
     if "lm_head" not in top:  # tie_word_embeddings
         top["lm_head"] = LinearWeights("dense", {"weight": np.ascontiguousarray(top["embed"].T)})

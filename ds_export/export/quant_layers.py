@@ -1,0 +1,70 @@
+"""Quantized Linear layers of the export model: Paddle Layers over the dsx custom operators.
+
+`WeightOnlyLinear` ("weight_only" LinearWeights) and `Fp8Linear` ("fp8") hold the stored quantized
+tensors as persistable buffers (saved by `paddle.jit.save` into .pdiparams exactly) and call the
+ops of `ops.py` (ops/dsx_paddle_ops.cc, CPU kernels from csrc/). Layouts: weights.py and
+docs/export-model.md; `modeling.LINEAR_FORMATS` maps the format name to these classes.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import paddle
+from paddle import nn
+
+from ds_export.export.weights import LinearWeights
+
+
+def _buffer(layer: nn.Layer, name: str, arr: np.ndarray) -> paddle.Tensor:
+    """A persistable buffer (saved by paddle.jit.save) holding arr exactly: int8, bf16, float32 or fp8 e4m3."""
+    arr = np.ascontiguousarray(arr)
+    if arr.dtype == ml_dtypes.float8_e4m3fn:
+        t = paddle.to_tensor(arr.view(np.uint8)).view(paddle.float8_e4m3fn)
+    elif arr.dtype == ml_dtypes.bfloat16:
+        t = paddle.to_tensor(arr.astype(np.float32)).astype("bfloat16")  # bf16 values: exact
+    else:
+        t = paddle.to_tensor(arr)  # int8, float32
+    layer.register_buffer(name, t, persistable=True)
+    return t
+
+
+class WeightOnlyLinear(nn.Layer):
+    """y = x @ dequant(qweight, scale)^T through the dsx_wo_linear op (ops/dsx_paddle_ops.cc).
+
+    Buffers: qweight int8 [N, K] (int8) or [N/2, K] (int4), Paddle weight_quantize layout for
+    `arch`; scale bf16 [N] (group -1) or [ceil(K/g), N]. The op rounds x to bf16 and returns
+    bf16-exact values in x's dtype (float32 here), i.e. a bf16 GEMM whatever the model dtype.
+    """
+
+    def __init__(self, lw: LinearWeights, dtype: str):
+        super().__init__()
+        from ds_export.export.ops import load_ops
+
+        t = lw.tensors
+        self.bits, self.group, self.arch = int(t["bits"]), int(t["group"]), int(t["arch"])
+        self.qweight = _buffer(self, "qweight", t["qweight"])
+        self.scale = _buffer(self, "scale", t["scale"])
+        self._op = load_ops().dsx_wo_linear
+
+    def forward(self, x):
+        return self._op(x, self.qweight, self.scale, self.bits, self.group, self.arch)
+
+
+class Fp8Linear(nn.Layer):
+    """y = fp8_gemm(act_quant_1x128(x), weight, scale_inv) through the dsx_fp8_linear op.
+
+    Buffers: weight float8_e4m3fn [N, K] (HF layout), scale_inv float32 [ceil(N/128), ceil(K/128)].
+    x (float32 here) is quantized per token in 1x128 groups (amax/448); the output is bf16-exact.
+    """
+
+    def __init__(self, lw: LinearWeights, dtype: str):
+        super().__init__()
+        from ds_export.export.ops import load_ops
+
+        self.weight = _buffer(self, "weight", lw.tensors["weight"])
+        self.scale_inv = _buffer(self, "scale_inv", lw.tensors["scale_inv"])
+        self._op = load_ops().dsx_fp8_linear
+
+    def forward(self, x):
+        return self._op(x, self.weight, self.scale_inv)
