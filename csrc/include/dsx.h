@@ -36,5 +36,6 @@ int dsx_abi_version(void);
 #include "dsx/mtp_accept.h"
 #include "dsx/gemm_weight_only.h"
 #include "dsx/quant_cuda.h"
+#include "dsx/mla_decode.h"
 
 #endif /* DSX_H_ */

@@ -1,0 +1,69 @@
+// Device helpers of the MLA decode kernel (mla_decode.cu): PTX wrappers and the shared
+// memory plan. Layout contract: include/dsx/mla_decode.h.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+namespace dsx_mla {
+
+constexpr int kPage = 64, kLat = 512, kDim = 576;
+constexpr int kChunks = kDim / 8;        // 16-byte chunks per token row (72)
+constexpr int kStageT = 32;              // tokens per pipeline stage (half a page)
+constexpr int kStages = 3;               // cp.async ring depth
+constexpr int kThreads = 256;            // 8 warps; warp w owns output columns [64w, 64w + 64)
+constexpr int kSStride = kStageT + 4;    // fp32 scores row stride
+constexpr int kPStride = kStageT + 8;    // bf16 probabilities row stride (80 B: ldmatrix conflict-free)
+constexpr int kMaxSplits = 64;
+
+// Token-major tiles of 576 bf16 per row (Q rows and cache tokens): chunk c of row r sits at
+// 16-byte slot r * 72 + (c ^ (r & 7)), so the 8 rows of one ldmatrix hit 8 distinct banks.
+__device__ __forceinline__ int swz(int row, int chunk) { return row * kChunks + (chunk ^ (row & 7)); }
+
+template <int MT>
+struct Smem {
+  static constexpr int kRows = 16 * MT;
+  static constexpr int kQ = kRows * kDim * 2;
+  static constexpr int kK = kStageT * kDim * 2;
+  static constexpr int kS = kRows * kSStride * 4;
+  static constexpr int kP = kRows * kPStride * 2;
+  static constexpr int kOffK = kQ, kOffS = kQ + kStages * kK, kOffP = kOffS + kS, kOffStat = kOffP + kP;
+  static constexpr int kBytes = kOffStat + 3 * kRows * 4;  // + m, l, alpha per row
+};
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte async copy; src_bytes = 0 fills the destination with zeros (reads nothing).
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
+}
+
+// d += a (16x16 row) * b (16x8 col), bf16 inputs, fp32 accumulators.
+__device__ __forceinline__ void mma_bf16(float* d, const uint32_t* a, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+}  // namespace dsx_mla

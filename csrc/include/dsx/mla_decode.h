@@ -1,0 +1,70 @@
+/* MLA decode attention with absorbed weights over a paged latent cache (DeepSeek-V3).
+ *
+ * Layouts (row-major; bf16 as uint16_t bits):
+ *   kv_cache   : [num_pages, 64, 576] bf16. A page holds 64 tokens; a token is 576 values:
+ *                512 latent dims c (kv_lora_rank) followed by 64 rotated rope dims k_pe.
+ *   page_table : int32 [B, max_pages]; token t of sequence b lives in page
+ *                page_table[b, t / 64], slot t % 64. Only the first ceil(len_b / 64)
+ *                entries of a row are read.
+ *   cache_lens : int32 [B]; len_b = tokens in the cache of sequence b, including the S_q new
+ *                ones (their keys must already be written). Requires S_q <= len_b <= 64 * max_pages.
+ *   q          : [B, S_q, H, 576] bf16; dims 0..511 = q_nope @ W_UK (latent space),
+ *                dims 512..575 = the rotated q_pe. S_q in 1..6 new tokens, H in 1..128 heads.
+ * Outputs:
+ *   out        : [B, S_q, H, 512] bf16, out = sum_t p_t * c_t (the value is the latent)
+ *   lse        : float32 [B, S_q, H], natural log of sum_t exp(score_t) (needed to merge
+ *                split-KV partials or with other attention pieces)
+ * Math: score_t = (q . kv_t over all 576 dims) * softmax_scale, computed in fp32;
+ * causal among the new tokens: query i (0-based, position len_b - S_q + i) sees cache
+ * positions t <= len_b - S_q + i; p = softmax over the visible t, in fp32.
+ *
+ * CPU (_cpu): the reference. OpenMP over (b, h); fp32 dot products accumulated in dim order,
+ * fp32 softmax, fp32 weighted sum in token order, one rounding to bf16 (nearest-even)
+ * at the end. threads = 0 uses OpenMP's default; the result does not depend on it.
+ * Returns DSX_EINVAL for bad sizes, a length outside [S_q, 64 * max_pages] or a used page
+ * id outside [0, num_pages).
+ *
+ * CUDA (_cuda): device pointers, asynchronous on `stream`, no allocation (graph capturable).
+ * Each CTA streams the pages of one sequence (a contiguous chunk of them when split) for a
+ * tile of up to 64 query rows (rows = (s, h) flattened), with bf16 tensor-core mma, fp32
+ * online softmax and cp.async double buffering. num_splits = 0 picks the split count from the
+ * SM count; with more than one split the partials (fp32 out and lse per split) go to the
+ * caller's workspace and a second kernel merges them in split order (deterministic).
+ * dsx_mla_decode_workspace_cuda gives the bytes needed and the split count chosen.
+ * The kernel cannot report bad data: lengths are clamped to [0, 64 * max_pages] and
+ * page ids are trusted (validate them on the host, as the Python entry does).
+ */
+#ifndef DSX_MLA_DECODE_H_
+#define DSX_MLA_DECODE_H_
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DSX_MLA_PAGE 64
+#define DSX_MLA_LATENT 512
+#define DSX_MLA_ROPE 64
+#define DSX_MLA_DIM 576
+
+int dsx_mla_decode_paged_bf16_cpu(const uint16_t* q, const uint16_t* kv_cache, const int32_t* page_table,
+                                  const int32_t* cache_lens, uint16_t* out, float* lse, int64_t batch,
+                                  int64_t s_q, int64_t heads, int64_t num_pages, int64_t max_pages,
+                                  float softmax_scale, int threads);
+
+/* *num_splits_out: the split count a call with these sizes and num_splits uses;
+ * *bytes: the workspace it needs (0 when it uses a single split). */
+int dsx_mla_decode_workspace_cuda(int64_t batch, int64_t s_q, int64_t heads, int64_t max_pages,
+                                  int num_splits, int* num_splits_out, int64_t* bytes);
+
+int dsx_mla_decode_paged_bf16_cuda(const void* q, const void* kv_cache, const void* page_table,
+                                   const void* cache_lens, void* out, void* lse, int64_t batch, int64_t s_q,
+                                   int64_t heads, int64_t num_pages, int64_t max_pages, float softmax_scale,
+                                   int num_splits, void* workspace, int64_t workspace_bytes, void* stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DSX_MLA_DECODE_H_ */

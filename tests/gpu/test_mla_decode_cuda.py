@@ -1,0 +1,46 @@
+"""CUDA MLA decode (csrc/cuda/mla_decode.cu) against float64 numpy and the CPU kernel.
+
+GPU machine only (skipped without a CUDA device). Inputs come from tests/test_mla_decode_cpu.py
+(shuffled pages, ragged lengths, NaN in unused cache slots); outputs are poisoned first.
+Bound: as the CPU test (fp32 scores and sums, bf16 output; p is rounded to bf16 before P V
+on the tensor cores, within 2^-8 relative), and against the CPU kernel within 2^-7 |cpu| + 4e-3.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ds_export.native import cuda
+from ds_export.native import mla_decode as M
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ (no package)
+from test_mla_decode_cpu import CASES, make_case, reference, within  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not cuda.available(), reason="no CUDA device")
+
+GPU_CASES = CASES + [(5, 1, 128, [64, 1, 4096, 333, 1000]), (3, 2, 48, [2, 640, 77]), (1, 6, 100, [2000])]
+
+
+@pytest.mark.parametrize("b,s_q,h,lens", GPU_CASES)
+@pytest.mark.parametrize("splits", [0, 1, 3])
+def test_cuda_matches_float64_and_cpu(b, s_q, h, lens, splits):
+    q, kv, pt, cl, scale = make_case(b, s_q, h, lens)
+    out, lse = M.mla_decode_cuda(q, kv, pt, cl, scale, num_splits=splits)
+    ref, ref_lse = reference(q, kv, pt, cl, scale)
+    ok, err = within(out, lse, ref, ref_lse)
+    assert ok, f"splits={splits}: max |out - ref| = {err}"
+    cpu, cpu_lse = M.mla_decode(q, kv, pt, cl, scale)
+    d = np.abs(out.astype(np.float64) - cpu.astype(np.float64))
+    assert (d <= 2.0**-7 * np.abs(cpu.astype(np.float64)) + 4e-3).all(), d.max()
+    assert np.abs(lse - cpu_lse).max() <= 1e-3
+
+
+def test_cuda_is_deterministic_with_splits():
+    q, kv, pt, cl, scale = make_case(4, 2, 16, [3000, 70, 4000, 2])
+    a = M.mla_decode_cuda(q, kv, pt, cl, scale, num_splits=7)
+    b = M.mla_decode_cuda(q, kv, pt, cl, scale, num_splits=7)
+    assert np.array_equal(a[0].view(np.uint16), b[0].view(np.uint16)) and np.array_equal(a[1], b[1])
