@@ -20,14 +20,8 @@ native: $(STAMP)
 
 # The main job on the embedded default: the bundled tiny DeepSeek-V3 checkpoint, no network.
 demo: setup
-	rm -rf build/tiny build/tiny-mix build/tiny-export
-	$(BIN)/dsx tiny build/tiny
-	$(BIN)/dsx inspect build/tiny
-	$(BIN)/dsx quantize build/tiny --out build/tiny-mix --type a8w8_fp8_wint4 --mtp-type a8w8_fp8 --force
-	$(BIN)/dsx inspect build/tiny-mix
-	$(BIN)/dsx verify build/tiny-mix --reference build/tiny
-	$(BIN)/dsx export build/tiny --out build/tiny-export --speculate --max-seq-len 256 --force
-	$(BIN)/dsx generate build/tiny-export --prompt "DeepSeek" --max-new-tokens 16 --speculate 2
+	rm -rf build/tiny-run
+	$(BIN)/dsx run recipes/tiny.yaml --workdir build/tiny-run
 
 test: setup
 	$(BIN)/python -m pytest -q

@@ -94,14 +94,21 @@ def test_recipe_validation(tmp_path, text, msg):
         load(p)
 
 
-def test_tiny_recipe_runs_and_resumes(tmp_path, capsys):
+def test_tiny_recipe_runs_end_to_end_and_resumes(tmp_path, capsys):
     wd = tmp_path / "wd"
-    assert main(["run", "recipes/tiny.yaml", "--workdir", str(wd), "--until-step", "verify"]) == 0
+    assert main(["run", "recipes/tiny.yaml", "--workdir", str(wd), "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert list(res["steps"]) == ["download", "quantize", "export", "verify", "generate"]
     rep = json.loads((wd / "verify.json").read_text())
     assert rep["ok"] and rep["kernels"]
-    capsys.readouterr()
+    cfg = json.loads((wd / "export" / "config.json").read_text())
+    assert cfg["quant_type"] == "a8w8_fp8_wint4" and (wd / "export" / "mtp" / "model.json").exists()
+    assert len(res["steps"]["generate"]["tokens"][0]) == 16
     assert main(["run", "recipes/tiny.yaml", "--workdir", str(wd), "--until-step", "quantize", "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
     assert res["steps"]["download"] == {"skipped": True}
     assert res["steps"]["quantize"]["converted"] == 0  # verified and kept
+    assert main(["run", "recipes/tiny.yaml", "--workdir", str(wd), "--from-step", "export", "--until-step", "export",
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["steps"]["export"] == {"skipped": True}
     assert main(["run", "recipes/tiny.yaml", "--from-step", "verify", "--until-step", "quantize"]) == 2

@@ -76,7 +76,7 @@ def run(dep: Deployment, workdir: Path, *, from_step=None, until_step=None,
     lay.root.mkdir(parents=True, exist_ok=True)
     done: dict = {"recipe": dep.name, "workdir": str(lay.root), "steps": {}}
     for step in _steps(from_step, until_step):
-        say(f"[{step}]")
+        say(f"step {step}:")
         done["steps"][step] = globals()[f"_step_{step}"](dep, lay, say)
     return done
 
