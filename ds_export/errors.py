@@ -33,9 +33,3 @@ class CheckpointError(DsxError):
 
 class ModelMapError(DsxError):
     """A tensor or config does not fit the architecture's map."""
-
-
-class NotImplementedYet(DsxError):
-    """A command whose implementation has not landed yet."""
-
-    exit_code = 2

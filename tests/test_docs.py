@@ -18,7 +18,7 @@ DOC = Path(__file__).parents[1] / "docs" / "troubleshooting.md"
 def _doc_messages() -> set[str]:
     rows = [ln for ln in DOC.read_text().splitlines() if ln.startswith("| ") and not ln.startswith(("| kind", "| message"))]
     return {ln[2:].split(" | ")[0].replace("\\|", "|") for ln in rows if " | " in ln} - {
-        k for k in ("UsageError", "NotImplementedYet", "CheckpointError", "ModelMapError", "DownloadError",
+        k for k in ("UsageError", "CheckpointError", "ModelMapError", "DownloadError",
                     "Interrupted", "DsxError")}
 
 

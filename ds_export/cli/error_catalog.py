@@ -17,7 +17,6 @@ PACKAGE = Path(__file__).resolve().parents[1]
 
 KINDS = {
     "UsageError": ("2", "a command-line option, recipe or argument is wrong"),
-    "NotImplementedYet": ("2", "the feature is not in this version yet"),
     "CheckpointError": ("1", "a checkpoint or output on disk is malformed, incomplete or inconsistent"),
     "ModelMapError": ("1", "a tensor or config does not fit DeepSeek-V3's architecture"),
     "DownloadError": ("1", "the hub or the transfer failed, or a file did not verify"),
