@@ -214,3 +214,23 @@ def test_gate_file(outputs, tiny_fp8, tmp_path, capsys):
     assert "below the weight_only_int4 gate of 30" in capsys.readouterr().err
     g.write_text("min_sqnr_db:\n  int4: 30\n")
     assert main(["verify", str(outputs / "mix"), "--reference", str(tiny_fp8), "--gate", str(g)]) == 2
+
+
+def test_end_to_end_logits_of_an_export(outputs, tiny_fp8, tmp_path, capsys):
+    from ds_export.tiny import TinySpec, write_tiny
+
+    exp = tmp_path / "exp"
+    assert main(["export", str(outputs / "mix"), "--out", str(exp), "--speculate", "--max-seq-len", "320", "-q"]) == 0
+    rep = verify(outputs / "mix", tiny_fp8, export=exp, samples=1)
+    e = rep["e2e"]
+    assert rep["ok"] and e["ok"] and e["tokens"] > 200
+    assert e["kl_mean"] < 0.3 and e["top1_agreement"] > 0.3 and abs(e["ppl_delta"]) < 0.2 * e["ppl_reference"]
+    assert 0 <= e["mtp_acceptance_rate"] <= 1
+    # A planted fault: an export of other weights (another seed) next to correct quantized weights.
+    write_tiny(tmp_path / "other", TinySpec(seed=1))
+    wrong = tmp_path / "wrong-exp"
+    assert main(["export", str(tmp_path / "other"), "--out", str(wrong), "--max-seq-len", "320", "-q"]) == 0
+    capsys.readouterr()
+    assert main(["verify", str(outputs / "mix"), "--reference", str(tiny_fp8), "--export", str(wrong),
+                 "--samples", "0"]) == 1
+    assert "KL" in capsys.readouterr().err

@@ -36,12 +36,14 @@ def verify(
     from ds_export.verify import verify as run_verify
 
     o = Out(json, quiet)
-    if export_dir is not None or device != "cpu":
-        raise UsageError("--export and --device cuda are not available in this version yet")
+    if device != "cpu":
+        raise UsageError("--device cuda is not available in verify yet: the CPU kernels check every format")
+    if export_dir is not None and reference is None:
+        raise UsageError("--export needs --reference (the unquantized logits come from the reference checkpoint)")
     from ds_export.verify import load_gates
 
     gates = load_gates(gate) if gate is not None else None
-    rep = run_verify(target, reference, expert_sample=experts, samples=samples, gates=gates)
+    rep = run_verify(target, reference, expert_sample=experts, samples=samples, gates=gates, export=export_dir)
     if report is not None:
         atomic_write_json(report, rep)
     if html is not None:
@@ -58,12 +60,16 @@ def verify(
         kbad = [k for k in rep["kernels"] if not k["ok"]]
         if first:
             what = f"{first['where']}: {first['problem']}"
+        elif rep.get("e2e") and not rep["e2e"]["ok"]:
+            e = rep["e2e"]
+            what = (f"export {export_dir}: KL {e['kl_mean']:.3f} (max {e['max_kl']}), top-1 agreement "
+                    f"{e['top1_agreement']:.2f} (min {e['min_top1']}) against the reference logits")
         elif bad:
             what = f"{bad[0]['name']}: SQNR {bad[0]['sqnr_db']} dB below the {bad[0]['format']} gate of {bad[0]['gate']} dB"
         else:
             what = (f"{kbad[0]['kernel']} on {kbad[0]['tensor']}: error {kbad[0]['kernel_err']:.2e} vs float64 on its "
                     "own inputs (a kernel or layout bug)")
-        n = len(rep["findings"]) + len(bad) + len(kbad)
+        n = len(rep["findings"]) + len(bad) + len(kbad) + int(bool(rep.get("e2e")) and not rep["e2e"]["ok"])
         raise DsxError(f"verify failed ({n} problem{'s' if n > 1 else ''}); first: {what}")
 
 
@@ -92,6 +98,11 @@ def _print(o: Out, rep: dict) -> None:
             t.add_row(k["kernel"], k["tensor"].replace("model.layers.", "L"), f"{k['kernel_err']:.1e}", sq,
                       "[green]ok[/]" if k["ok"] else "[red]FAIL[/]")
         o.print(t)
+    if rep.get("e2e"):
+        e = rep["e2e"]
+        o.print(f"end to end on {e['tokens']} tokens: KL {e['kl_mean']:.4f}, top-1 agreement {e['top1_agreement']:.2f}, "
+                f"perplexity {e['ppl_export']:.2f} vs {e['ppl_reference']:.2f} (delta {e['ppl_delta']:+.2f})"
+                + (f", MTP acceptance {e['mtp_acceptance_rate']:.0%}" if "mtp_acceptance_rate" in e else ""))
     o.print("[green]verify: all checks passed[/]" if rep["ok"] else "[red]verify: FAILED[/]")
 
 

@@ -138,13 +138,19 @@ def _step_verify(dep: Deployment, lay: Layout, say) -> dict:
     from ds_export.verify import verify
 
     v = dep.verify
-    rep = verify(lay.quantized, lay.source, expert_sample=v.get("experts"), samples=int(v.get("samples", 4)))
+    m = Manifest.load(lay.export)
+    exported = lay.export if m is not None and m.complete else None  # end-to-end logits when there is an export
+    rep = verify(lay.quantized, lay.source, expert_sample=v.get("experts"), samples=int(v.get("samples", 4)),
+                 export=exported)
     atomic_write_json(lay.report, rep)
     n_w, n_k = len(rep["weights"]), len(rep["kernels"])
     if not rep["ok"]:
         raise DsxError(f"verify failed: see {lay.report}", hint=f"dsx verify {lay.quantized} --reference {lay.source}")
-    say(f"  all checks passed: {n_w} weights, {n_k} kernel checks (report {lay.report})")
-    return {"ok": True, "weights": n_w, "kernels": n_k}
+    e2e = rep.get("e2e")
+    say(f"  all checks passed: {n_w} weights, {n_k} kernel checks"
+        + (f", end to end KL {e2e['kl_mean']:.3f} / top-1 {e2e['top1_agreement']:.2f} vs the unquantized model"
+           if e2e else "") + f" (report {lay.report})")
+    return {"ok": True, "weights": n_w, "kernels": n_k, "e2e": e2e}
 
 
 def _step_generate(dep: Deployment, lay: Layout, say) -> dict:

@@ -25,24 +25,28 @@ def load_gates(path: str | Path) -> dict:
     from ds_export.verify.weights import MIN_SQNR
 
     obj = load_yaml(path) or {}
-    bad = set(obj) - {"min_sqnr_db", "kernel_max_rel_err"} if isinstance(obj, dict) else {"<not a mapping>"}
+    bad = set(obj) - {"min_sqnr_db", "kernel_max_rel_err", "e2e_max_kl", "e2e_min_top1"} \
+        if isinstance(obj, dict) else {"<not a mapping>"}
     sq = obj.get("min_sqnr_db", {}) if isinstance(obj, dict) else {}
     if bad or not isinstance(sq, dict) or set(sq) - set(MIN_SQNR):
-        raise UsageError(f"{path}: gates take min_sqnr_db ({', '.join(MIN_SQNR)}) and kernel_max_rel_err",
-                         hint="see docs/numerics.md")
-    return {"min_sqnr_db": {k: float(v) for k, v in sq.items()},
-            "kernel_max_rel_err": float(obj.get("kernel_max_rel_err", KERNEL_GATE))}
+        raise UsageError(f"{path}: gates take min_sqnr_db ({', '.join(MIN_SQNR)}), kernel_max_rel_err, "
+                         "e2e_max_kl and e2e_min_top1", hint="see docs/numerics.md")
+    out = {"min_sqnr_db": {k: float(v) for k, v in sq.items()},
+           "kernel_max_rel_err": float(obj.get("kernel_max_rel_err", KERNEL_GATE))}
+    out.update({k: float(obj[k]) for k in ("e2e_max_kl", "e2e_min_top1") if k in obj})
+    return out
 
 
 def verify(target: str | Path, reference: str | Path | None = None, *, expert_sample: int | None = None,
-           samples: int = 4, gates: dict | None = None) -> dict:
+           samples: int = 4, gates: dict | None = None, export: str | Path | None = None) -> dict:
     target = Path(target)
     findings, manifest = check_files(target)
     report: dict = {"target": str(target), "reference": str(reference) if reference else None}
     if any(f.check == "files" and ("sha256" in f.problem or "missing" in f.problem or "bytes" in f.problem)
            for f in findings):
         # Do not read tensors out of files that fail their hashes: report that alone.
-        report.update(findings=[f.__dict__ for f in findings], weights=[], by_format={}, kernels=[], ok=False)
+        report.update(findings=[f.__dict__ for f in findings], weights=[], by_format={}, kernels=[], e2e=None,
+                      ok=False)
         return report
     with Checkpoint.open(target) as ck:
         cfg = ds.DeepseekV3Config.from_dict(ck.config, source=str(target / "config.json"))
@@ -60,7 +64,15 @@ def verify(target: str | Path, reference: str | Path | None = None, *, expert_sa
     report["by_format"] = _aggregate(stats)
     report["kernels"] = [k.to_json() for k in kstats]
     report["run"] = manifest.run if manifest else None
-    report["ok"] = not findings and all(s.ok for s in stats) and all(k.ok for k in kstats)
+    report["e2e"] = None
+    if export is not None and reference is not None:
+        from ds_export.verify.e2e import E2E_MAX_KL, E2E_MIN_TOP1, check_export
+
+        g = gates or {}
+        report["e2e"] = check_export(export, reference, max_kl=g.get("e2e_max_kl", E2E_MAX_KL),
+                                     min_top1=g.get("e2e_min_top1", E2E_MIN_TOP1))
+    report["ok"] = (not findings and all(s.ok for s in stats) and all(k.ok for k in kstats)
+                    and (report["e2e"] is None or report["e2e"]["ok"]))
     return report
 
 

@@ -1,0 +1,81 @@
+"""End to end, for models that fit: the exported program's logits against the unquantized reference.
+
+On a bundled text (ds_export/data/eval.txt, encoded with the export's tokenizer when the
+`tokenizers` package is there, else the tiny model's byte tokenizer): per-position KL(ref || export),
+top-1 agreement, and the perplexity of both on the text itself. With an MTP draft in the export,
+the draft acceptance rate of speculative greedy decoding on the text's start. The reference is the
+float32 Paddle model on the reference checkpoint's weights (FP8 decoded exactly), the same model
+that matches transformers' DeepseekV3ForCausalLM to 1e-6 in the tests.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+# Defaults: generous, to catch broken exports rather than grade quantization (docs/numerics.md).
+E2E_MAX_KL = 1.0
+E2E_MIN_TOP1 = 0.15
+TEXT = Path(__file__).resolve().parents[1] / "data" / "eval.txt"
+
+
+def _tokens(export_dir: Path, vocab: int, limit: int) -> list[int]:
+    text = TEXT.read_text(encoding="utf-8")
+    ids = None
+    tok = export_dir / "tokenizer.json"
+    if tok.exists():
+        try:
+            import tokenizers
+
+            ids = tokenizers.Tokenizer.from_file(str(tok)).encode(text).ids
+        except Exception:  # noqa: BLE001 - fall back to the byte tokenizer
+            ids = None
+    if ids is None:
+        from ds_export.tiny_tokenizer import encode
+
+        ids = encode(text)
+    return [i for i in ids if i < vocab][:limit]
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    m = x.max(-1, keepdims=True)
+    return x - m - np.log(np.exp(x - m).sum(-1, keepdims=True))
+
+
+def check_export(export_dir: str | Path, reference: str | Path, *, max_kl: float = E2E_MAX_KL,
+                 min_top1: float = E2E_MIN_TOP1) -> dict:
+    import paddle
+
+    from ds_export.export.modeling import DeepseekV3ForInference
+    from ds_export.export.runtime import Session, generate
+    from ds_export.export.weights import load_weights
+
+    export_dir = Path(export_dir)
+    sess = Session(export_dir, speculate=(export_dir / "mtp" / "model.json").exists())
+    vocab = int(sess.cfg["vocab_size"])
+    ids = _tokens(export_dir, vocab, sess.max_len - 8)
+    x = np.array([ids], np.int64)
+    got, _, _ = sess.base(x, np.zeros(1, np.int64), sess.cache(sess.layers, 1))
+    w = load_weights(reference, "float32", include_mtp=False)
+    ref_model = DeepseekV3ForInference(w, len(ids) + 1)
+    ref, _, _ = ref_model.step(x, np.zeros(1, np.int64), ref_model.empty_cache(1))
+    ref = ref.numpy()[0]
+    got = got[0].astype(np.float32)
+    lr, lg = _log_softmax(ref), _log_softmax(got)
+    kl = float((np.exp(lr) * (lr - lg)).sum(-1).mean())
+    top1 = float((ref.argmax(-1) == got.argmax(-1)).mean())
+    nxt = np.array(ids[1:])
+    ppl_ref = math.exp(-float(lr[np.arange(len(nxt)), nxt].mean()))
+    ppl_got = math.exp(-float(lg[np.arange(len(nxt)), nxt].mean()))
+    res = {"tokens": len(ids), "kl_mean": kl, "top1_agreement": top1, "ppl_reference": ppl_ref,
+           "ppl_export": ppl_got, "ppl_delta": ppl_got - ppl_ref, "max_kl": max_kl, "min_top1": min_top1}
+    if sess.mtp is not None:
+        spec = generate(sess, [ids[:16]], 16, speculate=1)
+        res["mtp_acceptance_rate"] = spec.accepted / max(1, spec.drafted)
+        res["tokens_per_base_step"] = spec.to_json().get("tokens_per_base_step")
+    res["ok"] = bool(kl <= max_kl and top1 >= min_top1 and math.isfinite(ppl_got))
+    del paddle
+    return res
