@@ -1,6 +1,6 @@
 """GPU benchmark of the weight-only GEMM against torch bf16 matmul on the dequantized weight.
 
-Run on the GPU machine (tests/gpu/run_gemm_weight_only.sh does):
+Run on the GPU machine (tests/gpu/run_all.sh does):
 ``python bench/gpu_gemm_weight_only.py --out DIR [--quick]``.
 
 Rows: (N, K) in (2048, 7168), (7168, 2048), (36864, 7168) x M in 1, 4, 16, 64 x int4 per

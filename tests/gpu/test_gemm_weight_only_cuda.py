@@ -1,7 +1,7 @@
 """CUDA weight-only GEMM (csrc/cuda/gemm_weight_only.cu) against float64 numpy and the CPU kernel.
 
 GPU machine only (skipped where no CUDA device is visible); run by
-tests/gpu/run_gemm_weight_only.sh. The output buffer is poisoned (0xFFFF = NaN) first, so an
+tests/gpu/run_all.sh. The output buffer is poisoned (0xFFFF = NaN) first, so an
 unwritten element fails.
 
 Bound: the tensor cores multiply exactly (q and x are exact in bf16) and accumulate in
