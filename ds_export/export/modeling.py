@@ -357,19 +357,16 @@ def check_step(input_ids, cache_lens, cache, *, layers: int, max_len: int, width
         raise DsxError(f"{what}: cache_lens {lens.tolist()} + {ids.shape[1]} new tokens exceed max_len {max_len}")
 
 
-class DeepseekV3ForInference(nn.Layer):
-    """The base model. forward(input_ids, cache_lens, cache) -> (logits, hidden, cache); see the module doc."""
+class LatentCacheStep(nn.Layer):
+    """What the base model and the MTP draft share: spec, dtype, rope tables and the latent cache shape."""
+
+    num_cache_layers: int
 
     def __init__(self, weights: ModelWeights, max_len: int):
         super().__init__()
-        cfg, dt = weights.cfg, weights.dtype
-        self.spec = ModelSpec.from_config(cfg, dt)
-        self.max_len, self.dtype_name = int(max_len), dt
-        self.embed = _param(self, weights.top["embed"])  # [V, H]
-        self.layers = nn.LayerList([DecoderLayer(self.spec, lw) for lw in weights.layers])
-        self.norm = RMSNorm(weights.top["final_norm"], self.spec.eps, dt)
-        self.lm_head = make_linear(weights.top["lm_head"], dt)
-        cos, sin = rope_tables(cfg, self.max_len)
+        self.spec = ModelSpec.from_config(weights.cfg, weights.dtype)
+        self.max_len, self.dtype_name = int(max_len), weights.dtype
+        cos, sin = rope_tables(weights.cfg, self.max_len)
         self.rope_cos = _param(self, cos)
         self.rope_sin = _param(self, sin)
 
@@ -378,8 +375,21 @@ class DeepseekV3ForInference(nn.Layer):
         return self.spec.kv_lora + self.spec.rope
 
     def empty_cache(self, batch: int) -> paddle.Tensor:
-        """A zero cache [num_layers, batch, max_len, kv_lora + rope] in the model dtype."""
-        return paddle.zeros([len(self.layers), batch, self.max_len, self.cache_width], dtype=self.dtype_name)
+        """A zero cache [cache layers, batch, max_len, kv_lora + rope] in the model dtype."""
+        return paddle.zeros([self.num_cache_layers, batch, self.max_len, self.cache_width], dtype=self.dtype_name)
+
+
+class DeepseekV3ForInference(LatentCacheStep):
+    """The base model. forward(input_ids, cache_lens, cache) -> (logits, hidden, cache); see the module doc."""
+
+    def __init__(self, weights: ModelWeights, max_len: int):
+        super().__init__(weights, max_len)
+        dt = weights.dtype
+        self.embed = _param(self, weights.top["embed"])  # [V, H]
+        self.layers = nn.LayerList([DecoderLayer(self.spec, lw) for lw in weights.layers])
+        self.num_cache_layers = len(self.layers)
+        self.norm = RMSNorm(weights.top["final_norm"], self.spec.eps, dt)
+        self.lm_head = make_linear(weights.top["lm_head"], dt)
 
     def forward(self, input_ids, cache_lens, cache):
         st = step_tensors(input_ids, cache_lens, self.rope_cos, self.rope_sin)

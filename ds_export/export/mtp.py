@@ -23,24 +23,23 @@ from __future__ import annotations
 import numpy as np
 import paddle
 import paddle.nn.functional as F
-from paddle import nn
 from paddle.static import InputSpec
 
 from ds_export.errors import DsxError
-from ds_export.export.modeling import (DecoderLayer, ModelSpec, RMSNorm, _f32, _param, check_step, make_linear,
-                                       rope_tables, step_tensors)
+from ds_export.export.modeling import (DecoderLayer, LatentCacheStep, RMSNorm, _f32, _param, check_step,
+                                       make_linear, step_tensors)
 from ds_export.export.weights import ModelWeights
 
 
-class MTPDraft(nn.Layer):
+class MTPDraft(LatentCacheStep):
+    num_cache_layers = 1
+
     def __init__(self, weights: ModelWeights, max_len: int, layer: int = 0):
-        super().__init__()
         if not 0 <= layer < len(weights.mtp):
             raise DsxError(f"MTP layer {layer}: the weights hold {len(weights.mtp)} MTP layer(s) "
                            "(num_nextn_predict_layers; load with include_mtp=True)")
-        lw, cfg, dt = weights.mtp[layer], weights.cfg, weights.dtype
-        self.spec = ModelSpec.from_config(cfg, dt)
-        self.max_len, self.dtype_name = int(max_len), dt
+        super().__init__(weights, max_len)
+        lw, dt = weights.mtp[layer], weights.dtype
         t = lw.tensors
         self.embed = _param(self, t["mtp_embed"])  # [V, H]
         self.enorm = RMSNorm(t["mtp_enorm"], self.spec.eps, dt)
@@ -49,17 +48,6 @@ class MTPDraft(nn.Layer):
         self.block = DecoderLayer(self.spec, lw)
         self.head_norm = RMSNorm(t["mtp_head_norm"], self.spec.eps, dt)
         self.head = make_linear(t["mtp_head"], dt)  # [H, V]
-        cos, sin = rope_tables(cfg, self.max_len)
-        self.rope_cos = _param(self, cos)
-        self.rope_sin = _param(self, sin)
-
-    @property
-    def cache_width(self) -> int:
-        return self.spec.kv_lora + self.spec.rope
-
-    def empty_cache(self, batch: int) -> paddle.Tensor:
-        """A zero cache [1, batch, max_len, kv_lora + rope] in the model dtype."""
-        return paddle.zeros([1, batch, self.max_len, self.cache_width], dtype=self.dtype_name)
 
     def forward(self, input_ids, hidden, cache_lens, cache):
         st = step_tensors(input_ids, cache_lens, self.rope_cos, self.rope_sin)

@@ -49,13 +49,15 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _block(block) -> tuple[int, int]:
+def _block(block, what: str | None = None) -> tuple[int, int]:
+    """(rows, cols) of a block size, or a DsxError (prefixed with `what`, the calling function)."""
+    where = f"{what}: " if what else ""
     try:
         bn, bk = (int(b) for b in block)
     except (TypeError, ValueError):
-        raise DsxError(f"block must be two positive ints (rows, cols), got {block!r}") from None
+        raise DsxError(f"{where}block must be two positive ints (rows, cols), got {block!r}") from None
     if bn <= 0 or bk <= 0:
-        raise DsxError(f"block must be two positive ints (rows, cols), got {block!r}")
+        raise DsxError(f"{where}block must be two positive ints (rows, cols), got {block!r}")
     return bn, bk
 
 

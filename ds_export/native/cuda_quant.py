@@ -39,7 +39,7 @@ import ml_dtypes
 import numpy as np
 
 from ds_export.errors import DsxError
-from ds_export.formats import weight_only
+from ds_export.formats import fp8_block, weight_only
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
@@ -81,13 +81,7 @@ def _fp8(w, what: str) -> np.ndarray:
 
 
 def _block(block, what: str) -> tuple[int, int]:
-    try:
-        bn, bk = (int(b) for b in block)
-    except (TypeError, ValueError):
-        raise DsxError(f"{what}: block must be two positive ints (rows, cols), got {block!r}") from None
-    if bn <= 0 or bk <= 0:
-        raise DsxError(f"{what}: block must be two positive ints (rows, cols), got {block!r}")
-    return bn, bk
+    return fp8_block._block(block, what)  # noqa: SLF001 - one validator for block sizes
 
 
 def _rows(rows, n: int, what: str, align: int = 1, ragged_end: bool = False) -> tuple[int, int]:
