@@ -112,7 +112,7 @@ def test_a_perfect_draft_is_fully_accepted(exported):
 def test_errors(exported, tiny_fp8, tmp_path, capsys):
     assert main(["export", str(tiny_fp8), "--out", str(exported)]) == 2  # exists, no --force
     assert "exists" in capsys.readouterr().err
-    assert main(["export", str(tiny_fp8), "--out", str(tmp_path / "x"), "--tp", "2"]) == 2
+    assert main(["export", str(tiny_fp8), "--out", str(tmp_path / "x"), "--tp", "3"]) == 2
     assert main(["generate", str(exported), "--input-ids", "1,x"]) == 2
     assert main(["generate", str(exported), "--input-ids", "0,1", "--max-new-tokens", "500"]) == 2
     assert "max sequence length" in capsys.readouterr().err

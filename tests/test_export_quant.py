@@ -232,5 +232,6 @@ def test_missing_op_sources_give_a_clear_error(monkeypatch, tmp_path):
 
     monkeypatch.setenv("DSX_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(ops, "OP_SOURCE", tmp_path / "nope" / "dsx_paddle_ops.cc")
+    monkeypatch.setattr(ops, "_loaded", {})  # as in a fresh process
     with pytest.raises(DsxError, match="sources missing"):
         ops.load_ops()

@@ -57,6 +57,8 @@ def test_dry_run_against_r1_metadata(recipe, r1_sizes, tmp_path):
     assert sum(ranks) >= p["quantize"]["bytes_out"]  # replicated tensors count on every rank
     assert max(ranks) < 80 * GiB  # every seed deployment fits an 80 GB GPU
     assert p["export"]["layout"][0] == "export/rank_0/"
+    if dep.export.get("speculate"):
+        assert p["export"]["layout"][tp:] == [f"export/mtp/rank_{r}/" for r in range(tp)]
     # Independent estimate: INT4 halves the FP8 bytes it replaces; FP8 and INT8 keep one byte per weight
     # (scale tensors and the router's bf16 -> fp32 move the total by well under 2%).
     z = r1_sizes
@@ -86,6 +88,8 @@ def test_dry_run_needs_metadata_for_a_repo(tmp_path, capsys):
     ("name: x\nmodel: {tiny: {}}\nquantize: {type: bf16}\nexport: {tp: 1, colour: 2}\n", "export.colour"),
     ("name: x\nmodel: {tiny: {}}\nquantize: {type: bf16}\nexport: {draft_tokens: 9}\n", "1..5"),
     ("name: x\nmodel: {tiny: {}}\nquantize: {type: bf16}\n", "export is required"),
+    ("name: x\nmodel: {tiny: {colour: 1}}\nquantize: {type: bf16}\nexport: {}\n", "model.tiny.colour"),
+    ("name: x\nmodel: {tiny: {config: 3}}\nquantize: {type: bf16}\nexport: {}\n", "model.tiny.config = 3"),
 ])
 def test_recipe_validation(tmp_path, text, msg):
     p = tmp_path / "r.yaml"
@@ -112,3 +116,17 @@ def test_tiny_recipe_runs_end_to_end_and_resumes(tmp_path, capsys):
                  "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["steps"]["export"] == {"skipped": True}
     assert main(["run", "recipes/tiny.yaml", "--from-step", "verify", "--until-step", "quantize"]) == 2
+
+
+def test_tiny_tp2_recipe_runs_on_two_ranks(tmp_path, capsys):
+    """recipes/tiny-tp2.yaml: export over 2 ranks; verify's end-to-end logits and generate run as 2 processes."""
+    wd = tmp_path / "wd"
+    assert main(["run", "recipes/tiny-tp2.yaml", "--workdir", str(wd), "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    for r in range(2):
+        assert (wd / "export" / f"rank_{r}" / "model.json").is_file()
+        assert (wd / "export" / "mtp" / f"rank_{r}" / "model.json").is_file()
+    rep = json.loads((wd / "verify.json").read_text())
+    assert rep["ok"] and rep["e2e"]["tp"] == 2 and rep["e2e"]["top1_agreement"] > 0.3
+    gen = res["steps"]["generate"]
+    assert gen["ranks"] == 2 and len(gen["tokens"][0]) == 16

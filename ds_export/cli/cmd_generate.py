@@ -10,6 +10,7 @@ import typer
 from ds_export.cli.options import Json, Quiet
 from ds_export.cli.output import Out
 from ds_export.errors import UsageError
+from ds_export.io.writer import atomic_write_json
 
 
 def _parse_ids(text: str) -> list[list[int]]:
@@ -32,6 +33,8 @@ def generate(
     dump_logits: Annotated[Path | None, typer.Option("--dump-logits", help="Save the prompt's base_logits "
                                                      "[batch, seq, vocab] (and mtp_logits [batch, seq-1, vocab]) "
                                                      "to this .npz.")] = None,
+    report: Annotated[Path | None, typer.Option("--report", help="Also write the result (tokens, acceptance) "
+                                                "to this JSON file.")] = None,
     json: Json = False,
     quiet: Quiet = False,
 ) -> None:
@@ -42,10 +45,11 @@ def generate(
     Examples:
       dsx generate build/tiny-export --input-ids 0,5,9,17 --max-new-tokens 8
       dsx generate build/tiny-export --prompt "hello" --max-new-tokens 16 --speculate 1
+      python -m paddle.distributed.launch --nproc_per_node 2 $(which dsx) generate build/tp2-export --input-ids 0,5
     """
     import numpy as np
 
-    from ds_export.export.runtime import Session, generate as run_generate
+    from ds_export.export.runtime import Session, generate as run_generate, is_main_rank
 
     o = Out(json, quiet)
     if (input_ids is None) == (prompt is None):
@@ -61,9 +65,13 @@ def generate(
     sess = Session(export_dir, speculate=bool(speculate) or dump_logits is not None and
                    (Path(export_dir) / "mtp").is_dir())
     res = run_generate(sess, rows, max_new_tokens, speculate=speculate, dump_logits=dump_logits is not None)
+    if not is_main_rank():  # a tensor-parallel job: every rank computed the same; rank 0 reports
+        return
     if dump_logits is not None:
         np.savez(dump_logits, **res.logits)
     rep = res.to_json()
+    if report is not None:
+        atomic_write_json(report, rep)
     o.result(rep)
     for i, toks in enumerate(res.tokens):
         o.print(f"[{i}] " + ",".join(map(str, toks)))

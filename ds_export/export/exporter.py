@@ -1,11 +1,11 @@
 """`dsx export`: save the inference program(s) Paddle Inference loads, published atomically.
 
-Layout of OUT (tp = 1; see docs/export-model.md):
+Layout of OUT (see docs/export-model.md):
 
-    OUT/model.json, model.pdiparams       the base step program (PIR)
+    OUT/model.json, model.pdiparams       the base step program (PIR); tp > 1: OUT/rank_{r}/model.*
     OUT/config.json                       source config + PaddleNLP-style inference keys
     OUT/generation_config.json, tokenizer files
-    OUT/mtp/model.json, model.pdiparams   --speculate: the MTP draft program
+    OUT/mtp/model.json, model.pdiparams   --speculate: the MTP draft program; tp > 1: OUT/mtp/rank_{r}/model.*
     OUT/mtp/config.json                   the draft's config (num_hidden_layers = 1)
     OUT/dsx-manifest.json                 every file with its sha256; complete = true
 
@@ -94,19 +94,19 @@ def export(src: str | os.PathLike, out: str | os.PathLike, *, dtype: str = "floa
 
     from ds_export.export.modeling import DeepseekV3ForInference
     from ds_export.export.mtp import MTPDraft
+    from ds_export.export.tp import check_tp, shard_weights
     from ds_export.export.weights import load_weights
 
     out = Path(out)
     if dtype not in DTYPES:
         raise UsageError(f"--dtype {dtype!r}: this version exports {' or '.join(DTYPES)}")
-    if tp != 1:
-        raise UsageError(f"--tp {tp}: tensor-parallel export is not in this version yet (use --tp 1)")
     if max_seq_len < 2 or not 1 <= draft_tokens <= 5:
         raise UsageError("--max-seq-len must be >= 2 and --draft-tokens 1..5")
     if out.exists() and not force:
         raise UsageError(f"{out}: exists", hint="choose a new --out or pass --force to replace it")
     with Checkpoint.open(src) as ck:
         cfg = ds.DeepseekV3Config.from_dict(ck.config, source=str(Path(src) / "config.json"))
+        check_tp(cfg, tp, str(Path(src) / "config.json"))
         if speculate and not cfg.num_nextn_predict_layers:
             raise UsageError(f"{src}: --speculate needs an MTP layer, and num_nextn_predict_layers is 0")
         sq = _source_quant(ck)
@@ -116,8 +116,16 @@ def export(src: str | os.PathLike, out: str | os.PathLike, *, dtype: str = "floa
         tmp = out.with_name(out.name + ".partial")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        base = DeepseekV3ForInference(weights, max_seq_len)
-        paddle.jit.save(base, str(tmp / "model"), input_spec=base.input_spec())
+        for r in range(tp):  # one program per rank (tp = 1: OUT/ itself)
+            rank_dir = tmp / f"rank_{r}" if tp > 1 else tmp
+            part = shard_weights(weights, r, tp)
+            base = DeepseekV3ForInference(part, max_seq_len)
+            paddle.jit.save(base, str(rank_dir / "model"), input_spec=base.input_spec())
+            if speculate:
+                draft = MTPDraft(part, max_seq_len)
+                paddle.jit.save(draft, str(tmp / "mtp" / (f"rank_{r}" if tp > 1 else "") / "model"),
+                                input_spec=draft.input_spec())
+            del part, base
         icfg = inference_config(ck.config, dtype=dtype, max_seq_len=max_seq_len, block_size=block_size, tp=tp,
                                 speculate=speculate, draft_tokens=draft_tokens, source_quant=sq,
                                 custom_ops=_uses_ops(weights.top, weights.layers))
@@ -126,9 +134,6 @@ def export(src: str | os.PathLike, out: str | os.PathLike, *, dtype: str = "floa
             if (ck.root / name).is_file():
                 shutil.copyfile(ck.root / name, tmp / name)
         if speculate:
-            (tmp / "mtp").mkdir()
-            draft = MTPDraft(weights, max_seq_len)
-            paddle.jit.save(draft, str(tmp / "mtp" / "model"), input_spec=draft.input_spec())
             mcfg = dict(icfg, num_hidden_layers=1, num_nextn_predict_layers=0, speculate_method=None,
                         quant_type=sq["mtp_quant_type"], dsx_custom_ops="dsx_paddle_ops" if _uses_ops(
                             {}, weights.mtp[:1]) else None,
@@ -136,7 +141,7 @@ def export(src: str | os.PathLike, out: str | os.PathLike, *, dtype: str = "floa
                             "draft(input_ids, hidden, cache_lens, cache) -> (logits, hidden, cache): token t+1 "
                             "and the base hidden state of position t predict token t+2")))
             atomic_write_json(tmp / "mtp" / "config.json", mcfg)
-        del weights, base
+        del weights
     m = Manifest(tmp, run={"tool": "dsx", "version": __version__, "command": "export", "source": str(src),
                            "dtype": dtype, "tp": tp, "speculate": speculate})
     for p in sorted(tmp.rglob("*")):

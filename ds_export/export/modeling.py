@@ -34,6 +34,7 @@ from paddle.static import InputSpec
 
 from ds_export.errors import DsxError
 from ds_export.export.quant_layers import Fp8Linear, WeightOnlyLinear
+from ds_export.export.tp import all_reduce, gather_last_dim
 from ds_export.export.weights import LayerWeights, LinearWeights, ModelWeights
 from ds_export.models.deepseek_v3 import DeepseekV3Config
 
@@ -63,20 +64,22 @@ class ModelSpec:
     eps: float
     softmax_scale: float
     dtype: str
+    tp_rank: int = 0  # tensor parallel: this program's rank of tp_world; heads is the rank's own count
+    tp_world: int = 1
 
     @classmethod
-    def from_config(cls, cfg: DeepseekV3Config, dtype: str) -> "ModelSpec":
+    def from_config(cls, cfg: DeepseekV3Config, dtype: str, tp: tuple[int, int] = (0, 1)) -> "ModelSpec":
         raw = cfg.raw
         scale = cfg.qk_head_dim ** -0.5
         rs = raw.get("rope_scaling") or {}
         if rs and rs.get("mscale_all_dim"):
             m = yarn_get_mscale(float(rs["factor"]), float(rs["mscale_all_dim"]))
             scale *= m * m
-        return cls(cfg.hidden_size, cfg.num_attention_heads, cfg.kv_lora_rank, cfg.qk_nope_head_dim,
+        return cls(cfg.hidden_size, cfg.num_attention_heads // tp[1], cfg.kv_lora_rank, cfg.qk_nope_head_dim,
                    cfg.qk_rope_head_dim, cfg.v_head_dim, cfg.n_routed_experts, cfg.num_experts_per_tok,
                    cfg.n_group, cfg.topk_group, bool(raw.get("norm_topk_prob", True)),
                    float(raw.get("routed_scaling_factor", 1.0)), float(raw.get("rms_norm_eps", 1e-6)),
-                   scale, dtype)
+                   scale, dtype, tp[0], tp[1])
 
 
 def rope_tables(cfg: DeepseekV3Config, max_len: int) -> tuple[np.ndarray, np.ndarray]:
@@ -163,6 +166,20 @@ def make_linear(lw: LinearWeights, dtype: str) -> nn.Layer:
     return cls(lw, dtype)
 
 
+def embed_tokens(input_ids, weight, spec: "ModelSpec"):
+    """Embedding rows of input_ids as float32 [B, S, H]; vocab-parallel when spec.tp_world > 1.
+
+    A rank holds rows [tp_rank * V_r, (tp_rank + 1) * V_r) (V_r = its rows); other tokens embed to
+    zero there, and the all-reduce adds the one rank's row to zeros (exact).
+    """
+    if spec.tp_world == 1:
+        return _f32(F.embedding(input_ids, weight), spec.dtype)
+    local = input_ids - spec.tp_rank * weight.shape[0]
+    mine = paddle.logical_and(local >= 0, local < weight.shape[0])
+    e = _f32(F.embedding(paddle.where(mine, local, paddle.zeros_like(local)), weight), spec.dtype)
+    return all_reduce(e * mine.unsqueeze(-1).astype("float32"), spec.tp_world)
+
+
 class RMSNorm(nn.Layer):
     def __init__(self, weight: np.ndarray, eps: float, dtype: str):
         super().__init__()
@@ -247,21 +264,31 @@ class MLAttention(nn.Layer):
         o_lat = _round(paddle.matmul(probs, kv[:, :, :, :sp.kv_lora]), dt)  # [B, H, S, kv_lora]
         o = _round(paddle.matmul(o_lat, _f32(self.w_uv, dt)), dt)  # [B, H, S, v]
         o = o.transpose([0, 2, 1, 3]).reshape([0, 0, sp.heads * sp.v])
-        return self.o_proj(o), cache
+        if sp.tp_world == 1:
+            return self.o_proj(o), cache
+        return _round(all_reduce(self.o_proj(o), sp.tp_world), dt), cache  # o_proj is row-parallel
 
 
 # ------------------------------------------------------------------ MLP ----
 
 class MLP(nn.Layer):
-    """down(silu(gate(x)) * up(x)); the dense MLP, a shared expert block or one routed expert."""
+    """down(silu(gate(x)) * up(x)); the dense MLP, a shared expert block or one routed expert.
 
-    def __init__(self, gate: LinearWeights, up: LinearWeights, down: LinearWeights, dtype: str):
+    tp_world > 1 with reduce=True (the dense MLP): down is row-parallel, its partial sums are
+    all-reduced here. Experts pass reduce=False: MoE reduces their sum once.
+    """
+
+    def __init__(self, gate: LinearWeights, up: LinearWeights, down: LinearWeights, dtype: str,
+                 tp_world: int = 1, reduce: bool = False):
         super().__init__()
-        self.dtype_name = dtype
+        self.dtype_name, self.tp_world, self.reduce = dtype, tp_world, reduce
         self.gate, self.up, self.down = make_linear(gate, dtype), make_linear(up, dtype), make_linear(down, dtype)
 
     def forward(self, x):
-        return self.down(_round(F.silu(self.gate(x)) * self.up(x), self.dtype_name))
+        y = self.down(_round(F.silu(self.gate(x)) * self.up(x), self.dtype_name))
+        if self.reduce and self.tp_world > 1:
+            y = _round(all_reduce(y, self.tp_world), self.dtype_name)
+        return y
 
 
 def noaux_tc_route(logits, bias, n_group: int, topk_group: int, top_k: int, norm_topk_prob: bool,
@@ -322,6 +349,8 @@ class MoE(nn.Layer):
         y = _round(self.experts_forward(x2, idx, w), self.dtype_name)
         if self.shared is not None:
             y = _round(y + self.shared(x2), self.dtype_name)
+        if sp.tp_world > 1:  # every expert's down is row-parallel: y is this rank's partial sum
+            y = _round(all_reduce(y, sp.tp_world), self.dtype_name)
         return y.reshape(paddle.shape(x))
 
 
@@ -333,7 +362,8 @@ class DecoderLayer(nn.Layer):
         self.input_norm = RMSNorm(t["input_norm"], spec.eps, dt)
         self.attn = MLAttention(spec, lw)
         self.post_attn_norm = RMSNorm(t["post_attn_norm"], spec.eps, dt)
-        self.mlp = MoE(spec, lw) if lw.moe else MLP(t["dense_gate"], t["dense_up"], t["dense_down"], dt)
+        self.mlp = MoE(spec, lw) if lw.moe else MLP(t["dense_gate"], t["dense_up"], t["dense_down"], dt,
+                                                    spec.tp_world, reduce=True)
 
     def forward(self, h, st: StepTensors, cache):
         a, cache = self.attn(self.input_norm(h), st, cache)
@@ -364,7 +394,7 @@ class LatentCacheStep(nn.Layer):
 
     def __init__(self, weights: ModelWeights, max_len: int):
         super().__init__()
-        self.spec = ModelSpec.from_config(weights.cfg, weights.dtype)
+        self.spec = ModelSpec.from_config(weights.cfg, weights.dtype, weights.tp)
         self.max_len, self.dtype_name = int(max_len), weights.dtype
         cos, sin = rope_tables(weights.cfg, self.max_len)
         self.rope_cos = _param(self, cos)
@@ -393,13 +423,13 @@ class DeepseekV3ForInference(LatentCacheStep):
 
     def forward(self, input_ids, cache_lens, cache):
         st = step_tensors(input_ids, cache_lens, self.rope_cos, self.rope_sin)
-        h = _f32(F.embedding(input_ids, self.embed), self.dtype_name)
+        h = embed_tokens(input_ids, self.embed, self.spec)
         new = []
         for i, layer in enumerate(self.layers):
             h, c = layer(h, st, cache[i])
             new.append(c)
         h = self.norm(h)
-        return self.lm_head(h), h, paddle.stack(new)
+        return gather_last_dim(self.lm_head(h), self.spec.tp_world), h, paddle.stack(new)
 
     def input_spec(self) -> list:
         """InputSpecs of forward for `paddle.jit.save` (batch and new-token count dynamic)."""

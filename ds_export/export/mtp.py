@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import numpy as np
 import paddle
-import paddle.nn.functional as F
 from paddle.static import InputSpec
 
 from ds_export.errors import DsxError
-from ds_export.export.modeling import (DecoderLayer, LatentCacheStep, RMSNorm, _f32, _param, check_step,
+from ds_export.export.modeling import (DecoderLayer, LatentCacheStep, RMSNorm, _param, check_step, embed_tokens,
                                        make_linear, step_tensors)
+from ds_export.export.tp import gather_last_dim
 from ds_export.export.weights import ModelWeights
 
 
@@ -51,11 +51,11 @@ class MTPDraft(LatentCacheStep):
 
     def forward(self, input_ids, hidden, cache_lens, cache):
         st = step_tensors(input_ids, cache_lens, self.rope_cos, self.rope_sin)
-        e = self.enorm(_f32(F.embedding(input_ids, self.embed), self.dtype_name))
+        e = self.enorm(embed_tokens(input_ids, self.embed, self.spec))
         x = self.eh_proj(paddle.concat([e, self.hnorm(hidden.astype("float32"))], axis=-1))
         x, c = self.block(x, st, cache[0])
         h = self.head_norm(x)
-        return self.head(h), h, c.unsqueeze(0)
+        return gather_last_dim(self.head(h), self.spec.tp_world), h, c.unsqueeze(0)
 
     def input_spec(self) -> list:
         """InputSpecs of forward for `paddle.jit.save` (batch and new-token count dynamic)."""

@@ -100,9 +100,9 @@ def _quiet_logs():
 
 def load_ops():
     """The op module (built on first use, then loaded from the cache); registers the ops in Paddle."""
+    if _loaded:  # one op library per process: Paddle registers ops globally, a second load would abort
+        return next(iter(_loaded.values()))
     path = library_path()
-    if str(path) in _loaded:
-        return _loaded[str(path)]
     with _quiet_logs():
         return _load(path)
 

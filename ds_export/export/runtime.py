@@ -8,11 +8,21 @@ bonus token (the MTP accept kernel from csrc/). The draft program sees, at
 position t, token t+1 and the base hidden state of position t; it catches up
 on the committed positions after every verification, then chains K drafts on
 its own hidden output. Greedy output is the same with and without speculation.
+
+A tensor-parallel export (tensor_parallel_degree N > 1) runs as N processes, one per rank, under
+`python -m paddle.distributed.launch --nproc_per_node N` (gloo on CPU, NCCL on GPUs): each loads
+OUT/rank_{r}/ (and OUT/mtp/rank_{r}/), joins the group before its predictor runs the programs'
+collectives, and computes the same tokens; `is_main_rank()` says which one reports.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -69,11 +79,37 @@ class Result:
         return d
 
 
+def launch_env() -> tuple[int, int]:
+    """(rank, world) of this process in a paddle.distributed.launch job; (0, 1) outside one."""
+    return int(os.environ.get("PADDLE_TRAINER_ID", "0")), int(os.environ.get("PADDLE_TRAINERS_NUM", "1"))
+
+
+def is_main_rank() -> bool:
+    return launch_env()[0] == 0
+
+
+def _rank_dir(d: Path, tp: int) -> Path:
+    """Where this process's program of a tp-degree export lives (joins the process group when tp > 1)."""
+    if tp == 1:
+        return d
+    rank, world = launch_env()
+    if world != tp:
+        raise UsageError(f"{d}: a tensor-parallel export over {tp} ranks; this is {world} process(es)",
+                         hint=f"run it as python -m paddle.distributed.launch --nproc_per_node {tp} $(which dsx) "
+                              "generate ...")
+    import paddle.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_parallel_env()
+    return d / f"rank_{rank}"
+
+
 class Session:
     def __init__(self, export_dir: str | Path, *, speculate: bool = False):
         d = Path(export_dir)
         check_export(d)
         self.cfg = json.loads((d / "config.json").read_text())
+        tp = int(self.cfg.get("tensor_parallel_degree") or 1)
         self.max_len = int(self.cfg["infer_model_max_seq_len"])
         self.dtype = {"float32": np.float32}.get(self.cfg["infer_model_dtype"])
         if self.dtype is None:
@@ -82,16 +118,64 @@ class Session:
             self.dtype = ml_dtypes.bfloat16
         self.width = int(self.cfg["kv_lora_rank"]) + int(self.cfg["qk_rope_head_dim"])
         self.layers = int(self.cfg["num_hidden_layers"])
-        self.base = Program(d / "model", custom_ops=bool(self.cfg.get("dsx_custom_ops")))
+        self.base = Program(_rank_dir(d, tp) / "model", custom_ops=bool(self.cfg.get("dsx_custom_ops")))
         self.mtp = None
         if speculate:
-            if not (d / "mtp" / "model.json").exists():
+            if not (d / "mtp" / "config.json").exists():
                 raise UsageError(f"{d}: has no MTP draft (export it with --speculate)")
             mcfg = json.loads((d / "mtp" / "config.json").read_text())
-            self.mtp = Program(d / "mtp" / "model", custom_ops=bool(mcfg.get("dsx_custom_ops")))
+            self.mtp = Program(_rank_dir(d / "mtp", tp) / "model", custom_ops=bool(mcfg.get("dsx_custom_ops")))
 
     def cache(self, layers: int, batch: int) -> np.ndarray:
         return np.zeros((layers, batch, self.max_len, self.width), self.dtype)
+
+
+def export_tp(export_dir: str | Path) -> int:
+    return int(json.loads((Path(export_dir) / "config.json").read_text()).get("tensor_parallel_degree") or 1)
+
+
+def dsx_executable() -> str:
+    """The `dsx` console script of this installation (what a launched rank process runs)."""
+    exe = Path(sys.executable).with_name("dsx")
+    found = str(exe) if exe.is_file() else shutil.which("dsx")
+    if not found:
+        raise DsxError("cannot find the dsx command next to this Python or on PATH",
+                       hint="install dsx (pip install -e .) in the environment that runs this")
+    return found
+
+
+def launch_ranks(n: int, args: list[str], log_dir: Path, timeout: float | None = None) -> None:
+    """Run `dsx ARGS` as n processes of one paddle.distributed job on this machine (one per rank)."""
+    cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(n), "--log_dir",
+           str(log_dir), dsx_executable(), *args]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if res.returncode != 0:
+        logs = sorted(Path(log_dir).glob("workerlog.*"))
+        last = next((ln for p in logs for ln in reversed(p.read_text(errors="replace").splitlines())
+                     if ln.startswith("dsx: error:")), None)
+        raise DsxError(f"{n}-rank job failed (exit {res.returncode}): {last or 'see the worker logs'}",
+                       hint=f"worker logs: {log_dir}")
+
+
+def generate_any(export_dir: str | Path, prompts: list[list[int]], max_new_tokens: int, *, speculate: int = 0,
+                 dump_logits: bool = False) -> tuple[dict, dict]:
+    """`generate` on any export: in this process (tp = 1, or already one rank of a job), else as one
+    process per rank through `launch_ranks`. Returns (Result.to_json() + "ranks", logits by name)."""
+    d = Path(export_dir)
+    tp = export_tp(d)
+    if tp == 1 or launch_env()[1] == tp:
+        s = Session(d, speculate=bool(speculate) or dump_logits and (d / "mtp" / "config.json").exists())
+        res = generate(s, prompts, max_new_tokens, speculate=speculate, dump_logits=dump_logits)
+        return dict(res.to_json(), ranks=tp), res.logits
+    with tempfile.TemporaryDirectory(prefix="dsx-ranks-") as tmp:
+        t = Path(tmp)
+        args = ["generate", str(d), "--input-ids", ";".join(",".join(map(str, p)) for p in prompts),
+                "--max-new-tokens", str(max_new_tokens), "--speculate", str(speculate), "--report",
+                str(t / "result.json"), "-q"] + (["--dump-logits", str(t / "logits.npz")] if dump_logits else [])
+        launch_ranks(tp, args, t / "log")
+        out = json.loads((t / "result.json").read_text())
+        logits = dict(np.load(t / "logits.npz")) if dump_logits else {}
+    return dict(out, ranks=tp), logits
 
 
 def _pad(rows: list[list[int]]) -> np.ndarray:

@@ -112,6 +112,7 @@ class ModelWeights:
     top: dict[str, object]  # embed, final_norm, lm_head
     layers: list[LayerWeights]  # the main model's decoder layers, in order
     mtp: list[LayerWeights]  # MTP layers (empty when not loaded)
+    tp: tuple[int, int] = (0, 1)  # (rank, world): a tensor-parallel rank's share (tp.shard_weights)
 
 
 # ------------------------------------------------------------- absorption ----

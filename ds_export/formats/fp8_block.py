@@ -227,6 +227,30 @@ def act_quant_ref(x, group: int = 128):
 # ---------------------------------------------------------------- native (csrc/cpu/quant_fp8.cc)
 
 
+def slice_blocks(w_fp8, scale_inv, rows: tuple[int, int] | None = None, cols: tuple[int, int] | None = None,
+                 block=BLOCK, name: str = "weight"):
+    """Part w[r0:r1, c0:c1] of a block-scaled FP8 weight with its scales, bit-exact (no requantization).
+
+    Each edge of the part must lie on a block boundary or at the end of the tensor, so that its
+    blocks are whole blocks of the source (a tensor-parallel rank's share; DeepSeek-V3's splits over
+    8 or 16 ranks all are). Otherwise a DsxError says which edge.
+    """
+    bn, bk = _block(block)
+    check_scale_shape(w_fp8.shape, np.shape(scale_inv), (bn, bk), name)
+    n, k = int(w_fp8.shape[0]), int(w_fp8.shape[1])
+    r0, r1 = rows if rows is not None else (0, n)
+    c0, c1 = cols if cols is not None else (0, k)
+    if not (0 <= r0 < r1 <= n and 0 <= c0 < c1 <= k):
+        raise DsxError(f"{name}: slice rows {r0}:{r1} cols {c0}:{c1} is outside {[n, k]}")
+    for edge, size, b, what in ((r0, n, bn, "row"), (r1, n, bn, "row"), (c0, k, bk, "column"), (c1, k, bk, "column")):
+        if edge % b and edge != size:
+            raise DsxError(f"{name} {[n, k]}: a {what} split at {edge} cuts a {bn}x{bk} FP8 scale block",
+                           hint="choose a tensor-parallel degree whose shares are multiples of the block, "
+                                "or export from a bf16 checkpoint")
+    s = np.asarray(scale_inv)[r0 // bn: -(-r1 // bn), c0 // bk: -(-c1 // bk)]
+    return np.ascontiguousarray(w_fp8[r0:r1, c0:c1]), np.ascontiguousarray(s)
+
+
 @functools.lru_cache(maxsize=None)
 def _fn(name: str):
     from ds_export.native import I32, I64, P, bind

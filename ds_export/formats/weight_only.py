@@ -267,6 +267,37 @@ def dequantize_ref(qweight, scale, bits: int, group_size: int, arch: int, in_fea
     return q * per
 
 
+def slice_ref(qweight, scale, bits: int, group_size: int, arch: int, in_features: int,
+              rows: tuple[int, int] | None = None, cols: tuple[int, int] | None = None):
+    """Part of a stored weight, in Paddle's layout: output channels rows=(n0, n1), inputs cols=(k0, k1).
+
+    Returns (qweight, scale) of the sub-matrix q[n0:n1, k0:k1] with its scales s[n0:n1] (or
+    s[k0/g : ceil(k1/g), n0:n1]): the same integers and scales, re-laid out for the smaller shape,
+    so dequantize_ref of the result is exactly the matching block of dequantize_ref of the input.
+    This is a tensor-parallel rank's share of a quantized Linear (column split = rows, row split =
+    cols). It is not what `weight_quantize` of the bf16 sub-matrix would give for a cols split with
+    per-channel scales (that would take the absmax of the part only); keeping the full weight's
+    scales makes N ranks compute exactly the tp = 1 model. The part must itself be a valid shape
+    (multiples of 64 for arch >= 75) and a cols split of grouped scales must start on a group.
+    """
+    k = int(in_features)
+    q = unpack_ref(qweight, bits, arch, k)
+    n = q.shape[0]
+    n0, n1 = rows if rows is not None else (0, n)
+    k0, k1 = cols if cols is not None else (0, k)
+    if not (0 <= n0 < n1 <= n and 0 <= k0 < k1 <= k):
+        raise DsxError(f"qweight: slice rows {n0}:{n1} cols {k0}:{k1} is outside [out={n}, in={k}]")
+    check_args(n1 - n0, k1 - k0, bits, group_size, arch, f"qweight[{n0}:{n1}, {k0}:{k1}]")
+    s = np.asarray(scale)
+    if group_size == -1:
+        part_s = s[n0:n1]
+    else:
+        if k0 % group_size:
+            raise DsxError(f"qweight: an input slice starting at {k0} splits a scale group of {group_size}")
+        part_s = s[k0 // group_size: -(-k1 // group_size), n0:n1]
+    return pack_ref(np.ascontiguousarray(q[n0:n1, k0:k1]), bits, arch), np.ascontiguousarray(part_s)
+
+
 # ---------------------------------------------------------------- native
 
 

@@ -81,17 +81,24 @@ def run(dep: Deployment, workdir: Path, *, from_step=None, until_step=None,
     return done
 
 
+def _tiny_spec(dep: Deployment):
+    from ds_export.tiny import TinySpec
+
+    t = dep.model["tiny"]
+    return TinySpec(seed=int(t.get("seed", 0)), dtype=str(t.get("dtype", "fp8")),
+                    overrides=tuple(sorted((str(k), v) for k, v in (t.get("config") or {}).items())))
+
+
 def _step_download(dep: Deployment, lay: Layout, say) -> dict:
     if dep.tiny:
-        from ds_export.tiny import TinySpec, write_tiny
+        from ds_export.tiny import write_tiny
 
         if (lay.source / INDEX_NAME).exists():
             Checkpoint.open(lay.source).close()  # validate what is there
             say(f"  {lay.source}: tiny checkpoint already written")
             return {"skipped": True}
         shutil.rmtree(lay.source, ignore_errors=True)
-        t = dep.model["tiny"]
-        res = write_tiny(lay.source, TinySpec(seed=int(t.get("seed", 0)), dtype=str(t.get("dtype", "fp8"))))
+        res = write_tiny(lay.source, _tiny_spec(dep))
         say(f"  wrote the tiny checkpoint ({res['tensors']} tensors) to {lay.source}")
         return {"tensors": res["tensors"], "bytes": res["bytes"]}
     from ds_export.download import Options, download
@@ -157,19 +164,19 @@ def _step_generate(dep: Deployment, lay: Layout, say) -> dict:
     if not dep.generate:
         say("  no generate section: skipped")
         return {"skipped": True}
-    from ds_export.export.runtime import Session, generate
+    from ds_export.export.runtime import generate_any
     from ds_export.tiny_tokenizer import encode
 
     g = dep.generate
     k = int(g.get("speculate", 0))
-    sess = Session(lay.export, speculate=bool(k))
-    res = generate(sess, [encode(g["prompt"])], int(g.get("max_new_tokens", 16)), speculate=k)
-    plain = generate(Session(lay.export), [encode(g["prompt"])], int(g.get("max_new_tokens", 16)))
-    if plain.tokens != res.tokens:
+    prompt, n = [encode(g["prompt"])], int(g.get("max_new_tokens", 16))
+    out, _ = generate_any(lay.export, prompt, n, speculate=k)  # in this process, or one per rank (tp > 1)
+    plain, _ = generate_any(lay.export, prompt, n)
+    if plain["tokens"] != out["tokens"]:
         raise DsxError("speculative decoding changed the greedy output: the export or the draft is inconsistent")
-    out = res.to_json()
-    say(f"  tokens {res.tokens[0]}" + (f"; acceptance {out['acceptance_rate']:.0%}, "
-                                        f"{out['tokens_per_base_step']:.2f} tokens per base step" if k else ""))
+    say(f"  tokens {out['tokens'][0]}" + (f"; acceptance {out['acceptance_rate']:.0%}, "
+                                          f"{out['tokens_per_base_step']:.2f} tokens per base step" if k else "")
+        + (f" ({out['ranks']} ranks)" if out.get("ranks", 1) > 1 else ""))
     return out
 
 
@@ -184,10 +191,10 @@ def dry_run(dep: Deployment, workdir: Path, *, metadata: Path | None = None) -> 
     lay = Layout(Path(workdir))
     with tempfile.TemporaryDirectory(prefix="dsx-dry-") as tmp:
         if dep.tiny:
-            from ds_export.tiny import TinySpec, write_tiny
+            from ds_export.tiny import write_tiny
 
             src = Path(tmp) / "tiny"
-            write_tiny(src, TinySpec(seed=int(dep.model["tiny"].get("seed", 0))))
+            write_tiny(src, _tiny_spec(dep))
         elif metadata is not None:
             src = sparse_from_metadata(Path(metadata), Path(tmp) / "meta")
         elif (lay.source / INDEX_NAME).exists():
@@ -209,7 +216,8 @@ def dry_run(dep: Deployment, workdir: Path, *, metadata: Path | None = None) -> 
                                               "shards": len(p.shards)},
         "export": {"tp": tp, "speculate": bool(dep.export.get("speculate")),
                    "layout": [f"export/rank_{r}/" if tp > 1 else "export/" for r in range(tp)]
-                   + (["export/mtp/"] if dep.export.get("speculate") else []),
+                   + ([f"export/mtp/rank_{r}/" if tp > 1 else "export/mtp/" for r in range(tp)]
+                      if dep.export.get("speculate") else []),
                    "bytes_per_rank": ranks},
         "disk_bytes": fetch + p.bytes_out + sum(ranks),
         "estimated_quantize_s": p.bytes_in / (MEASURED_GBPS * 1e9),

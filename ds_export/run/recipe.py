@@ -6,7 +6,7 @@
       repo: deepseek-ai/DeepSeek-R1
       revision: main
       only: all                 # all | base (no MTP needed)
-      tiny: {seed: 0, dtype: fp8}
+      tiny: {seed: 0, dtype: fp8, config: {intermediate_size: 256}}   # config: config.json overrides
     quantize: {type: weight_only_int4, mtp_type: null, arch: 90, group_size: -1, recipe: null}
     export: {tp: 8, speculate: false, draft_tokens: 1, dtype: bfloat16, max_seq_len: 8192, block_size: 64}
     verify: {experts: 8, samples: 4}
@@ -92,6 +92,12 @@ def _check(d: Deployment, obj, source: str) -> None:
     line = lambda k: getattr(obj.get(k), "line", 1)  # noqa: E731
     if ("repo" in m) == ("tiny" in m):
         raise _err(source, line("model"), "model needs exactly one of repo and tiny")
+    if "tiny" in m:
+        tiny_keys = {"seed": int, "dtype": str, "config": dict}
+        for k, v in m["tiny"].items():
+            if k not in tiny_keys or not isinstance(v, tiny_keys[k]) or isinstance(v, bool):
+                raise _err(source, line("model"), f"model.tiny.{k} = {v!r}: expected seed (int), dtype (fp8 | bf16) "
+                           "or config (a mapping of config.json values)")
     if m.get("only", "all") not in ("all", "base"):
         raise _err(source, line("model"), "model.only must be all or base")
     if ("type" in q) == bool(q.get("recipe")):

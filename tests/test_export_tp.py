@@ -1,0 +1,225 @@
+"""dsx export --tp N: rank shares of every weight format, and N rank programs that reproduce tp = 1.
+
+The rank programs run for real: N processes under `paddle.distributed.launch` (gloo on CPU), each
+loading OUT/rank_{r}/ with Paddle Inference, whose all_reduce_ / all_gather ops join them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from ds_export.cli.app import main
+from ds_export.errors import DsxError
+from ds_export.formats import fp8_block
+from ds_export.formats import weight_only as wo
+from ds_export.tiny import TinySpec, write_tiny
+
+pytest.importorskip("paddle")
+PROMPTS = [[0, 5, 9, 17, 33, 2], [0, 44, 3, 2, 250, 7]]
+IDS = ";".join(",".join(map(str, p)) for p in PROMPTS)
+# The tiny model with MLP widths that two ranks can split on 128 (FP8 blocks) and 64 (weight-only tiles).
+ALIGNED = (("intermediate_size", 256), ("moe_intermediate_size", 256))
+# ... and every expert always routed (top_k = experts): a continuous model, so the bf16 rounding of
+# rank partial sums cannot flip a routing decision and the quantized comparison is about rounding only.
+ALL_EXPERTS = ALIGNED + (("n_routed_experts", 4), ("n_group", 1), ("topk_group", 1), ("num_experts_per_tok", 4))
+
+
+def rel(a, b) -> float:
+    return float(np.abs(a - b).max() / np.abs(b).max())
+
+
+def dsx_script() -> str:
+    exe = Path(sys.executable).with_name("dsx")
+    assert exe.is_file(), f"the dsx entry point is not next to {sys.executable} (pip install -e .)"
+    return str(exe)
+
+
+def launch(n: int, args: list[str], log_dir: Path) -> subprocess.CompletedProcess:
+    """`dsx ARGS` as n ranks of one paddle.distributed job on this machine."""
+    cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(n), "--log_dir",
+           str(log_dir), dsx_script(), *args]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    logs = "\n".join(p.read_text()[-3000:] for p in sorted(log_dir.glob("workerlog.*")))
+    assert res.returncode == 0, f"launch failed ({res.returncode}):\n{res.stdout[-2000:]}\n{logs}"
+    return res
+
+
+# ------------------------------------------------------------ rank shares ----
+
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("group", [-1, 64, 128])
+def test_weight_only_share_is_exact_and_column_share_is_paddles_bytes(bits, group):
+    from test_weight_only import assert_bitwise_equal, paddle_quantize
+
+    rng = np.random.default_rng(bits * 1000 + group)
+    w = (rng.standard_normal((256, 512)) * np.exp(rng.uniform(-2, 2, (256, 1)))).astype(ml_dtypes.bfloat16)
+    q, s = wo.quantize_ref(w, bits, group, 90)
+    full = wo.dequantize_ref(q, s, bits, group, 90, 512)
+    for rows, cols in (((0, 128), None), ((128, 256), None), (None, (0, 256)), (None, (256, 512)),
+                       ((64, 192), (128, 384))):
+        q2, s2 = wo.slice_ref(q, s, bits, group, 90, 512, rows, cols)
+        r, c = slice(*(rows or (0, 256))), slice(*(cols or (0, 512)))
+        np.testing.assert_array_equal(wo.dequantize_ref(q2, s2, bits, group, 90, c.stop - c.start), full[r, c])
+        if cols is None:  # an output-channel share has the same scales: it IS Paddle's quantization of the rows
+            pq, ps = paddle_quantize(np.ascontiguousarray(w[r]), bits, group, 90)
+            assert_bitwise_equal(q2, pq, f"int{bits} g{group} rows {rows}")
+            assert_bitwise_equal(s2, ps, f"int{bits} g{group} rows {rows} scale")
+
+
+def test_weight_only_share_refuses_broken_tiles_and_groups():
+    w = np.random.default_rng(0).standard_normal((256, 512)).astype(np.float32)
+    q, s = wo.quantize_ref(w, 4, 128, 90)
+    with pytest.raises(DsxError, match="multiples of 64"):
+        wo.slice_ref(q, s, 4, 128, 90, 512, rows=(0, 96))
+    with pytest.raises(DsxError, match="splits a scale group of 128"):
+        wo.slice_ref(q, s, 4, 128, 90, 512, cols=(64, 512))
+
+
+def test_fp8_share_is_whole_blocks_or_refused():
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((320, 384)).astype(np.float32)
+    q, sinv = fp8_block.quantize_native(w)
+    full = fp8_block.dequant_ref(q, sinv)
+    for rows, cols in (((0, 128), None), ((256, 320), None), (None, (128, 384)), ((128, 320), (256, 384))):
+        q2, s2 = fp8_block.slice_blocks(q, sinv, rows, cols)
+        r, c = slice(*(rows or (0, 320))), slice(*(cols or (0, 384)))
+        assert q2.view(np.uint8).tobytes() == np.ascontiguousarray(q[r, c]).view(np.uint8).tobytes()
+        np.testing.assert_array_equal(fp8_block.dequant_ref(q2, s2), full[r, c])
+    with pytest.raises(DsxError, match="row split at 160 cuts a 128x128"):
+        fp8_block.slice_blocks(q, sinv, rows=(0, 160))
+
+
+# --------------------------------------------------------------- exports ----
+
+@pytest.fixture(scope="module")
+def aligned(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tp")
+    write_tiny(root / "src", TinySpec(overrides=ALIGNED))
+    for tp in (1, 2):
+        assert main(["export", str(root / "src"), "--out", str(root / f"tp{tp}"), "--tp", str(tp), "--speculate",
+                     "--max-seq-len", "64", "-q"]) == 0
+    return root
+
+
+def test_tp_layout_and_config(aligned):
+    e = aligned / "tp2"
+    for f in ("config.json", "mtp/config.json", "dsx-manifest.json", "tokenizer.json"):
+        assert (e / f).is_file(), f
+    for r in range(2):
+        for f in (f"rank_{r}/model.json", f"rank_{r}/model.pdiparams", f"mtp/rank_{r}/model.json"):
+            assert (e / f).is_file(), f
+        prog = (e / f"rank_{r}" / "model.json").read_text()
+        assert '"1.all_reduce_"' in prog and '"1.all_gather"' in prog  # Paddle's collectives, ring 0
+    assert not (e / "model.json").exists()
+    assert json.loads((e / "config.json").read_text())["tensor_parallel_degree"] == 2
+    # Column/row/vocab splits halve the split weights; the replicated ones (q_a, kv_a, norms, router) stay.
+    one = (aligned / "tp1" / "model.pdiparams").stat().st_size
+    ranks = [(e / f"rank_{r}" / "model.pdiparams").stat().st_size for r in range(2)]
+    assert ranks[0] == ranks[1] and one / 2 < ranks[0] < 0.75 * one
+
+
+def test_two_rank_programs_reproduce_tp1(aligned, tmp_path):
+    """float32 export of the FP8 tiny model: 2 ranks under paddle.distributed == 1 rank, with speculation."""
+    ref_npz, tp_npz = tmp_path / "tp1.npz", tmp_path / "tp2.npz"
+    args = ["--input-ids", IDS, "--max-new-tokens", "6", "--speculate", "2", "--json"]
+    r1 = subprocess.run([dsx_script(), "generate", str(aligned / "tp1"), *args, "--dump-logits", str(ref_npz)],
+                        capture_output=True, text=True, timeout=600)
+    assert r1.returncode == 0, r1.stderr
+    r2 = launch(2, ["generate", str(aligned / "tp2"), *args, "--dump-logits", str(tp_npz)], tmp_path / "log")
+    a, b = np.load(ref_npz), np.load(tp_npz)
+    assert rel(b["base_logits"], a["base_logits"]) < 1e-5
+    assert rel(b["mtp_logits"], a["mtp_logits"]) < 1e-5
+    tok1 = json.loads(r1.stdout)["tokens"]
+    tok2 = json.loads(r2.stdout[r2.stdout.index("{"): r2.stdout.rindex("}") + 1])["tokens"]  # rank 0 reports
+    assert tok1 == tok2
+
+
+def test_tp_export_outside_a_launch_is_a_clear_error(aligned, capsys):
+    assert main(["generate", str(aligned / "tp2"), "--input-ids", "0,1", "--max-new-tokens", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "tensor-parallel export over 2 ranks" in err and "paddle.distributed.launch --nproc_per_node 2" in err
+
+
+def test_tp_that_does_not_divide_is_refused(aligned, tmp_path, capsys):
+    assert main(["export", str(aligned / "src"), "--out", str(tmp_path / "x"), "--tp", "3"]) == 2
+    assert "num_attention_heads 4 is not divisible by 3" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists() and not (tmp_path / "x.partial").exists()
+
+
+def test_fp8_share_that_cuts_a_block_is_refused(tiny_fp8, tmp_path, capsys):
+    """The standard tiny model's MLP width 320 splits into 160: inside a 128x128 FP8 block."""
+    q = tmp_path / "q"
+    assert main(["quantize", str(tiny_fp8), "--out", str(q), "--type", "a8w8_fp8", "-q"]) == 0
+    assert main(["export", str(q), "--out", str(tmp_path / "x"), "--tp", "2"]) == 2
+    err = capsys.readouterr().err
+    assert re.search(r"--tp 2: layer 0 dense_(gate|up|down): .* split at 160 cuts a 128x128 FP8 scale block", err)
+    assert not (tmp_path / "x").exists()
+
+
+# ----------------------------------------------------------- quantized ----
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory):
+    """a8w8_fp8_wint4 base + a8w8_fp8 draft on the all-experts model, exported at tp 1 and tp 2."""
+    root = tmp_path_factory.mktemp("tpq")
+    write_tiny(root / "src", TinySpec(overrides=ALL_EXPERTS))
+    assert main(["quantize", str(root / "src"), "--out", str(root / "q"), "--type", "a8w8_fp8_wint4",
+                 "--mtp-type", "a8w8_fp8", "-q"]) == 0
+    for tp in (1, 2):
+        assert main(["export", str(root / "q"), "--out", str(root / f"tp{tp}"), "--tp", str(tp), "--speculate",
+                     "--max-seq-len", "64", "-q"]) == 0
+    return root
+
+
+def test_quantized_linears_split_to_the_same_product(mixed):
+    """Each quantized Linear of a layer: its 2 rank shares (concatenated, or summed for row splits)
+    give the tp = 1 op's output up to the bf16 rounding of the partial outputs."""
+    import paddle
+
+    from ds_export.export.modeling import make_linear
+    from ds_export.export.tp import shard_weights
+    from ds_export.export.weights import load_weights
+    from ds_export.models import deepseek_v3 as ds
+
+    w = load_weights(mixed / "q", "float32", include_mtp=False)
+    parts = [shard_weights(w, r, 2) for r in range(2)]
+    rng = np.random.default_rng(3)
+    lw = w.layers[1]
+    cases = [(k, lw.tensors[k], [p.layers[1].tensors[k] for p in parts], ds.ROLES[k][0])
+             for k in ("q_b", "o_proj", "shared_gate", "shared_down")]
+    cases += [(f"expert {k}", lw.experts[2][k], [p.layers[1].experts[2][k] for p in parts],
+               ds.ROLES["expert_" + k][0]) for k in ("up", "down")]
+    fmts = set()
+    for what, full, shares, split in cases:
+        fmts.add(full.fmt)
+        x = rng.standard_normal((5, full.in_features)).astype(np.float32)
+        y = make_linear(full, "float32")(paddle.to_tensor(x)).numpy()
+        if split == "col":
+            y2 = np.concatenate([make_linear(s, "float32")(paddle.to_tensor(x)).numpy() for s in shares], 1)
+            np.testing.assert_array_equal(y2, y, err_msg=what)  # same rows, same sums: identical
+        else:
+            xs = np.split(x, 2, axis=1)
+            y2 = sum(make_linear(s, "float32")(paddle.to_tensor(np.ascontiguousarray(p))).numpy()
+                     for s, p in zip(shares, xs))
+            assert rel(y2, y) < 2 ** -7, what  # two bf16-rounded partials vs one rounded sum
+    assert fmts == {"fp8", "weight_only"}
+
+
+def test_quantized_two_rank_programs_match_tp1(mixed, tmp_path):
+    ref_npz, tp_npz = tmp_path / "tp1.npz", tmp_path / "tp2.npz"
+    args = ["--input-ids", IDS, "--max-new-tokens", "2"]
+    assert main(["generate", str(mixed / "tp1"), *args, "--dump-logits", str(ref_npz), "-q"]) == 0
+    launch(2, ["generate", str(mixed / "tp2"), *args, "--dump-logits", str(tp_npz), "-q"], tmp_path / "log")
+    a, b = np.load(ref_npz), np.load(tp_npz)
+    for key in ("base_logits", "mtp_logits"):
+        top1 = float((a[key].argmax(-1) == b[key].argmax(-1)).mean())
+        # The only difference is where the bf16 rounding of row-parallel partials happens.
+        assert rel(b[key], a[key]) < 0.25 and top1 >= 0.75, (key, rel(b[key], a[key]), top1)
