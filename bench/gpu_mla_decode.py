@@ -2,10 +2,18 @@
 
 ``python bench/gpu_mla_decode.py --out DIR [--quick]`` on the GPU machine. Rows: B in 64, 128 x
 T in 4096, 8192 x H in 16, 128 x S_q in 1, 2; every sequence has length T, pages shuffled.
-Figures: microseconds (median of CUDA-event timings of a graph replay over enough cache sets to
-exceed 3x the 60 MB L2), GB/s on cache bytes (B * T * 576 * 2), the fraction of the
-device-to-device copy bandwidth measured in the same run (goal >= 0.8), and the torch
-reference (bmm over a contiguous [B, T, 576] cache, fp32 softmax) timed the same way.
+Figures: microseconds (median of CUDA-event timings of replays of a CUDA graph of >= 4 calls, over
+enough cache sets to exceed 3x the 60 MB L2), GB/s on cache bytes (B * T * 576 * 2) and its fraction of the
+device-to-device copy bandwidth measured in the same run, TFLOP/s (2 * B * S_q * H * T * (576 + 512))
+and its fraction of a bf16 dense matmul measured in the same run, and the torch reference (bmm over
+a contiguous [B, T, 576] cache, fp32 softmax) timed the same way.
+
+Which ratio is the goal: a cache token costs 1152 bytes and 2 * S_q * H * 1088 FLOPs, so the
+intensity is about 1.9 * S_q * H FLOP/byte. At H = 16 (DeepSeek TP8) that is 30-60 FLOP/byte, far
+under the ridge (matmul rate / copy rate, about 200 FLOP/byte here): memory-bound, goal >= 0.8 of
+copy. At H = 128 it is 240-480 FLOP/byte: compute-bound (0.8 of copy would need ~770 TFLOP/s of
+mma, about the dense bf16 ceiling), so there the figure of merit is the fraction of the matmul
+rate. The `bound` column says which applies, `goal` repeats that ratio.
 """
 
 from __future__ import annotations
@@ -42,6 +50,35 @@ def median_ms(fn, reps=20):
     return statistics.median(times)
 
 
+def graph_ms(fn, calls, reps=20):
+    """Median ms of one fn() from replays of a CUDA graph of `calls` captured fn() calls, so that
+    host launch latency stays out of the figure (and the call is checked to be capturable).
+    Falls back to `calls` back-to-back calls between the events if capture fails."""
+    fn()
+    torch.cuda.synchronize()
+    try:
+        g = torch.cuda.CUDAGraph()
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            fn()  # warm-up on the capture stream
+        torch.cuda.current_stream().wait_stream(s)
+        torch.cuda.synchronize()
+        with torch.cuda.graph(g):
+            for _ in range(calls):
+                fn()
+        return median_ms(g.replay, reps) / calls, "graph"
+    except Exception as e:  # noqa: BLE001
+        print(f"graph capture failed ({e}); timing back-to-back calls", file=sys.stderr)
+        torch.cuda.synchronize()
+
+        def many():
+            for _ in range(calls):
+                fn()
+
+        return median_ms(many, reps) / calls, "loop"
+
+
 def copy_anchor_gbs():
     x = torch.randn(1 << 28, device="cuda", dtype=torch.bfloat16)  # 512 MB
     y = torch.empty_like(x)
@@ -49,7 +86,15 @@ def copy_anchor_gbs():
     return 2 * x.numel() * 2 / ms / 1e6
 
 
-def case(b, t, h, s_q, copy_gbs):
+def matmul_anchor_tflops():
+    n = 8192
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    ms = median_ms(lambda: torch.matmul(a, w))
+    return 2 * n ** 3 / ms / 1e9
+
+
+def case(b, t, h, s_q, copy_gbs, mm_tflops, num_splits=0):
     pages = t // 64
     cache_bytes = b * t * 576 * 2
     n_sets = max(1, min(8, -(-3 * L2 // cache_bytes)))
@@ -64,20 +109,21 @@ def case(b, t, h, s_q, copy_gbs):
     lens = torch.full((b,), t, device="cuda", dtype=torch.int32)
     out = torch.empty(b, s_q, h, 512, device="cuda", dtype=torch.bfloat16)
     lse = torch.empty(b, s_q, h, device="cuda", dtype=torch.float32)
-    splits, need = M.cuda_workspace(b, s_q, h, pages)
+    splits, need = M.cuda_workspace(b, s_q, h, pages, num_splits)
     ws = torch.empty(max(need, 1), device="cuda", dtype=torch.uint8)
     fn = M._cuda_fns()[0]
 
     def ours():
+        st = torch.cuda.current_stream().cuda_stream  # the capture stream while a graph is captured
         for q, kv, pt in sets:
             rc = fn(q.data_ptr(), kv.data_ptr(), pt.data_ptr(), lens.data_ptr(), out.data_ptr(), lse.data_ptr(),
-                    b, s_q, h, b * pages, pages, scale, 0, ws.data_ptr(), need, stream.cuda_stream)
+                    b, s_q, h, b * pages, pages, scale, num_splits, ws.data_ptr(), need, st)
             assert rc == 0, rc
 
     # correctness of this size against torch on the first set
     q, kv, pt = sets[0]
     ours_once = lambda: fn(q.data_ptr(), kv.data_ptr(), pt.data_ptr(), lens.data_ptr(), out.data_ptr(),  # noqa: E731
-                           lse.data_ptr(), b, s_q, h, b * pages, pages, scale, 0, ws.data_ptr(), need,
+                           lse.data_ptr(), b, s_q, h, b * pages, pages, scale, num_splits, ws.data_ptr(), need,
                            stream.cuda_stream)
     ours_once()
     cache = kv[pt.long()].view(b, t, 576)  # contiguous copy for the torch reference
@@ -99,34 +145,49 @@ def case(b, t, h, s_q, copy_gbs):
             p = torch.softmax(s, -1).to(torch.bfloat16)
             torch.matmul(p, cc[..., :512])
 
-    us = median_ms(ours) * 1e3 / n_sets
-    tus = median_ms(torch_ref) * 1e3 / len(tsets)
+    calls = max(1, -(-4 // n_sets))  # >= 4 kernel calls per replay
+    ms, how = graph_ms(ours, calls)
+    us = ms * 1e3 / n_sets
+    tms, _ = graph_ms(torch_ref, max(1, -(-4 // len(tsets))))
+    tus = tms * 1e3 / len(tsets)
     gbs = cache_bytes / us / 1e3
+    flops = 2.0 * b * s_q * h * t * (576 + 512)
+    tflops = flops / us / 1e6
+    memory_bound = flops / cache_bytes < mm_tflops * 1e3 / copy_gbs
     return dict(B=b, T=t, H=h, S_q=s_q, splits=splits, us=us, GBs=gbs, frac_copy=gbs / copy_gbs,
-                torch_us=tus, speedup=tus / us, max_err=err)
+                TFLOPs=tflops, frac_mm=tflops / mm_tflops, bound="memory" if memory_bound else "compute",
+                goal=gbs / copy_gbs if memory_bound else tflops / mm_tflops,
+                torch_us=tus, speedup=tus / us, max_err=err, timing=how)
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="out/gpu")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--cases", default="", help="B:T:H:S_q[:splits],... instead of the default grid")
     a = ap.parse_args()
     Path(a.out).mkdir(parents=True, exist_ok=True)
     copy_gbs = copy_anchor_gbs()
+    mm_tflops = matmul_anchor_tflops()
     rows = []
     grid = [(64, 4096, 16, 1), (64, 4096, 128, 1)] if a.quick else \
         [(b, t, h, s) for b in (64, 128) for t in (4096, 8192) for h in (16, 128) for s in (1, 2)]
-    for b, t, h, s in grid:
-        r = case(b, t, h, s, copy_gbs)
+    if a.cases:
+        grid = [tuple(int(x) for x in c.split(":")) for c in a.cases.split(",")]
+    for g in grid:
+        r = case(*g[:4], copy_gbs, mm_tflops, *g[4:])
         rows.append(r)
         print(json.dumps(r))
         torch.cuda.empty_cache()
-    (Path(a.out) / "bench_mla_decode.json").write_text(json.dumps({"copy_GBs": copy_gbs, "rows": rows}, indent=1))
-    print(f"copy anchor {copy_gbs:.0f} GB/s (read + write)")
-    print(f"{'B':>4} {'T':>5} {'H':>4} {'Sq':>2} {'spl':>3} {'us':>8} {'GB/s':>7} {'/copy':>6} {'torch us':>9} {'x':>5} {'err':>8}")
+    (Path(a.out) / "bench_mla_decode.json").write_text(
+        json.dumps({"copy_GBs": copy_gbs, "matmul_TFLOPs": mm_tflops, "rows": rows}, indent=1))
+    print(f"anchors: copy {copy_gbs:.0f} GB/s (read + write), bf16 matmul 8192^3 {mm_tflops:.0f} TFLOP/s")
+    print(f"{'B':>4} {'T':>5} {'H':>4} {'Sq':>2} {'spl':>3} {'us':>8} {'GB/s':>7} {'/copy':>6} {'TFLOP/s':>8} "
+          f"{'/mm':>5} {'bound':>7} {'goal':>5} {'torch us':>9} {'x':>5} {'err':>8}")
     for r in rows:
         print(f"{r['B']:>4} {r['T']:>5} {r['H']:>4} {r['S_q']:>2} {r['splits']:>3} {r['us']:>8.1f} {r['GBs']:>7.0f} "
-              f"{r['frac_copy']:>6.2f} {r['torch_us']:>9.1f} {r['speedup']:>5.2f} {r['max_err']:>8.1e}")
+              f"{r['frac_copy']:>6.2f} {r['TFLOPs']:>8.1f} {r['frac_mm']:>5.2f} {r['bound']:>7} {r['goal']:>5.2f} "
+              f"{r['torch_us']:>9.1f} {r['speedup']:>5.2f} {r['max_err']:>8.1e}")
 
 
 if __name__ == "__main__":

@@ -1,15 +1,30 @@
 // MLA decode attention (absorbed weights, paged latent cache) for sm_90a.
 // Contract: include/dsx/mla_decode.h; helpers and shared-memory plan: mla_decode.cuh.
 //
-// Grid (row_tiles, splits, B). A CTA takes 16*MT query rows of one sequence (row = s*H + h,
-// rows of q[b] are contiguous) and the tokens of one split, 32 per stage through a 3-deep
-// cp.async ring. Per stage: (1) S = Q K^T * scale, masked, to shared fp32 (tiles of 16 rows
-// x 8 tokens spread over the 8 warps); (2) online softmax, 4 threads per row, P to shared
-// bf16; (3) O = alpha * O + P V, warp w owning latent columns [64w, 64w + 64) of all rows.
-// One split: normalised bf16 out + lse. Several: fp32 partials + lse to the workspace, then
-// mla_combine merges them in split order.
+// Grid (row_tiles, splits, B), one 256-thread CTA per SM. A CTA takes 16*MT query rows of one
+// sequence (row = s*H + h, rows of q[b] are contiguous; MT <= 4) and one split of that
+// sequence's pages (each sequence's own pages cut into `splits` equal page-aligned chunks),
+// 32 tokens (half a page, 36 KB contiguous in the cache) per stage through a cp.async ring
+// of Plan<MT>::kStages buffers. Per stage, with the score warps of Plan (warps 0-3 or 0-5):
+//  (1) S = Q K^T for the warp's row tile and 8-32 tokens, fp32 accumulators in registers;
+//      scaled, masked, the warp's row maxima to shared memory;
+//  (2) after a barrier each score warp forms the new running max from the group maxima (all
+//      warps of a row tile get the same value), p = exp(s - m) to shared bf16, its own partial
+//      row sums in registers, the rescale factor alpha per row to shared memory;
+//  (3) O = alpha * O + P V, warp w owning latent columns [64w, 64w + 64) of all rows, fp32
+//      accumulators in registers.
+// Software pipeline, two barriers per stage: iteration j runs (1) of stage j + 1 with the mma
+// of (3) of stage j interleaved into it, a barrier, then (2) of stage j + 1; the barrier that
+// opens iteration j + 1 publishes P. Two stages are read while kStages - 2 more are in flight.
+// Measured (bench/gpu_mla_decode.py, H200): with 16 rows the cache streams at 0.8-0.9 of copy
+// bandwidth; with 32 or more rows shared-memory reads of Q / K fragments and mma.sync bound it
+// (0.63-0.70 of copy at 32 rows, ~245 TFLOP/s at 128-256 rows); the next step is wgmma.
+// The end sums the partial row sums in group order (deterministic). One split: normalised bf16
+// out + lse. Several: fp32 partials + lse to the workspace, then mla_combine merges them in
+// split order.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "dsx.h"
@@ -26,90 +41,30 @@ struct Params {
   float* lse;
   float* ws_o;    // [B, splits, rows, 512] when splits > 1
   float* ws_lse;  // [B, splits, rows]
-  int s_q, heads, rows, max_pages, split_tokens, splits;
+  int s_q, heads, rows, max_pages, splits;
   float scale;
 };
 
-// Issue the copies of stage `st` (tokens t .. t + 32 of the sequence) into buffer `dst`;
-// tokens at or past `t_end` are zero-filled (never read).
-__device__ __forceinline__ void load_stage(const Params& p, const int32_t* pages, int t, int t_end,
-                                           uint32_t dst) {
-  for (int i = threadIdx.x; i < kStageT * kChunks; i += kThreads) {
-    const int row = i / kChunks, c = i - row * kChunks, tok = t + row;
-    const bool ok = tok < t_end;
-    const __nv_bfloat16* src = p.kv;
-    if (ok) src += ((int64_t)pages[tok / kPage] * kPage + (tok % kPage)) * kDim + c * 8;
-    cp_async16(dst + swz(row, c) * 16, src, ok ? 16 : 0);
+// Issue the copies of the stage starting at token t (a multiple of 32 inside page `page`)
+// into buffer `dst`: 36 KB contiguous in the cache, 9 x 16 bytes per thread. Tokens at or
+// past t_end are zero-filled (nothing is read for them: unused slots may hold NaN).
+__device__ __forceinline__ void load_stage(const __nv_bfloat16* kv, int page, int t, int t_end, uint32_t dst) {
+  const __nv_bfloat16* src = kv + ((int64_t)page * kPage + (t & (kPage - 1))) * kDim;
+  const int valid = t_end - t;
+#pragma unroll
+  for (int k = 0; k < kStageT * kChunks / kThreads; ++k) {
+    const int i = threadIdx.x + k * kThreads, row = i / kChunks, c = i - row * kChunks;
+    const bool ok = row < valid;
+    cp_async16(dst + swz(row, c) * 16, ok ? src + i * 8 : src, ok ? 16 : 0);
   }
 }
+static_assert(kStageT * kChunks % kThreads == 0, "stage copy must split evenly over the threads");
 
+// P V, in pieces that interleave with the score mma of the next stage. Warp w owns latent
+// columns [64w, 64w + 64) of all 16*MT rows. First O *= alpha (the stage's rescale per row).
 template <int MT>
-__device__ __forceinline__ void scores(const Params& p, uint32_t sq, uint32_t sk, float* sS, int row0, int t,
-                                       int len, int t_end) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  for (int i = warp; i < MT * 4; i += 8) {
-    const int rt = i >> 2, nt = i & 3;
-    float acc[4] = {0.f, 0.f, 0.f, 0.f};
-    const int brow = nt * 8 + (lane & 7), arow = rt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-#pragma unroll 6
-    for (int ks = 0; ks < kDim / 16; ks += 2) {  // two 16-dim k-steps per B load
-      uint32_t b[4], a0[4], a1[4];
-      ldsm_x4(sk + swz(brow, ks * 2 + (lane >> 3)) * 16, b[0], b[1], b[2], b[3]);
-      ldsm_x4(sq + swz(arow, ks * 2 + (lane >> 4)) * 16, a0[0], a0[1], a0[2], a0[3]);
-      ldsm_x4(sq + swz(arow, ks * 2 + 2 + (lane >> 4)) * 16, a1[0], a1[1], a1[2], a1[3]);
-      mma_bf16(acc, a0, b[0], b[1]);
-      mma_bf16(acc, a1, b[2], b[3]);
-    }
-    const int g = lane >> 2, c = lane & 3;
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int r = rt * 16 + g + half * 8, rg = row0 + r;
-      const int limit = rg < p.rows ? len - p.s_q + rg / p.heads : -1;  // last visible position
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int tok = nt * 8 + 2 * c + e;
-        sS[r * kSStride + tok] = (t + tok <= limit && t + tok < t_end) ? acc[half * 2 + e] * p.scale : -INFINITY;
-      }
-    }
-  }
-}
-
-// Online softmax over one stage: 4 threads per row, 8 tokens each.
-template <int MT>
-__device__ __forceinline__ void softmax_stage(const float* sS, __nv_bfloat16* sP, float* sM, float* sL,
-                                              float* sA) {
-  const int row = threadIdx.x >> 2, part = threadIdx.x & 3;
-  if (row >= 16 * MT) return;  // warp-uniform: 8 rows per warp, 16 * MT rows
-  float v[8], mx = -INFINITY;
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    v[j] = sS[row * kSStride + part * 8 + j];
-    mx = fmaxf(mx, v[j]);
-  }
-  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-  const float m_old = sM[row], m_new = fmaxf(m_old, mx);
-  const float base = m_new == -INFINITY ? 0.f : m_new;  // a row with nothing visible yet stays at 0
-  float sum = 0.f;
-#pragma unroll
-  for (int j = 0; j < 8; j += 2) {
-    const float p0 = __expf(v[j] - base), p1 = __expf(v[j + 1] - base);
-    sum += p0 + p1;
-    *reinterpret_cast<uint32_t*>(sP + row * kPStride + part * 8 + j) = pack_bf16(p0, p1);
-  }
-  sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-  sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-  if (part == 0) {
-    const float alpha = __expf(m_old - base);
-    sA[row] = alpha;
-    sL[row] = sL[row] * alpha + sum;
-    sM[row] = m_new;
-  }
-}
-
-template <int MT>
-__device__ __forceinline__ void accumulate_pv(float (&acc)[MT][8][4], uint32_t sp, uint32_t sk, const float* sA) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
+__device__ __forceinline__ void pv_rescale(float (&acc)[MT][8][4], const float* sA) {
+  const int g = (threadIdx.x & 31) >> 2;
 #pragma unroll
   for (int rt = 0; rt < MT; ++rt) {
     const float a0 = sA[rt * 16 + g], a1 = sA[rt * 16 + g + 8];
@@ -118,90 +73,257 @@ __device__ __forceinline__ void accumulate_pv(float (&acc)[MT][8][4], uint32_t s
       acc[rt][nt][0] *= a0; acc[rt][nt][1] *= a0; acc[rt][nt][2] *= a1; acc[rt][nt][3] *= a1;
     }
   }
+}
+
+// O += P[:, 16kk .. 16kk + 16) V[16kk .. 16kk + 16, cols of this warp). vbase: this lane's token
+// row (+ its warp's 128-byte column block) in the stage buffer; v_off: its swizzled chunk per
+// pair of 8-column tiles; pbase: this lane's ldmatrix row of P.
+template <int MT>
+__device__ __forceinline__ void pv_step(float (&acc)[MT][8][4], uint32_t pbase, uint32_t vbase,
+                                        const uint32_t (&v_off)[4], int kk) {
+  uint32_t b[4][4];
 #pragma unroll
-  for (int kk = 0; kk < kStageT / 16; ++kk) {
-    uint32_t b[4][4];
-    const int vrow = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+  for (int np = 0; np < 4; ++np)
+    ldsm_x4_t(vbase + kk * 16 * kRowBytes + v_off[np], b[np][0], b[np][1], b[np][2], b[np][3]);
 #pragma unroll
-    for (int np = 0; np < 4; ++np)
-      ldsm_x4_t(sk + swz(vrow, warp * 8 + np * 2 + (lane >> 4)) * 16, b[np][0], b[np][1], b[np][2], b[np][3]);
+  for (int rt = 0; rt < MT; ++rt) {
+    uint32_t a[4];
+    ldsm_x4(pbase + (rt * 16 * kPStride + kk * 16) * 2, a[0], a[1], a[2], a[3]);
 #pragma unroll
-    for (int rt = 0; rt < MT; ++rt) {
-      uint32_t a[4];
-      const int prow = rt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-      ldsm_x4(sp + (prow * kPStride + kk * 16 + (lane >> 4) * 8) * 2, a[0], a[1], a[2], a[3]);
-#pragma unroll
-      for (int np = 0; np < 4; ++np) {
-        mma_bf16(acc[rt][2 * np], a, b[np][0], b[np][1]);
-        mma_bf16(acc[rt][2 * np + 1], a, b[np][2], b[np][3]);
-      }
+    for (int np = 0; np < 4; ++np) {
+      mma_bf16(acc[rt][2 * np], a, b[np][0], b[np][1]);
+      mma_bf16(acc[rt][2 * np + 1], a, b[np][2], b[np][3]);
     }
+  }
+}
+
+// Scores of one pair kp of 16-dim k-steps (dims [32kp, 32kp + 32)) for the warp's row tile and
+// kNPW 8-token tiles; with kChains = 2 even and odd k-steps accumulate separately.
+template <int kNPW, int kChains>
+__device__ __forceinline__ void s_step(float (&s2)[kNPW][kChains][4], uint32_t abase, uint32_t bbase,
+                                       const uint32_t (&a_off)[2][2], const uint32_t (&b_off)[2], int kp) {
+  uint32_t a0[4], a1[4];
+  ldsm_x4(abase + (kp >> 1) * 128 + a_off[kp & 1][0], a0[0], a0[1], a0[2], a0[3]);
+  ldsm_x4(abase + (kp >> 1) * 128 + a_off[kp & 1][1], a1[0], a1[1], a1[2], a1[3]);
+#pragma unroll
+  for (int n = 0; n < kNPW; ++n) {
+    uint32_t bf[4];
+    ldsm_x4(bbase + n * 8 * kRowBytes + (kp >> 1) * 128 + b_off[kp & 1], bf[0], bf[1], bf[2], bf[3]);
+    mma_bf16(s2[n][0], a0, bf[0], bf[1]);
+    mma_bf16(s2[n][kChains - 1], a1, bf[2], bf[3]);
+  }
+}
+
+// Scaled, masked scores of stage tokens [t, t + 32) to sc; the warp's row maxima to sRed.
+template <int kNPW, int kChains, int kRows>
+__device__ __forceinline__ void s_finish(const float (&s2)[kNPW][kChains][4], float (&sc)[kNPW][4], float* sRed,
+                                         const int (&limit)[2], int t, int t_end, float scale, int rt, int grp) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, c4 = lane & 3;
+  float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int n = 0; n < kNPW; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int half = e >> 1, tpos = t + (grp * kNPW + n) * 8 + 2 * c4 + (e & 1);
+      const float v = (kChains == 2 ? s2[n][0][e] + s2[n][kChains - 1][e] : s2[n][0][e]) * scale;
+      sc[n][e] = (tpos <= limit[half] && tpos < t_end) ? v : -INFINITY;
+      mx[half] = fmaxf(mx[half], sc[n][e]);
+    }
+  }
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    mx[half] = fmaxf(mx[half], __shfl_xor_sync(0xffffffffu, mx[half], 1));
+    mx[half] = fmaxf(mx[half], __shfl_xor_sync(0xffffffffu, mx[half], 2));
+    if (c4 == 0) sRed[grp * kRows + rt * 16 + g + half * 8] = mx[half];
+  }
+}
+
+// Online softmax step of a stage (after the barrier that publishes all group maxima): new
+// running max per row (the same value in every warp of the row tile), p = exp(s - m) to shared
+// bf16, the lane's partial row sums, and alpha = exp(m_old - m_new) to sAlpha (group 0 writes).
+template <int kNPW, int kRows, int kGroups>
+__device__ __forceinline__ void softmax_step(const float (&sc)[kNPW][4], const float* sRed, __nv_bfloat16* sP,
+                                             float* sAlpha, float (&m_run)[2], float (&l_run)[2], int rt, int grp) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, c4 = lane & 3;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = rt * 16 + g + half * 8;
+    float ms = sRed[r];
+#pragma unroll
+    for (int gi = 1; gi < kGroups; ++gi) ms = fmaxf(ms, sRed[gi * kRows + r]);
+    const float m_new = fmaxf(m_run[half], ms);
+    const float base = m_new == -INFINITY ? 0.f : m_new;  // a row with nothing visible yet stays at 0
+    const float alpha = __expf(m_run[half] - base);
+    m_run[half] = m_new;
+    float sum = 0.f;
+#pragma unroll
+    for (int n = 0; n < kNPW; ++n) {
+      const float p0 = __expf(sc[n][2 * half] - base), p1 = __expf(sc[n][2 * half + 1] - base);
+      sum += p0 + p1;
+      *reinterpret_cast<uint32_t*>(sP + r * kPStride + (grp * kNPW + n) * 8 + 2 * c4) = pack_bf16(p0, p1);
+    }
+    l_run[half] = l_run[half] * alpha + sum;
+    if (grp == 0 && c4 == 0) sAlpha[r] = alpha;
   }
 }
 
 template <int MT>
 __global__ void __launch_bounds__(kThreads, 1) mla_decode_kernel(Params p) {
-  using SM = Smem<MT>;
+  using PL = Plan<MT>;
+  constexpr int kRows = PL::kRows, kStages = PL::kStages, kNPW = PL::kNPW, kGroups = PL::kGroups;
+  constexpr int kChains = PL::kChains;
+  static_assert(kStages >= 3, "the loop reads two stages while the ring refills a third");
   extern __shared__ __align__(128) unsigned char smem[];
-  const uint32_t sq = smem_u32(smem), sk0 = sq + SM::kOffK;
-  float* sS = reinterpret_cast<float*>(smem + SM::kOffS);
-  __nv_bfloat16* sP = reinterpret_cast<__nv_bfloat16*>(smem + SM::kOffP);
-  float* sM = reinterpret_cast<float*>(smem + SM::kOffStat);
-  float *sL = sM + SM::kRows, *sA = sL + SM::kRows;
+  const uint32_t sq = smem_u32(smem), sk0 = sq + PL::kOffK, sp = sq + PL::kOffP;
+  __nv_bfloat16* sP = reinterpret_cast<__nv_bfloat16*>(smem + PL::kOffP);
+  float* sRed = reinterpret_cast<float*>(smem + PL::kOffRed);  // [kGroups][kRows]
+  float* sAlpha = reinterpret_cast<float*>(smem + PL::kOffAlpha);
+  float* sM = reinterpret_cast<float*>(smem + PL::kOffM);
 
-  const int b = blockIdx.z, split = blockIdx.y, row0 = blockIdx.x * SM::kRows;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c4 = lane & 3;
+  const int b = blockIdx.z, split = blockIdx.y, row0 = blockIdx.x * kRows;
   const int len = min(max(p.lens[b], 0), p.max_pages * kPage);
-  const int t_begin = split * p.split_tokens, t_end = min(len, t_begin + p.split_tokens);
-  const int n_st = t_end > t_begin ? (t_end - t_begin + kStageT - 1) / kStageT : 0;
+  const int pages_b = (len + kPage - 1) / kPage, pps = (pages_b + p.splits - 1) / p.splits;
+  const int t_begin = min(split * pps * kPage, len), t_end = min(len, t_begin + pps * kPage);
+  const int n_st = (t_end - t_begin + kStageT - 1) / kStageT;
   const int32_t* pages = p.pt + (int64_t)b * p.max_pages;
 
   const __nv_bfloat16* qb = p.q + (int64_t)b * p.rows * kDim;  // q[b] is [rows, 576]
-  for (int i = threadIdx.x; i < SM::kRows * kChunks; i += kThreads) {
+  for (int i = threadIdx.x; i < kRows * kChunks; i += kThreads) {
     const int r = i / kChunks, c = i - r * kChunks, rg = row0 + r;
     cp_async16(sq + swz(r, c) * 16, rg < p.rows ? qb + (int64_t)rg * kDim + c * 8 : qb, rg < p.rows ? 16 : 0);
   }
-  for (int r = threadIdx.x; r < SM::kRows; r += kThreads) { sM[r] = -INFINITY; sL[r] = 0.f; }
+#pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
-    if (s < n_st) load_stage(p, pages, t_begin + s * kStageT, t_end, sk0 + s * SM::kK);
+    if (s < n_st) {
+      const int t = t_begin + s * kStageT;
+      load_stage(p.kv, pages[t / kPage], t, t_end, sk0 + s * kStageBytes);
+    }
     cp_async_commit();
+  }
+  // page id of the next stage to issue, read one stage ahead so its latency hides behind compute
+  int pg_next = kStages - 1 < n_st ? pages[(t_begin + (kStages - 1) * kStageT) / kPage] : 0;
+
+  // S phase role: row tile rt, score tiles [grp * kNPW, grp * kNPW + kNPW) of 8 tokens.
+  const int rt = warp / kGroups, grp = warp % kGroups;
+  const bool s_warp = PL::kAllScore || rt < MT;  // warp-uniform
+  const int arow = rt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;  // arow & 7 == lane & 7
+  // Q / K chunk 8j + x of 16-dim k-step pair kp: j = kp / 2, x = 4 (kp & 1) + lane part; swizzled
+  uint32_t a_off[2][2], b_off[2], v_off[4];
+#pragma unroll
+  for (int par = 0; par < 2; ++par) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) a_off[par][h] = ((4 * par + 2 * h + (lane >> 4)) ^ (lane & 7)) * 16;
+    b_off[par] = ((4 * par + (lane >> 3)) ^ (lane & 7)) * 16;
+  }
+#pragma unroll
+  for (int np = 0; np < 4; ++np) v_off[np] = ((np * 2 + (lane >> 4)) ^ (lane & 7)) * 16;  // chunk 8w + 2np + .
+  const uint32_t abase = sq + arow * kRowBytes;
+  const int bro = (grp * kNPW * 8 + (lane & 7)) * kRowBytes;
+  const int vro = ((lane & 7) + ((lane >> 3) & 1) * 8) * kRowBytes + warp * 128;
+  const uint32_t pbase = sp + (((lane & 7) + ((lane >> 3) & 1) * 8) * kPStride + (lane >> 4) * 8) * 2;
+  int limit[2];  // last visible cache position of rows rt*16 + g (+8); -1: padding row
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int rg = row0 + rt * 16 + g + half * 8;
+    limit[half] = (s_warp && rg < p.rows) ? len - p.s_q + rg / p.heads : -1;
   }
 
   float acc[MT][8][4];
 #pragma unroll
-  for (int rt = 0; rt < MT; ++rt)
+  for (int i = 0; i < MT; ++i)
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt) acc[rt][nt][0] = acc[rt][nt][1] = acc[rt][nt][2] = acc[rt][nt][3] = 0.f;
+    for (int nt = 0; nt < 8; ++nt) acc[i][nt][0] = acc[i][nt][1] = acc[i][nt][2] = acc[i][nt][3] = 0.f;
 
-  for (int st = 0; st < n_st; ++st) {
+  // Software pipeline: iteration j computes the scores of stage j + 1 interleaved with P V of
+  // stage j, then (after one barrier) the softmax of stage j + 1; two barriers per stage.
+  float sc[kNPW][4];
+  float s2[kNPW][kChains][4];
+  if (n_st > 0) {
     cp_async_wait<kStages - 2>();
-    __syncthreads();  // stage st landed for all threads; buffer (st - 1) % 3 is free again
-    const int nxt = st + kStages - 1;
-    if (nxt < n_st) load_stage(p, pages, t_begin + nxt * kStageT, t_end, sk0 + (nxt % kStages) * SM::kK);
+    __syncthreads();  // Q and stage 0 landed
+    if (s_warp) {
+#pragma unroll
+      for (int n = 0; n < kNPW; ++n)
+#pragma unroll
+        for (int ch = 0; ch < kChains; ++ch)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s2[n][ch][e] = 0.f;
+#pragma unroll
+      for (int kp = 0; kp < kDim / 32; ++kp) s_step<kNPW, kChains>(s2, abase, sk0 + bro, a_off, b_off, kp);
+      s_finish<kNPW, kChains, kRows>(s2, sc, sRed, limit, t_begin, t_end, p.scale, rt, grp);
+    }
+    __syncthreads();  // group maxima of stage 0 visible
+    if (s_warp) softmax_step<kNPW, kRows, kGroups>(sc, sRed, sP, sAlpha, m_run, l_run, rt, grp);
+  }
+  for (int j = 0; j < n_st; ++j) {
+    cp_async_wait<kStages - 3>();
+    __syncthreads();  // stage j + 1 landed; P, alpha of stage j visible; the buffer of stage j - 1 is free
+    const int nxt = j + kStages - 1;
+    if (nxt < n_st) load_stage(p.kv, pg_next, t_begin + nxt * kStageT, t_end, sk0 + (nxt % kStages) * kStageBytes);
     cp_async_commit();
-    const uint32_t sk = sk0 + (st % kStages) * SM::kK;
-    scores<MT>(p, sq, sk, sS, row0, t_begin + st * kStageT, len, t_end);
-    __syncthreads();
-    softmax_stage<MT>(sS, sP, sM, sL, sA);
-    __syncthreads();
-    accumulate_pv<MT>(acc, smem_u32(sP), sk, sA);
+    if (nxt + 1 < n_st) pg_next = pages[(t_begin + (nxt + 1) * kStageT) / kPage];
+    const uint32_t sk = sk0 + (j % kStages) * kStageBytes, sk_next = sk0 + ((j + 1) % kStages) * kStageBytes;
+    const bool scores_next = s_warp && j + 1 < n_st;  // warp-uniform
+    pv_rescale<MT>(acc, sAlpha);
+    if (scores_next) {
+#pragma unroll
+      for (int n = 0; n < kNPW; ++n)
+#pragma unroll
+        for (int ch = 0; ch < kChains; ++ch)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s2[n][ch][e] = 0.f;
+#pragma unroll
+      for (int kp = 0; kp < kDim / 32; ++kp) {
+        s_step<kNPW, kChains>(s2, abase, sk_next + bro, a_off, b_off, kp);
+        if (kp == 5) pv_step<MT>(acc, pbase, sk + vro, v_off, 0);
+        if (kp == 11) pv_step<MT>(acc, pbase, sk + vro, v_off, 1);
+      }
+      s_finish<kNPW, kChains, kRows>(s2, sc, sRed, limit, t_begin + (j + 1) * kStageT, t_end, p.scale, rt, grp);
+    } else {
+      pv_step<MT>(acc, pbase, sk + vro, v_off, 0);
+      pv_step<MT>(acc, pbase, sk + vro, v_off, 1);
+    }
+    __syncthreads();  // group maxima of stage j + 1 visible; P of stage j fully read
+    if (scores_next) softmax_step<kNPW, kRows, kGroups>(sc, sRed, sP, sAlpha, m_run, l_run, rt, grp);
   }
   cp_async_wait<0>();
-  __syncthreads();
+  __syncthreads();  // the loop's last softmax read sRed
 
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
-  const bool split_out = p.splits > 1;
-#pragma unroll
-  for (int rt = 0; rt < MT; ++rt) {
+  // Row sums: lanes of a row, then groups in order.
+  if (s_warp) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const int r = rt * 16 + g + half * 8, rg = row0 + r;
+      float l = l_run[half];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const int r = rt * 16 + g + half * 8;
+      if (c4 == 0) {
+        sRed[grp * kRows + r] = l;
+        if (grp == 0) sM[r] = m_run[half];
+      }
+    }
+  }
+  __syncthreads();
+
+  const int c = c4;
+  const bool split_out = p.splits > 1;
+#pragma unroll
+  for (int i = 0; i < MT; ++i) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = i * 16 + g + half * 8, rg = row0 + r;
       if (rg >= p.rows) continue;
-      const float l = sL[r], inv = l > 0.f ? 1.f / l : 0.f;
+      float l = sRed[r];
+#pragma unroll
+      for (int gi = 1; gi < kGroups; ++gi) l += sRed[gi * kRows + r];
+      const float inv = l > 0.f ? 1.f / l : 0.f;
       const int64_t orow = split_out ? ((int64_t)b * p.splits + split) * p.rows + rg : (int64_t)b * p.rows + rg;
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt) {
         const int col = warp * 64 + nt * 8 + 2 * c;
-        const float v0 = acc[rt][nt][half * 2] * inv, v1 = acc[rt][nt][half * 2 + 1] * inv;
+        const float v0 = acc[i][nt][half * 2] * inv, v1 = acc[i][nt][half * 2 + 1] * inv;
         if (split_out) {
           *reinterpret_cast<float2*>(p.ws_o + orow * kLat + col) = make_float2(v0, v1);
         } else {
@@ -210,10 +332,13 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_kernel(Params p) {
       }
     }
   }
-  for (int r = threadIdx.x; r < SM::kRows; r += kThreads) {
+  for (int r = threadIdx.x; r < kRows; r += kThreads) {
     const int rg = row0 + r;
     if (rg >= p.rows) continue;
-    const float l = sL[r], v = l > 0.f ? sM[r] + logf(l) : -INFINITY;
+    float l = sRed[r];
+#pragma unroll
+    for (int gi = 1; gi < kGroups; ++gi) l += sRed[gi * kRows + r];
+    const float v = l > 0.f ? sM[r] + logf(l) : -INFINITY;
     if (split_out) p.ws_lse[((int64_t)b * p.splits + split) * p.rows + rg] = v;
     else p.lse[(int64_t)b * p.rows + rg] = v;
   }
@@ -247,17 +372,16 @@ __global__ void __launch_bounds__(128) mla_combine_kernel(Params p) {
 template <int MT>
 cudaError_t launch(const Params& p, int row_tiles, int batch, cudaStream_t stream) {
   static const cudaError_t attr = cudaFuncSetAttribute(
-      mla_decode_kernel<MT>, cudaFuncAttributeMaxDynamicSharedMemorySize, Smem<MT>::kBytes);
+      mla_decode_kernel<MT>, cudaFuncAttributeMaxDynamicSharedMemorySize, Plan<MT>::kBytes);
   if (attr != cudaSuccess) return attr;
-  mla_decode_kernel<MT><<<dim3(row_tiles, p.splits, batch), kThreads, Smem<MT>::kBytes, stream>>>(p);
+  mla_decode_kernel<MT><<<dim3(row_tiles, p.splits, batch), kThreads, Plan<MT>::kBytes, stream>>>(p);
   return cudaGetLastError();
 }
 
 int row_tile_mt(int rows) { return rows >= 64 ? 4 : (rows + 15) / 16; }
 
-// Split count: 1 when the (b, row tile) CTAs fill the GPU; otherwise the smallest count that
-// gives at least one full wave at >= 85% wave efficiency (else the most efficient), and
-// never more splits than pages.
+// Split count (one CTA per SM): the smallest count whose CTAs fill their waves to >= 90%,
+// else the most efficient one up to kMaxSplits; never more splits than pages.
 int choose_splits(int64_t ctas, int64_t max_pages, int requested) {
   int n = requested;
   if (n <= 0) {
@@ -266,14 +390,12 @@ int choose_splits(int64_t ctas, int64_t max_pages, int requested) {
                                                   cudaSuccess)
       sms = 132;
     n = 1;
-    if (ctas < sms) {
-      double best = 0.0;
-      for (int s = 1; s <= kMaxSplits && s <= max_pages; ++s) {
-        const int64_t c = ctas * s, waves = (c + sms - 1) / sms;
-        const double eff = double(c) / double(waves * sms);
-        if (c >= sms && eff >= 0.85) { n = s; break; }
-        if (eff > best + 1e-9) { best = eff; n = s; }
-      }
+    double best = 0.0;
+    for (int s = 1; s <= kMaxSplits && s <= max_pages; ++s) {
+      const int64_t c = ctas * s, waves = (c + sms - 1) / sms;
+      const double eff = double(c) / double(waves * sms);
+      if (eff >= 0.9) { n = s; break; }
+      if (eff > best + 1e-9) { best = eff; n = s; }
     }
   }
   n = (int)std::min<int64_t>(std::min<int64_t>(n, kMaxSplits), max_pages);
@@ -325,7 +447,6 @@ extern "C" int dsx_mla_decode_paged_bf16_cuda(const void* q, const void* kv_cach
   p.rows = (int)(s_q * heads);
   p.max_pages = (int)max_pages;
   p.splits = splits;
-  p.split_tokens = (int)((max_pages + splits - 1) / splits) * kPage;
   p.scale = softmax_scale;
   if (splits > 1) {
     p.ws_o = static_cast<float*>(workspace);

@@ -8,27 +8,43 @@
 namespace dsx_mla {
 
 constexpr int kPage = 64, kLat = 512, kDim = 576;
-constexpr int kChunks = kDim / 8;        // 16-byte chunks per token row (72)
-constexpr int kStageT = 32;              // tokens per pipeline stage (half a page)
-constexpr int kStages = 3;               // cp.async ring depth
-constexpr int kThreads = 256;            // 8 warps; warp w owns output columns [64w, 64w + 64)
-constexpr int kSStride = kStageT + 4;    // fp32 scores row stride
-constexpr int kPStride = kStageT + 8;    // bf16 probabilities row stride (80 B: ldmatrix conflict-free)
+constexpr int kChunks = kDim / 8;                  // 16-byte chunks per token row (72)
+constexpr int kRowBytes = kDim * 2;                // 1152
+constexpr int kStageT = 32;                        // tokens per pipeline stage (half a page)
+constexpr int kStageBytes = kStageT * kRowBytes;   // 36864, contiguous in the cache
+constexpr int kThreads = 256;                      // 8 warps; in P V warp w owns columns [64w, 64w + 64)
+constexpr int kPStride = kStageT + 8;              // bf16 probabilities row stride (80 B: ldmatrix conflict-free)
 constexpr int kMaxSplits = 64;
+constexpr int kMaxSmem = 232448;                   // sm_90 opt-in dynamic shared memory per block
 
 // Token-major tiles of 576 bf16 per row (Q rows and cache tokens): chunk c of row r sits at
 // 16-byte slot r * 72 + (c ^ (r & 7)), so the 8 rows of one ldmatrix hit 8 distinct banks.
 __device__ __forceinline__ int swz(int row, int chunk) { return row * kChunks + (chunk ^ (row & 7)); }
 
+// Shared memory of a CTA with MT row tiles of 16 query rows: the Q tile, a ring of kStages
+// cache stages (32 tokens each), bf16 P of one stage, per-group row maxima (then row sums),
+// the per-row rescale factor of the stage and the final row max. One CTA per SM: the ring is
+// as deep as the 227 KB allow; the loop reads two stages while the other kStages - 2 (3 x 36 KB
+// for MT <= 2, 2 x 36 KB for MT >= 3) are in flight.
 template <int MT>
-struct Smem {
+struct Plan {
   static constexpr int kRows = 16 * MT;
-  static constexpr int kQ = kRows * kDim * 2;
-  static constexpr int kK = kStageT * kDim * 2;
-  static constexpr int kS = kRows * kSStride * 4;
-  static constexpr int kP = kRows * kPStride * 2;
-  static constexpr int kOffK = kQ, kOffS = kQ + kStages * kK, kOffP = kOffS + kS, kOffStat = kOffP + kP;
-  static constexpr int kBytes = kOffStat + 3 * kRows * 4;  // + m, l, alpha per row
+  static constexpr int kStages = MT <= 2 ? 5 : 4;
+  // S phase: warp -> (row tile rt = warp / kGroups, kNPW consecutive 8-token score tiles). MT 1:
+  // warps 0-3 one tile each; MT 2: warps 0-3 two tiles; MT 3: warps 0-5 two tiles; MT 4: warps
+  // 0-3 all four tiles. Warps 0-3 sit on the four SM sub-partitions, and wider tiles reuse each
+  // Q fragment read from shared memory for more mma (shared-memory traffic limits MT >= 2).
+  static constexpr int kNPW = MT == 1 ? 1 : MT == 4 ? 4 : 2;
+  static constexpr int kGroups = 4 / kNPW;
+  static constexpr int kChains = kNPW >= 4 ? 1 : 2;  // accumulators per score tile (even / odd k-steps)
+  static constexpr bool kAllScore = kRows / 16 * kGroups >= 8;  // every warp has a row tile
+  static constexpr int kOffK = kRows * kRowBytes;
+  static constexpr int kOffP = kOffK + kStages * kStageBytes;
+  static constexpr int kOffRed = kOffP + kRows * kPStride * 2;
+  static constexpr int kOffAlpha = kOffRed + kGroups * kRows * 4;
+  static constexpr int kOffM = kOffAlpha + kRows * 4;
+  static constexpr int kBytes = kOffM + kRows * 4;
+  static_assert(kBytes <= kMaxSmem, "shared memory plan exceeds 227 KB");
 };
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
@@ -54,7 +70,7 @@ __device__ __forceinline__ void ldsm_x4_t(uint32_t addr, uint32_t& r0, uint32_t&
 
 // d += a (16x16 row) * b (16x8 col), bf16 inputs, fp32 accumulators.
 __device__ __forceinline__ void mma_bf16(float* d, const uint32_t* a, uint32_t b0, uint32_t b1) {
-  asm volatile(
+  asm(  // no side effects: a pure function of registers, free to schedule
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
       "{%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])

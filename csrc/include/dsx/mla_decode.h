@@ -25,11 +25,15 @@
  * id outside [0, num_pages).
  *
  * CUDA (_cuda): device pointers, asynchronous on `stream`, no allocation (graph capturable).
- * Each CTA streams the pages of one sequence (a contiguous chunk of them when split) for a
- * tile of up to 64 query rows (rows = (s, h) flattened), with bf16 tensor-core mma, fp32
- * online softmax and cp.async double buffering. num_splits = 0 picks the split count from the
- * SM count; with more than one split the partials (fp32 out and lse per split) go to the
- * caller's workspace and a second kernel merges them in split order (deterministic).
+ * One CTA per SM streams the pages of one sequence (with num_splits > 1, split s of sequence b
+ * takes the s-th of `splits` equal page-aligned chunks of its own ceil(len_b / 64) pages) for a
+ * tile of up to 64 query rows (rows = (s, h) flattened; more rows take more tiles, whose CTAs
+ * run side by side and share the pages through L2), with bf16 tensor-core mma (scores and
+ * output accumulated in fp32 registers), fp32 online softmax (p rounded to bf16 for the P V
+ * product) and a cp.async ring of 32-token stages 4-5 deep. num_splits = 0 picks the split
+ * count from the SM count; with more than one split the partials (fp32 out and lse per split)
+ * go to the caller's workspace and a second kernel merges them in split order. Summation
+ * orders are fixed: the result is deterministic for given sizes and num_splits.
  * dsx_mla_decode_workspace_cuda gives the bytes needed and the split count chosen.
  * The kernel cannot report bad data: lengths are clamped to [0, 64 * max_pages] and
  * page ids are trusted (validate them on the host, as the Python entry does).
