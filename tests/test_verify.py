@@ -161,9 +161,9 @@ def test_incomplete_run_fails(mix_copy, tiny_fp8):
 def test_kernel_checks_run_and_pass(outputs, tiny_fp8):
     rep = verify(outputs / "mix", tiny_fp8)
     kinds = {k["kernel"] for k in rep["kernels"]}
-    assert {"block fp8 gemm", "weight_only_int4 gemm", "grouped fp8 gemm (MoE)", "mtp accept"} <= kinds
+    assert {"block fp8 gemm (cpu)", "weight_only_int4 gemm (cpu)", "grouped fp8 gemm (MoE, cpu)", "mtp accept (cpu)"} <= kinds
     assert all(k["ok"] and k["kernel_err"] < 8e-3 for k in rep["kernels"])
-    int4 = [k for k in rep["kernels"] if k["kernel"] == "weight_only_int4 gemm"]
+    int4 = [k for k in rep["kernels"] if k["kernel"] == "weight_only_int4 gemm (cpu)"]
     assert all(12 < k["quant_sqnr_db"] < 25 for k in int4)  # INT4 per channel: the quantization error users see
 
 
@@ -180,10 +180,57 @@ def test_broken_kernel_is_caught(outputs, tiny_fp8, monkeypatch, capsys):
     monkeypatch.setattr(gw, "gemm_weight_only", wrong_interleave)
     rep = verify(outputs / "mix", tiny_fp8)
     bad = [k for k in rep["kernels"] if not k["ok"]]
-    assert bad and all(k["kernel"] == "weight_only_int4 gemm" for k in bad)
+    assert bad and all(k["kernel"] == "weight_only_int4 gemm (cpu)" for k in bad)
     assert all(w["ok"] for w in rep["weights"])  # the stored weights are fine: only the kernel is wrong
     assert main(["verify", str(outputs / "mix"), "--reference", str(tiny_fp8)]) == 1
-    assert "weight_only_int4 gemm" in capsys.readouterr().err
+    assert "weight_only_int4 gemm (cpu)" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def latent512(tmp_path_factory):
+    """The tiny model with DeepSeek-V3's 512-d latent (the MLA kernel's shape), FP8 and INT4 conversions."""
+    from ds_export.tiny import TinySpec, write_tiny
+
+    root = tmp_path_factory.mktemp("v512")
+    write_tiny(root / "src", TinySpec(overrides=(("kv_lora_rank", 512),)))
+    for name, t in (("fp8", "a8w8_fp8"), ("int4", "weight_only_int4")):
+        assert main(["quantize", str(root / "src"), "--out", str(root / name), "--type", t, "--no-mtp", "-q"]) == 0
+    return root
+
+
+def test_mla_decode_kernel_check_with_absorbed_kv_b(latent512):
+    reps = {n: verify(latent512 / n, latent512 / "src", samples=2) for n in ("fp8", "int4")}
+    for n, rep in reps.items():
+        mla = [k for k in rep["kernels"] if k["kernel"].startswith("mla decode (cpu")]
+        assert len(mla) == 2 and rep["ok"], n  # 2 sampled layers
+        assert all(k["kernel_err"] < 8e-3 for k in mla)
+    sq = {n: min(k["quant_sqnr_db"] for k in r["kernels"] if k["role"] == "kv_b") for n, r in reps.items()}
+    assert sq["fp8"] > 25 and 8 < sq["int4"] < sq["fp8"] - 10, sq  # FP8 kv_b passes through; INT4 costs ~20 dB
+
+
+def test_broken_mla_kernel_is_caught(latent512, monkeypatch):
+    """An MLA kernel that drops the causal limit of the new tokens (every query sees the whole cache)."""
+    from ds_export.native import mla_decode as md
+
+    real = md.mla_decode
+
+    def no_causal(q, kv_cache, page_table, cache_lens, scale, **kw):
+        out = [real(q[:, i:i + 1], kv_cache, page_table, cache_lens, scale, **kw) for i in range(q.shape[1])]
+        return np.concatenate([o for o, _ in out], 1), np.concatenate([s for _, s in out], 1)
+
+    monkeypatch.setattr(md, "mla_decode", no_causal)
+    rep = verify(latent512 / "fp8", latent512 / "src", samples=1)
+    bad = [k for k in rep["kernels"] if not k["ok"]]
+    assert bad and all(k["kernel"].startswith("mla decode") for k in bad) and not rep["ok"]
+
+
+def test_device_cuda_without_a_gpu_is_a_clear_error(outputs, tiny_fp8, capsys):
+    from ds_export.native import cuda
+
+    if cuda.available():
+        pytest.skip("a GPU is here: tests/gpu/test_verify_cuda.py covers --device cuda")
+    assert main(["verify", str(outputs / "mix"), "--reference", str(tiny_fp8), "--device", "cuda"]) == 1
+    assert "--device cuda: no CUDA GPU" in capsys.readouterr().err
 
 
 def test_html_and_json_reports(outputs, tiny_fp8, tmp_path):

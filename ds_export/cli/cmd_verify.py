@@ -36,14 +36,13 @@ def verify(
     from ds_export.verify import verify as run_verify
 
     o = Out(json, quiet)
-    if device != "cpu":
-        raise UsageError("--device cuda is not available in verify yet: the CPU kernels check every format")
     if export_dir is not None and reference is None:
         raise UsageError("--export needs --reference (the unquantized logits come from the reference checkpoint)")
     from ds_export.verify import load_gates
 
     gates = load_gates(gate) if gate is not None else None
-    rep = run_verify(target, reference, expert_sample=experts, samples=samples, gates=gates, export=export_dir)
+    rep = run_verify(target, reference, expert_sample=experts, samples=samples, gates=gates, export=export_dir,
+                     device=device)
     if report is not None:
         atomic_write_json(report, rep)
     if html is not None:
@@ -89,7 +88,8 @@ def _print(o: Out, rep: dict) -> None:
                       "[green]ok[/]" if not g["failed"] else f"[red]{g['failed']} bad[/]")
         o.print(t)
     if rep["kernels"]:
-        t = Table(title="kernels (csrc, CPU): error vs float64 on the kernel's own inputs, and quantization SQNR",
+        t = Table(title=f"kernels (csrc, {rep.get('device', 'cpu').upper()}): error vs float64 on the kernel's own "
+                        "inputs, and quantization SQNR",
                   show_edge=False)
         for c in ("kernel", "tensor", "kernel err", "quant SQNR dB", "ok"):
             t.add_column(c, justify="left" if c in ("kernel", "tensor") else "right")

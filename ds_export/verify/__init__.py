@@ -38,7 +38,9 @@ def load_gates(path: str | Path) -> dict:
 
 
 def verify(target: str | Path, reference: str | Path | None = None, *, expert_sample: int | None = None,
-           samples: int = 4, gates: dict | None = None, export: str | Path | None = None) -> dict:
+           samples: int = 4, gates: dict | None = None, export: str | Path | None = None,
+           device: str = "cpu") -> dict:
+    """device: whose kernels the kernel checks run ("cpu": csrc/cpu, "cuda": csrc/cuda on the current GPU)."""
     target = Path(target)
     findings, manifest = check_files(target)
     report: dict = {"target": str(target), "reference": str(reference) if reference else None}
@@ -58,12 +60,13 @@ def verify(target: str | Path, reference: str | Path | None = None, *, expert_sa
                 stats = check_weights(ck, ref, cfg, expert_sample=expert_sample, gates=g.get("min_sqnr_db"))
                 if samples > 0:
                     kw = {"gate": g["kernel_max_rel_err"]} if "kernel_max_rel_err" in g else {}
-                    kstats = check_kernels(ck, ref, cfg, samples=samples, **kw)
+                    kstats = check_kernels(ck, ref, cfg, samples=samples, device=device, **kw)
     report["findings"] = [f.__dict__ for f in findings]
     report["weights"] = [s.to_json() for s in stats]
     report["by_format"] = _aggregate(stats)
     report["kernels"] = [k.to_json() for k in kstats]
     report["run"] = manifest.run if manifest else None
+    report["device"] = device
     report["e2e"] = None
     if export is not None and reference is not None:
         from ds_export.verify.e2e import E2E_MAX_KL, E2E_MIN_TOP1, check_export

@@ -7,8 +7,15 @@ For each sampled Linear:
   larger is a kernel or layout bug.
 - quantization error: the kernel's output against float64 on the reference weights and the
   unquantized activations, as SQNR: what users care about.
-Routed experts also go through the grouped (MoE) FP8 GEMM when they are FP8. The MTP
-accept kernel is checked against a plain reference on random drafts.
+Routed experts also go through the grouped (MoE) FP8 GEMM when they are FP8. MLA decode runs
+with the absorbed weights of each sampled layer's kv_b (the target's stored weight): its kernel
+error is against float64 attention on the kernel's own bf16 inputs, its quantization error against
+the unabsorbed float64 attention (keys and values through the reference kv_b), so absorption and
+kv_b's quantization are checked together. The MTP accept kernel is checked against a plain
+reference on random drafts.
+
+`device` picks the kernels: "cpu" (csrc/cpu, libdsx_cpu) or "cuda" (csrc/cuda, libdsx_cuda on
+the current GPU); the references and inputs are the same, so a report from each can be compared.
 Activations are realistic stand-ins: Gaussian tokens of varied scale with a few outlier
 channels, rounded to bf16 (a fixed seed, so reports are reproducible).
 """
@@ -28,6 +35,45 @@ from ds_export.verify.weights import compare, reference_f64
 
 KERNEL_GATE = 8e-3  # max |kernel - float64| / max |float64|: bf16 output rounding is 2^-9 relative
 M_TOKENS = 16
+DEVICES = ("cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One device's kernels, numpy in and out (device memory handled inside)."""
+
+    device: str
+    act_quant: object  # bf16 [M, K] -> (fp8 [M, K], float32 [M, ceil(K/128)])
+    gemm_fp8: object  # (xq, sx, w, s) -> bf16 [M, N]
+    grouped_fp8: object  # (xq, sx, ws, ss, offsets) -> bf16
+    gemm_wo: object  # (x, q, s, bits, group, arch) -> bf16
+    mla_decode: object  # (q, kv_cache, page_table, cache_lens, scale) -> (bf16 out, lse)
+    mtp_accept: object  # (draft, target, num_draft) -> (accepted, count)
+
+
+def backend(device: str = "cpu") -> Backend:
+    """The kernels of `device`; DsxError when it cannot run here (no GPU, no CUDA library)."""
+    from ds_export.errors import DsxError, UsageError
+
+    if device == "cpu":
+        from ds_export.native import kernels as k
+        from ds_export.native.gemm_weight_only import gemm_weight_only
+        from ds_export.native.mla_decode import mla_decode
+
+        return Backend("cpu", fp8_block.act_quant_native, k.gemm_fp8_nt, k.gemm_fp8_grouped_nt_contiguous,
+                       gemm_weight_only, mla_decode, k.mtp_accept_greedy)
+    if device == "cuda":
+        from ds_export.native import cuda
+        from ds_export.native.gemm_weight_only import gemm_weight_only_cuda
+        from ds_export.native.mla_decode import mla_decode_cuda
+
+        if not cuda.available():
+            raise DsxError("--device cuda: no CUDA GPU or CUDA runtime here",
+                           hint="run verify on a GPU machine, or use --device cpu (same checks, CPU kernels)")
+        cuda.lib()  # builds/loads libdsx_cuda now, so a build failure is reported before any check
+        return Backend("cuda", cuda.act_quant_fp8, cuda.gemm_fp8_nt, cuda.gemm_fp8_grouped_nt_contiguous,
+                       gemm_weight_only_cuda, mla_decode_cuda, cuda.mtp_accept_greedy)
+    raise UsageError(f"--device {device!r}: expected one of {', '.join(DEVICES)}")
 
 
 @dataclass
@@ -59,25 +105,22 @@ def _max_rel(got: np.ndarray, ref: np.ndarray) -> float:
     return float(np.abs(got.astype(np.float64) - ref).max()) / scale if scale else float(np.abs(got).max())
 
 
-def _fp8_linear(target: Checkpoint, name: str, x_bf16: np.ndarray):
-    from ds_export.native.kernels import gemm_fp8_nt
-
+def _fp8_linear(be: Backend, target: Checkpoint, name: str, x_bf16: np.ndarray):
     w, s = target.get(name), target.get(name + ds.SCALE_SUFFIX)
-    xq, sx = fp8_block.act_quant_native(x_bf16)
-    y = gemm_fp8_nt(xq, sx, w, s)
+    xq, sx = be.act_quant(x_bf16)
+    y = be.gemm_fp8(xq, sx, w, s)
     x_deq = fp8_block.dequant_ref(xq, sx, (1, 128)).astype(np.float64)
     ref = x_deq @ fp8_block.dequant_ref(w, s).astype(np.float64).T
     return y, ref
 
 
-def _wo_linear(target: Checkpoint, name: str, x_bf16: np.ndarray, n: int):
-    from ds_export.native.gemm_weight_only import gemm_weight_only
+def _wo_linear(be: Backend, target: Checkpoint, name: str, x_bf16: np.ndarray, n: int):
     from ds_export.verify.weights import _wo_params
 
     k = x_bf16.shape[1]
     bits, group, arch = _wo_params(target, name, (n, k))
     q, s = target.get(name), target.get(name + ds.WO_SCALE_SUFFIX)
-    y = gemm_weight_only(x_bf16, q, s, bits, group, arch)
+    y = be.gemm_wo(x_bf16, q, s, bits, group, arch)
     ref = x_bf16.astype(np.float64) @ weight_only.dequantize_ref(q, s, bits, group, arch, k).astype(np.float64).T
     return y, ref, f"weight_only_int{bits} gemm"
 
@@ -90,7 +133,8 @@ def _sample_layers(layers: list[int], samples: int) -> list[int]:
 
 
 def check_kernels(target: Checkpoint, reference: Checkpoint, cfg: ds.DeepseekV3Config, *, samples: int = 4,
-                  seed: int = 0, gate: float = KERNEL_GATE) -> list[KernelStat]:
+                  seed: int = 0, gate: float = KERNEL_GATE, device: str = "cpu") -> list[KernelStat]:
+    be = backend(device)
     roles = {n: ds.classify(n, cfg) for n in target.names()}
     layers = sorted({r.layer for r in roles.values() if r.layer is not None})
     chosen = set(_sample_layers(layers, samples))
@@ -105,23 +149,22 @@ def check_kernels(target: Checkpoint, reference: Checkpoint, cfg: ds.DeepseekV3C
         n, k = ref_w.shape
         x = activations(M_TOKENS, k, seed + (r.layer or 0))
         if info.dtype == "F8_E4M3":
-            y, ref, kern = *_fp8_linear(target, name, x), "block fp8 gemm"
+            y, ref, kern = *_fp8_linear(be, target, name, x), "block fp8 gemm"
         elif info.dtype == "I8":
-            y, ref, kern = _wo_linear(target, name, x, n)
+            y, ref, kern = _wo_linear(be, target, name, x, n)
         else:
             continue
         _, sqnr, _, _ = compare(x.astype(np.float64) @ ref_w.T, y.astype(np.float64))
         err = _max_rel(y, ref)
-        stats.append(KernelStat(kern, name, r.role, r.layer, err, sqnr, err <= gate))
-    stats += _grouped(target, roles, chosen, seed, gate)
-    stats.append(_mtp_accept(seed))
+        stats.append(KernelStat(f"{kern} ({be.device})", name, r.role, r.layer, err, sqnr, err <= gate))
+    stats += _grouped(be, target, roles, chosen, seed, gate)
+    stats += _mla(be, target, reference, cfg, roles, chosen, seed, gate)
+    stats.append(_mtp_accept(be, seed))
     return stats
 
 
-def _grouped(target: Checkpoint, roles: dict, chosen: set, seed: int, gate: float) -> list[KernelStat]:
+def _grouped(be: Backend, target: Checkpoint, roles: dict, chosen: set, seed: int, gate: float) -> list[KernelStat]:
     """The MoE path: FP8 experts of one sampled layer through the contiguous grouped GEMM."""
-    from ds_export.native.kernels import gemm_fp8_grouped_nt_contiguous
-
     out = []
     for layer in sorted(chosen):
         names = sorted((r.expert, n) for n, r in roles.items()
@@ -135,26 +178,24 @@ def _grouped(target: Checkpoint, roles: dict, chosen: set, seed: int, gate: floa
         counts = [3, 0, 5, 8][: len(names)]  # an expert with no tokens included
         offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
         x = activations(int(offsets[-1]), k, seed + 1000 + layer)
-        xq, sx = fp8_block.act_quant_native(x)
-        y = gemm_fp8_grouped_nt_contiguous(xq, sx, np.stack(ws), np.stack(ss), offsets)
+        xq, sx = be.act_quant(x)
+        y = be.grouped_fp8(xq, sx, np.stack(ws), np.stack(ss), offsets)
         x_deq = fp8_block.dequant_ref(xq, sx, (1, 128)).astype(np.float64)
         ref = np.concatenate([x_deq[offsets[e]:offsets[e + 1]] @ fp8_block.dequant_ref(ws[e], ss[e]).astype(
             np.float64).T for e in range(len(names))])
         err = _max_rel(y, ref)
-        out.append(KernelStat("grouped fp8 gemm (MoE)", f"model.layers.{layer}.mlp.experts.*.up_proj", "expert_up",
+        out.append(KernelStat(f"grouped fp8 gemm (MoE, {be.device})", f"model.layers.{layer}.mlp.experts.*.up_proj", "expert_up",
                               layer, err, math.inf, err <= gate))
     return out
 
 
-def _mtp_accept(seed: int) -> KernelStat:
-    from ds_export.native.kernels import mtp_accept_greedy
-
+def _mtp_accept(be: Backend, seed: int) -> KernelStat:
     rng = np.random.default_rng(seed)
     b, k = 64, 5
     target = rng.integers(0, 4, (b, k + 1))
     draft = np.where(rng.random((b, k)) < 0.7, target[:, :k], rng.integers(0, 4, (b, k)))
     nd = rng.integers(0, k + 1, b).astype(np.int32)
-    acc, cnt = mtp_accept_greedy(draft, target, nd)
+    acc, cnt = be.mtp_accept(draft, target, nd)
     bad = 0
     for i in range(b):
         j = 0
@@ -162,4 +203,78 @@ def _mtp_accept(seed: int) -> KernelStat:
             j += 1
         want = list(draft[i, :j]) + [target[i, j]]
         bad += cnt[i] != len(want) or list(acc[i, : cnt[i]]) != want
-    return KernelStat("mtp accept", f"random drafts B={b} K={k}", "-", None, float(bad), math.inf, bad == 0)
+    return KernelStat(f"mtp accept ({be.device})", f"random drafts B={b} K={k}", "-", None, float(bad), math.inf, bad == 0)
+
+
+# ------------------------------------------------------------------ MLA ----
+
+MLA_BATCH, MLA_SQ, MLA_LENS = 2, 2, (150, 77)  # 2 sequences, 2 new tokens each (a verify step), ragged
+
+
+def _mla(be: Backend, target: Checkpoint, reference: Checkpoint, cfg: ds.DeepseekV3Config, roles: dict,
+         chosen: set, seed: int, gate: float) -> list[KernelStat]:
+    """MLA decode with each sampled layer's absorbed kv_b over a paged latent cache (see the module doc)."""
+    from ds_export.native.mla_decode import DIM, LATENT, PAGE, ROPE
+    from ds_export.verify.weights import stored_f64
+
+    if cfg.kv_lora_rank != LATENT or cfg.qk_rope_head_dim != ROPE:
+        return []  # the kernel is DeepSeek-V3's 512 + 64 latent; other shapes have no MLA kernel to check
+    h, nope, v = cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.v_head_dim
+    heads = min(h, 16)  # a TP8 rank's worth of heads
+    scale = cfg.qk_head_dim ** -0.5
+    out = []
+    for name, r in sorted(roles.items()):
+        if r.role != "kv_b" or r.kind != "weight" or r.layer not in chosen or name not in reference:
+            continue
+        ref_w = reference_f64(reference, name).reshape(h, nope + v, LATENT)[:heads]
+        got_w, _, _ = stored_f64(target, name, (h * (nope + v), LATENT))
+        got_w = got_w.reshape(h, nope + v, LATENT)[:heads]
+        rng = np.random.default_rng([seed, r.layer or 0, 7])
+        lens = np.array(MLA_LENS, np.int32)
+        t_max = int(lens.max())
+        latent = rng.standard_normal((MLA_BATCH, t_max, LATENT)) * rng.uniform(0.5, 1.5, (1, 1, LATENT))
+        k_pe = rng.standard_normal((MLA_BATCH, t_max, ROPE))
+        q_nope = rng.standard_normal((MLA_BATCH, MLA_SQ, heads, nope))
+        q_pe = rng.standard_normal((MLA_BATCH, MLA_SQ, heads, ROPE))
+        rows = np.concatenate([latent, k_pe], -1).astype(np.float32).astype(ml_dtypes.bfloat16)  # the cache
+        # Absorbed query, as the exported model forms it: q_nope @ W_UK per head, then bf16.
+        q_lat = np.einsum("bshn,hnc->bshc", q_nope, got_w[:, :nope])
+        q = np.concatenate([q_lat, q_pe], -1).astype(np.float32).astype(ml_dtypes.bfloat16)
+        # Paged: pages shuffled, a spare page between, to catch a page-table bug.
+        n_pages = -(-t_max // PAGE)
+        perm = rng.permutation(MLA_BATCH * n_pages + 1)
+        cache = np.zeros((MLA_BATCH * n_pages + 1, PAGE, DIM), ml_dtypes.bfloat16)
+        table = np.zeros((MLA_BATCH, n_pages), np.int32)
+        for b in range(MLA_BATCH):
+            for p in range(n_pages):
+                table[b, p] = perm[b * n_pages + p]
+                chunk = rows[b, p * PAGE:(p + 1) * PAGE]
+                cache[table[b, p], : len(chunk)] = chunk
+        o_lat, _ = be.mla_decode(q, cache, table, lens, scale)
+        o_lat = o_lat.astype(np.float64)
+        # Kernel error: float64 attention on exactly the kernel's bf16 inputs.
+        kv64, q64 = rows.astype(np.float64), q.astype(np.float64)
+        want, ref_out, got_out = [], [], []
+        for b in range(MLA_BATCH):
+            for i in range(MLA_SQ):
+                vis = int(lens[b]) - MLA_SQ + i + 1  # causal among the new tokens
+                kv = kv64[b, :vis]
+                p = _softmax(q64[b, i] @ kv.T * scale)  # [heads, vis]
+                want.append(p @ kv[:, :LATENT])
+                # Quantization error: unabsorbed attention with the reference kv_b (keys and values
+                # through W_UK / W_UV of each head), vs the kernel's output taken through the stored W_UV.
+                k_nope = np.einsum("tc,hnc->htn", latent[b, :vis], ref_w[:, :nope])
+                vals = np.einsum("tc,hvc->htv", latent[b, :vis], ref_w[:, nope:])
+                sc = (np.einsum("hn,htn->ht", q_nope[b, i], k_nope) + q_pe[b, i] @ k_pe[b, :vis].T) * scale
+                ref_out.append(np.einsum("ht,htv->hv", _softmax(sc), vals))
+                got_out.append(np.einsum("hc,hvc->hv", o_lat[b, i], got_w[:, nope:]))
+        err = _max_rel(o_lat.reshape(-1, heads, LATENT), np.stack(want))
+        _, sqnr, _, _ = compare(np.stack(ref_out), np.stack(got_out))
+        out.append(KernelStat(f"mla decode ({be.device}, {heads} heads, s_q {MLA_SQ})", name, "kv_b", r.layer, err,
+                              sqnr, err <= gate))
+    return out
+
+
+def _softmax(s: np.ndarray) -> np.ndarray:
+    e = np.exp(s - s.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
