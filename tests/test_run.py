@@ -103,6 +103,7 @@ def test_tiny_recipe_runs_end_to_end_and_resumes(tmp_path, capsys):
     assert main(["run", "recipes/tiny.yaml", "--workdir", str(wd), "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
     assert list(res["steps"]) == ["download", "quantize", "export", "verify", "generate"]
+    assert list(res["seconds"]) == [*res["steps"], "total"] and res["seconds"]["total"] > 0
     rep = json.loads((wd / "verify.json").read_text())
     assert rep["ok"] and rep["kernels"]
     cfg = json.loads((wd / "export" / "config.json").read_text())
@@ -115,6 +116,9 @@ def test_tiny_recipe_runs_end_to_end_and_resumes(tmp_path, capsys):
     assert main(["run", "recipes/tiny.yaml", "--workdir", str(wd), "--from-step", "export", "--until-step", "export",
                  "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["steps"]["export"] == {"skipped": True}
+    assert main(["run", "recipes/tiny.yaml", "--workdir", str(wd), "--from-step", "generate"]) == 0
+    out = capsys.readouterr().out
+    assert "step 1/1: generate" in out and "final report" in out and "16 tokens" in out
     assert main(["run", "recipes/tiny.yaml", "--from-step", "verify", "--until-step", "quantize"]) == 2
 
 

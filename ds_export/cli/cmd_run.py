@@ -42,7 +42,44 @@ def run(
         return
     res = pipeline.run(dep, wd, from_step=from_step, until_step=until_step, say=o.print)
     o.result(res)
+    if o.human:
+        _print_report(o, res)
     o.print(f"[green]{dep.name}: done[/] ({', '.join(res['steps'])}) in {wd}")
+
+
+def _summary(step: str, r: dict) -> str:
+    """One line of what a step did, from its result."""
+    if r.get("skipped"):
+        return "already complete, kept"
+    if step == "download":
+        if "tensors" in r:
+            return f"tiny checkpoint: {r['tensors']} tensors, {human_bytes(r.get('bytes', 0))}"
+        return f"{r.get('files')} files at commit {str(r.get('commit', ''))[:12]}"
+    if step == "quantize":
+        return f"{r.get('shards')} shards ({r.get('converted')} converted)"
+    if step == "export":
+        return f"{r.get('files')} files, {human_bytes(r.get('bytes', 0))}"
+    if step == "verify":
+        e = r.get("e2e") or {}
+        return f"{r.get('weights')} weights, {r.get('kernels')} kernel checks passed" + (
+            f"; KL {e['kl_mean']:.3f}, top-1 {e['top1_agreement']:.2f}" if e else "")
+    if step == "generate":
+        acc = r.get("acceptance_rate")
+        return f"{len(r['tokens'][0])} tokens" + (f", acceptance {acc:.0%}" if acc is not None else "") + (
+            f" on {r['ranks']} ranks" if r.get("ranks", 1) > 1 else "")
+    return ", ".join(f"{k} {v}" for k, v in r.items() if isinstance(v, (int, float, str)))[:80]
+
+
+def _print_report(o: Out, res: dict) -> None:
+    from rich.table import Table
+
+    t = Table(title=f"{res['recipe']}: final report", show_edge=False)
+    for c in ("step", "seconds", "result"):
+        t.add_column(c, justify="right" if c == "seconds" else "left")
+    for step, r in res["steps"].items():
+        t.add_row(step, f"{res['seconds'].get(step, 0):.1f}", _summary(step, r))
+    t.add_row("total", f"{res['seconds'].get('total', 0):.1f}", "")
+    o.print(t)
 
 
 def _print_dry(o: Out, p: dict) -> None:

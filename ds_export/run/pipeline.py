@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -74,10 +75,15 @@ def run(dep: Deployment, workdir: Path, *, from_step=None, until_step=None,
         say: Callable[[str], None] = print) -> dict:
     lay = Layout(Path(workdir))
     lay.root.mkdir(parents=True, exist_ok=True)
-    done: dict = {"recipe": dep.name, "workdir": str(lay.root), "steps": {}}
-    for step in _steps(from_step, until_step):
-        say(f"step {step}:")
+    done: dict = {"recipe": dep.name, "workdir": str(lay.root), "steps": {}, "seconds": {}}
+    steps = _steps(from_step, until_step)
+    t_all = time.monotonic()
+    for i, step in enumerate(steps, 1):
+        say(f"[bold]step {i}/{len(steps)}: {step}[/] ({time.monotonic() - t_all:.0f} s elapsed)")
+        t0 = time.monotonic()
         done["steps"][step] = globals()[f"_step_{step}"](dep, lay, say)
+        done["seconds"][step] = round(time.monotonic() - t0, 2)
+    done["seconds"]["total"] = round(time.monotonic() - t_all, 2)
     return done
 
 
