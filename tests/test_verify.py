@@ -281,3 +281,15 @@ def test_end_to_end_logits_of_an_export(outputs, tiny_fp8, tmp_path, capsys):
     assert main(["verify", str(outputs / "mix"), "--reference", str(tiny_fp8), "--export", str(wrong),
                  "--samples", "0"]) == 1
     assert "KL" in capsys.readouterr().err
+    # A model too big for the float32 reference on this host: a clear error, not an out-of-memory kill.
+    import ds_export.verify.e2e as e2e
+
+    real = e2e.memory_available
+    e2e.memory_available = lambda: 2**20
+    try:
+        assert main(["verify", str(outputs / "mix"), "--reference", str(tiny_fp8), "--export", str(exp),
+                     "--samples", "0"]) == 1
+    finally:
+        e2e.memory_available = real
+    err = capsys.readouterr().err
+    assert "the end-to-end check runs the float32 model" in err and "GiB are available" in err

@@ -10,7 +10,9 @@ Layout of OUT (see docs/export-model.md):
     OUT/dsx-manifest.json                 every file with its sha256; complete = true
 
 Everything is written into OUT.partial/ and renamed to OUT at the end, so an
-interrupted export never looks complete.
+interrupted export never looks complete. Weights stream: the model is built with deferred
+parameters (params.py) and each rank's parameter file is written one tensor at a time, read and
+converted from the checkpoint as it goes, so memory holds one tensor, not the model.
 """
 
 from __future__ import annotations
@@ -90,10 +92,10 @@ def export(src: str | os.PathLike, out: str | os.PathLike, *, dtype: str = "floa
 
     os.environ.setdefault("GLOG_minloglevel", "2")  # Paddle's C++ logging: warnings and up only
     warnings.filterwarnings("ignore", category=UserWarning, module=r"paddle\.")
-    import paddle
 
     from ds_export.export.modeling import DeepseekV3ForInference
     from ds_export.export.mtp import MTPDraft
+    from ds_export.export.params import deferred, save_streamed
     from ds_export.export.tp import check_tp, shard_weights
     from ds_export.export.weights import load_weights
 
@@ -110,21 +112,24 @@ def export(src: str | os.PathLike, out: str | os.PathLike, *, dtype: str = "floa
         if speculate and not cfg.num_nextn_predict_layers:
             raise UsageError(f"{src}: --speculate needs an MTP layer, and num_nextn_predict_layers is 0")
         sq = _source_quant(ck)
-        weights = load_weights(ck, dtype, include_mtp=speculate)
+        weights = load_weights(ck, dtype, include_mtp=speculate, lazy=True)  # shapes now, data when written
         if speculate and not weights.mtp:
             raise UsageError(f"{src}: --speculate needs the MTP layer's tensors, which are not in the checkpoint")
         tmp = out.with_name(out.name + ".partial")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         for r in range(tp):  # one program per rank (tp = 1: OUT/ itself)
-            rank_dir = tmp / f"rank_{r}" if tp > 1 else tmp
+            rank = f"rank_{r}" if tp > 1 else ""
             part = shard_weights(weights, r, tp)
-            base = DeepseekV3ForInference(part, max_seq_len)
-            paddle.jit.save(base, str(rank_dir / "model"), input_spec=base.input_spec())
+            with deferred() as values:
+                base = DeepseekV3ForInference(part, max_seq_len)
+            (tmp / rank).mkdir(parents=True, exist_ok=True)
+            save_streamed(base, tmp / rank / "model", base.input_spec(), values)
             if speculate:
-                draft = MTPDraft(part, max_seq_len)
-                paddle.jit.save(draft, str(tmp / "mtp" / (f"rank_{r}" if tp > 1 else "") / "model"),
-                                input_spec=draft.input_spec())
+                with deferred() as values:
+                    draft = MTPDraft(part, max_seq_len)
+                (tmp / "mtp" / rank).mkdir(parents=True, exist_ok=True)
+                save_streamed(draft, tmp / "mtp" / rank / "model", draft.input_spec(), values)
             del part, base
         icfg = inference_config(ck.config, dtype=dtype, max_seq_len=max_seq_len, block_size=block_size, tp=tp,
                                 speculate=speculate, draft_tokens=draft_tokens, source_quant=sq,

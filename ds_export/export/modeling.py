@@ -33,6 +33,7 @@ from paddle import nn
 from paddle.static import InputSpec
 
 from ds_export.errors import DsxError
+from ds_export.export.params import make_param
 from ds_export.export.quant_layers import Fp8Linear, WeightOnlyLinear
 from ds_export.export.tp import all_reduce, gather_last_dim
 from ds_export.export.weights import LayerWeights, LinearWeights, ModelWeights
@@ -118,18 +119,9 @@ def rope_tables(cfg: DeepseekV3Config, max_len: int) -> tuple[np.ndarray, np.nda
 
 # ------------------------------------------------------------- building ----
 
-def _to_tensor(arr: np.ndarray) -> paddle.Tensor:
-    if arr.dtype == np.float32 or arr.dtype.kind in "iub":
-        return paddle.to_tensor(arr)
-    return paddle.to_tensor(arr.astype(np.float32)).astype("bfloat16")  # bf16 values: exact
-
-
-def _param(layer: nn.Layer, arr: np.ndarray) -> paddle.Tensor:
-    t = _to_tensor(np.ascontiguousarray(arr))
-    p = layer.create_parameter(list(arr.shape), dtype=t.dtype, default_initializer=nn.initializer.Constant(0.0))
-    p.set_value(t)
-    p.stop_gradient = True
-    return p
+def _param(layer: nn.Layer, arr) -> paddle.Tensor:
+    """A weight of the model (an array, or a Lazy one under params.deferred()), exact in its dtype."""
+    return make_param(layer, arr)
 
 
 def _round(x: paddle.Tensor, dtype: str) -> paddle.Tensor:

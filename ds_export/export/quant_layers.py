@@ -1,32 +1,17 @@
 """Quantized Linear layers of the export model: Paddle Layers over the dsx custom operators.
 
 `WeightOnlyLinear` ("weight_only" LinearWeights) and `Fp8Linear` ("fp8") hold the stored quantized
-tensors as persistable buffers (saved by `paddle.jit.save` into .pdiparams exactly) and call the
+tensors as parameters in their own dtypes (int8, bf16, float32, fp8; saved into .pdiparams exactly) and call the
 ops of `ops.py` (ops/dsx_paddle_ops.cc, CPU kernels from csrc/). Layouts: weights.py and
 docs/export-model.md; `modeling.LINEAR_FORMATS` maps the format name to these classes.
 """
 
 from __future__ import annotations
 
-import ml_dtypes
-import numpy as np
-import paddle
 from paddle import nn
 
+from ds_export.export.params import make_param
 from ds_export.export.weights import LinearWeights
-
-
-def _buffer(layer: nn.Layer, name: str, arr: np.ndarray) -> paddle.Tensor:
-    """A persistable buffer (saved by paddle.jit.save) holding arr exactly: int8, bf16, float32 or fp8 e4m3."""
-    arr = np.ascontiguousarray(arr)
-    if arr.dtype == ml_dtypes.float8_e4m3fn:
-        t = paddle.to_tensor(arr.view(np.uint8)).view(paddle.float8_e4m3fn)
-    elif arr.dtype == ml_dtypes.bfloat16:
-        t = paddle.to_tensor(arr.astype(np.float32)).astype("bfloat16")  # bf16 values: exact
-    else:
-        t = paddle.to_tensor(arr)  # int8, float32
-    layer.register_buffer(name, t, persistable=True)
-    return t
 
 
 class WeightOnlyLinear(nn.Layer):
@@ -43,8 +28,8 @@ class WeightOnlyLinear(nn.Layer):
 
         t = lw.tensors
         self.bits, self.group, self.arch = int(t["bits"]), int(t["group"]), int(t["arch"])
-        self.qweight = _buffer(self, "qweight", t["qweight"])
-        self.scale = _buffer(self, "scale", t["scale"])
+        self.qweight = make_param(self, t["qweight"])
+        self.scale = make_param(self, t["scale"])
         self._op = load_ops().dsx_wo_linear
 
     def forward(self, x):
@@ -62,8 +47,8 @@ class Fp8Linear(nn.Layer):
         super().__init__()
         from ds_export.export.ops import load_ops
 
-        self.weight = _buffer(self, "weight", lw.tensors["weight"])
-        self.scale_inv = _buffer(self, "scale_inv", lw.tensors["scale_inv"])
+        self.weight = make_param(self, lw.tensors["weight"])
+        self.scale_inv = make_param(self, lw.tensors["scale_inv"])
         self._op = load_ops().dsx_fp8_linear
 
     def forward(self, x):

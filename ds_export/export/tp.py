@@ -33,6 +33,7 @@ from dataclasses import replace
 import numpy as np
 
 from ds_export.errors import DsxError, UsageError
+from ds_export.export.params import Lazy, derive, load
 from ds_export.export.weights import LayerWeights, LinearWeights, ModelWeights
 from ds_export.formats import fp8_block, weight_only
 from ds_export.models import deepseek_v3 as ds
@@ -61,22 +62,37 @@ def _part(size: int, rank: int, world: int) -> tuple[int, int]:
     return rank * step, (rank + 1) * step
 
 
+def _take(x, index: tuple):
+    """x[index] as its own array; deferred when x is a Lazy (validation has happened already)."""
+    shape = tuple(len(range(*sl.indices(d))) for sl, d in zip(index, x.shape)) + tuple(x.shape[len(index):])
+    return derive(x, shape, lambda a: np.ascontiguousarray(a[index]))
+
+
 def split_linear(lw: LinearWeights, split: str, rank: int, world: int, what: str) -> LinearWeights:
-    """Rank `rank`'s share of one Linear ("col": output features, "row": input features)."""
+    """Rank `rank`'s share of one Linear ("col": output features, "row": input features).
+
+    Every check runs now; the data of Lazy weights is sliced when it is written.
+    """
     n, k = lw.out_features, lw.in_features
     rows = _part(n, rank, world) if split == "col" else None
     cols = _part(k, rank, world) if split == "row" else None
     t = lw.tensors
     try:
         if lw.fmt == "dense":  # weight [in, out]
-            w = t["weight"]
-            part = w[:, rows[0]:rows[1]] if rows else w[cols[0]:cols[1], :]
-            return LinearWeights("dense", {"weight": np.ascontiguousarray(part)})
+            index = (slice(None), slice(*rows)) if rows else (slice(*cols),)
+            return LinearWeights("dense", {"weight": _take(t["weight"], index)})
         if lw.fmt == "fp8":
-            w, s = fp8_block.slice_blocks(t["weight"], t["scale_inv"], rows, cols)
-            return LinearWeights("fp8", {"weight": w, "scale_inv": s})
+            wi, si = fp8_block.block_slice(t["weight"].shape, t["scale_inv"].shape, rows, cols)
+            return LinearWeights("fp8", {"weight": _take(t["weight"], wi), "scale_inv": _take(t["scale_inv"], si)})
         if lw.fmt == "weight_only":
-            q, s = weight_only.slice_ref(t["qweight"], t["scale"], t["bits"], t["group"], t["arch"], k, rows, cols)
+            plan = weight_only.slice_plan(n, k, t["bits"], t["group"], t["arch"], rows, cols)
+            q0, s0 = t["qweight"], t["scale"]
+
+            def qpart(q=q0, s=s0):
+                return weight_only.slice_ref(load(q), load(s), t["bits"], t["group"], t["arch"], k, rows, cols)[0]
+
+            q = Lazy(plan["qweight"], np.int8, qpart) if isinstance(q0, Lazy) else qpart()
+            s = derive(s0, plan["scale"], lambda a: weight_only.slice_scale(a, plan))
             return LinearWeights("weight_only", dict(t, qweight=q, scale=s))
     except DsxError as e:
         raise UsageError(f"--tp {world}: {what}: {e}", hint=e.hint or "choose another tensor-parallel degree") from None
@@ -89,8 +105,7 @@ def _split_value(value, split: str | None, rank: int, world: int, what: str):
     if isinstance(value, LinearWeights):
         return split_linear(value, split, rank, world, what)
     if split in ("vocab", "col"):  # an embedding [V, H] by rows; w_uk / w_uv [H, ...] by heads
-        a, b = _part(value.shape[0], rank, world)
-        return np.ascontiguousarray(value[a:b])
+        return _take(value, (slice(*_part(value.shape[0], rank, world)),))
     raise DsxError(f"{what}: no rule to split a {type(value).__name__} by {split!r}")
 
 

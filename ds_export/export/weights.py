@@ -51,6 +51,7 @@ import numpy as np
 from ds_export.errors import CheckpointError, DsxError
 from ds_export.formats import fp8_block, weight_only
 from ds_export.io.checkpoint import Checkpoint
+from ds_export.export.params import Lazy, derive, load
 from ds_export.models import deepseek_v3 as ds
 
 DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
@@ -140,22 +141,38 @@ class _Reader:
     """
 
     def __init__(self, ckpt: Checkpoint, cfg: ds.DeepseekV3Config, dtype: str, *, keep_fp8: bool, keep_wo: bool,
-                 reference: bool = False):
+                 reference: bool = False, lazy: bool = False):
         self.ckpt, self.cfg, self.dt = ckpt, cfg, DTYPES[dtype]
         self.block = cfg.fp8_block or ds.FP8_BLOCK
-        self.keep_fp8, self.keep_wo, self.reference = keep_fp8, keep_wo, reference
+        self.keep_fp8, self.keep_wo, self.reference, self.lazy = keep_fp8, keep_wo, reference, lazy
         self.qc = ckpt.config.get("quantization_config") or {}
 
-    def _companion(self, name: str, suffix: str, what: str) -> np.ndarray:
+    def defer(self, shape, dtype, fn):
+        """fn() now, or a Lazy of it (lazy mode: nothing is read until the exporter writes it)."""
+        return Lazy(shape, dtype, fn) if self.lazy else fn()
+
+    def _companion_name(self, name: str, suffix: str, what: str) -> str:
         sname = name + suffix
         if sname not in self.ckpt:
             raise CheckpointError(f"{self.ckpt.root}: {what} tensor {name} has no {sname}",
                                   hint="the checkpoint is incomplete or was not written by dsx quantize / DeepSeek")
-        return self.ckpt.get(sname)
+        return sname
+
+    def _companion(self, name: str, suffix: str, what: str) -> np.ndarray:
+        return self.ckpt.get(self._companion_name(name, suffix, what))
+
+    def logical_shape(self, name: str) -> tuple[int, ...]:
+        """[out, in] of a weight (a weight-only one is stored packed: out comes from its scale)."""
+        info = self.ckpt.info(name)
+        if info.dtype == "I8":
+            s = self.ckpt.info(self._companion_name(name, ds.WO_SCALE_SUFFIX, "weight-only"))
+            return int(s.shape[-1]), int(info.shape[1])
+        return tuple(int(d) for d in info.shape)
 
     def weight_only_args(self, name: str, role: str, mtp: bool) -> dict:
         """{"qweight", "scale", "bits", "group", "arch"} of a stored weight-only Linear, checked."""
-        q, s = self.ckpt.get(name), self._companion(name, ds.WO_SCALE_SUFFIX, "weight-only")
+        sname = self._companion_name(name, ds.WO_SCALE_SUFFIX, "weight-only")
+        q, s = self.ckpt.info(name), self.ckpt.info(sname)
         rule = (self.qc.get("types_by_role") or {}).get(("mtp." if mtp else "") + role) or {}
         kind = rule.get("type", "")
         bits = 4 if kind.endswith("int4") else 8 if kind.endswith("int8") else None
@@ -173,8 +190,10 @@ class _Reader:
             raise CheckpointError(f"{self.ckpt.root}: {name} {list(q.shape)} / scale {list(s.shape)} do not fit "
                                   f"int{bits} group {group} (expected {want['qweight']['shape']} / "
                                   f"{want['scale']['shape']})", hint="types_by_role disagrees with the tensors")
-        return {"qweight": np.ascontiguousarray(q.view(np.int8)),
-                "scale": np.ascontiguousarray(np.asarray(s).astype(ml_dtypes.bfloat16)),
+        ck = self.ckpt
+        return {"qweight": self.defer(q.shape, np.int8, lambda: np.ascontiguousarray(ck.get(name).view(np.int8))),
+                "scale": self.defer(s.shape, ml_dtypes.bfloat16, lambda: np.ascontiguousarray(
+                    np.asarray(ck.get(sname)).astype(ml_dtypes.bfloat16))),
                 "bits": bits, "group": group, "arch": arch}
 
     def float32(self, name: str, role: str = "", mtp: bool = False) -> np.ndarray:
@@ -186,8 +205,8 @@ class _Reader:
             return fp8_block.dequant_native(self.ckpt.get(name), sinv, self.block, "float32")
         if info.dtype == "I8":
             a = self.weight_only_args(name, role, mtp)
-            return weight_only.dequantize_ref(a["qweight"], a["scale"], a["bits"], a["group"], a["arch"],
-                                              int(a["qweight"].shape[1]))
+            q, sc = load(a["qweight"]), load(a["scale"])
+            return weight_only.dequantize_ref(q, sc, a["bits"], a["group"], a["arch"], int(q.shape[1]))
         if info.dtype in ("F32", "BF16", "F16"):
             return np.asarray(self.ckpt.get(name), dtype=np.float32)
         raise DsxError(f"{self.ckpt.root}: tensor {name} is {info.dtype}; export reads bf16/float32, block FP8 "
@@ -197,24 +216,30 @@ class _Reader:
         return np.ascontiguousarray(a.astype(self.dt))
 
     def tensor(self, name: str, role: str, mtp: bool = False):
-        stored = self.ckpt.info(name).dtype
+        ck, stored = self.ckpt, self.ckpt.info(name).dtype
         if role in LINEAR_ROLES and stored == "I8" and self.keep_wo:
             return LinearWeights("weight_only", self.weight_only_args(name, role, mtp))
         if role in LINEAR_ROLES and stored == "F8_E4M3" and self.keep_fp8:
-            sinv = np.ascontiguousarray(np.asarray(self._companion(name, ds.SCALE_SUFFIX, "FP8"), np.float32))
-            w = np.ascontiguousarray(np.asarray(self.ckpt.get(name)).view(ml_dtypes.float8_e4m3fn))
+            sname = self._companion_name(name, ds.SCALE_SUFFIX, "FP8")
+            wi, si = ck.info(name), ck.info(sname)
             if tuple(self.block) != (128, 128):
                 raise DsxError(f"{self.ckpt.root}: {name}: FP8 block {list(self.block)}; the FP8 op takes 128x128 "
                                "blocks", hint="requantize with dsx quantize --type a8w8_fp8, or export it dense")
-            fp8_block.check_scale_shape(w.shape, sinv.shape, (128, 128), name)
+            fp8_block.check_scale_shape(wi.shape, si.shape, (128, 128), name)
+            w = self.defer(wi.shape, ml_dtypes.float8_e4m3fn,
+                           lambda: np.ascontiguousarray(np.asarray(ck.get(name)).view(ml_dtypes.float8_e4m3fn)))
+            sinv = self.defer(si.shape, np.float32, lambda: np.ascontiguousarray(np.asarray(ck.get(sname), np.float32)))
             return LinearWeights("fp8", {"weight": w, "scale_inv": sinv})
-        w = self.float32(name, role, mtp)
+        shape = self.logical_shape(name)
         if role in FLOAT32_ROLES:
-            return np.ascontiguousarray(w.T if role == "router" else w)
+            t = role == "router"
+            return self.defer(shape[::-1] if t else shape, np.float32, lambda: np.ascontiguousarray(
+                self.float32(name, role, mtp).T if t else self.float32(name, role, mtp)))
         if role in LINEAR_ROLES:
-            return LinearWeights("dense", {"weight": self.cast(w.T)})
+            return LinearWeights("dense", {"weight": self.defer(shape[::-1], self.dt,
+                                                                lambda: self.cast(self.float32(name, role, mtp).T))})
         if role in NORM_ROLES or role in EMBED_ROLES:
-            return self.cast(w)
+            return self.defer(shape, self.dt, lambda: self.cast(self.float32(name, role, mtp)))
         raise DsxError(f"tensor {name}: role {role} has no export rule")
 
 
@@ -247,8 +272,18 @@ def _load_layer(rd: _Reader, layer: int, names: dict) -> LayerWeights:
         lw.experts = [{} for _ in range(cfg.n_routed_experts)]
     for name, r in names.items():
         if r.role == "kv_b":
-            lw.tensors["w_uk"], lw.tensors["w_uv"] = (rd.cast(a) for a in absorb_kv_b(
-                rd.float32(name, r.role, lw.mtp), cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.v_head_dim))
+            h, nope, v = cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.v_head_dim
+            if rd.lazy:  # each half reads and absorbs kv_b when it is written
+                lora = rd.logical_shape(name)[1]
+
+                def part(i: int, name=name, mtp=lw.mtp):
+                    return rd.cast(absorb_kv_b(rd.float32(name, "kv_b", mtp), h, nope, v)[i])
+
+                lw.tensors["w_uk"] = Lazy((h, nope, lora), rd.dt, lambda p=part: p(0))
+                lw.tensors["w_uv"] = Lazy((h, lora, v), rd.dt, lambda p=part: p(1))
+            else:
+                lw.tensors["w_uk"], lw.tensors["w_uv"] = (rd.cast(a) for a in absorb_kv_b(
+                    rd.float32(name, r.role, lw.mtp), h, nope, v))
         elif r.role in EXPERT_ROLE_KEYS:
             lw.experts[r.expert][EXPERT_ROLE_KEYS[r.role]] = rd.tensor(name, r.role, lw.mtp)
         else:
@@ -257,7 +292,8 @@ def _load_layer(rd: _Reader, layer: int, names: dict) -> LayerWeights:
 
 
 def load_weights(src: Checkpoint | str | os.PathLike, dtype: str = "float32", *,
-                 include_mtp: bool = True, keep_fp8: bool | None = None, dequantize: bool = False) -> ModelWeights:
+                 include_mtp: bool = True, keep_fp8: bool | None = None, dequantize: bool = False,
+                 lazy: bool = False) -> ModelWeights:
     """Read a whole checkpoint into exported-layout arrays (see the module docstring).
 
     dtype: "float32" or "bfloat16" (norms, embeddings, dense Linears, w_uk/w_uv; router stays float32).
@@ -267,6 +303,9 @@ def load_weights(src: Checkpoint | str | os.PathLike, dtype: str = "float32", *,
     dequantize: every quantized Linear (FP8 and weight-only) dense, dequantized by the numpy
         references `fp8_block.dequant_ref` / `weight_only.dequantize_ref` (the float reference of a
         quantized export, sharing no compiled code with the ops); overrides keep_fp8.
+    lazy: every array is a `params.Lazy` (shape and dtype now, data read and converted when the
+        exporter writes it), so a model far bigger than memory can be exported; the checkpoint
+        must stay open until then.
     """
     if dtype not in DTYPES:
         raise DsxError(f"export dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
@@ -280,10 +319,11 @@ def load_weights(src: Checkpoint | str | os.PathLike, dtype: str = "float32", *,
     if keep_fp8 is None:
         keep_fp8 = (ckpt.config.get("quantization_config") or {}).get("quant_method") == "dsx"
     rd = _Reader(ckpt, cfg, dtype, keep_fp8=bool(keep_fp8) and not dequantize, keep_wo=not dequantize,
-                 reference=dequantize)
+                 reference=dequantize, lazy=lazy)
     top = {r.role: rd.tensor(n, r.role) for n, r in top_names.items()}
     if "lm_head" not in top:  # tie_word_embeddings
-        top["lm_head"] = LinearWeights("dense", {"weight": np.ascontiguousarray(top["embed"].T)})
+        e = top["embed"]
+        top["lm_head"] = LinearWeights("dense", {"weight": derive(e, e.shape[::-1], lambda a: np.ascontiguousarray(a.T))})
     wanted = list(range(cfg.num_hidden_layers)) + (list(cfg.mtp_layers) if include_mtp else [])
     layers = []
     for L in wanted:

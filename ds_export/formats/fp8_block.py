@@ -227,17 +227,17 @@ def act_quant_ref(x, group: int = 128):
 # ---------------------------------------------------------------- native (csrc/cpu/quant_fp8.cc)
 
 
-def slice_blocks(w_fp8, scale_inv, rows: tuple[int, int] | None = None, cols: tuple[int, int] | None = None,
-                 block=BLOCK, name: str = "weight"):
-    """Part w[r0:r1, c0:c1] of a block-scaled FP8 weight with its scales, bit-exact (no requantization).
+def block_slice(shape, scale_shape_, rows: tuple[int, int] | None = None, cols: tuple[int, int] | None = None,
+                block=BLOCK, name: str = "weight") -> tuple[tuple[slice, slice], tuple[slice, slice]]:
+    """Index of the part w[r0:r1, c0:c1] of a block-scaled FP8 weight and of its scales, validated.
 
     Each edge of the part must lie on a block boundary or at the end of the tensor, so that its
     blocks are whole blocks of the source (a tensor-parallel rank's share; DeepSeek-V3's splits over
     8 or 16 ranks all are). Otherwise a DsxError says which edge.
     """
     bn, bk = _block(block)
-    check_scale_shape(w_fp8.shape, np.shape(scale_inv), (bn, bk), name)
-    n, k = int(w_fp8.shape[0]), int(w_fp8.shape[1])
+    check_scale_shape(shape, scale_shape_, (bn, bk), name)
+    n, k = int(shape[0]), int(shape[1])
     r0, r1 = rows if rows is not None else (0, n)
     c0, c1 = cols if cols is not None else (0, k)
     if not (0 <= r0 < r1 <= n and 0 <= c0 < c1 <= k):
@@ -247,9 +247,15 @@ def slice_blocks(w_fp8, scale_inv, rows: tuple[int, int] | None = None, cols: tu
             raise DsxError(f"{name} {[n, k]}: a {what} split at {edge} cuts a {bn}x{bk} FP8 scale block",
                            hint="choose a tensor-parallel degree whose shares are multiples of the block, "
                                 "or export from a bf16 checkpoint")
-    s = np.asarray(scale_inv)[r0 // bn: -(-r1 // bn), c0 // bk: -(-c1 // bk)]
-    return np.ascontiguousarray(w_fp8[r0:r1, c0:c1]), np.ascontiguousarray(s)
+    return ((slice(r0, r1), slice(c0, c1)),
+            (slice(r0 // bn, -(-r1 // bn)), slice(c0 // bk, -(-c1 // bk))))
 
+
+def slice_blocks(w_fp8, scale_inv, rows: tuple[int, int] | None = None, cols: tuple[int, int] | None = None,
+                 block=BLOCK, name: str = "weight"):
+    """(w[r0:r1, c0:c1], its scale_inv): whole blocks, bit-exact (no requantization); see block_slice."""
+    wi, si = block_slice(w_fp8.shape, np.shape(scale_inv), rows, cols, block, name)
+    return np.ascontiguousarray(w_fp8[wi]), np.ascontiguousarray(np.asarray(scale_inv)[si])
 
 @functools.lru_cache(maxsize=None)
 def _fn(name: str):

@@ -267,6 +267,36 @@ def dequantize_ref(qweight, scale, bits: int, group_size: int, arch: int, in_fea
     return q * per
 
 
+def slice_plan(out_features: int, in_features: int, bits: int, group_size: int, arch: int,
+               rows: tuple[int, int] | None = None, cols: tuple[int, int] | None = None) -> dict:
+    """Validate a part rows=(n0, n1) x cols=(k0, k1) of a stored weight (see slice_ref) without data.
+
+    Returns {"rows", "cols", "qweight": shape, "scale": shape, "scale_index": (row slice, col slice
+    or None)} of the part; DsxError when the part is not a valid weight-only shape of its own.
+    """
+    n, k = int(out_features), int(in_features)
+    n0, n1 = rows if rows is not None else (0, n)
+    k0, k1 = cols if cols is not None else (0, k)
+    if not (0 <= n0 < n1 <= n and 0 <= k0 < k1 <= k):
+        raise DsxError(f"qweight: slice rows {n0}:{n1} cols {k0}:{k1} is outside [out={n}, in={k}]")
+    shapes = packed_shapes(n1 - n0, k1 - k0, bits, group_size, arch)  # checks the part's shape
+    if group_size == -1:
+        index = (slice(n0, n1), None)
+    else:
+        if k0 % group_size:
+            raise DsxError(f"qweight: an input slice starting at {k0} splits a scale group of {group_size}")
+        index = (slice(k0 // group_size, -(-k1 // group_size)), slice(n0, n1))
+    return {"rows": (n0, n1), "cols": (k0, k1), "qweight": shapes["qweight"]["shape"],
+            "scale": shapes["scale"]["shape"], "scale_index": index}
+
+
+def slice_scale(scale, plan: dict) -> np.ndarray:
+    """The scale of the part described by `slice_plan`."""
+    a, b = plan["scale_index"]
+    s = np.asarray(scale)
+    return np.ascontiguousarray(s[a] if b is None else s[a, b])
+
+
 def slice_ref(qweight, scale, bits: int, group_size: int, arch: int, in_features: int,
               rows: tuple[int, int] | None = None, cols: tuple[int, int] | None = None):
     """Part of a stored weight, in Paddle's layout: output channels rows=(n0, n1), inputs cols=(k0, k1).
@@ -282,21 +312,9 @@ def slice_ref(qweight, scale, bits: int, group_size: int, arch: int, in_features
     """
     k = int(in_features)
     q = unpack_ref(qweight, bits, arch, k)
-    n = q.shape[0]
-    n0, n1 = rows if rows is not None else (0, n)
-    k0, k1 = cols if cols is not None else (0, k)
-    if not (0 <= n0 < n1 <= n and 0 <= k0 < k1 <= k):
-        raise DsxError(f"qweight: slice rows {n0}:{n1} cols {k0}:{k1} is outside [out={n}, in={k}]")
-    check_args(n1 - n0, k1 - k0, bits, group_size, arch, f"qweight[{n0}:{n1}, {k0}:{k1}]")
-    s = np.asarray(scale)
-    if group_size == -1:
-        part_s = s[n0:n1]
-    else:
-        if k0 % group_size:
-            raise DsxError(f"qweight: an input slice starting at {k0} splits a scale group of {group_size}")
-        part_s = s[k0 // group_size: -(-k1 // group_size), n0:n1]
-    return pack_ref(np.ascontiguousarray(q[n0:n1, k0:k1]), bits, arch), np.ascontiguousarray(part_s)
-
+    plan = slice_plan(q.shape[0], k, bits, group_size, arch, rows, cols)
+    (n0, n1), (k0, k1) = plan["rows"], plan["cols"]
+    return pack_ref(np.ascontiguousarray(q[n0:n1, k0:k1]), bits, arch), slice_scale(scale, plan)
 
 # ---------------------------------------------------------------- native
 

@@ -151,8 +151,14 @@ def _step_verify(dep: Deployment, lay: Layout, say) -> dict:
     from ds_export.verify import verify
 
     v = dep.verify
+    from ds_export.verify.e2e import fits, memory_needed
+
     m = Manifest.load(lay.export)
     exported = lay.export if m is not None and m.complete else None  # end-to-end logits when there is an export
+    if exported is not None and not fits(lay.source):
+        say(f"  end-to-end check skipped: the float32 reference model needs about "
+            f"{memory_needed(lay.source) / 2**30:.0f} GiB (weights and kernels are still checked)")
+        exported = None
     rep = verify(lay.quantized, lay.source, expert_sample=v.get("experts"), samples=int(v.get("samples", 4)),
                  export=exported)
     atomic_write_json(lay.report, rep)

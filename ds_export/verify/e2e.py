@@ -40,6 +40,29 @@ def _tokens(export_dir: Path, vocab: int, limit: int) -> list[int]:
     return [i for i in ids if i < vocab][:limit]
 
 
+def memory_needed(reference: str | Path) -> int:
+    """Bytes the float32 reference model of an end-to-end check holds (its elements x 4, plus a third)."""
+    from ds_export.io.checkpoint import Checkpoint
+
+    with Checkpoint.open(reference) as ck:
+        return sum(t.numel for t in ck.infos()) * 4 * 4 // 3
+
+
+def memory_available() -> int:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def fits(reference: str | Path) -> bool:
+    """Whether the end-to-end check of this model fits in half the memory available now."""
+    return memory_needed(reference) <= memory_available() // 2
+
+
 def _log_softmax(x: np.ndarray) -> np.ndarray:
     x = x.astype(np.float64)
     m = x.max(-1, keepdims=True)
@@ -55,8 +78,14 @@ def check_export(export_dir: str | Path, reference: str | Path, *, max_kl: float
     from ds_export.export.runtime import generate_any
     from ds_export.export.weights import load_weights
 
+    from ds_export.errors import DsxError
+
     export_dir = Path(export_dir)
     check_complete(export_dir)
+    if not fits(reference):
+        raise DsxError(f"{reference}: the end-to-end check runs the float32 model, about "
+                       f"{memory_needed(reference) / 2**30:.0f} GiB, and {memory_available() / 2**30:.0f} GiB are "
+                       "available", hint="run it on a bigger host, or verify without --export (weights and kernels)")
     cfg = json.loads((export_dir / "config.json").read_text())
     has_draft = (export_dir / "mtp" / "config.json").exists()
     ids = _tokens(export_dir, int(cfg["vocab_size"]), int(cfg["infer_model_max_seq_len"]) - 8)
