@@ -55,12 +55,27 @@ class Program:
         self.inputs = self.pred.get_input_names()
 
     def __call__(self, *arrays: np.ndarray) -> list[np.ndarray]:
-        for name, a in zip(self.inputs, arrays):
-            h = self.pred.get_input_handle(name)
-            h.reshape(list(a.shape))
-            h.copy_from_cpu(np.ascontiguousarray(a))
-        self.pred.run()
-        return [self.pred.get_output_handle(n).copy_to_cpu() for n in self.pred.get_output_names()]
+        """Run on numpy inputs (in the program's input order); bfloat16 goes in and out as ml_dtypes arrays.
+
+        Paddle tensors in and out (`predictor.run(list)`): the handle API's copy_from_cpu has no
+        bfloat16, which a bf16 export's cache needs.
+        """
+        import ml_dtypes
+        import paddle
+
+        bf16 = np.dtype(ml_dtypes.bfloat16)
+        ins = []
+        for a in arrays:
+            a = np.ascontiguousarray(a)
+            ins.append(paddle.to_tensor(a.view(np.uint16)).view(paddle.bfloat16) if a.dtype == bf16
+                       else paddle.to_tensor(a))
+        outs = []
+        for t in self.pred.run(ins):
+            if t.dtype == paddle.bfloat16:
+                outs.append(t.view(paddle.uint16).numpy().view(bf16))
+            else:
+                outs.append(t.numpy())
+        return outs
 
 
 @dataclass
