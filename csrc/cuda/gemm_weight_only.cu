@@ -3,18 +3,25 @@
 // how the bytes meet the tensor cores: gemm_weight_only.cuh).
 //
 // Work split. A warp owns 16 output channels (one mma M tile) and walks K in steps (64 K
-// for int8, 128 K for int4; 1 KB of weights a warp per step either way), with kRing steps
-// of weights in flight in registers (16-byte streaming loads straight from Paddle's bytes,
-// unpacked in registers, never re-laid out). A block holds `warps` warps side by side
+// for int8, 128 K for int4; 1 KB of weights a warp per step either way). The weights stream
+// through a per-warp ring of `stages` shared-memory slots filled by the copy engine: one
+// tensor copy (cp.async.bulk.tensor, completing on the slot's mbarrier) brings `box`
+// consecutive steps of the warp's 4 (int4) or 8 (int8) channel-group rows straight from
+// Paddle's bytes (plus, for group scales, each step's scale row). A slot is refilled as
+// soon as its steps have been read, so stages x box steps of every warp are in flight and
+// no register holds bytes that are still on the way. Each lane then reads its own 2 x 16
+// bytes of a step and unpacks them in registers. A block holds `warps` warps side by side
 // along N that share the same K range, so the x slice they need is staged once in shared
-// memory (cp.async, double-buffered, `chunk` steps at a time). Along K the problem is cut
-// into `splits` slices, one block each, which form a thread-block cluster: each block
-// leaves its fp32 partial tile in shared memory and the cluster sums them in slice order
-// through distributed shared memory (deterministic; no workspace, no atomics).
+// memory (cp.async, `chunk` steps at a time, double-buffered when the slice is longer).
+// Along K the problem is cut into `splits` slices, one block each, which form a thread-block
+// cluster: each block leaves its fp32 partial tile in shared memory and the cluster sums them
+// in slice order through distributed shared memory (deterministic; no workspace, no atomics).
 // M is handled 8 tokens per mma N tile, up to 64 rows per launch; larger M is cut into
 // launches of 64 rows (a simple path: weights are re-read for each).
 #include <cooperative_groups.h>
+#include <cuda.h>
 #include <cuda_runtime.h>
+#include <cudaTypedefs.h>
 
 #include <algorithm>
 #include <atomic>
@@ -30,115 +37,210 @@ namespace {
 using dsx_wo::bf16_bits_to_f32;
 using dsx_wo::Stage;
 
-constexpr int kRing = 4;        // weight steps in flight per warp
-constexpr int kMaxWarps = 8;    // warps (16-channel tiles) per block
-constexpr int kMaxSplits = 8;   // portable cluster size
-constexpr int kMaxRows = 64;    // rows of x per launch
-constexpr int kPadElems = 8;    // x row padding in shared memory (16 bytes: fewer bank conflicts)
+constexpr int kMaxWarps = 8;     // warps (16-channel tiles) per block
+constexpr int kMaxSplits = 8;    // portable cluster size
+constexpr int kMaxRows = 64;     // rows of x per launch
+constexpr int kMaxStages = 15;   // weight ring slots per warp
+constexpr int kMaxBox = 8;       // steps per tensor copy
+constexpr int kXPadElems = 32;   // x row padding (64 bytes: rows alternate bank halves)
+constexpr int kScaleSlot = 48;   // bytes of one scale row copy in a slot (32 + alignment lead)
+constexpr int kSmemPerSm = 233472;     // 228 KB of shared memory per SM (sm_90)
+constexpr int kSmemPerBlock = 232448;  // 227 KB usable by one block
+constexpr int kSmemReserved = 1024;    // per block, by the runtime
 
+// A slot: a warp's `box` steps of weights (1 KB a step), then (group scales) up to two scale
+// rows a step.
+constexpr int kWBytes = 1024;
+__host__ __device__ constexpr int slot_bytes(int gmode, int box) {
+  return (box * (kWBytes + (gmode ? 2 * kScaleSlot : 0)) + 127) / 128 * 128;
+}
+__host__ __device__ constexpr int barrier_bytes(int warps, int stages) { return (warps * stages * 8 + 127) / 128 * 128; }
+
+// The weights as a 2D tensor of 8-byte elements for the copy engine: rows are Paddle's
+// channel groups (4 channels for int4, 2 for int8; 2K contiguous bytes each). `wmap`'s box
+// is `box` steps of one warp (4 rows x 256 box bytes for int4, 8 rows x 128 box bytes for
+// int8), landing row by row in the slot; `wmap1`'s box is one step (for the last, shorter
+// slot of a slice, whose steps then lie 1 KB apart, rows 256 / 128 bytes apart). Bytes past
+// the end of a row (the int4 half step) arrive as zeros.
 struct Params {
+  CUtensorMap wmap, wmap1;
   const uint16_t* x;      // [m, k] bf16 bits, this launch's rows
-  const uint8_t* q;       // Paddle's bytes
   const uint16_t* scale;  // [n] or [ceil(k/group), n] bf16 bits
   uint16_t* out;          // [m, n] bf16 bits, this launch's rows
   int m, n, k, group;
-  int chunk;              // steps of x staged at once (a multiple of kRing)
+  int chunk;              // steps of x staged at once
+  int stages;             // weight ring slots per warp
+  int box;                // steps per slot (per tensor copy)
 };
 
 template <int BITS, int MT, int GMODE>
-__global__ void __launch_bounds__(kMaxWarps * 32, MT <= 2 ? 2 : 1)
-    wo_gemm_kernel(const Params p) {
-  extern __shared__ __align__(16) uint16_t smem[];
+__global__ void __launch_bounds__(kMaxWarps * 32, MT == 1 ? 4 : MT == 2 ? 3 : 1)
+    wo_gemm_kernel(const __grid_constant__ Params p) {
+  extern __shared__ __align__(128) uint8_t smem[];
   constexpr int kStepK = BITS == 8 ? 64 : 128;
-  constexpr int64_t kStepBytes = BITS == 8 ? 128 : 256;  // a step's advance inside a channel group
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  constexpr int kRowStep = BITS == 8 ? 128 : 256;  // bytes of one step in one channel-group row
+  constexpr int kElemStep = kRowStep / 8;          // the same in tensor-map elements
+  constexpr int kPieces = kStepK / 8;  // 16-byte pieces of x in a row of one step
+  constexpr int kIpc = kPieces / 4;    // of which one lane reads kIpc
+  const int lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
+  const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x >> 5), 0);  // provably warp-uniform
   const int g = lane >> 2, c = lane & 3;
   const int splits = gridDim.x, rank = blockIdx.x;
   const int n_blk = blockIdx.y * nwarps * 16;
   const int n0 = n_blk + warp * 16;
-  const bool active = n0 < p.n;  // warp-uniform
+  const bool active = n0 < p.n;  // warp-uniform (N % 64 == 0: all 16 channels or none)
   const int kt = p.k / 64;
   const int nsteps_all = BITS == 8 ? kt : (kt + 1) / 2;
   const int s_begin = static_cast<int>(static_cast<int64_t>(nsteps_all) * rank / splits);
   const int s_end = static_cast<int>(static_cast<int64_t>(nsteps_all) * (rank + 1) / splits);
-  const int ld = p.chunk * kStepK + kPadElems;
+  const int nst = p.stages, box = p.box;
+  const int slot_sz = slot_bytes(GMODE, box);
+  const int ld = p.chunk * kStepK + kXPadElems;
   const int mlast = p.m - 1;
 
-  // This lane's bytes of channels n0+g and n0+g+8 at step 0 (doc section 3: a group of
-  // 2 (int8) / 4 (int4) channels owns 2K contiguous bytes, tile by tile).
-  const int64_t k2 = 2 * static_cast<int64_t>(p.k);
-  int64_t off[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int64_t n = n0 + g + 8 * r;
-    off[r] = BITS == 8 ? (n >> 1) * k2 + (n & 1) * 64 + 16 * c
-                       : (n >> 2) * k2 + (n & 3) * 32 + (c >> 1) * 128 + (c & 1) * 16;
-  }
+  // Shared memory: [barriers][weight rings, warp by warp][x buffers | partial tile].
+  const int bar_bytes = barrier_bytes(nwarps, nst);
+  const uint32_t bar0 = dsx_wo::smem_addr(smem) + warp * nst * 8;
+  const uint8_t* ring = smem + bar_bytes + warp * nst * slot_sz;
+  const uint32_t ring_s = dsx_wo::smem_addr(ring);
+  uint16_t* xbuf = reinterpret_cast<uint16_t*>(smem + bar_bytes + nwarps * nst * slot_sz);
+
+  // This lane's 16 bytes of rows g and g+8 in a step (the same bytes, lane for lane, as
+  // Paddle's layout gives: see the .cuh): row g lies in channel-group row wrow (row g+8 in
+  // wrow + kRowGap), at byte win of the step.
+  constexpr int kRowGap = BITS == 8 ? 4 : 2;
+  const int wrow = BITS == 8 ? g >> 1 : g >> 2;
+  const int win = BITS == 8 ? (g & 1) * 64 + 16 * c : (g & 3) * 32 + (c >> 1) * 128 + (c & 1) * 16;
+
   const int ngroups = p.group > 0 ? (p.k + p.group - 1) / p.group : 1;
-  auto scale_pair = [&](int grp) -> uint32_t {
-    if (grp >= ngroups) return 0u;
-    const uint16_t* s = p.scale + static_cast<int64_t>(grp) * p.n + n0 + g;
-    return static_cast<uint32_t>(__ldg(s)) | static_cast<uint32_t>(__ldg(s + 8)) << 16;
-  };
-  auto load_stage = [&](Stage& st, int step) {
-    const bool in = active && step < s_end;
-    const bool ok = in && (BITS == 8 || 2 * step + (c >> 1) < kt);  // int4: odd tile count
+  // Scale rows are copied from the 16-byte boundary below them (scale is only 2-byte aligned).
+  const uint32_t lead = static_cast<uint32_t>(reinterpret_cast<uintptr_t>(p.scale) & 15);
+  const uint32_t srow_bytes = (lead + 32 + 15) & ~15u;
+
+  // Fill ring slot `slot` with the steps [first, first + box) of the slice (fewer at its
+  // end) (lane 0 of an active warp; every operand is warp-uniform).
+  const int row0 = BITS == 8 ? n0 / 2 : n0 / 4;  // first channel-group row of this warp
+  auto issue = [&](int first, int slot) {
+    const int len = min(box, s_end - first);
+    uint32_t bytes = len * kWBytes;
+    if (GMODE == 1) bytes += len * srow_bytes;
+    if (GMODE == 2)
+      for (int j = 0; j < len; ++j) bytes += srow_bytes * (2 * (first + j) + 1 < ngroups ? 2u : 1u);
+    const uint32_t bar = bar0 + slot * 8, dst = ring_s + slot * slot_sz;
+    const uint64_t policy = dsx_wo::l2_evict_first();  // (made here: no register held across steps)
+    dsx_wo::mbar_arrive_expect_tx(bar, bytes);
+    if (len == box) {
+      dsx_wo::tma_load_2d(dst, &p.wmap, first * kElemStep, row0, bar, policy);
+    } else {
+      for (int j = 0; j < len; ++j)
+        dsx_wo::tma_load_2d(dst + j * kWBytes, &p.wmap1, (first + j) * kElemStep, row0, bar, policy);
+    }
+    if (GMODE != 0) {
+      for (int j = 0; j < len; ++j) {
+        const int step = first + j;
 #pragma unroll
-    for (int r = 0; r < 2; ++r)
-      st.w[r] = ok ? dsx_wo::ldg_stream16(p.q + off[r] + step * kStepBytes) : make_uint4(0, 0, 0, 0);
-    if (GMODE == 1) st.s[0] = in ? scale_pair(step * kStepK / p.group) : 0u;
-    if (GMODE == 2) {
-      st.s[0] = in ? scale_pair(2 * step) : 0u;
-      st.s[1] = in ? scale_pair(2 * step + 1) : 0u;
+        for (int i = 0; i < 2; ++i) {
+          const int grp = GMODE == 1 ? (i == 0 ? step * kStepK / p.group : -1)
+                                     : (i == 0 ? 2 * step : (2 * step + 1 < ngroups ? 2 * step + 1 : -1));
+          if (grp < 0) break;
+          const uint8_t* src =
+              reinterpret_cast<const uint8_t*>(p.scale + static_cast<int64_t>(grp) * p.n + n0) - lead;
+          dsx_wo::bulk_g2s(dst + box * kWBytes + (2 * j + i) * kScaleSlot, src, srow_bytes, bar, policy);
+        }
+      }
     }
   };
+  auto read_scale = [&](const uint8_t* slot, int j, int i) -> uint32_t {
+    const uint8_t* b = slot + box * kWBytes + (2 * j + i) * kScaleSlot + lead + 2 * g;
+    return static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(b)) |
+           static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(b + 16)) << 16;
+  };
+  // Stage x steps [cs, ce) of chunk ci into buf, pieces permuted (see the .cuh).
   auto stage_x = [&](int ci, uint16_t* buf) {
     const int cs = s_begin + ci * p.chunk, ce = min(cs + p.chunk, s_end);
-    const int per_row = (ce - cs) * kStepK / 8, k0 = cs * kStepK;
+    const int per_row = (ce - cs) * kPieces, k0 = cs * kStepK;
     for (int i = threadIdx.x; i < p.m * per_row; i += blockDim.x) {
-      const int row = i / per_row, kk = k0 + (i - row * per_row) * 8;
+      const int row = i / per_row, rem = i - row * per_row;
+      const int st = rem / kPieces, q = rem % kPieces;
+      const int kk = k0 + rem * 8;
       const bool in = kk < p.k;  // the int4 half step past K reads zeros
-      dsx_wo::cp_async16(buf + row * ld + (kk - k0), in ? p.x + static_cast<int64_t>(row) * p.k + kk : p.x,
-                         in ? 16 : 0);
+      dsx_wo::cp_async16(buf + row * ld + st * kStepK + ((q % kIpc) * 4 + q / kIpc) * 8,
+                         in ? p.x + static_cast<int64_t>(row) * p.k + kk : p.x, in ? 16 : 0);
     }
     dsx_wo::cp_async_commit();
   };
 
-  float acc[MT][4];
-#pragma unroll
-  for (int t = 0; t < MT; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.f;
-  Stage ring[kRing];
-#pragma unroll
-  for (int j = 0; j < kRing; ++j) load_stage(ring[j], s_begin + j);
+  if (lane == 0) {
+    dsx_wo::prefetch_tmap(&p.wmap);
+    for (int i = 0; i < nst; ++i) dsx_wo::mbar_init(bar0 + 8 * i, 1);
+  }
+  dsx_wo::fence_barrier_init();
+  __syncwarp();
+  const int nloc = s_end - s_begin;
+  int next_issue = s_begin;  // first step of the next slot to fill
+  if (active && lane == 0)
+    for (int i = 0; i < nst && next_issue < s_end; ++i, next_issue += box) issue(next_issue, i);
+  next_issue = min(s_begin + nst * box, s_end);  // (all lanes)
 
-  const int nchunks = (s_end - s_begin + p.chunk - 1) / p.chunk;
-  if (nchunks > 0) stage_x(0, smem);
+  float acc[MT][4];
+  int xo[MT];  // this lane's x offsets per token tile (rows past M repeat the last row)
+#pragma unroll
+  for (int t = 0; t < MT; ++t) {
+    acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.f;
+    xo[t] = min(8 * t + g, mlast) * ld + (BITS == 4 && GMODE == 2 ? 8 * (c & 1) + 4 * (c >> 1) : 8 * c);
+  }
+
+  const int nchunks = (nloc + p.chunk - 1) / p.chunk;
+  const int buf_elems = p.m * ld;
+  int slot = 0, j = 0, slot_len = 0;  // ring slot, step inside it, its steps
+  uint32_t parity = 0;
+  if (nchunks > 0) stage_x(0, xbuf);
   for (int ci = 0; ci < nchunks; ++ci) {
-    uint16_t* buf = smem + (ci & 1) * p.m * ld;
+    const uint16_t* buf = xbuf + (ci & 1) * buf_elems;
     if (ci + 1 < nchunks) {
-      stage_x(ci + 1, smem + ((ci + 1) & 1) * p.m * ld);
+      stage_x(ci + 1, xbuf + ((ci + 1) & 1) * buf_elems);
       dsx_wo::cp_async_wait<1>();
     } else {
       dsx_wo::cp_async_wait<0>();
     }
     __syncthreads();
     const int cs = s_begin + ci * p.chunk, ce = min(cs + p.chunk, s_end);
-    for (int i = cs; i < ce; i += kRing) {
-#pragma unroll
-      for (int j = 0; j < kRing; ++j) {  // ring[j] holds step i + j ((i - s_begin) % kRing == 0)
-        const int step = i + j;
-        if (step < ce) {
-          if (active) {
-            const uint16_t* xs = buf + (step - cs) * kStepK;
-            if (BITS == 8) {
-              dsx_wo::step_int8<MT, GMODE>(acc, ring[j], xs, ld, mlast, g, c);
-            } else if (GMODE == 2) {
-              dsx_wo::step_int4_g64<MT>(acc, ring[j], xs, ld, mlast, g, c);
-            } else {
-              dsx_wo::step_int4<MT, GMODE>(acc, ring[j], xs, ld, mlast, g, c);
-            }
+    if (active) {
+      for (int step = cs; step < ce; ++step) {
+        const uint8_t* sl = ring + slot * slot_sz;
+        if (j == 0) {
+          dsx_wo::mbar_wait(bar0 + slot * 8, parity);
+          slot_len = min(box, s_end - step);
+        }
+        // Step j of a full slot: rows box * kRowStep apart, steps kRowStep apart; of a short
+        // slot (one copy a step): rows kRowStep apart, steps 1 KB apart.
+        const bool full = slot_len == box;
+        const int rstride = full ? box * kRowStep : kRowStep;
+        const uint8_t* wp = sl + wrow * rstride + win + j * (full ? kRowStep : kWBytes);
+        Stage st;
+        st.w[0] = dsx_wo::lds128(wp);
+        st.w[1] = dsx_wo::lds128(wp + kRowGap * rstride);
+        if (GMODE == 1) st.s[0] = read_scale(sl, j, 0);
+        if (GMODE == 2) {
+          st.s[0] = read_scale(sl, j, 0);
+          st.s[1] = 2 * step + 1 < ngroups ? read_scale(sl, j, 1) : 0u;
+        }
+        const uint16_t* xs = buf + (step - cs) * kStepK;
+        if (BITS == 8) {
+          dsx_wo::step_int8<MT, GMODE>(acc, st, xs, xo);
+        } else if (GMODE == 2) {
+          dsx_wo::step_int4_g64<MT>(acc, st, xs, xo, c);
+        } else {
+          dsx_wo::step_int4<MT, GMODE>(acc, st, xs, xo);
+        }
+        if (++j == slot_len) {  // the slot is read: the copy engine may refill it
+          __syncwarp();
+          if (next_issue < s_end) {
+            if (lane == 0) issue(next_issue, slot);
+            next_issue = min(next_issue + box, s_end);
           }
-          load_stage(ring[j], step + kRing);
+          j = 0;
+          if (++slot == nst) slot = 0, parity ^= 1u;
         }
       }
     }
@@ -146,7 +248,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MT <= 2 ? 2 : 1)
   }
 
   // Partial tile [m][16 * nwarps] fp32 in shared memory (the x buffers are free now).
-  float* part = reinterpret_cast<float*>(smem);
+  float* part = reinterpret_cast<float*>(xbuf);
   const int width = 16 * nwarps;
   if (active) {
     float s_lo = 1.f, s_hi = 1.f;
@@ -193,7 +295,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MT <= 2 ? 2 : 1)
 // ------------------------------------------------------------------ host side
 
 struct Config {
-  int warps, splits, rounds, mt, smem, blocks_n;
+  int warps, splits, chunk, stages, box, mt, smem, blocks_n;
 };
 
 bool valid_args(int64_t m, int64_t n, int64_t k, int bits, int group, int arch) {
@@ -206,42 +308,132 @@ bool valid_args(int64_t m, int64_t n, int64_t k, int bits, int group, int arch) 
 
 bool pow2_upto8(int v) { return v == 1 || v == 2 || v == 4 || v == 8; }
 
-// Automatic choice: 4 warps (8 for M > 16, to share the larger x slice); split K until
-// about 16 warps per SM are busy, keeping >= 4 steps per slice; stage ~16 KB of x at once.
-int choose(int64_t m, int64_t n, int64_t k, int bits, int algo, int sms, Config* cfg) {
+int gmode_of(int bits, int group) { return group == -1 ? 0 : (bits == 4 && group == 64 ? 2 : 1); }
+
+// Shared memory of one block, and whether the x slice needs two buffers.
+int64_t smem_bytes(int rows, int bits, int gmode, int warps, int stages, int box, int chunk, int per_split) {
+  const int step_k = bits == 8 ? 64 : 128;
+  const int nbuf = chunk >= per_split ? 1 : 2;
+  const int64_t x_bytes = int64_t(nbuf) * rows * (int64_t(chunk) * step_k + kXPadElems) * 2;
+  const int64_t part_bytes = int64_t(rows) * 16 * warps * 4;
+  return barrier_bytes(warps, stages) + int64_t(warps) * stages * slot_bytes(gmode, box) +
+         std::max(x_bytes, part_bytes);
+}
+
+// Blocks of `warps` warps that one SM holds with `smem` bytes each (registers: about what
+// ptxas gives the kernels, 64 a thread for MT 1 up to 192 for MT 8).
+int blocks_per_sm(int warps, int64_t smem, int mt) {
+  const int by_smem = static_cast<int>(kSmemPerSm / (smem + kSmemReserved));
+  const int regs = mt == 1 ? 64 : mt == 2 ? 80 : mt == 4 ? 128 : 192;
+  const int warp_regs = (regs * 32 + 255) / 256 * 256;
+  const int by_regs = (65536 / warp_regs) / warps;
+  const int by_threads = 64 / warps;
+  return std::max(0, std::min(std::min(by_smem, by_regs), std::min(by_threads, 32)));
+}
+
+// Automatic choice (measured on the H200 with bench/gpu_gemm_weight_only.py --sweep, int4
+// per channel, M = 1 and 16, six DeepSeek-V3 shapes): 8 warps a block (4 for M <= 8 when N
+// is too small for two 8-warp blocks per SM even at 8 splits); for M <= 16, 2 ring slots of
+// 2 steps each a warp (more in flight per warp costs blocks per SM, which matter more; M > 16:
+// 4 slots of 1 step); x staged whole when it fits in 48 KB, else in chunks of 24 KB
+// double-buffered; K split so that the grid fills the GPU in whole waves, each block paying
+// a fixed cost of about `kBlockCost` steps (pipeline fill, x staging, cluster reduction),
+// and the fewer warps an SM holds below kFullWarps, the slower (the sweeps: resident warps
+// per SM set the speed more than bytes in flight per warp do).
+constexpr double kBlockCost = 4.0;
+constexpr int kFullWarps = 32;
+
+int choose(int64_t m, int64_t n, int64_t k, int bits, int group, int algo, int sms, Config* cfg) {
   const int rows = static_cast<int>(std::min<int64_t>(std::max<int64_t>(m, 1), kMaxRows));
   const int mt = rows <= 8 ? 1 : rows <= 16 ? 2 : rows <= 32 ? 4 : 8;
+  const int gmode = gmode_of(bits, group);
   const int step_k = bits == 8 ? 64 : 128;
   const int nsteps = static_cast<int>(bits == 8 ? k / 64 : (k / 64 + 1) / 2);
-  int warps = algo & 15, splits = (algo >> 4) & 15, rounds = (algo >> 8) & 255;
-  if (algo < 0 || (algo >> 16) != 0) return DSX_EINVAL;
-  if (warps == 0) warps = mt <= 2 ? 4 : 8;
+  if (algo < 0 || (algo >> 24) != 0) return DSX_EINVAL;
+  int warps = algo & 15, splits = (algo >> 4) & 15, chunk = (algo >> 8) & 255, stages = (algo >> 16) & 15,
+      box = (algo >> 20) & 15;
+  const int64_t tiles = n / 16;
+  if (warps == 0) warps = rows > 8 || (tiles + 7) / 8 * kMaxSplits >= 2 * sms ? 8 : 4;
   if (!pow2_upto8(warps)) return DSX_EINVAL;
-  const int64_t tiles = n / 16, blocks_n = (tiles + warps - 1) / warps;
+  if (splits != 0 && !pow2_upto8(splits)) return DSX_EINVAL;
+  if (stages == 1 || box > kMaxBox) return DSX_EINVAL;
+  const int64_t blocks_n = (tiles + warps - 1) / warps;
   if (blocks_n > 65535) return DSX_EINVAL;
+  const int row_bytes = step_k * 2;
+  // x chunk, ring depth and box for a given split (fields left 0 are automatic).
+  auto fill = [&](int sp, int* ch, int* st, int* bx) {
+    const int per_split = (nsteps + sp - 1) / sp;
+    int c = chunk, s = stages, b = box;
+    if (c == 0) {
+      const int whole = static_cast<int>(std::min<int64_t>(per_split, int64_t(1) << 20));
+      if (int64_t(rows) * (int64_t(whole) * row_bytes + 2 * kXPadElems) <= 48 * 1024) {
+        c = whole;
+      } else {
+        c = std::max(1, (24 * 1024 / rows - 2 * kXPadElems) / row_bytes);
+        c = std::min(c, per_split);
+      }
+    }
+    if (b == 0) b = rows <= 16 ? 2 : 1;
+    if (s == 0) s = std::max(1, std::min(rows <= 16 ? 2 : 4, (per_split + b - 1) / b));
+    *ch = std::max(1, c), *st = s, *bx = b;
+  };
   if (splits == 0) {
-    splits = 1;
-    while (splits < kMaxSplits && blocks_n * warps * splits < int64_t(sms) * 16 && nsteps >= 8 * splits) splits *= 2;
+    double best = -1.0;
+    for (int sp = 1; sp <= kMaxSplits; sp *= 2) {
+      const int per_split = (nsteps + sp - 1) / sp;
+      if (sp > 1 && per_split < 2) break;
+      int c, s, b;
+      fill(sp, &c, &s, &b);
+      const int64_t sm = smem_bytes(rows, bits, gmode, warps, s, b, c, per_split);
+      if (sm > kSmemPerBlock) continue;
+      const int occ = blocks_per_sm(warps, sm, mt);
+      if (occ == 0) continue;
+      const double cap = double(occ) * sms;
+      const double waves = double(blocks_n) * sp / cap;
+      const double fill_eff = waves / std::ceil(waves);
+      const double resident = std::min(1.0, occ * warps / double(kFullWarps));  // warps per SM matter most
+      const double score = fill_eff * resident * per_split / (per_split + kBlockCost);
+      if (score > best + 1e-9) best = score, splits = sp;
+    }
+    if (splits == 0) splits = 1;
   }
-  if (!pow2_upto8(splits)) return DSX_EINVAL;
   const int per_split = (nsteps + splits - 1) / splits;
-  if (rounds == 0) {
-    rounds = std::max(1, 16384 / (rows * step_k * 2 * kRing));
-    rounds = std::max(1, std::min(rounds, (per_split + kRing - 1) / kRing));
-  }
-  const int chunk = rounds * kRing;
-  const int64_t x_bytes = 2 * int64_t(rows) * (int64_t(chunk) * step_k + kPadElems) * 2;
-  const int64_t part_bytes = int64_t(rows) * 16 * warps * 4;
-  const int64_t smem = std::max(x_bytes, part_bytes);
-  if (smem > 227 * 1024) return DSX_EINVAL;
-  *cfg = Config{warps, splits, rounds, mt, static_cast<int>(smem), static_cast<int>(blocks_n)};
+  fill(splits, &chunk, &stages, &box);
+  if (stages > kMaxStages) return DSX_EINVAL;
+  const int64_t smem = smem_bytes(rows, bits, gmode, warps, stages, box, chunk, per_split);
+  if (smem > kSmemPerBlock) return DSX_EINVAL;
+  *cfg = Config{warps, splits, chunk, stages, box, mt, static_cast<int>(smem), static_cast<int>(blocks_n)};
   return DSX_OK;
 }
 
 constexpr int kMaxDevices = 64;
 
-// Raise the kernel's dynamic shared memory limit once per device (not on every launch, so
-// a warmed-up launch makes no such call while a CUDA graph is being captured).
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+// The weights' tensor maps (see Params): rows of 2K bytes (8-byte elements), N/4 (int4) or
+// N/2 (int8) of them; a box of `steps` steps of one warp.
+bool encode_weight_map(CUtensorMap* map, const void* q, int64_t n, int64_t k, int bits, int steps) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+  if (!encode) return false;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(2 * k / 8), static_cast<cuuint64_t>(bits == 8 ? n / 2 : n / 4)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(2 * k)};
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>((bits == 8 ? 16 : 32) * steps), bits == 8 ? 8u : 4u};
+  const cuuint32_t elem[2] = {1, 1};
+  return encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT64, 2, const_cast<void*>(q), dims, strides, box, elem,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 template <typename Kernel>
 cudaError_t ensure_smem(Kernel kernel, int bytes, std::atomic<int>* done) {
   if (bytes <= 48 * 1024) return cudaSuccess;
@@ -300,14 +492,14 @@ int device_sms(int* sms) {
 }  // namespace
 
 extern "C" int dsx_wo_gemm_config_cuda(int64_t m, int64_t n, int64_t k, int bits, int group_size,
-                                       int algo, int* warps, int* splits, int* rounds) {
-  if (!valid_args(m, n, k, bits, group_size, 90) || !warps || !splits || !rounds) return DSX_EINVAL;
+                                       int algo, int* warps, int* splits, int* chunk, int* stages, int* box) {
+  if (!valid_args(m, n, k, bits, group_size, 90) || !warps || !splits || !chunk || !stages || !box) return DSX_EINVAL;
   int sms = 0;
   if (device_sms(&sms) != DSX_OK) return DSX_ECUDA;
   Config cfg;
-  const int rc = choose(m, n, k, bits, algo, sms, &cfg);
+  const int rc = choose(m, n, k, bits, group_size, algo, sms, &cfg);
   if (rc != DSX_OK) return rc;
-  *warps = cfg.warps, *splits = cfg.splits, *rounds = cfg.rounds;
+  *warps = cfg.warps, *splits = cfg.splits, *chunk = cfg.chunk, *stages = cfg.stages, *box = cfg.box;
   return DSX_OK;
 }
 
@@ -321,19 +513,20 @@ extern "C" int dsx_wo_gemm_bf16_nt_cuda(const void* x, const void* qweight, cons
   if ((reinterpret_cast<uintptr_t>(scale) | reinterpret_cast<uintptr_t>(out)) & 1) return DSX_EINVAL;
   int sms = 0;
   if (device_sms(&sms) != DSX_OK) return DSX_ECUDA;
-  const int gmode = group_size == -1 ? 0 : (bits == 4 && group_size == 64 ? 2 : 1);
+  const int gmode = gmode_of(bits, group_size);
   for (int64_t m0 = 0; m0 < m; m0 += kMaxRows) {
     const int rows = static_cast<int>(std::min<int64_t>(kMaxRows, m - m0));
     Config cfg;
-    const int rc = choose(rows, n, k, bits, algo, sms, &cfg);
+    const int rc = choose(rows, n, k, bits, group_size, algo, sms, &cfg);
     if (rc != DSX_OK) return rc;
     Params p;
+    if (!encode_weight_map(&p.wmap, qweight, n, k, bits, cfg.box) || !encode_weight_map(&p.wmap1, qweight, n, k, bits, 1))
+      return DSX_ECUDA;
     p.x = static_cast<const uint16_t*>(x) + m0 * k;
-    p.q = static_cast<const uint8_t*>(qweight);
     p.scale = static_cast<const uint16_t*>(scale);
     p.out = static_cast<uint16_t*>(out) + m0 * n;
     p.m = rows, p.n = static_cast<int>(n), p.k = static_cast<int>(k), p.group = group_size;
-    p.chunk = cfg.rounds * kRing;
+    p.chunk = cfg.chunk, p.stages = cfg.stages, p.box = cfg.box;
     const cudaStream_t st = static_cast<cudaStream_t>(stream);
     cudaError_t e;
     if (bits == 8) {

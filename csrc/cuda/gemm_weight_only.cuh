@@ -1,6 +1,6 @@
-// Device helpers of the weight-only GEMM (gemm_weight_only.cu): loads, Paddle-layout
-// unpacking into mma fragments, the bf16 tensor-core mma, and one warp step per layout
-// (step_int8, step_int4, step_int4_g64).
+// Device helpers of the weight-only GEMM (gemm_weight_only.cu): the bulk-copy pipeline
+// primitives, Paddle-layout unpacking into mma fragments, the bf16 tensor-core mma, and one
+// warp step per layout (step_int8, step_int4, step_int4_g64).
 //
 // How Paddle's bytes meet the mma (m16n8k16, A = weights [16 channels x 16 k] row-major,
 // B = activations [16 k x 8 tokens]; lane = 4 * g + c, g = groupID, c = thread in group):
@@ -13,16 +13,22 @@
 //  int8: a 32-bit word of a channel's 64-element segment holds, in bytes 0..3, the real
 //        k = 16b + 2j + {0, 8, 1, 9} (b = word / 4, j = word % 4; doc section 3): bytes
 //        {0, 2} are a logical pair {2c, 2c+1} and bytes {1, 3} the pair {2c+8, 2c+9}. A lane
-//        loads words 4c..4c+3 (16 bytes) of rows g and g+8: mma step s = 0..3 uses word
-//        4c+s, real k = 16c + 2s + {0, 1} and + 8: x[16c .. 16c+16) of the tile.
+//        takes words 4c..4c+3 (16 bytes) of rows g and g+8: mma step s = 0..3 uses word
+//        4c+s, real k = 16c + 2s + {0, 1} and + 8: x[16c .. 16c+16) of the step.
 //  int4: a word holds 8 nibbles with real k = 2w + {0, 8, 16, 24, 1, 9, 17, 25} inside its
 //        32-block (w = word % 4); nibbles {2h, 2h+4} form the pair k = 2w + 16h + {0, 1}
-//        and nibbles {2h+1, 2h+5} the pair 8 above. A lane loads one 16-byte half of a
+//        and nibbles {2h+1, 2h+5} the pair 8 above. A lane takes one 16-byte half of a
 //        segment (one 32-block): lane c takes tile 2*step + c/2, half c%2, i.e. real
 //        k = 32c + [0, 32) of the 128-wide step; mma step 2w + h uses word w, half h.
 //
+// x in shared memory: a step's row of x is stored as 16-byte pieces (8 k each) in the order
+// that makes every lane's loads consecutive: the piece of real k = 8 * (IPC * c + i) (lane c's
+// i-th piece, IPC = 4 pieces a lane for int4, 2 for int8) sits at position 4 * i + c. Rows are
+// 64 bytes apart modulo 128, so the two rows a quarter-warp reads fall in disjoint banks.
+//
 // Values: int8 byte u = q + 128, int4 nibble u = q + 8. Each is turned into bf16 q exactly
-// with integer ops and one bf16x2 fma: bf16 bits 0x4300 | v is 128 + v for v < 128.
+// with one lop3 (mask and magic exponent), a shift for most nibbles, and one bf16x2 fma:
+// bf16 bits 0x4300 | v is 128 + v for v < 128.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -31,29 +37,103 @@
 
 namespace dsx_wo {
 
-// 16-byte streaming load (weights are read once: no L1 allocation, 256-byte L2 prefetch).
-__device__ __forceinline__ uint4 ldg_stream16(const void* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
+// ---------------------------------------------------------------- pipeline primitives
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// Shared-memory reads are plain C++ loads, so the compiler orders them with the barriers.
-__device__ __forceinline__ uint4 lds128(const uint16_t* p) { return *reinterpret_cast<const uint4*>(p); }
-__device__ __forceinline__ uint2 lds64(const uint16_t* p) { return *reinterpret_cast<const uint2*>(p); }
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+
+// Makes the initialized barriers visible to the bulk-copy (async) proxy.
+__device__ __forceinline__ void fence_barrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+
+// One arrival that also announces `bytes` of bulk copies completing on the barrier.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ bool mbar_try_wait(uint32_t bar, uint32_t parity) {
+  uint32_t ok;
+  asm volatile(
+      "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+      : "=r"(ok)
+      : "r"(bar), "r"(parity)
+      : "memory");
+  return ok != 0;
+}
+
+// Wait until the barrier's phase with this parity has completed (its bytes have landed).
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  while (!mbar_try_wait(bar, parity)) {
+  }
+}
+
+// L2 policy for bytes read once (the weights): evict them first.
+__device__ __forceinline__ uint64_t l2_evict_first() {
+  uint64_t p;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+  return p;
+}
+
+// Bulk copy (the copy engine, no registers) global -> this CTA's shared memory, completing
+// `bytes` on the barrier. dst, src 16-byte aligned, bytes a multiple of 16.
+__device__ __forceinline__ void bulk_g2s(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar,
+                                         uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(
+          dst),
+      "l"(src), "r"(bytes), "r"(bar), "l"(policy)
+      : "memory");
+}
+
+// Tensor copy (the copy engine) of one box at coordinates {c0 (bytes along the row), c1 (row)}
+// of a 2D byte tensor map into this CTA's shared memory, completing on the barrier.
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* tmap, int c0, int c1, uint32_t bar,
+                                            uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
+      " [%0], [%1, {%2, %3}], [%4], %5;" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(tmap)), "r"(c0), "r"(c1), "r"(bar), "l"(policy)
+      : "memory");
+}
+
+__device__ __forceinline__ void prefetch_tmap(const void* tmap) {
+  asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(tmap)) : "memory");
+}
+
+// Shared-memory reads are plain C++ loads, so the compiler orders them with the barriers
+// and the asm volatile waits (which clobber memory).
+__device__ __forceinline__ uint4 lds128(const void* p) { return *reinterpret_cast<const uint4*>(p); }
+__device__ __forceinline__ uint2 lds64(const void* p) { return *reinterpret_cast<const uint2*>(p); }
 
 // 16 bytes global -> shared, asynchronously; src_bytes 0 writes zeros (reads nothing).
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src_bytes) {
-  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(a), "l"(gmem), "r"(src_bytes)
-               : "memory");
+  const uint32_t a = smem_addr(smem);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(a), "l"(gmem), "r"(src_bytes) : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// ---------------------------------------------------------------- unpacking
+
+// (a & b) | c in one instruction (lop3 truth table 0xEA), (a & b) ^ c (0x6A).
+__device__ __forceinline__ uint32_t and_or(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+__device__ __forceinline__ uint32_t and_xor(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, 0x6A;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
 }
 
 // d = a * 1 + c on bf16x2: exact here (small integers).
@@ -67,17 +147,17 @@ __device__ __forceinline__ uint32_t bf16x2_add(uint32_t a, uint32_t c) {
 // from the lower byte. v = u & 127 gives 128 + v; subtract 256 (u < 128) or 128 (u >= 128).
 template <int PAIR>
 __device__ __forceinline__ uint32_t i8_pair(uint32_t w) {
-  const uint32_t t = PAIR ? (w >> 8) : w;  // bytes of the pair at bits 0..7 and 16..23
-  const uint32_t val = (t & 0x007F007Fu) | 0x43004300u;   // 128 + (u & 127)
-  const uint32_t neg = (t & 0x00800080u) ^ 0xC380C380u;   // -256, or -128 if u >= 128
+  const uint32_t t = PAIR ? (w >> 8) : w;                  // bytes of the pair at bits 0..7 and 16..23
+  const uint32_t val = and_or(t, 0x007F007Fu, 0x43004300u);   // 128 + (u & 127)
+  const uint32_t neg = and_xor(t, 0x00800080u, 0xC380C380u);  // -256, or -128 if u >= 128
   return bf16x2_add(val, neg);
 }
 
 // int4: nibbles {J, J + 4} of a word -> bf16x2 q = u - 8 (low half from nibble J).
 template <int J>
 __device__ __forceinline__ uint32_t i4_pair(uint32_t w) {
-  const uint32_t val = ((w >> (4 * J)) & 0x000F000Fu) | 0x43004300u;  // 128 + u
-  return bf16x2_add(val, 0xC308C308u);                                  // - 136
+  const uint32_t val = and_or(J ? (w >> (4 * J)) : w, 0x000F000Fu, 0x43004300u);  // 128 + u
+  return bf16x2_add(val, 0xC308C308u);                                              // - 136
 }
 
 // d += A (16x16, row) * B (16x8, col), bf16 in, fp32 accumulate.
@@ -135,10 +215,13 @@ __device__ __forceinline__ void promote(float (&acc)[4], const float (&part)[4],
   }
 }
 
-// int8 step: 4 mma k-steps; xs points at this step's 64 K of x in shared memory.
+// int8 step: 4 mma k-steps; xs points at this step's 64 K of x in shared memory (permuted:
+// lane c's two pieces at positions c and 4 + c).
+// xo[t]: this lane's offset (elements) of tile t's x row in the buffer (row min(8t + g, M-1),
+// plus 8c: the lane's first piece).
 template <int MT, int GMODE>
 __device__ __forceinline__ void step_int8(float (&acc)[MT][4], const Stage& st, const uint16_t* xs,
-                                          int ld, int mlast, int g, int c) {
+                                          const int (&xo)[MT]) {
   uint32_t a[4][4];
 #pragma unroll
   for (int s = 0; s < 4; ++s) {
@@ -150,8 +233,8 @@ __device__ __forceinline__ void step_int8(float (&acc)[MT][4], const Stage& st, 
   }
 #pragma unroll
   for (int t = 0; t < MT; ++t) {
-    const uint16_t* p = xs + min(8 * t + g, mlast) * ld + 16 * c;
-    const uint4 u0 = dsx_wo::lds128(p), u1 = dsx_wo::lds128(p + 8);
+    const uint16_t* p = xs + xo[t];
+    const uint4 u0 = dsx_wo::lds128(p), u1 = dsx_wo::lds128(p + 32);
     const uint32_t b[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
     float part[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
@@ -160,10 +243,11 @@ __device__ __forceinline__ void step_int8(float (&acc)[MT][4], const Stage& st, 
   }
 }
 
-// int4 step (per channel or group 128): 8 mma k-steps over 128 K.
+// int4 step (per channel or group 128): 8 mma k-steps over 128 K (lane c's pieces of x at
+// positions c, 4 + c, 8 + c, 12 + c).
 template <int MT, int GMODE>
 __device__ __forceinline__ void step_int4(float (&acc)[MT][4], const Stage& st, const uint16_t* xs,
-                                          int ld, int mlast, int g, int c) {
+                                          const int (&xo)[MT]) {
   uint32_t a[8][4];
 #pragma unroll
   for (int w = 0; w < 4; ++w) {
@@ -179,11 +263,11 @@ __device__ __forceinline__ void step_int4(float (&acc)[MT][4], const Stage& st, 
   }
 #pragma unroll
   for (int t = 0; t < MT; ++t) {
-    const uint16_t* p = xs + min(8 * t + g, mlast) * ld + 32 * c;
+    const uint16_t* p = xs + xo[t];
     uint32_t b[16];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const uint4 u = dsx_wo::lds128(p + 8 * i);
+      const uint4 u = dsx_wo::lds128(p + 32 * i);
       b[4 * i] = u.x, b[4 * i + 1] = u.y, b[4 * i + 2] = u.z, b[4 * i + 3] = u.w;
     }
     float part[4] = {0.f, 0.f, 0.f, 0.f};
@@ -201,9 +285,10 @@ __device__ __forceinline__ void step_int4(float (&acc)[MT][4], const Stage& st, 
 // 0, 1 of every lane hold tile 0 and slots 2, 3 tile 1 (slot w of lane c is word
 // (w & 1) | (c/2) << 1 of lane (w/2 == c/2 ? c : c ^ 2)), and mma k-steps 0..3 / 4..7
 // cover one 64-group each, with their own partial sums and scales.
+// (xo[t] here: row offset plus 8 (c & 1) + 4 (c >> 1), see below.)
 template <int MT>
 __device__ __forceinline__ void step_int4_g64(float (&acc)[MT][4], const Stage& st,
-                                              const uint16_t* xs, int ld, int mlast, int g, int c) {
+                                              const uint16_t* xs, const int (&xo)[MT], int c) {
   const bool hi = (c >> 1) != 0;
   uint32_t wd[2][4];
 #pragma unroll
@@ -229,16 +314,17 @@ __device__ __forceinline__ void step_int4_g64(float (&acc)[MT][4], const Stage& 
     a[2 * w + 1][2] = dsx_wo::i4_pair<3>(r0);
     a[2 * w + 1][3] = dsx_wo::i4_pair<3>(r1);
   }
-  // slot w, half h, pair lo: real k = 64 (w/2) + 32 (c&1) + 2 ((w&1) | hi << 1) + 16 h + {0,1}
-  const int base = 32 * (c & 1) + (hi ? 4 : 0);
+  // slot w, half h, pair lo: real k = 64 (w/2) + 32 (c&1) + 2 ((w&1) | hi << 1) + 16 h + {0,1},
+  // i.e. piece 8 sg + 4 (c&1) + 2 h (+1 for the pair 8 above), at position 4 i + 2 sg + (c&1)
+  // with i = 2 h (+1), and 4 elements further in for the hi lanes.
 #pragma unroll
   for (int t = 0; t < MT; ++t) {
-    const uint16_t* p = xs + min(8 * t + g, mlast) * ld + base;
+    const uint16_t* p = xs + xo[t];  // row + 8 (c & 1) + 4 hi
     uint2 xv[2][4];
 #pragma unroll
     for (int sg = 0; sg < 2; ++sg)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) xv[sg][i] = dsx_wo::lds64(p + 64 * sg + 8 * i);
+      for (int i = 0; i < 4; ++i) xv[sg][i] = dsx_wo::lds64(p + 16 * sg + 32 * i);
 #pragma unroll
     for (int sg = 0; sg < 2; ++sg) {
       float part[4] = {0.f, 0.f, 0.f, 0.f};

@@ -108,19 +108,28 @@ def _cuda_fns():
     P, I64, I32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
     run = cuda._fn("dsx_wo_gemm_bf16_nt_cuda", P, P, P, P, I64, I64, I64, I32, I32, I32, I32, P)
     pi = ctypes.POINTER(I32)
-    cfg = cuda._fn("dsx_wo_gemm_config_cuda", I64, I64, I64, I32, I32, I32, pi, pi, pi)
+    cfg = cuda._fn("dsx_wo_gemm_config_cuda", I64, I64, I64, I32, I32, I32, pi, pi, pi, pi, pi)
     return run, cfg
 
 
+def check_algo(algo: int) -> None:
+    """Raise DsxError unless `algo` is 0 or a well-formed tuning word (see algo_word)."""
+    warps, splits, stages, box = algo & 15, (algo >> 4) & 15, (algo >> 16) & 15, (algo >> 20) & 15
+    if algo < 0 or algo >> 24 or warps not in (0, 1, 2, 4, 8) or splits not in (0, 1, 2, 4, 8) or stages == 1 \
+            or box > 8:
+        raise DsxError(f"algo: expected 0 (automatic) or a word from algo_word(), got {algo:#x}")
+
+
 def cuda_config(m: int, n: int, k: int, bits: int, group_size: int = -1, algo: int = 0) -> dict:
-    """{'warps', 'splits', 'rounds'}: the launch configuration `algo` resolves to on this GPU."""
+    """{'warps', 'splits', 'chunk', 'stages', 'box'}: the launch configuration `algo` resolves to on this GPU."""
     from ds_export.native import check
 
     check_args(m, n, k, bits, group_size, 90)
-    w, s, r = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
-    rc = _cuda_fns()[1](m, n, k, bits, group_size, algo, ctypes.byref(w), ctypes.byref(s), ctypes.byref(r))
+    check_algo(algo)
+    v = [ctypes.c_int() for _ in range(5)]
+    rc = _cuda_fns()[1](m, n, k, bits, group_size, algo, *[ctypes.byref(i) for i in v])
     check(rc, f"dsx_wo_gemm_config_cuda (algo {algo:#x})")
-    return {"warps": w.value, "splits": s.value, "rounds": r.value}
+    return dict(zip(("warps", "splits", "chunk", "stages", "box"), (i.value for i in v)))
 
 
 def gemm_weight_only_cuda_device(x, qweight, scale, out, *, bits: int, group_size: int = -1, arch: int = 90,
@@ -147,8 +156,7 @@ def gemm_weight_only_cuda_device(x, qweight, scale, out, *, bits: int, group_siz
     want_q = (n, k) if bits == 8 else (n // 2, k)
     if qweight.shape != want_q or qweight.dtype not in (np.int8, np.uint8):
         raise DsxError(f"qweight: expected an int8 DeviceArray {want_q}, got {qweight.dtype} {qweight.shape}")
-    if algo < 0 or algo >> 16:
-        raise DsxError(f"algo: expected 0 (automatic) or a word from algo_word(), got {algo}")
+    check_algo(algo)
     rc = _cuda_fns()[0](x.ptr, qweight.ptr, scale.ptr, out.ptr, m, n, k, bits, group_size, arch, algo,
                         stream.handle if stream else None)
     check(rc, f"dsx_wo_gemm_bf16_nt_cuda (M={m}, N={n}, K={k}, int{bits}, group {group_size}, algo {algo:#x})")
@@ -166,13 +174,20 @@ def gemm_weight_only_cuda(x, qweight, scale, bits: int, group_size: int = -1, ar
     return out.numpy().view(BF16)
 
 
-def algo_word(warps: int = 0, splits: int = 0, rounds: int = 0) -> int:
-    """Pack a tuning word for the CUDA kernel (0 fields stay automatic)."""
-    if warps not in (0, 1, 2, 4, 8) or splits not in (0, 1, 2, 4, 8) or not 0 <= rounds < 256:
-        raise DsxError(f"algo: warps and splits must be 0, 1, 2, 4 or 8 and rounds 0..255, "
-                       f"got {warps}, {splits}, {rounds}")
-    return warps | splits << 4 | rounds << 8
+def algo_word(warps: int = 0, splits: int = 0, chunk: int = 0, stages: int = 0, box: int = 0) -> int:
+    """Pack a tuning word for the CUDA kernel (0 fields stay automatic).
+
+    warps: warps per block (16 output channels each); splits: K slices (cluster size);
+    chunk: steps of x staged in shared memory at once; stages: ring slots of weights per
+    warp; box: steps per slot (one tensor copy each; stages * box steps are in flight per
+    warp). Only `splits` changes the result's bits.
+    """
+    if warps not in (0, 1, 2, 4, 8) or splits not in (0, 1, 2, 4, 8) or not 0 <= chunk < 256 or \
+            not (stages == 0 or 2 <= stages <= 15) or not 0 <= box <= 8:
+        raise DsxError(f"algo: warps and splits must be 0, 1, 2, 4 or 8, chunk 0..255, stages 0 or 2..15 and "
+                       f"box 0..8, got {warps}, {splits}, {chunk}, {stages}, {box}")
+    return warps | splits << 4 | chunk << 8 | stages << 16 | box << 20
 
 
 __all__ = ["check_args", "check_inputs", "gemm_weight_only", "gemm_weight_only_cuda", "gemm_weight_only_cuda_device",
-           "cuda_config", "algo_word"]
+           "cuda_config", "algo_word", "check_algo"]

@@ -72,14 +72,49 @@ def test_matches_float64_and_cpu(m, n, k, bits, group):
 def test_every_config_is_right_and_deterministic(bits, group):
     m, n, k = 12, 384, 2112  # 33 int8 steps / 16.5 int4 steps: ragged for every split
     x, q, s, wd = make(m, n, k, bits, group, seed=1)
-    for warps in (1, 2, 4, 8):
-        for splits in (1, 2, 4, 8):
-            for rounds in (1, 3):
-                algo = G.algo_word(warps, splits, rounds)
+    for splits in (1, 2, 4, 8):
+        first = None
+        for warps in (1, 2, 4, 8):
+            for chunk, stages, box in ((1, 2, 1), (3, 5, 2), (0, 0, 0), (8, 3, 4), (2, 2, 8), (5, 15, 1)):
+                algo = G.algo_word(warps, splits, chunk, stages, box)
                 a = G.gemm_weight_only_cuda(x, q, s, bits, group, 90, algo=algo)
                 b = G.gemm_weight_only_cuda(x, q, s, bits, group, 90, algo=algo)
                 assert np.array_equal(a.view(np.uint16), b.view(np.uint16)), f"algo {algo:#x} not deterministic"
                 check_bound(a, x, wd, f"algo {algo:#x}")
+                # the header's claim: only splits moves the bits (warps, chunk, slots, box do not)
+                first = a if first is None else first
+                assert np.array_equal(a.view(np.uint16), first.view(np.uint16)), f"algo {algo:#x} changed the bits"
+
+
+@pytest.mark.parametrize("m", [1, 2, 4, 8, 16])
+@pytest.mark.parametrize("n,k,bits,group", [(2048, 7168, 4, -1), (7168, 2048, 4, 128), (1024, 18432, 4, 64),
+                                            (1536, 1536, 8, -1)])
+def test_decode_sizes_match_cpu(m, n, k, bits, group):
+    """DeepSeek-like K at decode M, automatic config, against float64 and the CPU kernel."""
+    x, q, s, wd = make(m, n, k, bits, group, seed=2)
+    out = G.gemm_weight_only_cuda(x, q, s, bits, group, 90)
+    check_bound(out, x, wd, f"cuda {(m, n, k, bits, group)}")
+    cpu = G.gemm_weight_only(x, q, s, bits, group, 90).astype(np.float64)
+    diff = np.abs(out.astype(np.float64) - cpu)
+    assert (diff <= 2.0**-7 * np.abs(cpu) + 1e-3 * np.abs(cpu).max()).all(), f"cuda vs cpu: max diff {diff.max()}"
+
+
+@pytest.mark.parametrize("bits,group", [(4, 64), (4, 128), (8, 64), (4, -1)])
+@pytest.mark.parametrize("shift", [1, 3, 7])
+def test_scale_pointer_only_2_byte_aligned(bits, group, shift):
+    """Scale rows are bulk-copied from the 16-byte boundary below them: any even address works."""
+    m, n, k = 3, 320, 1088
+    x, q, s, wd = make(m, n, k, bits, group, seed=3)
+    sb = s.view(np.uint16)
+    padded = np.full(sb.size + 16, 0x7FC0, np.uint16)  # NaN around: a misread shows
+    padded[shift:shift + sb.size] = sb.reshape(-1)
+    dpad, dx, dq = cuda.to_device(padded), cuda.to_device(x.view(np.uint16)), cuda.to_device(q)
+    out = cuda.empty((m, n), np.uint16).fill_bytes(0xFF)
+    run = G._cuda_fns()[0]
+    rc = run(dx.ptr, dq.ptr, dpad.ptr + 2 * shift, out.ptr, m, n, k, bits, group, 90, 0, None)
+    assert rc == 0
+    cuda.synchronize()
+    check_bound(out.numpy().view(BF16), x, wd, f"scale at +{2 * shift} bytes")
 
 
 def test_planted_nibble_swap_is_caught():
@@ -112,9 +147,17 @@ def test_device_api_stream_and_graph():
 
 def test_config_and_bad_algo():
     cfg = G.cuda_config(1, 2048, 7168, 4, -1)
-    assert cfg["warps"] in (1, 2, 4, 8) and cfg["splits"] in (1, 2, 4, 8) and cfg["rounds"] >= 1
+    assert cfg["warps"] in (1, 2, 4, 8) and cfg["splits"] in (1, 2, 4, 8) and cfg["chunk"] >= 1
+    assert 1 <= cfg["stages"] <= 15 and 1 <= cfg["box"] <= 8
+    assert G.cuda_config(16, 2048, 7168, 4, -1, algo=G.algo_word(2, 4, 7, 9, 3)) == \
+        {"warps": 2, "splits": 4, "chunk": 7, "stages": 9, "box": 3}
     x, q, s, _ = make(2, 64, 128, 8, -1)
-    with pytest.raises(DsxError, match="invalid"):
+    with pytest.raises(DsxError, match="algo"):
         G.gemm_weight_only_cuda(x, q, s, 8, -1, 90, algo=3)  # 3 warps
+    with pytest.raises(DsxError, match="algo"):
+        G.gemm_weight_only_cuda(x, q, s, 8, -1, 90, algo=1 << 16)  # pipeline depth 1
+    x4, q4, s4, _ = make(2, 64, 128, 4, -1)
+    with pytest.raises(DsxError, match="invalid"):  # 15 slots of 8 warps and 255 x steps: too much shared memory
+        G.gemm_weight_only_cuda(x4, q4, s4, 4, -1, 90, algo=G.algo_word(8, 1, 255, 15))
     with pytest.raises(DsxError, match="arch"):
         G.gemm_weight_only_cuda(x, q, s, 8, -1, 70)

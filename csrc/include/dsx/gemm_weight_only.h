@@ -30,15 +30,20 @@
  *  slice's acc is multiplied by s(n) at the end; group scale acc = fma(P, s, acc).
  *  The slices' fp32 partials are summed in slice order (0, 1, ...) through distributed
  *  shared memory of a thread-block cluster, then rounded to bf16. No atomics: for fixed
- *  (M, N, K, algo) on one GPU model the output is bit-for-bit reproducible.
+ *  (M, N, K, algo) on one GPU model the output is bit-for-bit reproducible, and of
+ *  the algo fields only splits changes it (it moves the slice boundaries); warps,
+ *  x chunk, ring slots and steps per slot do not.
  *
- * CUDA entry: device pointers (x, qweight 16-byte aligned), asynchronous on `stream`
- * (a cudaStream_t as void*, NULL = legacy default stream), no allocation, one launch per
- * 64 rows of x (so CUDA-graph capturable). `algo` 0 = automatic; otherwise a tuning
- * word: bits 0..3 warps per block (each warp owns 16 output channels: 1, 2, 4, 8),
- * bits 4..7 K splits = cluster size (1, 2, 4, 8), bits 8..15 x-chunk rounds (the
- * activations are staged in shared memory 4 * rounds steps at a time); a zero field
- * keeps its automatic value. Returns 0, DSX_EINVAL or DSX_ECUDA (launch failure).
+ * CUDA entry: device pointers (x, qweight 16-byte aligned; scale and out 2-byte aligned),
+ * asynchronous on `stream` (a cudaStream_t as void*, NULL = legacy default stream), no
+ * allocation, one launch per 64 rows of x (so CUDA-graph capturable; the weights' TMA
+ * descriptor travels as a kernel parameter). `algo` 0 = automatic; otherwise a tuning word:
+ * bits 0..3 warps per block (each warp owns 16 output channels: 1, 2, 4, 8), bits 4..7 K
+ * splits = cluster size (1, 2, 4, 8), bits 8..15 x chunk (steps of activations staged in
+ * shared memory at once, 1..255), bits 16..19 ring slots of weights per warp (2..15),
+ * bits 20..23 steps per slot (one tensor copy each, 1..8: stages x box steps of weights
+ * are in flight per warp); a zero field keeps its automatic value. Returns 0, DSX_EINVAL
+ * or DSX_ECUDA (launch failure, or no driver entry point for the TMA descriptor).
  */
 #ifndef DSX_GEMM_WEIGHT_ONLY_H_
 #define DSX_GEMM_WEIGHT_ONLY_H_
@@ -61,9 +66,10 @@ int dsx_wo_gemm_bf16_nt_cuda(const void* x, const void* qweight, const void* sca
                              int arch, int algo, void* stream);
 
 /* The launch configuration `algo` resolves to for this shape on the current device:
- * warps per block, K splits, x-chunk rounds (for benchmarks and logs). */
+ * warps per block, K splits, x chunk (steps), ring slots, steps per slot (for benchmarks
+ * and logs). */
 int dsx_wo_gemm_config_cuda(int64_t m, int64_t n, int64_t k, int bits, int group_size,
-                            int algo, int* warps, int* splits, int* rounds);
+                            int algo, int* warps, int* splits, int* chunk, int* stages, int* box);
 
 #ifdef __cplusplus
 }
