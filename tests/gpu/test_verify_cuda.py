@@ -32,8 +32,8 @@ def _key(k: dict) -> tuple:
 
 
 def test_cuda_kernel_checks_agree_with_cpu(converted):
-    cpu = verify(converted / "q", converted / "src", samples=2, device="cpu")
-    gpu = verify(converted / "q", converted / "src", samples=2, device="cuda")
+    cpu = verify(converted / "q", converted / "src", samples=4, device="cpu")
+    gpu = verify(converted / "q", converted / "src", samples=4, device="cuda")
     assert cpu["ok"] and gpu["ok"] and gpu["device"] == "cuda"
     kc, kg = {_key(k): k for k in cpu["kernels"]}, {_key(k): k for k in gpu["kernels"]}
     assert set(kc) == set(kg)
