@@ -131,20 +131,21 @@ def test_errors(exported, tiny_fp8, tmp_path, capsys):
     assert "do not fit int4" in capsys.readouterr().err
 
 
-def test_bfloat16_export_runs_under_paddle_inference(tiny_fp8, tmp_path):
-    """A bf16 export (bf16 parameters and cache) through the predictor equals the dygraph bf16 model,
-    whose distance to transformers is tested in test_export_model (bf16 tolerance)."""
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_16bit_export_runs_under_paddle_inference(tiny_fp8, tmp_path, dtype):
+    """A bf16 / fp16 export (16-bit parameters and cache) through the predictor equals the dygraph model
+    of that dtype, whose distance to transformers is tested in test_export_model."""
     from ds_export.export.modeling import DeepseekV3ForInference
     from ds_export.export.weights import load_weights
 
-    b16 = tmp_path / "b16"
-    assert main(["export", str(tiny_fp8), "--out", str(b16), "--dtype", "bfloat16", "--speculate", "--max-seq-len",
+    e = tmp_path / dtype
+    assert main(["export", str(tiny_fp8), "--out", str(e), "--dtype", dtype, "--speculate", "--max-seq-len",
                  "128", "-q"]) == 0
     got = tmp_path / "b.npz"
-    assert main(["generate", str(b16), "--input-ids", IDS, "--max-new-tokens", "4", "--speculate", "1",
+    assert main(["generate", str(e), "--input-ids", IDS, "--max-new-tokens", "4", "--speculate", "1",
                  "--dump-logits", str(got), "-q"]) == 0
-    assert runtime.Session(b16).cache(1, 1).dtype.name == "bfloat16"
-    m = DeepseekV3ForInference(load_weights(tiny_fp8, "bfloat16", include_mtp=False), 128)
+    assert runtime.Session(e).cache(1, 1).dtype.name == dtype
+    m = DeepseekV3ForInference(load_weights(tiny_fp8, dtype, include_mtp=False), 128)
     ref, _, _ = m.step(np.array(PROMPTS), np.zeros(2, np.int64), m.empty_cache(2))
     ref = ref.numpy()
     b = np.load(got)["base_logits"]

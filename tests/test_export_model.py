@@ -189,7 +189,7 @@ def test_step_and_load_errors(tiny_fp8, model32):
     with pytest.raises(CheckpointError, match="layer 1 lacks model.layers.1.self_attn.kv_b_proj.weight"):
         load_weights(ck)
     with pytest.raises(DsxError, match="dtype"):
-        load_weights(tiny_fp8, "float16")
+        load_weights(tiny_fp8, "int8")
 
 
 # ----------------------------------------------------------------- MTP ----

@@ -45,7 +45,8 @@ def mixed(tmp_path_factory):
     return root
 
 
-@pytest.mark.parametrize("source,dtype", [("q", "float32"), ("src", "float32"), ("src", "bfloat16")])
+@pytest.mark.parametrize("source,dtype", [("q", "float32"), ("src", "float32"), ("src", "bfloat16"),
+                                          ("src", "float16")])
 def test_streamed_export_is_paddles_jit_save(mixed, tmp_path, source, dtype):
     """FP8 + INT4 + bf16 + float32 parameters (quantized source), dequantized FP8 (original source)."""
     from ds_export.export.weights import load_weights

@@ -16,7 +16,7 @@ def export(
     out: OutDir = Path("export"),
     tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel degree: writes rank_{r}/ per rank.")] = 1,
     speculate: Annotated[bool, typer.Option("--speculate", help="Also export the MTP draft into OUT/mtp/.")] = False,
-    dtype: Annotated[str, typer.Option("--dtype", help="float32 or bfloat16 (bf16 arithmetic is emulated on CPU).")] = "float32",
+    dtype: Annotated[str, typer.Option("--dtype", help="float32, bfloat16 or float16 (16-bit arithmetic is emulated on CPU: float32 math, rounded).")] = "float32",
     max_seq_len: Annotated[int, typer.Option("--max-seq-len", help="Longest sequence the cache holds.")] = 4096,
     draft_tokens: Annotated[int, typer.Option("--draft-tokens", help="Draft tokens per step the export is set up for (1..5).")] = 1,
     block_size: Annotated[int, typer.Option("--block-size", help="KV-cache page size in tokens.")] = 64,

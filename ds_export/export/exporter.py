@@ -30,7 +30,7 @@ from ds_export.models import deepseek_v3 as ds
 
 SIDE_FILES = ("generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
               "tokenizer.model")
-DTYPES = ("float32", "bfloat16")
+DTYPES = ("float32", "bfloat16", "float16")
 
 
 def _source_quant(ck: Checkpoint) -> dict:
@@ -101,7 +101,7 @@ def export(src: str | os.PathLike, out: str | os.PathLike, *, dtype: str = "floa
 
     out = Path(out)
     if dtype not in DTYPES:
-        raise UsageError(f"--dtype {dtype!r}: this version exports {' or '.join(DTYPES)}")
+        raise UsageError(f"--dtype {dtype!r}: this version exports {', '.join(DTYPES)}")
     if max_seq_len < 2 or not 1 <= draft_tokens <= 5:
         raise UsageError("--max-seq-len must be >= 2 and --draft-tokens 1..5")
     if out.exists() and not force:

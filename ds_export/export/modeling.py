@@ -11,9 +11,9 @@ sequence's end that no real token reads, and the next step (cache_lens[b] + true
 overwrites them. D = kv_lora_rank + qk_rope_head_dim; cache row = [kv_a_norm(c_kv), rope(k_pe)].
 
 Precision: parameters and the cache are stored in the model dtype; arithmetic is float32
-(Paddle's CPU build has no bf16 matmul/add kernels). For bfloat16, every Linear / batched
-matmul output, norm output, residual sum and cache write is rounded to bf16, which emulates a
-bf16 GEMM with float32 accumulation. Linears go through `make_linear` (one Layer class per
+(Paddle's CPU build has no bf16 matmul/add kernels). For bfloat16 / float16, every Linear /
+batched matmul output, norm output, residual sum and cache write is rounded to that dtype, which
+emulates a 16-bit GEMM with float32 accumulation. Linears go through `make_linear` (one Layer class per
 weight format, keyed by `LinearWeights.fmt`): "dense" (matmul), "weight_only" and "fp8" (the
 dsx custom operators of ops.py, CPU kernels from csrc/; their outputs are bf16-exact values).
 

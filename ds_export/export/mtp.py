@@ -55,7 +55,7 @@ class MTPDraft(LatentCacheStep):
         x = self.eh_proj(paddle.concat([e, self.hnorm(hidden.astype("float32"))], axis=-1))
         x, c = self.block(x, st, cache[0])
         h = self.head_norm(x)
-        return gather_last_dim(self.head(h), self.spec.tp_world), h, c.unsqueeze(0)
+        return gather_last_dim(self.head(h), self.spec.tp_world), h, paddle.stack([c])  # (no fp16 unsqueeze on CPU)
 
     def input_spec(self) -> list:
         """InputSpecs of forward for `paddle.jit.save` (batch and new-token count dynamic)."""

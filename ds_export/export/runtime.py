@@ -126,11 +126,10 @@ class Session:
         self.cfg = json.loads((d / "config.json").read_text())
         tp = int(self.cfg.get("tensor_parallel_degree") or 1)
         self.max_len = int(self.cfg["infer_model_max_seq_len"])
-        self.dtype = {"float32": np.float32}.get(self.cfg["infer_model_dtype"])
-        if self.dtype is None:
-            import ml_dtypes
+        import ml_dtypes
 
-            self.dtype = ml_dtypes.bfloat16
+        self.dtype = {"float32": np.float32, "float16": np.float16}.get(self.cfg["infer_model_dtype"],
+                                                                        ml_dtypes.bfloat16)
         self.width = int(self.cfg["kv_lora_rank"]) + int(self.cfg["qk_rope_head_dim"])
         self.layers = int(self.cfg["num_hidden_layers"])
         self.base = Program(_rank_dir(d, tp) / "model", custom_ops=bool(self.cfg.get("dsx_custom_ops")))

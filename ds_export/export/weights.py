@@ -54,7 +54,7 @@ from ds_export.io.checkpoint import Checkpoint
 from ds_export.export.params import Lazy, derive, load
 from ds_export.models import deepseek_v3 as ds
 
-DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
+DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16), "float16": np.dtype(np.float16)}
 NORM_ROLES = frozenset({"input_norm", "post_attn_norm", "q_a_norm", "kv_a_norm", "final_norm",
                         "mtp_enorm", "mtp_hnorm", "mtp_head_norm"})
 EMBED_ROLES = frozenset({"embed", "mtp_embed"})
