@@ -160,7 +160,7 @@ def _step_verify(dep: Deployment, lay: Layout, say) -> dict:
             f"{memory_needed(lay.source) / 2**30:.0f} GiB (weights and kernels are still checked)")
         exported = None
     rep = verify(lay.quantized, lay.source, expert_sample=v.get("experts"), samples=int(v.get("samples", 4)),
-                 export=exported)
+                 export=exported, device=v.get("device", "cpu"))
     atomic_write_json(lay.report, rep)
     n_w, n_k = len(rep["weights"]), len(rep["kernels"])
     if not rep["ok"]:

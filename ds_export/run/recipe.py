@@ -9,7 +9,7 @@
       tiny: {seed: 0, dtype: fp8, config: {intermediate_size: 256}}   # config: config.json overrides
     quantize: {type: weight_only_int4, mtp_type: null, arch: 90, group_size: -1, recipe: null}
     export: {tp: 8, speculate: false, draft_tokens: 1, dtype: bfloat16, max_seq_len: 8192, block_size: 64}
-    verify: {experts: 8, samples: 4}
+    verify: {experts: 8, samples: 4, device: cpu}                   # device: whose kernels (cpu | cuda)
     generate: {prompt: "...", max_new_tokens: 16, speculate: 1}     # optional smoke test
     serving: {gpus: "8x H800 80 GB", nodes: 1, max_batch: 128, block_size: 64, draft_tokens: 1,
               gpu_memory_gb: 80, notes: "..."}                       # documentation only
@@ -30,7 +30,7 @@ SECTIONS = {
     "quantize": {"type": str, "mtp_type": (str, type(None)), "arch": int, "group_size": int, "recipe": (str, type(None))},
     "export": {"tp": int, "speculate": bool, "draft_tokens": int, "dtype": str, "max_seq_len": int,
                "block_size": int},
-    "verify": {"experts": (int, type(None)), "samples": int},
+    "verify": {"experts": (int, type(None)), "samples": int, "device": str},
     "generate": {"prompt": str, "max_new_tokens": int, "speculate": int},
     "serving": {"gpus": str, "nodes": int, "max_batch": int, "block_size": int, "draft_tokens": int,
                 "gpu_memory_gb": int, "notes": str},
@@ -113,6 +113,8 @@ def _check(d: Deployment, obj, source: str) -> None:
         raise _err(source, line("export"), "export.speculate needs quantize.mtp_type (the draft's quant type)")
     if not 1 <= e.get("draft_tokens", 1) <= 5:
         raise _err(source, line("export"), "export.draft_tokens must be 1..5 (the seeds' serving limit)")
+    if d.verify.get("device", "cpu") not in ("cpu", "cuda"):
+        raise _err(source, line("verify"), "verify.device must be cpu or cuda")
     if m.get("only") == "base" and e.get("speculate"):
         raise _err(source, line("model"), "model.only: base downloads no MTP layer, but export.speculate needs it")
 
