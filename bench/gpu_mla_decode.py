@@ -14,11 +14,16 @@ under the ridge (matmul rate / copy rate, about 200 FLOP/byte here): memory-boun
 copy. At H = 128 it is 240-480 FLOP/byte: compute-bound (0.8 of copy would need ~770 TFLOP/s of
 mma, about the dense bf16 ceiling), so there the figure of merit is the fraction of the matmul
 rate. The `bound` column says which applies, `goal` repeats that ratio.
+
+``--alt NAME=PATH[,...]`` also times other builds of the same C entry points (a .so with
+dsx_mla_decode_paged_bf16_cuda and dsx_mla_decode_workspace_cuda, e.g. an older version of
+csrc/cuda/mla_decode.cu compiled alone) on the same inputs, one row per build and case.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import statistics
 import sys
@@ -94,7 +99,26 @@ def matmul_anchor_tflops():
     return 2 * n ** 3 / ms / 1e9
 
 
-def case(b, t, h, s_q, copy_gbs, mm_tflops, num_splits=0):
+def alt_fns(path):
+    """(run, workspace) entry points of another build of the kernel (same signatures as libdsx_cuda)."""
+    cuda.cudart()  # the shared CUDA runtime first, loaded globally, as for libdsx_cuda
+    so = ctypes.CDLL(path)
+    P, I64, I32, F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
+    run, ws = so.dsx_mla_decode_paged_bf16_cuda, so.dsx_mla_decode_workspace_cuda
+    run.argtypes = [P, P, P, P, P, P, I64, I64, I64, I64, I64, F32, I32, P, I64, P]
+    ws.argtypes = [I64, I64, I64, I64, I32, ctypes.POINTER(I32), ctypes.POINTER(I64)]
+    run.restype = ws.restype = ctypes.c_int
+    return run, ws
+
+
+def workspace_of(ws_fn, b, s_q, h, pages, num_splits):
+    n, nbytes = ctypes.c_int(), ctypes.c_int64()
+    assert ws_fn(b, s_q, h, pages, int(num_splits), ctypes.byref(n), ctypes.byref(nbytes)) == 0
+    return n.value, nbytes.value
+
+
+def case(b, t, h, s_q, copy_gbs, mm_tflops, num_splits=0, libs=None):
+    """One row per build in `libs` ([(name, (run, workspace))]; default: libdsx_cuda as 'ours')."""
     pages = t // 64
     cache_bytes = b * t * 576 * 2
     n_sets = max(1, min(8, -(-3 * L2 // cache_bytes)))
@@ -109,23 +133,7 @@ def case(b, t, h, s_q, copy_gbs, mm_tflops, num_splits=0):
     lens = torch.full((b,), t, device="cuda", dtype=torch.int32)
     out = torch.empty(b, s_q, h, 512, device="cuda", dtype=torch.bfloat16)
     lse = torch.empty(b, s_q, h, device="cuda", dtype=torch.float32)
-    splits, need = M.cuda_workspace(b, s_q, h, pages, num_splits)
-    ws = torch.empty(max(need, 1), device="cuda", dtype=torch.uint8)
-    fn = M._cuda_fns()[0]
-
-    def ours():
-        st = torch.cuda.current_stream().cuda_stream  # the capture stream while a graph is captured
-        for q, kv, pt in sets:
-            rc = fn(q.data_ptr(), kv.data_ptr(), pt.data_ptr(), lens.data_ptr(), out.data_ptr(), lse.data_ptr(),
-                    b, s_q, h, b * pages, pages, scale, num_splits, ws.data_ptr(), need, st)
-            assert rc == 0, rc
-
-    # correctness of this size against torch on the first set
     q, kv, pt = sets[0]
-    ours_once = lambda: fn(q.data_ptr(), kv.data_ptr(), pt.data_ptr(), lens.data_ptr(), out.data_ptr(),  # noqa: E731
-                           lse.data_ptr(), b, s_q, h, b * pages, pages, scale, num_splits, ws.data_ptr(), need,
-                           stream.cuda_stream)
-    ours_once()
     cache = kv[pt.long()].view(b, t, 576)  # contiguous copy for the torch reference
     pos = torch.arange(t, device="cuda")
 
@@ -135,7 +143,7 @@ def case(b, t, h, s_q, copy_gbs, mm_tflops, num_splits=0):
         sc = sc.masked_fill(pos[None, None, None, :] > lim, float("-inf"))
         return torch.einsum("bsht,btd->bshd", torch.softmax(sc, -1), cc[..., :512].float())
 
-    err = (out.float() - ref(q, cache)).abs().max().item()
+    want = ref(q, cache)
     tsets = [(qq, kk[pp.long()].view(b, t, 576)) for qq, kk, pp in sets[: min(2, n_sets)]]
     del cache
 
@@ -145,19 +153,38 @@ def case(b, t, h, s_q, copy_gbs, mm_tflops, num_splits=0):
             p = torch.softmax(s, -1).to(torch.bfloat16)
             torch.matmul(p, cc[..., :512])
 
-    calls = max(1, -(-4 // n_sets))  # >= 4 kernel calls per replay
-    ms, how = graph_ms(ours, calls)
-    us = ms * 1e3 / n_sets
     tms, _ = graph_ms(torch_ref, max(1, -(-4 // len(tsets))))
     tus = tms * 1e3 / len(tsets)
-    gbs = cache_bytes / us / 1e3
     flops = 2.0 * b * s_q * h * t * (576 + 512)
-    tflops = flops / us / 1e6
     memory_bound = flops / cache_bytes < mm_tflops * 1e3 / copy_gbs
-    return dict(B=b, T=t, H=h, S_q=s_q, splits=splits, us=us, GBs=gbs, frac_copy=gbs / copy_gbs,
-                TFLOPs=tflops, frac_mm=tflops / mm_tflops, bound="memory" if memory_bound else "compute",
-                goal=gbs / copy_gbs if memory_bound else tflops / mm_tflops,
-                torch_us=tus, speedup=tus / us, max_err=err, timing=how)
+    rows = []
+    for name, (fn, ws_fn) in libs or [("ours", M._cuda_fns())]:
+        splits, need = workspace_of(ws_fn, b, s_q, h, pages, num_splits)
+        ws = torch.empty(max(need, 1), device="cuda", dtype=torch.uint8)
+
+        def ours():
+            st = torch.cuda.current_stream().cuda_stream  # the capture stream while a graph is captured
+            for q, kv, pt in sets:
+                rc = fn(q.data_ptr(), kv.data_ptr(), pt.data_ptr(), lens.data_ptr(), out.data_ptr(), lse.data_ptr(),
+                        b, s_q, h, b * pages, pages, scale, num_splits, ws.data_ptr(), need, st)
+                assert rc == 0, rc
+
+        # correctness of this size against torch on the first set (poisoned output first)
+        out.fill_(float("nan"))
+        rc = fn(q.data_ptr(), kv.data_ptr(), pt.data_ptr(), lens.data_ptr(), out.data_ptr(), lse.data_ptr(), b, s_q,
+                h, b * pages, pages, scale, num_splits, ws.data_ptr(), need, stream.cuda_stream)
+        assert rc == 0, (name, rc)
+        err = (out.float() - want).abs().max().item()
+        calls = max(1, -(-4 // n_sets))  # >= 4 kernel calls per replay
+        ms, how = graph_ms(ours, calls)
+        us = ms * 1e3 / n_sets
+        gbs = cache_bytes / us / 1e3
+        tflops = flops / us / 1e6
+        rows.append(dict(lib=name, B=b, T=t, H=h, S_q=s_q, splits=splits, us=us, GBs=gbs, frac_copy=gbs / copy_gbs,
+                         TFLOPs=tflops, frac_mm=tflops / mm_tflops, bound="memory" if memory_bound else "compute",
+                         goal=gbs / copy_gbs if memory_bound else tflops / mm_tflops,
+                         torch_us=tus, speedup=tus / us, max_err=err, timing=how))
+    return rows
 
 
 def main():
@@ -165,7 +192,10 @@ def main():
     ap.add_argument("--out", default="out/gpu")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--cases", default="", help="B:T:H:S_q[:splits],... instead of the default grid")
+    ap.add_argument("--alt", default="", help="NAME=PATH,...: also time these builds of the kernel entry points")
     a = ap.parse_args()
+    libs = [("ours", M._cuda_fns())] + [(kv.split("=", 1)[0], alt_fns(kv.split("=", 1)[1]))
+                                        for kv in a.alt.split(",") if kv]
     Path(a.out).mkdir(parents=True, exist_ok=True)
     copy_gbs = copy_anchor_gbs()
     mm_tflops = matmul_anchor_tflops()
@@ -175,20 +205,19 @@ def main():
     if a.cases:
         grid = [tuple(int(x) for x in c.split(":")) for c in a.cases.split(",")]
     for g in grid:
-        r = case(*g[:4], copy_gbs, mm_tflops, *g[4:])
-        rows.append(r)
-        print(json.dumps(r))
+        for r in case(*g[:4], copy_gbs, mm_tflops, *g[4:], libs=libs):
+            rows.append(r)
+            print(json.dumps(r))
         torch.cuda.empty_cache()
     (Path(a.out) / "bench_mla_decode.json").write_text(
         json.dumps({"copy_GBs": copy_gbs, "matmul_TFLOPs": mm_tflops, "rows": rows}, indent=1))
     print(f"anchors: copy {copy_gbs:.0f} GB/s (read + write), bf16 matmul 8192^3 {mm_tflops:.0f} TFLOP/s")
-    print(f"{'B':>4} {'T':>5} {'H':>4} {'Sq':>2} {'spl':>3} {'us':>8} {'GB/s':>7} {'/copy':>6} {'TFLOP/s':>8} "
-          f"{'/mm':>5} {'bound':>7} {'goal':>5} {'torch us':>9} {'x':>5} {'err':>8}")
+    print(f"{'lib':>5} {'B':>4} {'T':>5} {'H':>4} {'Sq':>2} {'spl':>3} {'us':>8} {'GB/s':>7} {'/copy':>6} "
+          f"{'TFLOP/s':>8} {'/mm':>5} {'bound':>7} {'goal':>5} {'torch us':>9} {'x':>5} {'err':>8}")
     for r in rows:
-        print(f"{r['B']:>4} {r['T']:>5} {r['H']:>4} {r['S_q']:>2} {r['splits']:>3} {r['us']:>8.1f} {r['GBs']:>7.0f} "
-              f"{r['frac_copy']:>6.2f} {r['TFLOPs']:>8.1f} {r['frac_mm']:>5.2f} {r['bound']:>7} {r['goal']:>5.2f} "
-              f"{r['torch_us']:>9.1f} {r['speedup']:>5.2f} {r['max_err']:>8.1e}")
-
+        print(f"{r['lib'][:5]:>5} {r['B']:>4} {r['T']:>5} {r['H']:>4} {r['S_q']:>2} {r['splits']:>3} {r['us']:>8.1f} "
+              f"{r['GBs']:>7.0f} {r['frac_copy']:>6.2f} {r['TFLOPs']:>8.1f} {r['frac_mm']:>5.2f} {r['bound']:>7} "
+              f"{r['goal']:>5.2f} {r['torch_us']:>9.1f} {r['speedup']:>5.2f} {r['max_err']:>8.1e}")
 
 if __name__ == "__main__":
     main()

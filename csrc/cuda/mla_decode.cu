@@ -1,25 +1,32 @@
 // MLA decode attention (absorbed weights, paged latent cache) for sm_90a.
-// Contract: include/dsx/mla_decode.h; helpers and shared-memory plan: mla_decode.cuh.
+// Contract: include/dsx/mla_decode.h; helpers and shared-memory plans: mla_decode.cuh.
 //
 // Grid (row_tiles, splits, B), one 256-thread CTA per SM. A CTA takes 16*MT query rows of one
 // sequence (row = s*H + h, rows of q[b] are contiguous; MT <= 4) and one split of that
 // sequence's pages (each sequence's own pages cut into `splits` equal page-aligned chunks),
-// 32 tokens (half a page, 36 KB contiguous in the cache) per stage through a cp.async ring
-// of Plan<MT>::kStages buffers. Per stage, with the score warps of Plan (warps 0-3 or 0-5):
-//  (1) S = Q K^T for the warp's row tile and 8-32 tokens, fp32 accumulators in registers;
-//      scaled, masked, the warp's row maxima to shared memory;
-//  (2) after a barrier each score warp forms the new running max from the group maxima (all
-//      warps of a row tile get the same value), p = exp(s - m) to shared bf16, its own partial
-//      row sums in registers, the rescale factor alpha per row to shared memory;
-//  (3) O = alpha * O + P V, warp w owning latent columns [64w, 64w + 64) of all rows, fp32
-//      accumulators in registers.
-// Software pipeline, two barriers per stage: iteration j runs (1) of stage j + 1 with the mma
-// of (3) of stage j interleaved into it, a barrier, then (2) of stage j + 1; the barrier that
-// opens iteration j + 1 publishes P. Two stages are read while kStages - 2 more are in flight.
-// Measured (bench/gpu_mla_decode.py, H200): with 16 rows the cache streams at 0.8-0.9 of copy
-// bandwidth; with 32 or more rows shared-memory reads of Q / K fragments and mma.sync bound it
-// (0.63-0.70 of copy at 32 rows, ~245 TFLOP/s at 128-256 rows); the next step is wgmma.
-// The end sums the partial row sums in group order (deterministic). One split: normalised bf16
+// 32 tokens (half a page, 36 KB contiguous in the cache) per stage through a cp.async ring.
+// Two CTA bodies share the ring, the P V step and the online softmax:
+//  - ksplit_body (16 or 32 rows, the memory-bound shapes): Q in registers. Warp w holds the
+//    Q fragments of the 144-dim slice w & 3 for all rows and computes that slice's partial
+//    scores for 16 tokens of the stage; the four fp32 partials meet in shared memory and the
+//    softmax lanes (8 or 16 per row) sum them in slice order. Each K element is read from
+//    shared memory once per stage and no Q fragment is re-read. One barrier per stage: phase
+//    j runs the scores of stage j + 2, the softmax of stage j + 1 and P V of stage j, which use
+//    disjoint buffers (partials, P and alpha double-buffered by stage parity), so the softmax
+//    latency hides behind the mma; three stages are read while two more are in flight.
+//  - tile_body (48 or 64 rows): Q in shared memory, score warps own a 16-row tile and 8-32
+//    tokens over all 576 dims; row maxima are exchanged through shared memory. Two barriers per
+//    stage: iteration j runs the scores of stage j + 1 with the mma of P V of stage j
+//    interleaved into it, a barrier, then the softmax of stage j + 1; two stages are read while
+//    kStages - 2 more are in flight.
+// Per stage: (1) scores S = Q K^T in fp32 registers; (2) the online softmax: new running max per
+// row, p = exp(s - m) to shared bf16, partial row sums in registers, the rescale factor alpha
+// per row to shared memory; (3) O = alpha * O + P V, warp w owning latent columns [64w, 64w + 64)
+// of all rows, fp32 accumulators in registers.
+// Measured (bench/gpu_mla_decode.py, H200, B 64-128, T 4096-8192): 16 rows 0.92-1.05 of copy
+// bandwidth (cache bytes over the read + write copy rate), 32 rows 0.84-0.97; 128 rows ~237
+// TFLOP/s (mma.sync-bound; the next step there is wgmma).
+// The end sums the partial row sums in a fixed order (deterministic). One split: normalised bf16
 // out + lse. Several: fp32 partials + lse to the workspace, then mla_combine merges them in
 // split order.
 #include <cuda_runtime.h>
@@ -167,8 +174,52 @@ __device__ __forceinline__ void softmax_step(const float (&sc)[kNPW][4], const f
   }
 }
 
+// Normalised output of a CTA's 16*MT rows (after the barrier that publishes the row sums):
+// row r's sum is sL[r] + sL[kRows + r] + ... over kGroups partial sums, in that order, sM[r] its
+// max. One split: bf16 out and lse; several: fp32 partials and lse to the workspace.
+template <int MT, int kGroups>
+__device__ __forceinline__ void store_output(const Params& p, const float (&acc)[MT][8][4], const float* sL,
+                                             const float* sM, int b, int split, int row0) {
+  constexpr int kRows = 16 * MT;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+  const bool split_out = p.splits > 1;
+#pragma unroll
+  for (int i = 0; i < MT; ++i) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = i * 16 + g + half * 8, rg = row0 + r;
+      if (rg >= p.rows) continue;
+      float l = sL[r];
+#pragma unroll
+      for (int gi = 1; gi < kGroups; ++gi) l += sL[gi * kRows + r];
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+      const int64_t orow = split_out ? ((int64_t)b * p.splits + split) * p.rows + rg : (int64_t)b * p.rows + rg;
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+        const int col = warp * 64 + nt * 8 + 2 * c;
+        const float v0 = acc[i][nt][half * 2] * inv, v1 = acc[i][nt][half * 2 + 1] * inv;
+        if (split_out) {
+          *reinterpret_cast<float2*>(p.ws_o + orow * kLat + col) = make_float2(v0, v1);
+        } else {
+          *reinterpret_cast<uint32_t*>(p.out + orow * kLat + col) = pack_bf16(v0, v1);
+        }
+      }
+    }
+  }
+  for (int r = threadIdx.x; r < kRows; r += kThreads) {
+    const int rg = row0 + r;
+    if (rg >= p.rows) continue;
+    float l = sL[r];
+#pragma unroll
+    for (int gi = 1; gi < kGroups; ++gi) l += sL[gi * kRows + r];
+    const float v = l > 0.f ? sM[r] + logf(l) : -INFINITY;
+    if (split_out) p.ws_lse[((int64_t)b * p.splits + split) * p.rows + rg] = v;
+    else p.lse[(int64_t)b * p.rows + rg] = v;
+  }
+}
+
 template <int MT>
-__global__ void __launch_bounds__(kThreads, 1) mla_decode_kernel(Params p) {
+__device__ __forceinline__ void tile_body(const Params& p) {
   using PL = Plan<MT>;
   constexpr int kRows = PL::kRows, kStages = PL::kStages, kNPW = PL::kNPW, kGroups = PL::kGroups;
   constexpr int kChains = PL::kChains;
@@ -307,41 +358,251 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_kernel(Params p) {
   }
   __syncthreads();
 
-  const int c = c4;
-  const bool split_out = p.splits > 1;
+  store_output<MT, kGroups>(p, acc, sRed, sM, b, split, row0);
+}
+
+// ---- k-split CTA (16 or 32 rows: S_q * H <= 32, the memory-bound shapes) ----
+// Q stays in registers: warp w holds the A fragments of dims [144 (w & 3), 144 (w & 3) + 144) (9
+// k-steps) for all 16*MT rows, and computes the partial scores of that slice for tokens
+// [16 (w >> 2), 16 (w >> 2) + 16) of the stage. Every K element is read from shared memory once per
+// stage and no Q fragment is re-read; the four fp32 partials of a score meet in shared memory and
+// are summed in slice order by the softmax lanes. P V is the same as in tile_body.
+
+// Partial scores of the warp's slice: k-step i of 9 for its 16 tokens (two 8-token tiles).
+// krow: this lane's ldmatrix token row in the stage; kcol: its unswizzled byte column of k-step 0.
+template <int MT>
+__device__ __forceinline__ void ks_step(float (&s)[MT][2][4], const uint32_t (&qa)[MT][9][4], uint32_t krow,
+                                        uint32_t kcol, uint32_t xr, int i) {
+  uint32_t bf[4];  // {tile 0 dims 0-7, tile 0 dims 8-15, tile 1 dims 0-7, tile 1 dims 8-15} of the k-step
+  ldsm_x4(krow + ((kcol + i * 32) ^ xr), bf[0], bf[1], bf[2], bf[3]);
 #pragma unroll
-  for (int i = 0; i < MT; ++i) {
+  for (int rt = 0; rt < MT; ++rt) {
+    mma_bf16(s[rt][0], qa[rt][i], bf[0], bf[1]);
+    mma_bf16(s[rt][1], qa[rt][i], bf[2], bf[3]);
+  }
+}
+
+// The warp's partial scores to its slice's block of sPart ([slice][row][kSStride] fp32).
+template <int MT>
+__device__ __forceinline__ void ks_store_partial(const float (&s)[MT][2][4], float* sPart, int slice, int th) {
+  constexpr int kRows = 16 * MT, kSS = PlanKS<MT>::kSStride;
+  const int lane = threadIdx.x & 31, g = lane >> 2, c4 = lane & 3;
+  float* part = sPart + slice * kRows * kSS + th * 16 + 2 * c4;
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int r = i * 16 + g + half * 8, rg = row0 + r;
-      if (rg >= p.rows) continue;
-      float l = sRed[r];
+  for (int rt = 0; rt < MT; ++rt)
 #pragma unroll
-      for (int gi = 1; gi < kGroups; ++gi) l += sRed[gi * kRows + r];
-      const float inv = l > 0.f ? 1.f / l : 0.f;
-      const int64_t orow = split_out ? ((int64_t)b * p.splits + split) * p.rows + rg : (int64_t)b * p.rows + rg;
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt) {
-        const int col = warp * 64 + nt * 8 + 2 * c;
-        const float v0 = acc[i][nt][half * 2] * inv, v1 = acc[i][nt][half * 2 + 1] * inv;
-        if (split_out) {
-          *reinterpret_cast<float2*>(p.ws_o + orow * kLat + col) = make_float2(v0, v1);
-        } else {
-          *reinterpret_cast<uint32_t*>(p.out + orow * kLat + col) = pack_bf16(v0, v1);
-        }
-      }
+    for (int nt = 0; nt < 2; ++nt) {
+      *reinterpret_cast<float2*>(part + (rt * 16 + g) * kSS + nt * 8) = make_float2(s[rt][nt][0], s[rt][nt][1]);
+      *reinterpret_cast<float2*>(part + (rt * 16 + g + 8) * kSS + nt * 8) = make_float2(s[rt][nt][2], s[rt][nt][3]);
     }
-  }
-  for (int r = threadIdx.x; r < kRows; r += kThreads) {
-    const int rg = row0 + r;
-    if (rg >= p.rows) continue;
-    float l = sRed[r];
+}
+
+// Online softmax of a stage (after the barrier that publishes the partials): this lane owns row sr,
+// tokens [st0, st0 + kTPL) of the stage starting at cache position t. Score = (slice 0 + 1 + 2 + 3)
+// * scale, masked; the row max over the row's kLPR lanes by shuffles; p = exp(s - m) to shared bf16;
+// the lane's partial row sum; alpha = exp(m_old - m_new) to sAlpha.
+template <int MT>
+__device__ __forceinline__ void ks_softmax(const float* sPart, __nv_bfloat16* sP, float* sAlpha, int sr, int st0,
+                                           int limit, int t, int t_end, float scale, float& m_run, float& l_run) {
+  using PL = PlanKS<MT>;
+  constexpr int kRows = PL::kRows, kSS = PL::kSStride, kTPL = PL::kTPL, kLPR = PL::kLPR;
+  float s[kTPL];
 #pragma unroll
-    for (int gi = 1; gi < kGroups; ++gi) l += sRed[gi * kRows + r];
-    const float v = l > 0.f ? sM[r] + logf(l) : -INFINITY;
-    if (split_out) p.ws_lse[((int64_t)b * p.splits + split) * p.rows + rg] = v;
-    else p.lse[(int64_t)b * p.rows + rg] = v;
+  for (int sl = 0; sl < PL::kSlices; ++sl) {
+    const float* src = sPart + (sl * kRows + sr) * kSS + st0;
+    float v[kTPL];
+    if constexpr (kTPL == 4) {
+      const float4 x = *reinterpret_cast<const float4*>(src);
+      v[0] = x.x; v[1] = x.y; v[2] = x.z; v[3] = x.w;
+    } else {
+      static_assert(kTPL == 2, "2 or 4 tokens per lane");
+      const float2 x = *reinterpret_cast<const float2*>(src);
+      v[0] = x.x; v[1] = x.y;
+    }
+#pragma unroll
+    for (int e = 0; e < kTPL; ++e) s[e] = sl == 0 ? v[e] : s[e] + v[e];
   }
+  float mx = -INFINITY;
+#pragma unroll
+  for (int e = 0; e < kTPL; ++e) {
+    const int tpos = t + st0 + e;
+    s[e] = (tpos <= limit && tpos < t_end) ? s[e] * scale : -INFINITY;
+    mx = fmaxf(mx, s[e]);
+  }
+#pragma unroll
+  for (int off = kLPR / 2; off >= 1; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+  const float m_new = fmaxf(m_run, mx);
+  const float base = m_new == -INFINITY ? 0.f : m_new;  // a row with nothing visible yet stays at 0
+  const float alpha = __expf(m_run - base);
+  m_run = m_new;
+  float sum = 0.f;
+  uint32_t pk[kTPL / 2];
+#pragma unroll
+  for (int e = 0; e < kTPL; e += 2) {
+    const float p0 = __expf(s[e] - base), p1 = __expf(s[e + 1] - base);
+    sum += p0 + p1;
+    pk[e / 2] = pack_bf16(p0, p1);
+  }
+  if constexpr (kTPL == 4) {
+    *reinterpret_cast<uint2*>(sP + sr * kPStride + st0) = make_uint2(pk[0], pk[1]);
+  } else {
+    *reinterpret_cast<uint32_t*>(sP + sr * kPStride + st0) = pk[0];
+  }
+  l_run = l_run * alpha + sum;
+  if ((threadIdx.x & (kLPR - 1)) == 0) sAlpha[sr] = alpha;
+}
+
+template <bool B>
+struct BoolC {
+  static constexpr bool value = B;
+};
+
+template <int MT>
+__device__ __forceinline__ void ksplit_body(const Params& p) {
+  using PL = PlanKS<MT>;
+  constexpr int kRows = PL::kRows, kStages = PL::kStages, kLPR = PL::kLPR, kSteps = PL::kStepsPerSlice;
+  static_assert(kSteps == 9, "ks_step's fragment arrays hold 9 k-steps");
+  static_assert(kStages >= 5, "three stages are read per phase while two more are in flight");
+  extern __shared__ __align__(128) unsigned char smem[];
+  const uint32_t sq = smem_u32(smem), sk0 = sq + PL::kOffK, sp = sq + PL::kOffP;
+  float* sPart = reinterpret_cast<float*>(smem);  // aliases the Q tile once Q is in registers
+  __nv_bfloat16* sP = reinterpret_cast<__nv_bfloat16*>(smem + PL::kOffP);
+  float* sAlpha = reinterpret_cast<float*>(smem + PL::kOffAlpha);
+  float* sL = reinterpret_cast<float*>(smem + PL::kOffL);
+  float* sM = reinterpret_cast<float*>(smem + PL::kOffM);
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int b = blockIdx.z, split = blockIdx.y, row0 = blockIdx.x * kRows;
+  const int len = min(max(p.lens[b], 0), p.max_pages * kPage);
+  const int pages_b = (len + kPage - 1) / kPage, pps = (pages_b + p.splits - 1) / p.splits;
+  const int t_begin = min(split * pps * kPage, len), t_end = min(len, t_begin + pps * kPage);
+  const int n_st = (t_end - t_begin + kStageT - 1) / kStageT;
+  const int32_t* pages = p.pt + (int64_t)b * p.max_pages;
+
+  const __nv_bfloat16* qb = p.q + (int64_t)b * p.rows * kDim;  // q[b] is [rows, 576]
+  for (int i = threadIdx.x; i < kRows * kChunks; i += kThreads) {
+    const int r = i / kChunks, c = i - r * kChunks, rg = row0 + r;
+    cp_async16(sq + swz(r, c) * 16, rg < p.rows ? qb + (int64_t)rg * kDim + c * 8 : qb, rg < p.rows ? 16 : 0);
+  }
+#pragma unroll
+  for (int s = 0; s < kStages - 3; ++s) {  // phase j issues stage j + kStages - 1, from phase -2 on
+    if (s < n_st) {
+      const int t = t_begin + s * kStageT;
+      load_stage(p.kv, pages[t / kPage], t, t_end, sk0 + s * kStageBytes);
+    }
+    cp_async_commit();
+  }
+  int pg_next = kStages - 3 < n_st ? pages[(t_begin + (kStages - 3) * kStageT) / kPage] : 0;
+
+  // Score role: dims slice (9 k-steps from k-step 9 * slice), tokens [16 th, 16 th + 16) of a stage.
+  // Swizzle (mla_decode.cuh): 16-byte chunk c of row r sits at slot c ^ (r & 7); every ldmatrix row
+  // used here has r & 7 == lane & 7, so the byte column is (unswizzled column) ^ xr.
+  const int slice = warp & 3, th = warp >> 2;
+  const uint32_t xr = (lane & 7) * 16;
+  const uint32_t kcol = slice * kSteps * 32 + ((lane >> 3) & 1) * 16;  // K: dims 0-7 / 8-15 of a k-step
+  const uint32_t krow = (th * 16 + (lane & 7) + (lane >> 4) * 8) * kRowBytes;  // K: tile 0 / tile 1 rows
+  // P V role (as tile_body): V rows of a 16-token k-step, 128-byte column block of the warp.
+  uint32_t v_off[4];
+#pragma unroll
+  for (int np = 0; np < 4; ++np) v_off[np] = ((np * 2 + (lane >> 4)) ^ (lane & 7)) * 16;
+  const int vro = ((lane & 7) + ((lane >> 3) & 1) * 8) * kRowBytes + warp * 128;
+  const uint32_t pbase = sp + (((lane & 7) + ((lane >> 3) & 1) * 8) * kPStride + (lane >> 4) * 8) * 2;
+  // Softmax role: row sr, tokens [st0, st0 + kTPL).
+  const int sr = warp * PL::kRPW + lane / kLPR, st0 = (lane & (kLPR - 1)) * PL::kTPL;
+  const int limit = row0 + sr < p.rows ? len - p.s_q + (row0 + sr) / p.heads : -1;  // -1: padding row
+  float m_run = -INFINITY, l_run = 0.f;
+
+  float acc[MT][8][4];
+#pragma unroll
+  for (int i = 0; i < MT; ++i)
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) acc[i][nt][0] = acc[i][nt][1] = acc[i][nt][2] = acc[i][nt][3] = 0.f;
+
+  uint32_t qa[MT][kSteps][4];
+  float s[MT][2][4];
+  // Phase j (between two barriers): the softmax of stage j + 1 (doSM), the partial scores of stage
+  // j + 2 (doS) and P V of stage j (doPV). They touch disjoint buffers (partials, P and alpha by
+  // stage parity), so one barrier per stage orders everything and the softmax latency hides
+  // behind the mma of the other two. kAll: all three (the steady state, no branches).
+  auto phase = [&](auto all, int j) {
+    constexpr bool kAll = decltype(all)::value;
+    const bool doS = kAll || j + 2 < n_st, doSM = kAll || (j + 1 >= 0 && j + 1 < n_st), doPV = kAll || j >= 0;
+    cp_async_wait<kStages - 4>();
+    __syncthreads();  // stage j + 2 landed; partials of j + 1, P and alpha of j visible; stage j - 1 free
+    const int nxt = j + kStages - 1;
+    if (nxt < n_st) load_stage(p.kv, pg_next, t_begin + nxt * kStageT, t_end, sk0 + (nxt % kStages) * kStageBytes);
+    cp_async_commit();
+    if (nxt + 1 < n_st) pg_next = pages[(t_begin + (nxt + 1) * kStageT) / kPage];
+    const uint32_t skv = sk0 + ((j + kStages) % kStages) * kStageBytes + vro;
+    const uint32_t skk = sk0 + ((j + 2) % kStages) * kStageBytes + krow;
+    const uint32_t pb = pbase + (j & 1) * PL::kPElems * 2;
+    if (doPV) pv_rescale<MT>(acc, sAlpha + (j & 1) * kRows);
+    if (doS) {
+#pragma unroll
+      for (int rt = 0; rt < MT; ++rt)
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) s[rt][nt][0] = s[rt][nt][1] = s[rt][nt][2] = s[rt][nt][3] = 0.f;
+    }
+#pragma unroll
+    for (int i = 0; i < kSteps; ++i) {
+      if (doS) ks_step<MT>(s, qa, skk, kcol, xr, i);
+      if (i == 1 && doPV) pv_step<MT>(acc, pb, skv, v_off, 0);
+      if (i == 3 && doSM) {
+        const int o = (j + 1) & 1;
+        ks_softmax<MT>(sPart + o * PL::kPartFloats, sP + o * PL::kPElems, sAlpha + o * kRows, sr, st0, limit,
+                       t_begin + (j + 1) * kStageT, t_end, p.scale, m_run, l_run);
+      }
+      if (i == 5 && doPV) pv_step<MT>(acc, pb, skv, v_off, 1);
+    }
+    if (doS) ks_store_partial<MT>(s, sPart + ((j + 2) & 1) * PL::kPartFloats, slice, th);
+  };
+  if (n_st > 0) {
+    cp_async_wait<kStages - 4>();
+    __syncthreads();  // Q and stage 0 landed
+    {
+      const uint32_t qrow = sq + ((lane & 7) + ((lane >> 3) & 1) * 8) * kRowBytes;
+      const uint32_t qcol = slice * kSteps * 32 + (lane >> 4) * 16;  // Q: dims 0-7 / 8-15 of a k-step
+#pragma unroll
+      for (int rt = 0; rt < MT; ++rt)
+#pragma unroll
+        for (int i = 0; i < kSteps; ++i)
+          ldsm_x4(qrow + rt * 16 * kRowBytes + ((qcol + i * 32) ^ xr), qa[rt][i][0], qa[rt][i][1], qa[rt][i][2],
+                  qa[rt][i][3]);
+    }
+    // The barrier that opens phase -2 also ends the Q reads before the first partials overwrite Q.
+    phase(BoolC<false>{}, -2);
+    phase(BoolC<false>{}, -1);
+    int j = 0;
+    for (; j + 2 < n_st; ++j) phase(BoolC<true>{}, j);
+    for (; j < n_st; ++j) phase(BoolC<false>{}, j);
+  }
+  cp_async_wait<0>();
+
+  // Row sums: the kLPR lanes of a row by a butterfly (every lane gets the same value).
+#pragma unroll
+  for (int off = 1; off < kLPR; off <<= 1) l_run += __shfl_xor_sync(0xffffffffu, l_run, off);
+  if ((lane & (kLPR - 1)) == 0) {
+    sL[sr] = l_run;
+    sM[sr] = m_run;
+  }
+  __syncthreads();
+  store_output<MT, 1>(p, acc, sL, sM, b, split, row0);
+}
+
+// 16 and 32 rows take the k-split CTA (Q in registers); 48 and 64 rows the row-tile CTA.
+template <int MT>
+constexpr bool kKSplit = MT <= 2;
+
+template <int MT>
+__global__ void __launch_bounds__(kThreads, 1) mla_decode_kernel(Params p) {
+  if constexpr (kKSplit<MT>) ksplit_body<MT>(p);
+  else tile_body<MT>(p);
+}
+
+template <int MT>
+constexpr int smem_bytes() {
+  if constexpr (kKSplit<MT>) return PlanKS<MT>::kBytes;
+  else return Plan<MT>::kBytes;
 }
 
 // Merge the split partials of one (b, row), splits in order: out = sum_s w_s o_s / sum_s w_s,
@@ -372,9 +633,9 @@ __global__ void __launch_bounds__(128) mla_combine_kernel(Params p) {
 template <int MT>
 cudaError_t launch(const Params& p, int row_tiles, int batch, cudaStream_t stream) {
   static const cudaError_t attr = cudaFuncSetAttribute(
-      mla_decode_kernel<MT>, cudaFuncAttributeMaxDynamicSharedMemorySize, Plan<MT>::kBytes);
+      mla_decode_kernel<MT>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<MT>());
   if (attr != cudaSuccess) return attr;
-  mla_decode_kernel<MT><<<dim3(row_tiles, p.splits, batch), kThreads, Plan<MT>::kBytes, stream>>>(p);
+  mla_decode_kernel<MT><<<dim3(row_tiles, p.splits, batch), kThreads, smem_bytes<MT>(), stream>>>(p);
   return cudaGetLastError();
 }
 

@@ -21,7 +21,8 @@ constexpr int kMaxSmem = 232448;                   // sm_90 opt-in dynamic share
 // 16-byte slot r * 72 + (c ^ (r & 7)), so the 8 rows of one ldmatrix hit 8 distinct banks.
 __device__ __forceinline__ int swz(int row, int chunk) { return row * kChunks + (chunk ^ (row & 7)); }
 
-// Shared memory of a CTA with MT row tiles of 16 query rows: the Q tile, a ring of kStages
+// Shared memory of tile_body (used for MT 3 and 4; the MT 1 and 2 roles below are unused since
+// those row counts take the k-split CTA, PlanKS): the Q tile, a ring of kStages
 // cache stages (32 tokens each), bf16 P of one stage, per-group row maxima (then row sums),
 // the per-row rescale factor of the stage and the final row max. One CTA per SM: the ring is
 // as deep as the 227 KB allow; the loop reads two stages while the other kStages - 2 (3 x 36 KB
@@ -44,6 +45,34 @@ struct Plan {
   static constexpr int kOffAlpha = kOffRed + kGroups * kRows * 4;
   static constexpr int kOffM = kOffAlpha + kRows * 4;
   static constexpr int kBytes = kOffM + kRows * 4;
+  static_assert(kBytes <= kMaxSmem, "shared memory plan exceeds 227 KB");
+};
+
+// Shared memory of the k-split CTA (16*MT rows, MT <= 2, see ksplit_body in mla_decode.cu). Q lives
+// in registers: each warp holds the fragments of one 144-dim slice (9 k-steps) of all rows. The Q
+// tile is staged once at the start; that region then holds the fp32 partial scores of two stages
+// (by stage parity), one [kRows][kSStride] block per slice. Then the ring of kStages cache stages,
+// bf16 P of two stages, alpha of two stages, final row sums and maxima. Softmax role: kLPR
+// consecutive lanes own one row, kTPL tokens each.
+template <int MT>
+struct PlanKS {
+  static constexpr int kRows = 16 * MT;
+  static constexpr int kStages = 5;
+  static constexpr int kSlices = 4, kStepsPerSlice = kDim / 16 / kSlices;  // 4 x 9 k-steps of 16 dims
+  static constexpr int kSStride = kStageT + 8;  // fp32 partial row stride (160 B: float2 stores conflict-free)
+  static constexpr int kLPR = kThreads / kRows, kTPL = kStageT / kLPR, kRPW = 32 / kLPR;
+  static constexpr int kQBytes = kRows * kRowBytes;
+  static constexpr int kPartFloats = kSlices * kRows * kSStride;  // one stage's partials
+  static constexpr int kPElems = kRows * kPStride;                // one stage's P
+  static constexpr int kOffK = kQBytes > 2 * kPartFloats * 4 ? kQBytes : 2 * kPartFloats * 4;
+  static constexpr int kOffP = kOffK + kStages * kStageBytes;
+  static constexpr int kOffAlpha = kOffP + 2 * kPElems * 2;
+  static constexpr int kOffL = kOffAlpha + 2 * kRows * 4;
+  static constexpr int kOffM = kOffL + kRows * 4;
+  static constexpr int kBytes = kOffM + kRows * 4;
+  static_assert(MT == 1 || MT == 2, "the k-split CTA holds 16 or 32 rows");
+  static_assert(kSlices * kStepsPerSlice * 16 == kDim && kOffK % 128 == 0, "slices must tile the 576 dims");
+  static_assert(kLPR * kRows == kThreads && kTPL * kLPR == kStageT && kTPL % 2 == 0, "softmax lanes");
   static_assert(kBytes <= kMaxSmem, "shared memory plan exceeds 227 KB");
 };
 

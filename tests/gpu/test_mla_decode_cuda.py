@@ -25,7 +25,9 @@ pytestmark = pytest.mark.skipif(not cuda.available(), reason="no CUDA device")
 GPU_CASES = CASES + [(5, 1, 128, [64, 1, 4096, 333, 1000]), (3, 2, 48, [2, 640, 77]), (1, 6, 100, [2000]),
                      # row tiles of 1 (partial), 2, 3 (also partial) x 16 rows over rings that wrap many times
                      (3, 1, 8, [100, 4097, 64]), (2, 2, 16, [5000, 33]), (2, 3, 16, [3000, 50]),
-                     (2, 1, 40, [700, 129])]
+                     (2, 1, 40, [700, 129]),
+                     # partial k-split CTAs: 24 and 20 of 32 rows, 12 of 16 rows
+                     (2, 3, 8, [300, 1100]), (3, 5, 4, [5, 640, 3000]), (2, 1, 12, [77, 2000])]
 
 
 @pytest.mark.parametrize("b,s_q,h,lens", GPU_CASES)

@@ -30,7 +30,10 @@
  * tile of up to 64 query rows (rows = (s, h) flattened; more rows take more tiles, whose CTAs
  * run side by side and share the pages through L2), with bf16 tensor-core mma (scores and
  * output accumulated in fp32 registers), fp32 online softmax (p rounded to bf16 for the P V
- * product) and a cp.async ring of 32-token stages 4-5 deep. num_splits = 0 picks the split
+ * product) and a cp.async ring of 32-token stages 4-5 deep. With up to 32 rows per tile
+ * (S_q * H <= 32) each score is the sum, in slice order, of four fp32 partial dot products over
+ * the dims [0, 144), [144, 288), [288, 432), [432, 576); with more rows one warp accumulates
+ * all 576 dims of a score. num_splits = 0 picks the split
  * count from the SM count; with more than one split the partials (fp32 out and lse per split)
  * go to the caller's workspace and a second kernel merges them in split order. Summation
  * orders are fixed: the result is deterministic for given sizes and num_splits.
