@@ -24,7 +24,7 @@ demo: setup
 	$(BIN)/dsx run recipes/tiny.yaml --workdir build/tiny-run
 
 test: setup
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=15
 
 clean:
 	rm -rf build $(VENV)
