@@ -21,7 +21,7 @@ NVCC = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/c
 pytestmark = pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
 
 CUTLASS_UNITS = ["gemm_fp8_cutlass_dense.cu", "gemm_fp8_cutlass_pingpong.cu", "gemm_fp8_cutlass_swapab.cu",
-                 "gemm_fp8_cutlass_grouped.cu"]
+                 "gemm_fp8_cutlass_grouped.cu", "gemm_fp8_cutlass_overlap.cu"]
 LIGHT_UNITS = ["act_quant_fp8.cu", "gemm_fp8_api.cu", "gemm_fp8_simple.cu", "mtp_accept.cu"]
 
 

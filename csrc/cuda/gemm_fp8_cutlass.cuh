@@ -49,6 +49,154 @@ using LayoutSFB = decltype(ScaleConfig::deduce_layoutSFB());
 
 using Epilogue1 = cutlass::epilogue::fusion::LinearCombination<ElementD, float, void, float>;
 
+// ---- mainloop whose scale promotion overlaps the next K block's tensor-core work ----
+//
+// CUTLASS's block-wise mainloop issues one K block's wgmma batch into a temporary accumulator,
+// waits for the batch to finish and only then promotes it (acc += tmp * sa*sb): while a consumer
+// warpgroup promotes, it has no wgmma in flight, and in the cooperative kernel both warpgroups
+// promote at the same time, so the tensor cores idle once per K block. This mainloop is CUTLASS's
+// collective (loads, shared storage, parameters, mma_tail unchanged) with its consumer loop
+// replaced: two temporaries alternate, K block k+1's batch is issued before block k is promoted,
+// so the promotion FFMAs run under the next batch, and each stage is released as soon as its
+// batch has finished. The arithmetic is unchanged: per K block the same wgmma sequence into a
+// zeroed temporary, the same fp32 scale product, and acc = acc + tmp_k * s_k in increasing k, so
+// the results are bitwise those of the base mainloop. Cost: one more accumulator-sized register
+// fragment per thread (64 floats for a warpgroup's 64x128 share).
+template <class Base>
+struct OverlappedPromotion : Base {
+  using TiledMma = typename Base::TiledMma;
+  using TileShape = typename Base::TileShape;
+  using Scale = typename Base::ElementBlockScale;
+  static_assert(Base::ScaleGranularityK == size<2>(TileShape{}),
+                "one scale block per K tile: the scale views below drop the K mode");
+  static_assert(Base::ScaleMsPerTile == 1 || Base::ScaleNsPerTile == 1,
+                "the combined scale is kept on the side that varies within a tile");
+
+  template <class Accum>
+  CUTLASS_DEVICE void mma(typename Base::MainloopPipeline pipeline,
+                          typename Base::PipelineState read, Accum& accum, int k_tiles,
+                          int thread_idx, typename Base::TensorStorage& smem,
+                          typename Base::Params const&) {
+    static_assert(is_rmem<Accum>::value, "accumulators live in registers");
+    // Operand tiles in shared memory and this warpgroup's wgmma descriptors over them.
+    Tensor sA = make_tensor(make_smem_ptr(smem.smem_A.data()), typename Base::SmemLayoutA{});
+    Tensor sB = make_tensor(make_smem_ptr(smem.smem_B.data()), typename Base::SmemLayoutB{});
+    TiledMma tiled_mma;
+    const int wg = __shfl_sync(0xffffffff, thread_idx / cutlass::NumThreadsPerWarpGroup, 0);
+    auto wg_mma = tiled_mma.get_slice(wg * cutlass::NumThreadsPerWarpGroup);
+    Tensor dA = wg_mma.make_fragment_A(wg_mma.partition_A(sA));  // (MMA, MMA_M, MMA_K, PIPE)
+    Tensor dB = wg_mma.make_fragment_B(wg_mma.partition_B(sB));  // (MMA, MMA_N, MMA_K, PIPE)
+    constexpr int kAtoms = size<2>(dA);
+
+    // Scales in shared memory seen as (BLK_M, BLK_N, PIPE) tensors: each side broadcast along
+    // the other side's dimension, then split like the accumulators.
+    using LSA = typename Base::SmemLayoutSFA;  // ((M granule, M blocks), (K granule, 1), PIPE)
+    using LSB = typename Base::SmemLayoutSFB;  // ((N granule, N blocks), (K granule, 1), PIPE)
+    Tensor sSA = make_tensor(
+        make_smem_ptr(smem.smem_SFA.data()),
+        make_layout(make_shape(get<0>(LSA{}.shape()), get<1>(TileShape{}), get<2>(LSA{}.shape())),
+                    make_stride(get<0>(LSA{}.stride()), _0{}, get<2>(LSA{}.stride()))));
+    Tensor sSB = make_tensor(
+        make_smem_ptr(smem.smem_SFB.data()),
+        make_layout(make_shape(get<0>(TileShape{}), get<0>(LSB{}.shape()), get<2>(LSB{}.shape())),
+                    make_stride(_0{}, get<0>(LSB{}.stride()), get<2>(LSB{}.stride()))));
+    auto thr_mma = tiled_mma.get_slice(thread_idx);
+    Tensor cSA = thr_mma.partition_C(sSA);  // (MMA, MMA_M, MMA_N, PIPE)
+    Tensor cSB = thr_mma.partition_C(sSB);
+
+    // Two temporaries with their scales (register copies keep the broadcast: few registers).
+    Tensor t0 = make_fragment_like(accum);
+    Tensor t1 = make_fragment_like(accum);
+    Tensor a0 = make_tensor_like<Scale>(cSA(_, _, _, _0{}));
+    Tensor a1 = make_tensor_like<Scale>(cSA(_, _, _, _0{}));
+    Tensor b0 = make_tensor_like<Scale>(cSB(_, _, _, _0{}));
+    Tensor b1 = make_tensor_like<Scale>(cSB(_, _, _, _0{}));
+    CUTE_STATIC_ASSERT_V(shape(a0) == shape(accum));
+
+    auto token = pipeline.consumer_try_wait(read);
+    typename Base::PipelineState release = read;
+
+    // Wait for the next stage, read its scales, issue its wgmma batch into t (zeroed by the
+    // first atom), then form the scale product while the batch runs.
+    auto issue = [&](auto& t, auto& sa, auto& sb) CUTLASS_LAMBDA_FUNC_INLINE {
+      pipeline.consumer_wait(read, token);
+      const int stage = read.index();
+      copy(cSA(_, _, _, stage), sa);
+      copy(cSB(_, _, _, stage), sb);
+      warpgroup_fence_operand(t);
+      warpgroup_arrive();
+      tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
+      CUTLASS_PRAGMA_UNROLL
+      for (int kb = 0; kb < kAtoms; ++kb) {
+        cute::gemm(tiled_mma, dA(_, _, kb, stage), dB(_, _, kb, stage), t);
+        tiled_mma.accumulate_ = GMMA::ScaleOut::One;
+      }
+      warpgroup_commit_batch();
+      warpgroup_fence_operand(t);
+      if constexpr (Base::ScaleNsPerTile == 1) {
+        const Scale s = sb(_0{});
+        auto v = filter_zeros(sa);
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < size(v); ++i) v(i) = v(i) * s;
+      } else {
+        const Scale s = sa(_0{});
+        auto v = filter_zeros(sb);
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < size(v); ++i) v(i) = v(i) * s;
+      }
+      ++read;
+      token = pipeline.consumer_try_wait(read);
+    };
+    // The batch issued before the newest one has finished: free its stage.
+    auto retire_older = [&]() CUTLASS_LAMBDA_FUNC_INLINE {
+      warpgroup_wait<1>();
+      pipeline.consumer_release(release);
+      ++release;
+    };
+    auto promote = [&](auto& t, auto& sa, auto& sb) CUTLASS_LAMBDA_FUNC_INLINE {
+      warpgroup_fence_operand(t);
+      if constexpr (Base::ScaleNsPerTile == 1) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < size(accum); ++i) accum(i) += t(i) * sa(i);
+      } else {
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < size(accum); ++i) accum(i) += t(i) * sb(i);
+      }
+      warpgroup_fence_operand(t);
+    };
+
+    // Zero the accumulators and pin them (and the temporaries) as opaque register values before the
+    // first wgmma: otherwise the compiler materializes them from a zero register that it coalesces
+    // with a wgmma operand, and ptxas then waits for the first batch before the loop (C7517).
+    clear(accum);
+    warpgroup_fence_operand(accum);
+    warpgroup_fence_operand(t0);
+    warpgroup_fence_operand(t1);
+    issue(t0, a0, b0);
+    int k = 1;
+    CUTLASS_PRAGMA_NO_UNROLL
+    for (; k + 1 < k_tiles; k += 2) {
+      issue(t1, a1, b1);
+      retire_older();
+      promote(t0, a0, b0);
+      issue(t0, a0, b0);
+      retire_older();
+      promote(t1, a1, b1);
+    }
+    if (k < k_tiles) {
+      issue(t1, a1, b1);
+      retire_older();
+      promote(t0, a0, b0);
+      warpgroup_wait<0>();
+      promote(t1, a1, b1);
+    } else {
+      warpgroup_wait<0>();
+      promote(t0, a0, b0);
+    }
+    // The last stage is released by the base's mma_tail, as after the base's loop.
+  }
+};
+
 // Dense: 128x128x128 tiles, 2 CTAs per cluster along N (A multicast), cooperative
 // warp-specialized FP8 block-wise mainloop, stream-K tile scheduler (full waves run
 // data-parallel, the tail is split along K so small-M problems fill all SMs).
@@ -91,6 +239,19 @@ struct DensePingpong {
           sizeof(typename Epi::SharedStorage))>,
       cutlass::gemm::KernelTmaWarpSpecializedPingpongFP8Blockwise>::CollectiveOp;
   using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Main, Epi>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+};
+
+// Dense, cooperative like Dense (same tiles, cluster and stream-K scheduler, so the same
+// decomposition and bitwise the same output) with the promotion overlapped (above).
+struct DenseOverlap {
+  static constexpr bool kStreamK = true;
+  using Tile = Dense::Tile;
+  using Cluster = Dense::Cluster;
+  using Epi = Dense::Epi;
+  using Main = OverlappedPromotion<Dense::Main>;
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Main, Epi,
+                                                      cutlass::gemm::StreamKScheduler>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 };
 

@@ -45,7 +45,7 @@ inline bool tma_compatible(const GemmNt& g) {
          g.n <= INT32_MAX && g.k <= INT32_MAX;
 }
 
-// ---- CUTLASS sm90a kernels (gemm_fp8_cutlass_{dense,pingpong,swapab,grouped}.cu) ----
+// ---- CUTLASS sm90a kernels (gemm_fp8_cutlass_{dense,pingpong,swapab,overlap,grouped}.cu) ----
 bool cutlass_built();
 int cutlass_dense_workspace(int64_t m, int64_t n, int64_t k, Tuning t, size_t* bytes);
 int cutlass_dense_run(const GemmNt& g, void* ws, size_t ws_bytes, Tuning t, cudaStream_t s);
@@ -53,6 +53,8 @@ int cutlass_pingpong_workspace(int64_t m, int64_t n, int64_t k, Tuning t, size_t
 int cutlass_pingpong_run(const GemmNt& g, void* ws, size_t ws_bytes, Tuning t, cudaStream_t s);
 int cutlass_swapab_workspace(int64_t m, int64_t n, int64_t k, Tuning t, size_t* bytes);
 int cutlass_swapab_run(const GemmNt& g, void* ws, size_t ws_bytes, Tuning t, cudaStream_t s);
+int cutlass_overlap_workspace(int64_t m, int64_t n, int64_t k, Tuning t, size_t* bytes);
+int cutlass_overlap_run(const GemmNt& g, void* ws, size_t ws_bytes, Tuning t, cudaStream_t s);
 int cutlass_grouped_workspace(int64_t experts, int64_t m, int64_t n, int64_t k, size_t* bytes);
 int cutlass_grouped_run(const GemmNt& g, const int32_t* offsets, int64_t experts, void* ws,
                         size_t ws_bytes, Tuning t, cudaStream_t s);

@@ -70,9 +70,10 @@ def test_dense_gemm_matches_float64(m, n, k, path):
     a, sa, b, sb = make_gemm(rng, m, n, k)
     assert_gemm_close(cuda.gemm_fp8_nt(a, sa, b, sb), a, sa, b, sb, f"auto {(m, n, k)}")
     assert_gemm_close(cuda.gemm_fp8_nt(a, sa, b, sb, algo=2), a, sa, b, sb, f"simple {(m, n, k)}")
-    # 1 cooperative stream-K, 3 pingpong, 4 swapped operands, then forced split-K,
-    # data-parallel and atomic-order reduction scheduling
-    for algo in (1, 3, 4, 1 | 2 << 12 | 3 << 16, 1 | 1 << 12, 4 | 2 << 12 | 4 << 16, 1 | 3 << 12 | 1 << 24):
+    # 1 cooperative stream-K, 3 pingpong, 4 swapped operands, 5 cooperative with the promotion
+    # overlapped, then forced split-K, data-parallel and atomic-order reduction scheduling
+    for algo in (1, 3, 4, 5, 1 | 2 << 12 | 3 << 16, 1 | 1 << 12, 4 | 2 << 12 | 4 << 16, 1 | 3 << 12 | 1 << 24,
+                 5 | 2 << 12 | 3 << 16, 5 | 3 << 12 | 1 << 24):
         if path == "cutlass":
             assert_gemm_close(cuda.gemm_fp8_nt(a, sa, b, sb, algo=algo), a, sa, b, sb, f"algo {algo} {(m, n, k)}")
         else:
@@ -92,15 +93,31 @@ def test_dense_gemm_agrees_with_cpu_kernel_and_is_deterministic():
 
 def test_auto_choice_matches_forced_kernels_bitwise():
     """algo 0 runs pingpong at M <= 128, swap-AB with 2-way split-K when M <= 128 leaves fewer than 64
-    pingpong tiles and K >= 4096, and cooperative stream-K above (all deterministic)."""
+    pingpong tiles and K >= 4096, cooperative stream-K above and, from 1024 rows on, cooperative
+    stream-K with the promotion overlapped (all deterministic)."""
     rng = np.random.default_rng(9)
     swap_splitk2 = 4 | 2 << 12 | 2 << 16
     for m, n, k, forced in ((128, 512, 1024, 3), (129, 512, 1024, 1), (64, 2048, 7168, swap_splitk2),
-                            (16, 2048, 7168, swap_splitk2), (128, 7168, 2048, 3)):
+                            (16, 2048, 7168, swap_splitk2), (128, 7168, 2048, 3), (1023, 256, 512, 1),
+                            (1024, 384, 1024, 5)):
         a, sa, b, sb = make_gemm(rng, m, n, k)
         auto, want = cuda.gemm_fp8_nt(a, sa, b, sb), cuda.gemm_fp8_nt(a, sa, b, sb, algo=forced)
         assert np.array_equal(auto.view(np.uint16), want.view(np.uint16)), f"M={m} N={n} K={k}"
         assert_gemm_close(auto, a, sa, b, sb, f"auto {(m, n, k)}")
+
+
+@pytest.mark.parametrize("m,n,k", [(200, 512, 128), (200, 512, 256), (1100, 384, 384), (300, 1536, 1040),
+                                   (96, 2048, 7168), (1024, 1024, 2048)])
+def test_overlapped_promotion_is_bitwise_the_plain_mainloop(m, n, k):
+    """Algo 5 changes when the promotion runs, not what it computes: bitwise equal to algo 1 under the
+    same scheduling (odd and even K-tile counts, one K tile, stream-K and split-K units)."""
+    rng = np.random.default_rng(m * 7 + n + k)
+    a, sa, b, sb = make_gemm(rng, m, n, k)
+    for plain, overlapped in ((1, 5), (1 | 1 << 12, 5 | 1 << 12), (1 | 2 << 12 | 3 << 16, 5 | 2 << 12 | 3 << 16),
+                              (1 | 3 << 12, 5 | 3 << 12)):
+        want, got = cuda.gemm_fp8_nt(a, sa, b, sb, algo=plain), cuda.gemm_fp8_nt(a, sa, b, sb, algo=overlapped)
+        assert np.array_equal(want.view(np.uint16), got.view(np.uint16)), f"algo {overlapped} vs {plain} {(m, n, k)}"
+    assert_gemm_close(got, a, sa, b, sb, f"overlapped {(m, n, k)}")
 
 
 def test_dense_planted_scale_fault_is_caught():

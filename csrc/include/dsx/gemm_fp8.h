@@ -27,11 +27,15 @@
  * passed as void*, NULL = legacy default stream), allocate nothing, and are CUDA-graph
  * capturable when given their workspace. Query the workspace size first (it may be 0).
  * `algo`: 0 = automatic: a CUTLASS sm90a block-wise kernel where its TMA alignment allows
- * (K % 16 == 0, N % 8 == 0, 16-byte aligned pointers): pingpong 64x128 tiles for M <= 128,
- * cooperative 128x128 stream-K above; else the simple kernel. Forcing one (DSX_EINVAL if the
- * shape cannot take it): 1 = cooperative stream-K, 2 = simple, 3 = pingpong, 4 = swapped
- * operands (out^T = W . A^T, 128x32 tiles, stream-K); the grouped GEMM has one CUTLASS
- * kernel (1, 3, 4 all select it). Benchmarking knobs of the CUTLASS tile scheduler
+ * (K % 16 == 0, N % 8 == 0, 16-byte aligned pointers): pingpong 64x128 tiles for M <= 128
+ * (swapped operands with 2-way split-K when that leaves few tiles and K is long), cooperative
+ * 128x128 stream-K above, with the scale promotion overlapped (5) from M >= 1024; else the simple
+ * kernel. Forcing one (DSX_EINVAL if the shape cannot take it): 1 = cooperative stream-K,
+ * 2 = simple, 3 = pingpong, 4 = swapped operands (out^T = W . A^T, 128x32 tiles, stream-K),
+ * 5 = 1 with each K block's promotion (acc += P * s) run under the next block's tensor-core work
+ * (two temporary accumulators; same arithmetic, bitwise the output of 1 under the same
+ * scheduling knobs); the grouped GEMM has one CUTLASS kernel (1, 3, 4, 5 all select it).
+ * Benchmarking knobs of the CUTLASS tile scheduler
  * (0 = its default): bits 4..7 raster order (1 along M, 2 along N), bits 8..11 swizzle
  * (1, 2, 4, 8); stream-K kernels only: bits 12..15 decomposition (1 data-parallel,
  * 2 split-K, 3 stream-K), bits 16..23 the split-K factor, bits 24..27 reduction (1 = atomic
