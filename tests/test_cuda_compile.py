@@ -1,8 +1,8 @@
 """csrc/cuda/*.cu compile with the local nvcc for sm_90a (no GPU needed; skipped without nvcc).
 
 The light translation units compile in seconds and always run. The CUTLASS ones take
-over a minute each on 2 cores, so they run only with DSX_COMPILE_CUTLASS=1 (the GPU run,
-tests/gpu/run_all.sh, builds the whole library anyway). Both checks also read ptxas's
+over a minute each, so they run only with DSX_COMPILE_CUTLASS=1 (CI sets it; the GPU run,
+tests/gpu/run_all.sh, builds the whole library anyway), all at once on every core. Both checks also read ptxas's
 report: no spills in the GEMM kernels and no serialized wgmma pipeline (warning C7510).
 """
 
@@ -25,14 +25,18 @@ CUTLASS_UNITS = ["gemm_fp8_cutlass_dense.cu", "gemm_fp8_cutlass_pingpong.cu", "g
 LIGHT_UNITS = ["act_quant_fp8.cu", "gemm_fp8_api.cu", "gemm_fp8_simple.cu", "mtp_accept.cu"]
 
 
-def nvcc_compile(unit: str, tmp_path: Path, includes: list[Path]) -> str:
+def run_nvcc(unit: str, tmp_path: Path, includes: list[Path]) -> tuple[int, str]:
     cmd = [NVCC, "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "--expt-relaxed-constexpr", "-O3",
            "-DNDEBUG", "-Xcompiler", "-fPIC", "-Xptxas", "-v", f"-I{CSRC / 'include'}"]
     cmd += [f"-I{p}" for p in includes]
     cmd += ["-c", str(CSRC / "cuda" / unit), "-o", str(tmp_path / (unit + ".o"))]
     res = subprocess.run(cmd, capture_output=True, text=True)
-    log = res.stdout + res.stderr
-    assert res.returncode == 0, f"nvcc failed on {unit}:\n{log[-4000:]}"
+    return res.returncode, res.stdout + res.stderr
+
+
+def nvcc_compile(unit: str, tmp_path: Path, includes: list[Path], result: tuple[int, str] | None = None) -> str:
+    rc, log = result if result is not None else run_nvcc(unit, tmp_path, includes)
+    assert rc == 0, f"nvcc failed on {unit}:\n{log[-4000:]}"
     assert "C7510" not in log, f"{unit}: wgmma serialized (C7510)"
     assert " error" not in log.lower()
     return log
@@ -50,12 +54,23 @@ def test_light_unit_compiles(unit, tmp_path):
         assert "spill stores" not in log or "0 bytes spill stores" in log
 
 
-@pytest.mark.skipif(os.environ.get("DSX_COMPILE_CUTLASS") != "1", reason="slow: set DSX_COMPILE_CUTLASS=1")
-@pytest.mark.parametrize("unit", CUTLASS_UNITS)
-def test_cutlass_unit_compiles(unit, tmp_path):
+@pytest.fixture(scope="module")
+def cutlass_builds(tmp_path_factory):
+    """Every CUTLASS unit compiled once, as many at a time as there are cores: {unit: (rc, log)}."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from ds_export.native.build_cuda import cutlass_include
 
-    log = nvcc_compile(unit, tmp_path, [cutlass_include()])
+    out, inc = tmp_path_factory.mktemp("cutlass"), [cutlass_include()]
+    with ThreadPoolExecutor(max_workers=max(1, min(len(CUTLASS_UNITS), os.cpu_count() or 1))) as pool:
+        futures = {u: pool.submit(run_nvcc, u, out, inc) for u in CUTLASS_UNITS}
+        return {u: f.result() for u, f in futures.items()}
+
+
+@pytest.mark.skipif(os.environ.get("DSX_COMPILE_CUTLASS") != "1", reason="slow: set DSX_COMPILE_CUTLASS=1")
+@pytest.mark.parametrize("unit", CUTLASS_UNITS)
+def test_cutlass_unit_compiles(unit, tmp_path, cutlass_builds):
+    log = nvcc_compile(unit, tmp_path, [], cutlass_builds[unit])
     kernels = [blk for blk in log.split("Compiling entry function") if "GemmUniversal" in blk.split("\n")[0]]
     assert kernels, "the CUTLASS kernel was not instantiated"
     for blk in kernels:
