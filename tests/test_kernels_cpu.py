@@ -195,3 +195,57 @@ def test_mtp_input_errors():
         K.mtp_accept_greedy(d, np.zeros((2, 3), np.int32), np.array([1, 1]))
     with pytest.raises(DsxError, match="dtype"):
         K.mtp_accept_greedy(d, np.zeros((2, 4), np.int64), np.array([1, 1]))
+
+
+def ref_mtp_topp(draft, cand, ncand, sampled, num_draft):
+    """Plain Python top-p acceptance: keep a draft while it is in its position's candidate set."""
+    bsz, k = draft.shape
+    acc = np.full((bsz, k + 1), -1, dtype=draft.dtype)
+    cnt = np.zeros(bsz, dtype=np.int32)
+    for b in range(bsz):
+        i = 0
+        while i < num_draft[b] and draft[b, i] in set(cand[b, i, : ncand[b, i]].tolist()):
+            acc[b, i] = draft[b, i]
+            i += 1
+        acc[b, i] = sampled[b, i]
+        cnt[b] = i + 1
+    return acc, cnt
+
+
+def make_topp(rng, bsz, k, c, dtype, vocab=8):
+    cand = np.stack([np.stack([rng.permutation(vocab)[:c] for _ in range(k + 1)]) for _ in range(bsz)])
+    ncand = rng.integers(1, c + 1, (bsz, k + 1)).astype(np.int32)
+    sampled = np.take_along_axis(cand, rng.integers(0, ncand)[..., None], axis=2)[..., 0]
+    # drafts: often inside the real candidates, sometimes in the padding beyond num_candidates (must not count)
+    pick = np.take_along_axis(cand[:, :k], rng.integers(0, c, (bsz, k))[..., None], axis=2)[..., 0]
+    draft = np.where(rng.random((bsz, k)) < 0.85, pick, rng.integers(0, vocab, (bsz, k)))
+    return (draft.astype(dtype), cand.astype(dtype), ncand, sampled.astype(dtype),
+            rng.integers(0, k + 1, bsz).astype(np.int32))
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+@pytest.mark.parametrize("bsz,k,c", [(1, 1, 1), (37, 5, 4), (256, 8, 8), (3, 0, 2)])
+def test_mtp_accept_topp_matches_reference(dtype, bsz, k, c):
+    args = make_topp(np.random.default_rng(bsz * 10 + k + c), bsz, k, c, dtype)
+    acc, cnt = K.mtp_accept_topp(*args)
+    racc, rcnt = ref_mtp_topp(*args)
+    assert acc.dtype == dtype and np.array_equal(acc, racc) and np.array_equal(cnt, rcnt)
+
+
+def test_mtp_accept_topp_with_one_candidate_is_greedy_and_errors():
+    rng = np.random.default_rng(5)
+    d, t, nd = make_mtp(rng, 64, 5, np.int64)
+    acc, cnt = K.mtp_accept_topp(d, t[:, :, None], np.ones((64, 6), np.int32), t, nd)
+    gacc, gcnt = K.mtp_accept_greedy(d, t, nd)
+    assert np.array_equal(acc, gacc) and np.array_equal(cnt, gcnt)
+    # a draft in the padding beyond num_candidates is not accepted
+    cand = np.array([[[3, 9], [4, 4]]], np.int32)
+    acc, cnt = K.mtp_accept_topp(np.array([[9]], np.int32), cand, np.array([[1, 1]], np.int32),
+                                 np.array([[3, 4]], np.int32), np.array([1], np.int32))
+    assert cnt.tolist() == [1] and acc.tolist() == [[3, -1]]
+    with pytest.raises(DsxError, match="num_candidates"):
+        K.mtp_accept_topp(np.array([[9]], np.int32), cand, np.array([[0, 1]], np.int32),
+                          np.array([[3, 4]], np.int32), np.array([1], np.int32))
+    with pytest.raises(DsxError, match="candidates"):
+        K.mtp_accept_topp(np.array([[9]], np.int32), cand[:, :1], np.array([[1, 1]], np.int32),
+                          np.array([[3, 4]], np.int32), np.array([1], np.int32))

@@ -290,6 +290,23 @@ def mtp_accept_greedy_device(draft, target, num_draft, accepted, count, *, strea
     check(fn(draft.ptr, target.ptr, num_draft.ptr, accepted.ptr, count.ptr, bsz, k, _h(stream)), name)
 
 
+def mtp_accept_topp_device(draft, candidates, num_candidates, sampled, num_draft, accepted, count, *,
+                           stream=None) -> None:
+    bsz, k = draft.shape
+    c = candidates.shape[2] if len(candidates.shape) == 3 else 0
+    for x, nm, shp, dt in ((candidates, "candidates", (bsz, k + 1, c), draft.dtype),
+                           (num_candidates, "num_candidates", (bsz, k + 1), np.int32),
+                           (sampled, "sampled", (bsz, k + 1), draft.dtype), (num_draft, "num_draft", (bsz,), np.int32),
+                           (accepted, "accepted", (bsz, k + 1), draft.dtype), (count, "count", (bsz,), np.int32)):
+        _need(x, nm, shp, dt)
+    if draft.dtype not in (np.int32, np.int64):
+        raise DsxError(f"draft: expected int32 or int64 tokens, got {draft.dtype}")
+    name = "dsx_mtp_accept_topp_i32_cuda" if draft.dtype == np.int32 else "dsx_mtp_accept_topp_i64_cuda"
+    fn = _fn(name, P, P, P, P, P, P, P, I64, I64, I64, P)
+    check(fn(draft.ptr, candidates.ptr, num_candidates.ptr, sampled.ptr, num_draft.ptr, accepted.ptr, count.ptr,
+             bsz, k, c, _h(stream)), name)
+
+
 # ---- numpy conveniences: upload, run, download (synchronous) ----
 
 def gemm_fp8_nt(a, sa, b, sb, *, algo: int = 0) -> np.ndarray:
@@ -330,4 +347,14 @@ def mtp_accept_greedy(draft, target, num_draft) -> tuple[np.ndarray, np.ndarray]
     cnt = empty((bsz,), np.int32).fill_bytes(0x7F)
     dev = [to_device(x) for x in (draft, target, nd)]
     mtp_accept_greedy_device(*dev, acc, cnt)
+    return acc.numpy(), cnt.numpy()
+
+
+def mtp_accept_topp(draft, candidates, num_candidates, sampled, num_draft) -> tuple[np.ndarray, np.ndarray]:
+    draft, cand, nc, sampled, nd, bsz, k, c, dt = K.check_mtp_topp(draft, candidates, num_candidates, sampled,
+                                                                    num_draft)
+    acc = empty((bsz, k + 1), dt).fill_bytes(0x7F)
+    cnt = empty((bsz,), np.int32).fill_bytes(0x7F)
+    dev = [to_device(x) for x in (draft, cand, nc, sampled, nd)]
+    mtp_accept_topp_device(*dev, acc, cnt)
     return acc.numpy(), cnt.numpy()

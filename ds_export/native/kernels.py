@@ -106,6 +106,22 @@ def check_mtp(draft, target, num_draft):
             np.ascontiguousarray(nd, dtype=np.int32), bsz, k, draft.dtype)
 
 
+def check_mtp_topp(draft, candidates, num_candidates, sampled, num_draft):
+    """Validate top-p accept inputs; return (draft, cand, ncand_i32, sampled, num_draft_i32, B, K, C, dtype)."""
+    draft, cand, sampled = np.asarray(draft), np.asarray(candidates), np.asarray(sampled)
+    draft, sampled, nd, bsz, k, dt = check_mtp(draft, sampled, num_draft)
+    if cand.dtype != dt or cand.ndim != 3 or cand.shape[:2] != (bsz, k + 1) or cand.shape[2] < 1:
+        raise DsxError(f"candidates: expected {dt} [B, K+1, C] = [{bsz}, {k + 1}, C >= 1] (the base model's top-p "
+                       f"set at each verify position), got {cand.dtype} {cand.shape}")
+    c = cand.shape[2]
+    nc = np.asarray(num_candidates)
+    if nc.shape != (bsz, k + 1) or not np.issubdtype(nc.dtype, np.integer):
+        raise DsxError(f"num_candidates: expected integers of shape ({bsz}, {k + 1}), got {nc.dtype} {nc.shape}")
+    if nc.size and (nc.min() < 1 or nc.max() > c):
+        raise DsxError(f"num_candidates: every count must lie in [1, C={c}], got range [{nc.min()}, {nc.max()}]")
+    return (draft, np.ascontiguousarray(cand), np.ascontiguousarray(nc, dtype=np.int32), sampled, nd, bsz, k, c, dt)
+
+
 def gemm_fp8_nt(a, sa, b, sb) -> np.ndarray:
     """bf16 [M, N] = (a * sa) @ (b * sb)^T with DeepSeek block scales (CPU, OpenMP)."""
     a, sa, b, sb, m, n, k = check_gemm_nt(a, sa, b, sb)
@@ -136,4 +152,17 @@ def mtp_accept_greedy(draft, target, num_draft) -> tuple[np.ndarray, np.ndarray]
     return accepted, count
 
 
-__all__ = ["gemm_fp8_nt", "gemm_fp8_grouped_nt_contiguous", "mtp_accept_greedy"]
+def mtp_accept_topp(draft, candidates, num_candidates, sampled, num_draft) -> tuple[np.ndarray, np.ndarray]:
+    """Top-p speculative acceptance: a draft is kept while it lies in the base model's top-p candidate
+    set at its position; the bonus token is the base model's sample. Returns (accepted, count)."""
+    draft, cand, nc, sampled, nd, bsz, k, c, dt = check_mtp_topp(draft, candidates, num_candidates, sampled,
+                                                                  num_draft)
+    accepted = np.empty((bsz, k + 1), dtype=dt)
+    count = np.empty((bsz,), dtype=np.int32)
+    name = "dsx_mtp_accept_topp_i32_cpu" if dt == np.int32 else "dsx_mtp_accept_topp_i64_cpu"
+    fn = bind(name, P, P, P, P, P, P, P, I64, I64, I64)
+    check(fn(ptr(draft), ptr(cand), ptr(nc), ptr(sampled), ptr(nd), ptr(accepted), ptr(count), bsz, k, c), name)
+    return accepted, count
+
+
+__all__ = ["gemm_fp8_nt", "gemm_fp8_grouped_nt_contiguous", "mtp_accept_greedy", "mtp_accept_topp"]

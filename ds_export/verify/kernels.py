@@ -49,6 +49,7 @@ class Backend:
     gemm_wo: object  # (x, q, s, bits, group, arch) -> bf16
     mla_decode: object  # (q, kv_cache, page_table, cache_lens, scale) -> (bf16 out, lse)
     mtp_accept: object  # (draft, target, num_draft) -> (accepted, count)
+    mtp_accept_topp: object  # (draft, candidates, num_candidates, sampled, num_draft) -> (accepted, count)
 
 
 def backend(device: str = "cpu") -> Backend:
@@ -61,7 +62,7 @@ def backend(device: str = "cpu") -> Backend:
         from ds_export.native.mla_decode import mla_decode
 
         return Backend("cpu", fp8_block.act_quant_native, k.gemm_fp8_nt, k.gemm_fp8_grouped_nt_contiguous,
-                       gemm_weight_only, mla_decode, k.mtp_accept_greedy)
+                       gemm_weight_only, mla_decode, k.mtp_accept_greedy, k.mtp_accept_topp)
     if device == "cuda":
         from ds_export.native import cuda
         from ds_export.native.gemm_weight_only import gemm_weight_only_cuda
@@ -72,7 +73,7 @@ def backend(device: str = "cpu") -> Backend:
                            hint="run verify on a GPU machine, or use --device cpu (same checks, CPU kernels)")
         cuda.lib()  # builds/loads libdsx_cuda now, so a build failure is reported before any check
         return Backend("cuda", cuda.act_quant_fp8, cuda.gemm_fp8_nt, cuda.gemm_fp8_grouped_nt_contiguous,
-                       gemm_weight_only_cuda, mla_decode_cuda, cuda.mtp_accept_greedy)
+                       gemm_weight_only_cuda, mla_decode_cuda, cuda.mtp_accept_greedy, cuda.mtp_accept_topp)
     raise UsageError(f"--device {device!r}: expected one of {', '.join(DEVICES)}")
 
 
@@ -160,6 +161,7 @@ def check_kernels(target: Checkpoint, reference: Checkpoint, cfg: ds.DeepseekV3C
     stats += _grouped(be, target, roles, chosen, seed, gate)
     stats += _mla(be, target, reference, cfg, roles, chosen, seed, gate)
     stats.append(_mtp_accept(be, seed))
+    stats.append(_mtp_accept_topp(be, seed))
     return stats
 
 
@@ -204,6 +206,28 @@ def _mtp_accept(be: Backend, seed: int) -> KernelStat:
         want = list(draft[i, :j]) + [target[i, j]]
         bad += cnt[i] != len(want) or list(acc[i, : cnt[i]]) != want
     return KernelStat(f"mtp accept ({be.device})", f"random drafts B={b} K={k}", "-", None, float(bad), math.inf, bad == 0)
+
+
+def _mtp_accept_topp(be: Backend, seed: int) -> KernelStat:
+    """Top-p acceptance: a draft stays while it is in its position's candidate set (plain reference)."""
+    rng = np.random.default_rng(seed + 1)
+    b, k, c = 64, 5, 4
+    cand = np.stack([np.stack([rng.permutation(16)[:c] for _ in range(k + 1)]) for _ in range(b)]).astype(np.int64)
+    ncand = rng.integers(1, c + 1, (b, k + 1)).astype(np.int32)
+    sampled = cand[:, :, 0].copy()
+    pick = np.take_along_axis(cand[:, :k], rng.integers(0, c, (b, k))[..., None], axis=2)[..., 0]
+    draft = np.where(rng.random((b, k)) < 0.85, pick, rng.integers(0, 16, (b, k))).astype(np.int64)
+    nd = rng.integers(0, k + 1, b).astype(np.int32)
+    acc, cnt = be.mtp_accept_topp(draft, cand, ncand, sampled, nd)
+    bad = 0
+    for i in range(b):
+        j = 0
+        while j < nd[i] and draft[i, j] in set(cand[i, j, : ncand[i, j]].tolist()):
+            j += 1
+        want = list(draft[i, :j]) + [sampled[i, j]]
+        bad += cnt[i] != len(want) or list(acc[i, : cnt[i]]) != want
+    return KernelStat(f"mtp accept top-p ({be.device})", f"random drafts B={b} K={k} C={c}", "-", None, float(bad),
+                      math.inf, bad == 0)
 
 
 # ------------------------------------------------------------------ MLA ----

@@ -184,6 +184,21 @@ def test_mtp_accept_matches_cpu(dtype, bsz, k):
     assert np.array_equal(acc, racc) and np.array_equal(cnt, rcnt)
 
 
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+@pytest.mark.parametrize("bsz,k,c", [(256, 5, 8), (1000, 8, 3), (3, 0, 1)])
+def test_mtp_accept_topp_matches_cpu(dtype, bsz, k, c):
+    rng = np.random.default_rng(bsz + k + c)
+    cand = rng.integers(0, 8, (bsz, k + 1, c)).astype(dtype)
+    ncand = rng.integers(1, c + 1, (bsz, k + 1)).astype(np.int32)
+    sampled = cand[:, :, 0].copy()
+    pick = np.take_along_axis(cand[:, :k], rng.integers(0, c, (bsz, k))[..., None], axis=2)[..., 0]
+    draft = np.where(rng.random((bsz, k)) < 0.85, pick, rng.integers(0, 8, (bsz, k))).astype(dtype)
+    nd = rng.integers(0, k + 1, bsz).astype(np.int32)
+    acc, cnt = cuda.mtp_accept_topp(draft, cand, ncand, sampled, nd)
+    racc, rcnt = K.mtp_accept_topp(draft, cand, ncand, sampled, nd)
+    assert np.array_equal(acc, racc) and np.array_equal(cnt, rcnt)
+
+
 def test_mtp_accept_in_cuda_graph_reads_fresh_inputs_and_clamps():
     rng = np.random.default_rng(11)
     bsz, k = 256, 5
