@@ -74,6 +74,20 @@ def test_weight_only_share_is_exact_and_column_share_is_paddles_bytes(bits, grou
             assert_bitwise_equal(s2, ps, f"int{bits} g{group} rows {rows} scale")
 
 
+@pytest.mark.parametrize("bits", [8, 4])
+def test_packed_share_equals_the_reference_share(bits):
+    """slice_packed (whole tiles of the bytes) == slice_ref (unpack, slice, repack), every arch >= 75."""
+    rng = np.random.default_rng(bits)
+    w = rng.standard_normal((384, 640)).astype(np.float32)
+    for arch in (75, 80, 90, 100):
+        q, s = wo.quantize_ref(w, bits, 64, arch)
+        for rows, cols in (((0, 128), None), ((256, 384), None), (None, (64, 320)), ((64, 192), (128, 640))):
+            plan = wo.slice_plan(384, 640, bits, 64, arch, rows, cols)
+            ref, _ = wo.slice_ref(q, s, bits, 64, arch, 640, rows, cols)
+            got = wo.slice_packed(q, bits, arch, 640, plan)
+            assert got.dtype == np.int8 and got.tobytes() == ref.tobytes(), (arch, rows, cols)
+
+
 def test_weight_only_share_refuses_broken_tiles_and_groups():
     w = np.random.default_rng(0).standard_normal((256, 512)).astype(np.float32)
     q, s = wo.quantize_ref(w, 4, 128, 90)

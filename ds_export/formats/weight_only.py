@@ -316,6 +316,28 @@ def slice_ref(qweight, scale, bits: int, group_size: int, arch: int, in_features
     (n0, n1), (k0, k1) = plan["rows"], plan["cols"]
     return pack_ref(np.ascontiguousarray(q[n0:n1, k0:k1]), bits, arch), slice_scale(scale, plan)
 
+def slice_packed(qweight, bits: int, arch: int, in_features: int, plan: dict) -> np.ndarray:
+    """The qweight of the part described by `slice_plan`, cut from the packed bytes directly.
+
+    For arch >= 75 the bytes are tiles of I output channels x 64 inputs in the order (n // I,
+    k // 64) (I = 2 for int8, 4 for int4), and the row permutation and the in-word interleave stay
+    inside a tile, so a part on 64-aligned bounds is the sub-array of whole tiles, in the same
+    order: a strided copy instead of unpacking and repacking (what slice_ref does, and what the
+    tests compare this with bit for bit). arch 70 (row-major [K, N] bytes) goes through slice_ref.
+    """
+    if arch == 70:
+        raise DsxError("slice_packed: arch 70 bytes are row-major; use slice_ref")
+    k = int(in_features)
+    q = np.ascontiguousarray(qweight).view(np.uint8)
+    i = _interleave(bits)
+    n = q.size * 8 // bits // k
+    (n0, n1), (k0, k1) = plan["rows"], plan["cols"]
+    if n0 % i or n1 % i or k0 % TILE_K or k1 % TILE_K:
+        raise DsxError(f"slice_packed: rows {n0}:{n1} / cols {k0}:{k1} are not on whole {i}x{TILE_K} tiles")
+    tile = i * TILE_K * bits // 8
+    tiles = q.reshape(n // i, k // TILE_K, tile)[n0 // i: n1 // i, k0 // TILE_K: k1 // TILE_K]
+    return np.ascontiguousarray(tiles).reshape(plan["qweight"]).view(np.int8)
+
 # ---------------------------------------------------------------- native
 
 
