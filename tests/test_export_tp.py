@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import ml_dtypes
@@ -36,20 +34,11 @@ def rel(a, b) -> float:
     return float(np.abs(a - b).max() / np.abs(b).max())
 
 
-def dsx_script() -> str:
-    exe = Path(sys.executable).with_name("dsx")
-    assert exe.is_file(), f"the dsx entry point is not next to {sys.executable} (pip install -e .)"
-    return str(exe)
+def launch(n: int, args: list[str], log_dir: Path) -> None:
+    """`dsx ARGS` as n ranks of one paddle.distributed job on this machine (the product's launcher)."""
+    from ds_export.export.runtime import launch_ranks
 
-
-def launch(n: int, args: list[str], log_dir: Path) -> subprocess.CompletedProcess:
-    """`dsx ARGS` as n ranks of one paddle.distributed job on this machine."""
-    cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(n), "--log_dir",
-           str(log_dir), dsx_script(), *args]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    logs = "\n".join(p.read_text()[-3000:] for p in sorted(log_dir.glob("workerlog.*")))
-    assert res.returncode == 0, f"launch failed ({res.returncode}):\n{res.stdout[-2000:]}\n{logs}"
-    return res
+    launch_ranks(n, args, log_dir, timeout=600)
 
 
 # ------------------------------------------------------------ rank shares ----
@@ -143,16 +132,16 @@ def test_tp_layout_and_config(aligned):
 def test_two_rank_programs_reproduce_tp1(aligned, tmp_path):
     """float32 export of the FP8 tiny model: 2 ranks under paddle.distributed == 1 rank, with speculation."""
     ref_npz, tp_npz = tmp_path / "tp1.npz", tmp_path / "tp2.npz"
-    args = ["--input-ids", IDS, "--max-new-tokens", "6", "--speculate", "2", "--json"]
-    r1 = subprocess.run([dsx_script(), "generate", str(aligned / "tp1"), *args, "--dump-logits", str(ref_npz)],
-                        capture_output=True, text=True, timeout=600)
-    assert r1.returncode == 0, r1.stderr
-    r2 = launch(2, ["generate", str(aligned / "tp2"), *args, "--dump-logits", str(tp_npz)], tmp_path / "log")
+    args = ["--input-ids", IDS, "--max-new-tokens", "6", "--speculate", "2", "-q"]
+    assert main(["generate", str(aligned / "tp1"), *args, "--dump-logits", str(ref_npz), "--report",
+                 str(tmp_path / "tp1.json")]) == 0
+    launch(2, ["generate", str(aligned / "tp2"), *args, "--dump-logits", str(tp_npz), "--report",
+               str(tmp_path / "tp2.json")], tmp_path / "log")
     a, b = np.load(ref_npz), np.load(tp_npz)
     assert rel(b["base_logits"], a["base_logits"]) < 1e-5
     assert rel(b["mtp_logits"], a["mtp_logits"]) < 1e-5
-    tok1 = json.loads(r1.stdout)["tokens"]
-    tok2 = json.loads(r2.stdout[r2.stdout.index("{"): r2.stdout.rindex("}") + 1])["tokens"]  # rank 0 reports
+    tok1 = json.loads((tmp_path / "tp1.json").read_text())["tokens"]
+    tok2 = json.loads((tmp_path / "tp2.json").read_text())["tokens"]  # rank 0 reports
     assert tok1 == tok2
 
 

@@ -214,6 +214,7 @@ def generate(s: Session, prompts: list[list[int]], max_new_tokens: int, *, specu
     b = len(prompts)
     cache = s.cache(s.layers, b)
     logits, hidden, cache = s.base(_pad(prompts), np.zeros(b, np.int64), cache)
+    prompt_hidden = hidden  # the draft's prompt logits reuse this prefill
     res = Result([[] for _ in prompts], 0)
     if dump_logits:
         res.logits["base_logits"] = logits.astype(np.float32)
@@ -232,16 +233,16 @@ def generate(s: Session, prompts: list[list[int]], max_new_tokens: int, *, specu
     else:
         _speculative(s, prompts, lens, hidden, cache, t0, max_new_tokens, speculate, res)
     if dump_logits and s.mtp is not None and int(lens.min()) > 1:
-        res.logits["mtp_logits"] = _mtp_prompt_logits(s, prompts, lens)
+        res.logits["mtp_logits"] = _mtp_prompt_logits(s, prompts, prompt_hidden)
     for t in res.tokens:
         del t[max_new_tokens:]
     return res
 
 
-def _mtp_prompt_logits(s: Session, prompts, lens) -> np.ndarray:
-    """The draft's prediction at each prompt position t from token t+1 and the base hidden of t."""
+def _mtp_prompt_logits(s: Session, prompts, hidden: np.ndarray) -> np.ndarray:
+    """The draft's prediction at each prompt position t from token t+1 and the base hidden of t
+    (hidden: the prompt's prefill output)."""
     b = len(prompts)
-    _, hidden, _ = s.base(_pad(prompts), np.zeros(b, np.int64), s.cache(s.layers, b))
     ids = _pad([p[1:] for p in prompts])
     lg, _, _ = s.mtp(ids, np.ascontiguousarray(hidden[:, : ids.shape[1]].astype(np.float32)), np.zeros(b, np.int64),
                      s.cache(1, b))
