@@ -21,8 +21,14 @@ __device__ __forceinline__ float bf16_bits_to_f32(uint32_t bits) {
 }
 
 __device__ __forceinline__ uint32_t to_e4m3(float v, float scale) {
-  const float y = scale > 0.f ? __fdiv_rn(v, scale) : 0.f;
-  return static_cast<uint32_t>(__nv_cvt_float_to_fp8(y, __NV_SATFINITE, __NV_E4M3));
+  return static_cast<uint32_t>(__nv_cvt_float_to_fp8(__fdiv_rn(v, scale), __NV_SATFINITE, __NV_E4M3));
+}
+
+// scale = amax / 448; a group whose scale is 0 (all zero, or amax / 448 underflows) gets 1.0, as on the
+// CPU (csrc/cpu/quant_fp8.cc) and in the numpy reference: its codes are then +-0 either way.
+__device__ __forceinline__ float group_scale(float amax) {
+  const float s = __fdiv_rn(amax, 448.0f);
+  return s == 0.f ? 1.0f : s;
 }
 
 __global__ void __launch_bounds__(kWarps * 32)
@@ -56,7 +62,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     for (int off = 8; off > 0; off /= 2) {  // stays inside the half-warp
       amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
     }
-    const float scale = __fdiv_rn(amax, 448.0f);
+    const float scale = group_scale(amax);
     if (gid[t] >= total_groups) continue;
     if (l16 == 0) s[gid[t]] = scale;
     if (!live[t]) continue;
@@ -86,7 +92,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 #pragma unroll
   for (int off = 16; off > 0; off /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-  const float scale = __fdiv_rn(amax, 448.0f);
+  const float scale = group_scale(amax);
   if (lane == 0) s[gid] = scale;  // gid == row * groups + group
 #pragma unroll
   for (int j = 0; j < 4; ++j) {

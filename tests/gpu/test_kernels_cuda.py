@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from ds_export.errors import DsxError
+from ds_export.formats import fp8_block
 from ds_export.native import cuda
 from ds_export.native import kernels as K
 
@@ -150,8 +151,8 @@ def ref_act_quant(x):
     pad[:, :k] = xf
     blocks = pad.reshape(m, g, 128)
     s = (np.abs(blocks).max(-1) / np.float32(448)).astype(np.float32)
-    safe = np.where(s > 0, s, np.float32(1))[..., None]
-    q = np.where(s[..., None] > 0, blocks / safe, np.float32(0)).reshape(m, g * 128)[:, :k]
+    s[s == 0] = np.float32(1)  # all zero (or underflowing) group: scale 1, codes +-0
+    q = (blocks / s[..., None]).reshape(m, g * 128)[:, :k]
     return q.astype(FP8), s
 
 
@@ -159,11 +160,17 @@ def ref_act_quant(x):
 def test_act_quant_bit_exact(m, k):
     rng = np.random.default_rng(m * k)
     x = (rng.standard_normal((m, k)) * np.exp(rng.uniform(-8, 8, (m, 1)))).astype(BF16)
-    x[0, :128] = 0  # an all-zero group: scale 0, q 0
+    x[0, :128] = 0  # an all-zero group: scale 1, codes 0
+    x[-1, -min(k, 100):] = -0.0  # a negative-zero (part of a) group: codes -0 (0x80) where it is whole
+    x[m // 2, :min(k, 128)] = (-1e-38) * (np.arange(min(k, 128)) % 2)  # subnormal amax: subnormal scale (no FTZ)
     q, s = cuda.act_quant_fp8(x)
     rq, rs = ref_act_quant(x)
     assert np.array_equal(s.view(np.uint32), rs.view(np.uint32))
     assert np.array_equal(q.view(np.uint8), rq.view(np.uint8))
+    # the CPU kernel (the CI path, csrc/cpu/quant_fp8.cc) writes the same bits, special groups included
+    cq, cs = fp8_block.act_quant_native(x)
+    assert np.array_equal(s.view(np.uint32), np.asarray(cs).view(np.uint32))
+    assert np.array_equal(q.view(np.uint8), np.asarray(cq).view(np.uint8))
     # round trip feeds the GEMM: dequantized q*s is within e4m3's half-step of x
     deq = q.astype(np.float32) * np.repeat(s, 128, axis=1)[:, :k]
     assert np.all(np.abs(deq - x.astype(np.float32)) <= np.abs(x.astype(np.float32)) * 2.0**-4 + np.repeat(s, 128, axis=1)[:, :k] * 2.0**-9)

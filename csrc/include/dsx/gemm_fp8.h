@@ -83,7 +83,8 @@ int dsx_gemm_fp8_grouped_nt_contiguous_cuda(const uint8_t* a, const float* sa, c
  *   x : bfloat16 [M, K] row-major -> q : float8_e4m3fn [M, K], s : float32 [M, ceil(K/128)]
  *   s[m, g] = amax(|x[m, 128g : 128g+128]|) / 448 (fp32 division);
  *   q[m, k] = e4m3(x[m, k] / s[m, g]) rounded to nearest even, saturated to +-448.
- *   An all-zero group gets s = 0 and q = 0. NaN inputs propagate (NaN scale). */
+ *   A group whose s would be 0 (all zeros, or amax / 448 underflows) gets s = 1.0 and codes +-0,
+ *   as the CPU quantizer (quant_fp8.h). The amax ignores NaN inputs; a NaN input gives a NaN code. */
 int dsx_act_quant_fp8_cuda(const uint16_t* x, uint8_t* q, float* s, int64_t m, int64_t k,
                            void* stream);
 
