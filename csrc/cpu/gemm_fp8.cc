@@ -13,42 +13,18 @@
 #include <cstring>
 
 #include "dsx.h"
+#include "numeric.h"
 
 namespace {
+
+using dsx_num::f32_to_bf16_rne;
 
 constexpr int64_t kBlock = 128;  // scale block along K (and along N for the weights)
 constexpr int64_t kTileM = 16;
 constexpr int64_t kTileN = 64;
 constexpr int kLanes = 16;
 
-// float8_e4m3fn -> float: 1 sign, 4 exponent (bias 7), 3 mantissa bits; no inf;
-// 0x7f / 0xff are NaN; exponent 0 is subnormal (m/8 * 2^-6).
-struct E4m3Table {
-  float v[256];
-  E4m3Table() {
-    for (int i = 0; i < 256; ++i) {
-      const int sign = i >> 7, exp = (i >> 3) & 15, man = i & 7;
-      float mag;
-      if (exp == 15 && man == 7) {
-        mag = NAN;
-      } else if (exp == 0) {
-        mag = std::ldexp(static_cast<float>(man), -9);
-      } else {
-        mag = std::ldexp(1.0f + man / 8.0f, exp - 7);
-      }
-      v[i] = sign ? -mag : mag;
-    }
-  }
-};
-const E4m3Table kE4m3;
 
-inline uint16_t f32_to_bf16_rne(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);  // quiet NaN
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
 
 // Sum of x[i]*y[i], i < len (len <= 128): lane j sums i = j, j+16, ... in order, the 16
 // lanes are combined pairwise (j with j+8, then +4, +2, +1). No FMA (-ffp-contract=off).
@@ -74,16 +50,17 @@ void gemm_tile(const uint8_t* a, const float* sa, const uint8_t* b, const float*
   float af[kTileM][kBlock];
   float bf[kTileN][kBlock];
   float acc[kTileM][kTileN] = {};
+  const float* e4m3 = dsx_num::e4m3_table();
   for (int64_t kb = 0; kb < kb_count; ++kb) {
     const int64_t k0 = kb * kBlock;
     const int64_t len = (k - k0 < kBlock) ? k - k0 : kBlock;
     for (int64_t i = 0; i < tm; ++i) {
       const uint8_t* row = a + (m0 + i) * k + k0;
-      for (int64_t t = 0; t < len; ++t) af[i][t] = kE4m3.v[row[t]];
+      for (int64_t t = 0; t < len; ++t) af[i][t] = e4m3[row[t]];
     }
     for (int64_t j = 0; j < tn; ++j) {
       const uint8_t* row = b + (n0 + j) * k + k0;
-      for (int64_t t = 0; t < len; ++t) bf[j][t] = kE4m3.v[row[t]];
+      for (int64_t t = 0; t < len; ++t) bf[j][t] = e4m3[row[t]];
     }
     const float s_b = sb[nb * kb_count + kb];
     for (int64_t i = 0; i < tm; ++i) {

@@ -21,8 +21,12 @@
 #endif
 
 #include "dsx.h"
+#include "numeric.h"
 
 namespace {
+
+using dsx_num::bf16_to_f32;
+using dsx_num::f32_to_bf16_rne;
 
 constexpr int64_t kTileN = 16;
 constexpr int64_t kTileK = 64;    // Paddle's tile along K
@@ -104,21 +108,6 @@ inline void dequant_segment_avx2(const uint8_t* b, int bits, float s, float* dst
   }
 }
 #endif
-
-inline float bf16_to_f32(uint16_t b) {
-  const uint32_t u = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
-inline uint16_t f32_to_bf16_rne(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);  // quiet NaN
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
 
 struct Problem {
   const float* x;        // fp32 copy of x, [M, K]

@@ -8,25 +8,13 @@
 #include <vector>
 
 #include "dsx.h"
+#include "numeric.h"
 
 namespace {
 
+using dsx_num::bf16_to_f32;
+
 constexpr int kPage = DSX_MLA_PAGE, kLat = DSX_MLA_LATENT, kDim = DSX_MLA_DIM;
-
-inline float bf16_to_f32(uint16_t b) {
-  uint32_t u = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
-inline uint16_t f32_to_bf16(float f) {  // round to nearest even; NaN stays NaN
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
 
 struct Args {
   const uint16_t* q;
@@ -67,7 +55,7 @@ void one_head(const Args& a, int64_t b, int64_t h, std::vector<float>& score) {
     }
     uint16_t* o = a.out + row * kLat;
     const float inv = 1.f / l;
-    for (int d = 0; d < kLat; ++d) o[d] = f32_to_bf16(acc[d] * inv);
+    for (int d = 0; d < kLat; ++d) o[d] = dsx_num::f32_to_bf16_rne(acc[d] * inv);
     a.lse[row] = m + std::log(l);
   }
 }

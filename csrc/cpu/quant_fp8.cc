@@ -6,20 +6,12 @@
 #include <cstring>
 
 #include "dsx.h"
+#include "numeric.h"
 
 namespace {
 
-inline uint32_t f2u(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-
-inline float u2f(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
+using dsx_num::f2u;
+using dsx_num::u2f;
 
 constexpr uint32_t kF32AbsInf = 0x7F800000u;
 constexpr uint32_t kF32Bits464 = 0x43E80000u;     // 464.0f: midpoint of 448 and (absent) 480
@@ -58,30 +50,6 @@ inline uint16_t encode_bf16(uint32_t bits) {
   const uint32_t r = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
   const uint32_t nan = ((bits >> 16) & 0x8000u) | 0x7FC0u;
   return static_cast<uint16_t>((bits & 0x7FFFFFFFu) > kF32AbsInf ? nan : r);
-}
-
-struct DecodeTable {
-  float v[256];
-  DecodeTable() {
-    for (uint32_t c = 0; c < 256; ++c) {
-      const uint32_t sign = (c & 0x80u) << 24;
-      const uint32_t e = (c >> 3) & 0xFu, m = c & 7u;
-      uint32_t bits;
-      if (e == 15 && m == 7) {
-        bits = 0x7FC00000u;  // 0x7F / 0xFF: the only NaNs of e4m3fn (no inf)
-      } else if (e == 0) {
-        bits = f2u(static_cast<float>(m) * (1.0f / 512.0f));  // m * 2^-9, exact
-      } else {
-        bits = ((e + 120u) << 23) | (m << 20);  // (1 + m/8) * 2^(e-7)
-      }
-      v[c] = u2f(bits | sign);
-    }
-  }
-};
-
-const float* decode_table() {
-  static const DecodeTable table;  // thread-safe one-time init
-  return table.v;
 }
 
 bool bad_dims(int64_t n, int64_t k, int64_t bn, int64_t bk) {
@@ -177,7 +145,7 @@ int block_quant(const In* w, int64_t n, int64_t k, int64_t bn, int64_t bk, int64
 template <typename Out>
 void dequant_panel(const uint8_t* w, int64_t k, int64_t bk, int64_t r0, int64_t r1, int64_t j0,
                    int64_t j1, int64_t row_base, const float* scale, Out* out) {
-  const float* dec = decode_table();
+  const float* dec = dsx_num::e4m3_table();
   Out lut[kMaxPanel][256];
   for (int64_t j = j0; j < j1; ++j) {
     for (int c = 0; c < 256; ++c) {
@@ -225,7 +193,7 @@ int dsx_f32_to_fp8_e4m3_sat(const float* x, int64_t count, uint8_t* out) {
 
 int dsx_fp8_e4m3_to_f32(const uint8_t* x, int64_t count, float* out) {
   if (count < 0 || (count > 0 && (!x || !out))) return DSX_EINVAL;
-  const float* dec = decode_table();
+  const float* dec = dsx_num::e4m3_table();
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < count; ++i) out[i] = dec[x[i]];
   return DSX_OK;

@@ -24,20 +24,17 @@
 #endif
 
 #include "dsx.h"
+#include "numeric.h"
 
 #include <algorithm>
 
 namespace {
 
+using dsx_num::bf16_to_f32;
+using dsx_num::e4m3_to_f32;
+
 constexpr int kTileK = 64;
 constexpr int kBlock = DSX_WO_ROW_ALIGN;
-
-inline float bf16_to_f32(uint16_t b) {
-  const uint32_t u = static_cast<uint32_t>(b) << 16;
-  float f;
-  memcpy(&f, &u, sizeof f);
-  return f;
-}
 
 // Paddle's float -> bfloat16 on CPU: round to nearest even; zeros keep their
 // sign, infinities stay, NaN becomes 0x7FFF; subnormals round like normals.
@@ -279,24 +276,6 @@ struct Fp8Source {
   const float* scale_inv = nullptr;  // the full [ceil(N/bn), ceil(K/bk)] block scales
   int64_t bn = 0, bk = 0;
 };
-
-// e4m3fn code -> float32, exact (0x7F / 0xFF are NaN; there is no infinity).
-inline float e4m3_to_f32(uint32_t c) {
-  const uint32_t sign = (c & 0x80u) << 24, e = (c >> 3) & 0xFu, m = c & 7u;
-  uint32_t bits;
-  if (e == 15 && m == 7) {
-    bits = 0x7FC00000u;
-  } else if (e == 0) {
-    float f = static_cast<float>(m) * (1.0f / 512.0f);
-    memcpy(&bits, &f, sizeof bits);
-  } else {
-    bits = ((e + 120u) << 23) | (m << 20);
-  }
-  bits |= sign;
-  float f;
-  memcpy(&f, &bits, sizeof f);
-  return f;
-}
 
 // Decodes row `r` into bf16 through per-column-block tables of decode(code) * scale,
 // rebuilt only when the scale row changes (lut holds ceil(K/bk) x 256 entries).
