@@ -14,21 +14,27 @@ enum {
   kPingpong = 3,
   kSwapAB = 4,
   kOverlap = 5,
-  kLastAlgo = kOverlap
+  kSmall = 6,
+  kLastAlgo = kSmall
 };
+
+constexpr int kPdlBit = 28;  // algo bit: launch the small-M kernel with programmatic dependent launch
 
 struct Algo {
   int base;
   Tuning tuning;
+  bool pdl;
 };
 
 bool decode(int algo, Algo* out) {
   if (algo < 0) return false;
   out->base = algo & 15;
+  out->pdl = ((algo >> kPdlBit) & 1) != 0;
   out->tuning = Tuning{(algo >> 4) & 15, (algo >> 8) & 15, (algo >> 12) & 15, (algo >> 16) & 255,
                        (algo >> 24) & 15};
   return out->base <= kLastAlgo && out->tuning.raster <= 2 && out->tuning.decomposition <= 3 &&
-         out->tuning.reduction <= 1 && (algo >> 28) == 0;
+         out->tuning.reduction <= 1 && (algo >> (kPdlBit + 1)) == 0 &&
+         (!out->pdl || out->base == kSmall || out->base == kAuto);
 }
 
 bool shape_ok(int64_t m, int64_t n, int64_t k) { return m >= 0 && n > 0 && k > 0; }
@@ -47,6 +53,14 @@ constexpr int64_t kSwapMinK = 4096;
 // bitwise the output of kCutlass): 1.05-1.09x kCutlass at M = 4096 on the three DeepSeek-V3 shapes
 // (H200, variants and cuBLAS timed interleaved; 0.94-0.99x cuBLAS block-wise, kCutlass 0.86-0.94x).
 constexpr int64_t kOverlapMinRows = 1024;
+
+// True when the hand-written small-M kernel runs: forced, or chosen by algo 0 (decode-sized M,
+// see dsx_cuda::small_auto: at most one 128-row weight tile per SM, and M <= 32, or M <= 64 with
+// K >= 4096).
+bool use_small(const GemmNt& g, const Algo& a) {
+  if (a.base == kSmall) return true;
+  return a.base == kAuto && dsx_cuda::small_auto(g);
+}
 
 // True when a CUTLASS kernel should run; resolves kAuto to the CUTLASS kernel it picks in
 // a->base. *err is set when algo forces CUTLASS but the shape cannot take it.
@@ -79,6 +93,9 @@ extern "C" int dsx_gemm_fp8_nt_workspace_cuda(int64_t m, int64_t n, int64_t k, i
   // Pointers are not known yet: assume 16-byte aligned ones (cudaMalloc gives 256).
   const auto al = reinterpret_cast<const uint8_t*>(uintptr_t{256});
   GemmNt g{al, nullptr, al, nullptr, reinterpret_cast<uint16_t*>(uintptr_t{256}), m, n, k};
+  if (use_small(g, a)) {  // no workspace; M = 0 is a no-op for every algo
+    return m == 0 || dsx_cuda::small_supported(g) ? DSX_OK : DSX_EINVAL;
+  }
   int err;
   if (!use_cutlass(g, &a, &err)) return err;
   size_t ws = 0;
@@ -106,6 +123,8 @@ extern "C" int dsx_gemm_fp8_nt_cuda(const uint8_t* a, const float* sa, const uin
   if (!a || !sa || !b || !sb || !out) return DSX_EINVAL;
   const GemmNt g{a, sa, b, sb, out, m, n, k};
   const auto s = static_cast<cudaStream_t>(stream);
+  // kSmall's knobs: bits 16..23 K splits (cluster size, 0 automatic), bit 28 PDL
+  if (use_small(g, al)) return dsx_cuda::small_run(g, al.tuning.splits, al.pdl, s);
   int err;
   if (use_cutlass(g, &al, &err)) {
     const auto ws_bytes = static_cast<size_t>(workspace_bytes);

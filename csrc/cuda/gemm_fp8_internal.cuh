@@ -59,6 +59,15 @@ int cutlass_grouped_workspace(int64_t experts, int64_t m, int64_t n, int64_t k, 
 int cutlass_grouped_run(const GemmNt& g, const int32_t* offsets, int64_t experts, void* ws,
                         size_t ws_bytes, Tuning t, cudaStream_t s);
 
+// ---- hand-written sm_90a kernel for decode-sized M (gemm_fp8_small.cu) ----
+// Swapped operands (weights on the 64-row wgmma side), K split over a thread-block cluster of
+// `splits` CTAs (0 = automatic) with a fixed-order reduction; pdl: programmatic dependent launch.
+// small_auto: algo 0 takes it for this problem.
+constexpr int64_t kSmallMaxRows = 128;
+bool small_supported(const GemmNt& g);
+bool small_auto(const GemmNt& g);
+int small_run(const GemmNt& g, int splits, bool pdl, cudaStream_t s);
+
 // ---- simple CUDA-core kernels for any shape (gemm_fp8_simple.cu) ----
 int simple_dense_run(const GemmNt& g, cudaStream_t s);
 int simple_grouped_run(const GemmNt& g, const int32_t* offsets, int64_t experts, cudaStream_t s);

@@ -26,7 +26,9 @@
  * CUDA entry points take device pointers, run asynchronously on `stream` (a cudaStream_t
  * passed as void*, NULL = legacy default stream), allocate nothing, and are CUDA-graph
  * capturable when given their workspace. Query the workspace size first (it may be 0).
- * `algo`: 0 = automatic: a CUTLASS sm90a block-wise kernel where its TMA alignment allows
+ * `algo`: 0 = automatic: the hand-written small-M kernel (6) when M <= 32, or M <= 64 with
+ * K >= 4096, while its 128-row weight tiles fit in one wave (ceil(N/128) <= the SM count); else a
+ * CUTLASS sm90a block-wise kernel where its TMA alignment allows
  * (K % 16 == 0, N % 8 == 0, 16-byte aligned pointers): pingpong 64x128 tiles for M <= 128
  * (swapped operands with 2-way split-K when that leaves few tiles and K is long), cooperative
  * 128x128 stream-K above, with the scale promotion overlapped (5) from M >= 1024; else the simple
@@ -34,7 +36,14 @@
  * 2 = simple, 3 = pingpong, 4 = swapped operands (out^T = W . A^T, 128x32 tiles, stream-K),
  * 5 = 1 with each K block's promotion (acc += P * s) run under the next block's tensor-core work
  * (two temporary accumulators; same arithmetic, bitwise the output of 1 under the same
- * scheduling knobs); the grouped GEMM has one CUTLASS kernel (1, 3, 4, 5 all select it).
+ * scheduling knobs), 6 = the small-M kernel (M <= 128, no CUTLASS): swapped operands
+ * (out^T = W . A^T), one CTA per 128 weight rows x all tokens x a K range, TMA loads, wgmma, the
+ * same per-block promotion order; K split over a thread-block cluster of S CTAs whose fp32 partials
+ * are summed through distributed shared memory in split order 0..S-1 (no workspace, no atomics:
+ * reproducible); bits 16..23 = S (0 automatic, at most 8 and at most ceil(K/128)); bit 28 =
+ * programmatic dependent launch (with 6 or 0 only: the kernel waits for the previous grid before
+ * it touches global memory, so a GEMM can start its prologue under the previous kernel's tail).
+ * The grouped GEMM has one CUTLASS kernel (1, 3, 4, 5 all select it).
  * Benchmarking knobs of the CUTLASS tile scheduler
  * (0 = its default): bits 4..7 raster order (1 along M, 2 along N), bits 8..11 swizzle
  * (1, 2, 4, 8); stream-K kernels only: bits 12..15 decomposition (1 data-parallel,

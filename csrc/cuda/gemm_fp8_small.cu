@@ -1,0 +1,485 @@
+// Block FP8 GEMM for decode-sized M (algo 6, "small"): a hand-written sm_90a kernel with the
+// operands swapped (out^T = W . A^T), so that the weights fill the 64-row side of each wgmma and
+// the M <= 128 tokens its N side (16, 32, 64 or 128 wide).
+//
+// One CTA: 128 weight rows (one 128x128 scale block row) x all tokens x one K range; the K range
+// of a weight tile is split over the S CTAs of a thread-block cluster (S = 1..8), which reduce
+// their fp32 partial tiles through distributed shared memory in the fixed order 0..S-1 (bitwise
+// reproducible, no workspace, no counters). Warp roles (384 threads):
+//   warp 0       : TMA producer (weight tile 128x128 and token tile MNx128 per stage, 128B swizzle)
+//   warp 1       : scale producer: cp.async of the stage's token scales sa[:, kb] and sb[tile, kb],
+//                  completing on the same full barrier (cp.async.mbarrier.arrive.noinc)
+//   warps 2, 3   : idle (they only take part in the block/cluster barriers)
+//   warpgroups 1, 2: consumers, 64 weight rows each: per stage 4 wgmma m64nMNk32 into a
+//                  temporary, then acc = fma(tmp, sa*sb, acc) (the order of gemm_fp8.h: one
+//                  fp32 block sum per K block, its scale product rounded to fp32, added in
+//                  increasing K; split-K adds the S partial sums in split order at the end).
+// Programmatic dependent launch (optional, bit 28 of algo): the kernel lets the next launch
+// start right away and waits for the previous grid before its first global memory access.
+//
+// Measured (H200, bench/gpu_kernels.py --small): the K loop is latency-bound per CTA (about
+// 50-65 GB/s per CTA when few CTAs run), so the split count that fills the SMs in one wave
+// matters most; more CTAs than one wave (192 weight tiles at N = 24576, or forced larger splits)
+// lose to the CUTLASS kernels. algo 0 takes this kernel where it measured faster than them
+// (small_auto). Tried and dropped: up to 4 wgmma batches in flight per warpgroup (a ring of
+// temporaries) with setmaxnreg: 5-7% slower at M = 64/128 and it hung at M = 16.
+#include "gemm_fp8_internal.cuh"
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_bf16.h>
+
+#include <atomic>
+
+namespace dsx_cuda {
+namespace {
+
+constexpr int kRows = 128;          // weight rows per CTA
+constexpr int kBK = 128;            // K per stage (one scale block)
+constexpr int kThreads = 384;
+constexpr int kMaxStages = 8;
+constexpr int kMaxSplits = 8;       // portable cluster size
+constexpr int kRedLd = kRows + 4;   // fp32 row pitch of the reduction tile (bank-conflict free)
+constexpr int kSmemLimit = 227 * 1024;
+
+struct Params {
+  const float* sa;  // [m, kbt]
+  const float* sb;  // [ceil(n/128), kbt]
+  uint16_t* out;    // [m, n]
+  int m, n, kbt;
+  int splits, stages;
+  int pdl;
+};
+
+// ---------------------------------------------------------------- PTX helpers
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count));
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred done;\n"
+      "WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT_%=;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}\n" ::"r"(bar),
+               "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int x, int y) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];" ::"r"(
+          dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(x), "r"(y)
+      : "memory");
+}
+__device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_arrive_noinc(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+__device__ __forceinline__ void fence_reg(float& r) { asm volatile("" : "+f"(r)::"memory"); }
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+__device__ __forceinline__ uint32_t cluster_rank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ float4 ld_cluster_f4(uint32_t local_addr, uint32_t rank) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local_addr), "r"(rank));
+  float4 v;
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(remote)
+               : "memory");
+  return v;
+}
+
+// K-major operand tile with 128-byte rows in the 128B-swizzle layout TMA writes (8-row groups of
+// 1024 bytes): the wgmma shared-memory descriptor. `addr` is 1024-byte aligned plus k*32.
+__device__ __forceinline__ uint64_t sw128_desc(uint32_t addr) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(1) << 16) |
+         (static_cast<uint64_t>(1024 >> 4) << 32) | (static_cast<uint64_t>(1) << 62);
+}
+
+__device__ __forceinline__ void wgmma_n16(float* d, uint64_t da, uint64_t db, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+      : "l"(da), "l"(db), "r"(accumulate));
+}
+
+__device__ __forceinline__ void wgmma_n32(float* d, uint64_t da, uint64_t db, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "l"(da), "l"(db), "r"(accumulate));
+}
+
+__device__ __forceinline__ void wgmma_n64(float* d, uint64_t da, uint64_t db, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(da), "l"(db), "r"(accumulate));
+}
+
+__device__ __forceinline__ void wgmma_n128(float* d, uint64_t da, uint64_t db, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(da), "l"(db), "r"(accumulate));
+}
+
+template <int MN>
+__device__ __forceinline__ void wgmma_tile(float* d, uint64_t da, uint64_t db, int accumulate) {
+  if constexpr (MN == 16) wgmma_n16(d, da, db, accumulate);
+  if constexpr (MN == 32) wgmma_n32(d, da, db, accumulate);
+  if constexpr (MN == 64) wgmma_n64(d, da, db, accumulate);
+  if constexpr (MN == 128) wgmma_n128(d, da, db, accumulate);
+}
+
+// Shared memory (from a 1024-byte aligned base): weight tiles [stages][128 rows][128 B], token
+// tiles [stages][MN rows][128 B] (both 128B-swizzled by TMA), scale slots [stages][MN + 4] fp32
+// (token scales, then the weight block scale), barriers full[kMaxStages], empty[kMaxStages].
+// After the main loop the front is reused for the fp32 partial tile [MN][kRedLd].
+template <int MN>
+struct Layout {
+  static constexpr int kW = kRows * kBK;
+  static constexpr int kX = MN * kBK;
+  static constexpr int kStage = kW + kX;
+  static constexpr int kScale = MN * 4 + 16;
+  static constexpr int kRed = MN * kRedLd * 4;
+  static constexpr int bytes(int stages) { return 1024 + stages * (kStage + kScale) + 2 * kMaxStages * 8; }
+  static constexpr int max_stages() {
+    int s = kMaxStages;
+    while (s > 2 && bytes(s) > kSmemLimit) --s;
+    return s;
+  }
+  static_assert(kX % 1024 == 0, "token tiles stay 1024-byte aligned");
+};
+
+template <int MN>
+__global__ void __launch_bounds__(kThreads, 1)
+    small_gemm_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtensorMap tx, const Params p) {
+  using L = Layout<MN>;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  const int stages = p.stages;
+  const uint32_t base = smem_u32(smem);
+  const uint32_t w_smem = base, x_smem = base + stages * L::kW;
+  float* scales = reinterpret_cast<float*>(smem + stages * L::kStage);
+  const uint32_t bars = base + stages * (L::kStage + L::kScale);
+  auto full = [&](int s) { return bars + 8u * s; };
+  auto empty = [&](int s) { return bars + 8u * (kMaxStages + s); };
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int split = blockIdx.x, tile = blockIdx.y;
+  const int kb0 = split * p.kbt / p.splits, nk = (split + 1) * p.kbt / p.splits - kb0;
+
+  if (tid == 0) {
+    for (int s = 0; s < stages; ++s) {
+      mbar_init(full(s), 1 + 32);  // the TMA thread's arrive.expect_tx + 32 scale lanes
+      mbar_init(empty(s), 256);    // every consumer thread
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  } else if (tid == 32) {
+    asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&tw)) : "memory");
+    asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&tx)) : "memory");
+  }
+  __syncthreads();
+  // Programmatic dependent launch: no-ops unless launched with it. Nothing global was touched yet.
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+
+  float acc[MN / 2];
+  if (warp == 0) {
+    if (lane == 0) {
+      for (int i = 0; i < nk; ++i) {
+        const int s = i % stages;
+        mbar_wait(empty(s), ((i / stages) & 1) ^ 1);
+        mbar_arrive_expect_tx(full(s), L::kStage);
+        const int kx = (kb0 + i) * kBK;
+        tma_load_2d(w_smem + s * L::kW, &tw, full(s), kx, tile * kRows);
+        tma_load_2d(x_smem + s * L::kX, &tx, full(s), kx, 0);
+      }
+    }
+    __syncwarp();
+  } else if (warp == 1) {
+    for (int i = 0; i < nk; ++i) {
+      const int s = i % stages, kb = kb0 + i;
+      mbar_wait(empty(s), ((i / stages) & 1) ^ 1);
+      float* slot = scales + s * (L::kScale / 4);
+#pragma unroll
+      for (int j = lane; j < MN; j += 32) {
+        const bool in = j < p.m;
+        cp_async_4(smem_u32(slot + j), p.sa + static_cast<size_t>(in ? j : 0) * p.kbt + kb, in ? 4 : 0);
+      }
+      if (lane == 0) cp_async_4(smem_u32(slot + MN), p.sb + static_cast<size_t>(tile) * p.kbt + kb, 4);
+      cp_async_arrive_noinc(full(s));
+    }
+  } else if (warp >= 4) {
+    const int cw = (warp - 4) / 4, wl = warp % 4;
+#pragma unroll
+    for (int r = 0; r < MN / 2; ++r) acc[r] = 0.f;
+    float t[MN / 2];
+    for (int i = 0; i < nk; ++i) {
+      const int s = i % stages;
+      mbar_wait(full(s), (i / stages) & 1);
+#pragma unroll
+      for (int r = 0; r < MN / 2; ++r) fence_reg(t[r]);
+      wgmma_fence();
+      const uint32_t wa = w_smem + s * L::kW + cw * 64 * kBK, xa = x_smem + s * L::kX;
+#pragma unroll
+      for (int kk = 0; kk < kBK / 32; ++kk) {
+        wgmma_tile<MN>(t, sw128_desc(wa + kk * 32), sw128_desc(xa + kk * 32), kk > 0);
+      }
+      wgmma_commit();
+      wgmma_wait0();
+#pragma unroll
+      for (int r = 0; r < MN / 2; ++r) fence_reg(t[r]);
+      const float* slot = scales + s * (L::kScale / 4);
+      const float sbv = slot[MN];
+      float sc[MN / 4];
+#pragma unroll
+      for (int j = 0; j < MN / 8; ++j) {
+        const float2 v = *reinterpret_cast<const float2*>(slot + 8 * j + 2 * (lane % 4));
+        sc[2 * j] = v.x * sbv;
+        sc[2 * j + 1] = v.y * sbv;
+      }
+      mbar_arrive(empty(s));
+#pragma unroll
+      for (int j = 0; j < MN / 8; ++j) {
+        acc[4 * j + 0] = fmaf(t[4 * j + 0], sc[2 * j], acc[4 * j + 0]);
+        acc[4 * j + 1] = fmaf(t[4 * j + 1], sc[2 * j + 1], acc[4 * j + 1]);
+        acc[4 * j + 2] = fmaf(t[4 * j + 2], sc[2 * j], acc[4 * j + 2]);
+        acc[4 * j + 3] = fmaf(t[4 * j + 3], sc[2 * j + 1], acc[4 * j + 3]);
+      }
+    }
+    // Both consumer warpgroups are done with the stage buffers: the front becomes the fp32
+    // partial tile red[token][weight row].
+    asm volatile("bar.sync 1, 256;" ::: "memory");
+    float* red = reinterpret_cast<float*>(smem);
+    const int r = cw * 64 + wl * 16 + lane / 4;
+#pragma unroll
+    for (int j = 0; j < MN / 8; ++j) {
+      const int c = 8 * j + 2 * (lane % 4);
+      red[c * kRedLd + r] = acc[4 * j + 0];
+      red[(c + 1) * kRedLd + r] = acc[4 * j + 1];
+      red[c * kRedLd + r + 8] = acc[4 * j + 2];
+      red[(c + 1) * kRedLd + r + 8] = acc[4 * j + 3];
+    }
+  }
+
+  // Reduction over the cluster's K splits in split order, bf16 out; CTA `rank` writes its share
+  // of the tile's (token, 4 weight rows) items.
+  const int S = p.splits;
+  if (S > 1) {
+    cluster_sync();
+  } else {
+    __syncthreads();
+  }
+  const float* red = reinterpret_cast<const float*>(smem);
+  const uint32_t rank = S > 1 ? cluster_rank() : 0;
+  const int items = p.m * (kRows / 4), n0 = tile * kRows;
+  const int q1 = static_cast<int>((rank + 1) * items / S);
+  for (int q = static_cast<int>(rank * items / S) + tid; q < q1; q += kThreads) {
+    const int mm = q / (kRows / 4), n4 = (q % (kRows / 4)) * 4;
+    if (n0 + n4 >= p.n) continue;
+    const float* src = red + mm * kRedLd + n4;
+    float4 v;
+    if (S > 1) {
+      const uint32_t la = smem_u32(src);
+      v = ld_cluster_f4(la, 0);
+      for (int s = 1; s < S; ++s) {
+        const float4 u = ld_cluster_f4(la, s);
+        v.x += u.x;
+        v.y += u.y;
+        v.z += u.z;
+        v.w += u.w;
+      }
+    } else {
+      v = *reinterpret_cast<const float4*>(src);
+    }
+    const __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
+    uint2 packed;
+    packed.x = *reinterpret_cast<const uint32_t*>(&lo);
+    packed.y = *reinterpret_cast<const uint32_t*>(&hi);
+    *reinterpret_cast<uint2*>(p.out + static_cast<size_t>(mm) * p.n + n0 + n4) = packed;
+  }
+  if (S > 1) cluster_sync();  // peers may still read this CTA's partial tile
+}
+
+// ---------------------------------------------------------------- host side
+PFN_cuTensorMapEncodeTiled_v12000 encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) !=
+            cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+      return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+// e4m3 [rows, k] row-major, boxes of box_rows x 128 bytes, 128B swizzle, zero fill outside.
+bool encode_kmajor(CUtensorMap* map, const uint8_t* ptr, int64_t rows, int64_t k, int box_rows) {
+  const auto encode = encoder();
+  if (!encode) return false;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(k)};
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(kBK), static_cast<cuuint32_t>(box_rows)};
+  const cuuint32_t elem[2] = {1, 1};
+  return encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<uint8_t*>(ptr), dims, strides, box, elem,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+constexpr int kMaxDevices = 64;
+
+template <int MN>
+struct Launcher {
+  static constexpr int kStages = Layout<MN>::max_stages();
+  static constexpr int kSmem = Layout<MN>::bytes(kStages);
+  static_assert(Layout<MN>::kRed <= kStages * Layout<MN>::kStage, "the partial tile fits the stage buffers");
+
+  // Once per device: the shared-memory limit, then for each cluster size how many clusters fit
+  // at once (the automatic split count keeps the grid in one wave).
+  static int prepare(int dev, int sms, int* max_clusters) {
+    static std::atomic<int> state[kMaxDevices];           // 0 new, 1 ready, 2 failed
+    static int clusters[kMaxDevices][kMaxSplits + 1];
+    if (dev < 0 || dev >= kMaxDevices) return DSX_ECUDA;
+    if (state[dev].load(std::memory_order_acquire) == 0) {
+      auto kernel = small_gemm_kernel<MN>;
+      bool ok = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem) == cudaSuccess;
+      clusters[dev][1] = sms;
+      for (int s = 2; ok && s <= kMaxSplits; ++s) {
+        cudaLaunchConfig_t lc = {};
+        lc.gridDim = dim3(s, 1, 1);
+        lc.blockDim = dim3(kThreads, 1, 1);
+        lc.dynamicSmemBytes = kSmem;
+        cudaLaunchAttribute attr[1];
+        attr[0].id = cudaLaunchAttributeClusterDimension;
+        attr[0].val.clusterDim.x = s;
+        attr[0].val.clusterDim.y = 1;
+        attr[0].val.clusterDim.z = 1;
+        lc.attrs = attr;
+        lc.numAttrs = 1;
+        int n = 0;
+        ok = cudaOccupancyMaxActiveClusters(&n, kernel, &lc) == cudaSuccess;
+        clusters[dev][s] = n;
+      }
+      state[dev].store(ok ? 1 : 2, std::memory_order_release);
+      if (!ok) cudaGetLastError();
+    }
+    if (state[dev].load(std::memory_order_acquire) != 1) return DSX_ECUDA;
+    for (int s = 0; s <= kMaxSplits; ++s) max_clusters[s] = clusters[dev][s];
+    return DSX_OK;
+  }
+
+  static int run(const GemmNt& g, int splits, bool pdl, cudaStream_t stream) {
+    int dev = 0, sms = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) return DSX_ECUDA;
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || sms <= 0) {
+      return DSX_ECUDA;
+    }
+    int max_clusters[kMaxSplits + 1];
+    const int rc = prepare(dev, sms, max_clusters);
+    if (rc != DSX_OK) return rc;
+    const int tiles = static_cast<int>((g.n + kRows - 1) / kRows);
+    const int kbt = static_cast<int>((g.k + kBK - 1) / kBK);
+    if (splits <= 0) {
+      // Automatic: as many K splits as keep every weight tile's cluster resident in one wave.
+      splits = sms / tiles;
+      if (splits > kMaxSplits) splits = kMaxSplits;
+      if (splits > kbt) splits = kbt;
+      while (splits > 1 && max_clusters[splits] < tiles) --splits;
+      if (splits < 1) splits = 1;
+    }
+    if (splits > kMaxSplits || splits > kbt) return DSX_EINVAL;
+    CUtensorMap tw, tx;
+    if (!encode_kmajor(&tw, g.b, g.n, g.k, kRows) || !encode_kmajor(&tx, g.a, g.m, g.k, MN)) return DSX_EINVAL;
+    Params p{g.sa, g.sb, g.out, static_cast<int>(g.m), static_cast<int>(g.n), kbt, splits, kStages, pdl ? 1 : 0};
+    cudaLaunchConfig_t lc = {};
+    lc.gridDim = dim3(splits, tiles, 1);
+    lc.blockDim = dim3(kThreads, 1, 1);
+    lc.dynamicSmemBytes = kSmem;
+    lc.stream = stream;
+    cudaLaunchAttribute attr[2];
+    int na = 0;
+    if (splits > 1) {
+      attr[na].id = cudaLaunchAttributeClusterDimension;
+      attr[na].val.clusterDim.x = splits;
+      attr[na].val.clusterDim.y = 1;
+      attr[na].val.clusterDim.z = 1;
+      ++na;
+    }
+    if (pdl) {
+      attr[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      attr[na].val.programmaticStreamSerializationAllowed = 1;
+      ++na;
+    }
+    lc.attrs = attr;
+    lc.numAttrs = na;
+    return cuda_rc(cudaLaunchKernelEx(&lc, small_gemm_kernel<MN>, tw, tx, p));
+  }
+};
+
+}  // namespace
+
+bool small_auto(const GemmNt& g) {
+  // H200, against the CUTLASS kernels algo 0 ran before (pingpong, swap-AB split-K): faster at
+  // M <= 32 on every DeepSeek-V3 shape whose 128-row weight tiles fit one wave (7168x2048,
+  // 2048x7168, 4096x7168, 7168x18432: 1.09-1.76x), and at M <= 64 with K >= 4096 (2048x7168,
+  // 4096x7168, 7168x18432: 1.03-1.30x); slower at M = 64 on 7168x2048 (0.93x), on 24576x1536
+  // (192 tiles: two waves) and at M = 128.
+  if (g.m > 64 || !small_supported(g)) return false;
+  int dev = 0, sms = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return (g.n + kRows - 1) / kRows <= sms && (g.m <= 32 || g.k >= 4096);
+}
+
+bool small_supported(const GemmNt& g) {
+  return g.m >= 1 && g.m <= kSmallMaxRows && g.n >= 1 && tma_compatible(g) && g.n <= (int64_t{1} << 30) &&
+         g.k <= (int64_t{1} << 30) && (g.m * ((g.k + kBK - 1) / kBK)) < (int64_t{1} << 31);
+}
+
+int small_run(const GemmNt& g, int splits, bool pdl, cudaStream_t s) {
+  if (!small_supported(g)) return DSX_EINVAL;
+  if (g.m <= 16) return Launcher<16>::run(g, splits, pdl, s);
+  if (g.m <= 32) return Launcher<32>::run(g, splits, pdl, s);
+  if (g.m <= 64) return Launcher<64>::run(g, splits, pdl, s);
+  return Launcher<128>::run(g, splits, pdl, s);
+}
+
+}  // namespace dsx_cuda
