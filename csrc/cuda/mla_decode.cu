@@ -1,11 +1,12 @@
 // MLA decode attention (absorbed weights, paged latent cache) for sm_90a.
 // Contract: include/dsx/mla_decode.h; helpers and shared-memory plans: mla_decode.cuh.
 //
-// Grid (row_tiles, splits, B), one 256-thread CTA per SM. A CTA takes 16*MT query rows of one
-// sequence (row = s*H + h, rows of q[b] are contiguous; MT <= 4) and one split of that
-// sequence's pages (each sequence's own pages cut into `splits` equal page-aligned chunks),
-// 32 tokens (half a page, 36 KB contiguous in the cache) per stage through a cp.async ring.
-// Two CTA bodies share the ring, the P V step and the online softmax:
+// Grid (row_tiles, splits, B), one CTA per SM. A CTA takes up to 64 query rows of one sequence
+// (row = s*H + h, rows of q[b] are contiguous) and one split of that sequence's pages (each
+// sequence's own pages cut into `splits` equal page-aligned chunks).
+// Up to 64 rows (16*MT rows, MT <= 4; 256 threads, mma.sync): 32 tokens (half a page, 36 KB
+// contiguous in the cache) per stage through a cp.async ring. Two CTA bodies share the ring, the
+// P V step and the online softmax:
 //  - ksplit_body (16 or 32 rows, the memory-bound shapes): Q in registers. Warp w holds the
 //    Q fragments of the 144-dim slice w & 3 for all rows and computes that slice's partial
 //    scores for 16 tokens of the stage; the four fp32 partials meet in shared memory and the
@@ -23,9 +24,12 @@
 // row, p = exp(s - m) to shared bf16, partial row sums in registers, the rescale factor alpha
 // per row to shared memory; (3) O = alpha * O + P V, warp w owning latent columns [64w, 64w + 64)
 // of all rows, fp32 accumulators in registers.
+// More than 64 rows (H = 128, the compute-bound shapes): mla_decode_wgmma_kernel, 64-row tiles,
+// three warpgroups with wgmma, one page per step through three page buffers (see wg_role below).
 // Measured (bench/gpu_mla_decode.py, H200, B 64-128, T 4096-8192): 16 rows 0.92-1.05 of copy
-// bandwidth (cache bytes over the read + write copy rate), 32 rows 0.84-0.97; 128 rows ~237
-// TFLOP/s (mma.sync-bound; the next step there is wgmma).
+// bandwidth (cache bytes over the read + write copy rate), 32 rows 0.84-0.97; 128 and 256 rows
+// 451-482 TFLOP/s (0.58-0.62 of the bf16 matmul rate measured in the same run; 237-246 with
+// the mma.sync tiles before).
 // The end sums the partial row sums in a fixed order (deterministic). One split: normalised bf16
 // out + lse. Several: fp32 partials + lse to the workspace, then mla_combine merges them in
 // split order.
@@ -605,6 +609,256 @@ constexpr int smem_bytes() {
   else return Plan<MT>::kBytes;
 }
 
+// ---- wgmma path: rows > 64 (H = 128 and the like, compute-bound) ----
+// CTA = 64 query rows x one split of one sequence, three warpgroups (384 threads), one 64-token
+// page per step through three page buffers (3 x 72 KB). Pages are stored k-block-major (see wswz).
+//  - Warpgroup 0 (S and softmax; 184 registers): Q dims 0-495 as wgmma A fragments in registers
+//    (31 k-steps, 124 registers), dims 496-575 in shared memory. Page j: S = Q K^T (64 x 64: 31
+//    wgmma m64n64k16 with A from registers, 5 with A from shared memory), the online softmax in
+//    registers (a row's 64 scores sit in one lane quad), then bf16 P into the rope block of page
+//    j's buffer (S no longer needs it) and alpha per row; then on to page j + 1, so S of page j + 1
+//    runs while warpgroups 1 and 2 do P V of page j and the tensor cores see both.
+//  - Warpgroups 1 and 2 (P V and loads; 160 registers): O = alpha O + P V for latent columns
+//    [256 (w - 1), 256 w) (64 x 256 fp32, 128 registers a thread); A = P, B = V (the first 512 dims
+//    of the page buffer, MN-major). After P V of page j both refill that buffer with page j + 3 by
+//    cp.async (warpgroup 1: dims 0-255 and the rope dims, warpgroup 2: dims 256-511), completing on
+//    the buffer's mbarrier; a named barrier between them first ends P V (P lives in the rope block).
+// mbarriers per page buffer: full (page landed: 256 cp.async arrivals), p_full (P and alpha
+// written: 128 arrivals). Row sums and maxima stay in warpgroup 0's registers.
+constexpr int kWThreads = 384;
+
+// cp.async of chunks [C0, C0 + N) of each token of a page (whole 64-dim blocks).
+template <int C0, int N>
+__device__ __forceinline__ void wg_load_chunks(const __nv_bfloat16* kv, int page, int t, int t_end, uint32_t dst,
+                                               int wtid) {
+  const __nv_bfloat16* src = kv + (int64_t)page * kPage * kDim;
+  const int valid = t_end - t;  // t is page-aligned; tokens at or past t_end are zero-filled (read nothing)
+  static_assert(kPage * N % 128 == 0, "the copy must split evenly over the warpgroup");
+#pragma unroll 1
+  for (int k = 0; k < kPage * N / 128; ++k) {
+    const int i = wtid + k * 128, row = i / N, c = C0 + i - row * N;
+    const bool ok = row < valid;
+    cp_async16(dst + wswz(row, c), ok ? src + row * kDim + c * 8 : src, ok ? 16 : 0);
+  }
+}
+
+template <int ROLE>
+__device__ __forceinline__ void wg_role(const Params& p);
+
+__global__ void __launch_bounds__(kWThreads, 1) mla_decode_wgmma_kernel(Params p) {
+  // Each warpgroup's role is one branch, its register budget set first (184 + 2 x 160 = 3 x 168).
+  if (threadIdx.x < 128) {
+    setmaxnreg_inc<184>();
+    wg_role<0>(p);
+  } else {
+    setmaxnreg_dec<160>();
+    wg_role<1>(p);
+  }
+}
+
+template <int ROLE>
+__device__ __forceinline__ void wg_role(const Params& p) {
+  using PL = PlanWG;
+  extern __shared__ __align__(1024) unsigned char wsmem[];
+  unsigned char* smem = wsmem;
+  const uint32_t base = smem_u32(smem);
+  if (base & 1023u) __trap();  // the 128-byte swizzle atoms need it; the plan has no slack to realign
+  const uint32_t sK = base + PL::kOffK, bars = base + PL::kOffBar;  // full[k] at bars + 8k, p_full at + 24
+  const uint32_t sAl = base + PL::kOffAlpha;
+
+  const int tid = threadIdx.x, wtid = tid & 127, lane = tid & 31;
+  const int g = lane >> 2, c4 = lane & 3;
+  const int r0 = (wtid >> 5) * 16 + g, r1 = r0 + 8;  // the two accumulator rows of this thread
+  const int b = blockIdx.z, split = blockIdx.y, row0 = blockIdx.x * kWRows;
+  const int len = min(max(p.lens[b], 0), p.max_pages * kPage);
+  const int pages_b = (len + kPage - 1) / kPage, pps = (pages_b + p.splits - 1) / p.splits;
+  const int t_begin = min(split * pps * kPage, len), t_end = min(len, t_begin + pps * kPage);
+
+  if (tid == 128) {
+    for (int k = 0; k < 3; ++k) {
+      mbar_init(bars + 8 * k, 256);
+      mbar_init(bars + 24 + 8 * k, 128);
+    }
+  }
+  named_sync<1, kWThreads>();  // mbarriers initialised
+
+  if constexpr (ROLE == 0) {
+    const uint32_t sQR = base + PL::kOffQR, sQ31 = base + PL::kOffQ31;
+    const __nv_bfloat16* qb = p.q + (int64_t)b * p.rows * kDim;  // q[b] is [rows, 576]
+    for (int i = wtid; i < kWRows * 10; i += 128) {  // chunks 62-71 of each row: dims 496-511 and the rope
+      const int r = i / 10, x = i - r * 10, rg = row0 + r;
+      const uint32_t dst = x < 2 ? sQ31 + r * 32 + ((x ^ ((r >> 2) & 1)) << 4)
+                                 : sQR + r * 128 + (((x - 2) ^ (r & 7)) << 4);
+      cp_async16(dst, rg < p.rows ? qb + (int64_t)rg * kDim + 496 + x * 8 : qb, rg < p.rows ? 16 : 0);
+    }
+    cp_async_commit();
+    // Q A fragments of k-step i < 31: rows r0 / r1, dims 16 i + 2 c4 (+ 8), straight from global memory.
+    constexpr int kQReg = kLat / 16 - 1;
+    const bool ok0 = row0 + r0 < p.rows, ok1 = row0 + r1 < p.rows;
+    uint32_t qa[kQReg][4];
+    {
+      const uint32_t* q0 = reinterpret_cast<const uint32_t*>(qb + (int64_t)(ok0 ? row0 + r0 : 0) * kDim) + c4;
+      const uint32_t* q1 = reinterpret_cast<const uint32_t*>(qb + (int64_t)(ok1 ? row0 + r1 : 0) * kDim) + c4;
+#pragma unroll
+      for (int i = 0; i < kQReg; ++i) {  // a padding row reads row 0 (its scores are masked anyway)
+        qa[i][0] = __ldg(q0 + 8 * i);
+        qa[i][1] = __ldg(q1 + 8 * i);
+        qa[i][2] = __ldg(q0 + 8 * i + 4);
+        qa[i][3] = __ldg(q1 + 8 * i + 4);
+      }
+    }
+    cp_async_wait<0>();
+    fence_proxy_async();
+    named_sync<2, 128>();  // the Q blocks in shared memory landed (warpgroup 0 only)
+    // last visible cache position of rows r0, r1 (also below t_end; -1: padding row), minus 2 c4
+    const int lim0 = (ok0 ? min(len - p.s_q + (row0 + r0) / p.heads, t_end - 1) : -1) - 2 * c4;
+    const int lim1 = (ok1 ? min(len - p.s_q + (row0 + r1) / p.heads, t_end - 1) : -1) - 2 * c4;
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+    // this thread's P word (row r0, tokens 2 c4, 2 c4 + 1) in a swizzled block: block i of 8 tokens at
+    // pw ^ (i << 4); row r1 = r0 + 8 at + 1024 (same swizzle, r1 & 7 == r0 & 7)
+    const uint32_t pw = r0 * 128 + (g << 4) + c4 * 4;
+    int buf = 0;
+    uint32_t par = 0;
+#pragma unroll 1
+    for (int t0 = t_begin; t0 < t_end; t0 += kPage) {
+      const uint32_t sKj = sK + buf * kTileBytes, sRope = sKj + 8 * kKBBytes;
+      mbar_wait(bars + 8 * buf, par);
+      fence_proxy_async();
+      float s[32];
+      const uint64_t dk = sw128_desc(sKj, 16, 1024), dq = sw128_desc(sQR, 16, 1024);  // + offset / 16 per k-step
+      wgmma_fence();
+#pragma unroll
+      for (int i = 0; i < kQReg; ++i) wgmma_rs_n64(s, qa[i], dk + ((i >> 2) * kKBBytes + (i & 3) * 32) / 16, i > 0);
+      wgmma_ss_n64(s, sw32_desc(sQ31, 256), dk + ((kQReg >> 2) * kKBBytes + (kQReg & 3) * 32) / 16, 1);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) wgmma_ss_n64(s, dq + i * 2, dk + (8 * kKBBytes + i * 32) / 16, 1);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_regs(s);
+      // s[4i + e]: row e < 2 ? r0 : r1, token t0 + 8i + 2 c4 + (e & 1)
+      float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int tp = t0 + 8 * i + (e & 1);
+          const float v = (tp <= (e < 2 ? lim0 : lim1)) ? s[4 * i + e] * p.scale : -INFINITY;
+          s[4 * i + e] = v;
+          mx[e >> 1] = fmaxf(mx[e >> 1], v);
+        }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+        const float m_new = fmaxf(m_run[h], mx[h]);
+        const float bse = m_new == -INFINITY ? 0.f : m_new;  // a row with nothing visible yet stays at 0
+        const float alpha = __expf(m_run[h] - bse);
+        if (c4 == 0) st_shared_f32(sAl + (buf * kWRows + (h ? r1 : r0)) * 4, alpha);
+        l_run[h] *= alpha;
+        m_run[h] = m_new;
+        mx[h] = bse;
+      }
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {  // P into the rope block (K-major over tokens, swizzled): A of P V
+        const float p0 = __expf(s[4 * i] - mx[0]), p1 = __expf(s[4 * i + 1] - mx[0]);
+        const float p2 = __expf(s[4 * i + 2] - mx[1]), p3 = __expf(s[4 * i + 3] - mx[1]);
+        l_run[0] += p0 + p1;
+        l_run[1] += p2 + p3;
+        st_shared_u32(sRope + (pw ^ (i << 4)), pack_bf16(p0, p1));
+        st_shared_u32(sRope + (pw ^ (i << 4)) + 1024, pack_bf16(p2, p3));
+      }
+      fence_proxy_async();
+      mbar_arrive(bars + 24 + 8 * buf);
+      if (++buf == 3) {
+        buf = 0;
+        par ^= 1u;
+      }
+    }
+    float* sL = reinterpret_cast<float*>(smem + PL::kOffL);  // the Q rope block is free now
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {  // row sums over the lane quad (the same value in all four lanes)
+      l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 1);
+      l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 2);
+    }
+    if (c4 == 0) {
+      sL[r0] = l_run[0];
+      sL[r1] = l_run[1];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int rg = row0 + (h ? r1 : r0);
+        if (rg >= p.rows) continue;
+        const float v = l_run[h] > 0.f ? m_run[h] + logf(l_run[h]) : -INFINITY;
+        if (p.splits > 1) p.ws_lse[((int64_t)b * p.splits + split) * p.rows + rg] = v;
+        else p.lse[(int64_t)b * p.rows + rg] = v;
+      }
+    }
+    named_sync<1, kWThreads>();  // sL published
+  } else {
+    const int part = (tid >> 7) - 1;
+    const int n_pg = (t_end - t_begin + kPage - 1) / kPage;
+    const int32_t* pages = p.pt + (int64_t)b * p.max_pages;
+    auto load = [&](int pg, int buf) {
+      const int t = t_begin + pg * kPage, page = pages[t / kPage];
+      const uint32_t dst = sK + buf * kTileBytes;
+      if (part == 0) {
+        wg_load_chunks<0, 32>(p.kv, page, t, t_end, dst, wtid);
+        wg_load_chunks<64, 8>(p.kv, page, t, t_end, dst, wtid);
+      } else {
+        wg_load_chunks<32, 32>(p.kv, page, t, t_end, dst, wtid);
+      }
+      cp_async_mbar_arrive_noinc(bars + 8 * buf);
+    };
+    for (int s0 = 0; s0 < 3 && s0 < n_pg; ++s0) load(s0, s0);
+    float acc[128];
+#pragma unroll
+    for (int i = 0; i < 128; ++i) acc[i] = 0.f;
+    for (int j = 0; j < n_pg; ++j) {
+      const int buf = j % 3;
+      const uint32_t par = (j / 3) & 1, sKj = sK + buf * kTileBytes;
+      mbar_wait(bars + 24 + 8 * buf, par);  // P and alpha of page j (so S of page j is done)
+      mbar_wait(bars + 8 * buf, par);       // page j landed (V)
+      fence_proxy_async();
+      const float a0 = ld_shared_f32(sAl + (buf * kWRows + r0) * 4), a1 = ld_shared_f32(sAl + (buf * kWRows + r1) * 4);
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        acc[4 * i] *= a0; acc[4 * i + 1] *= a0; acc[4 * i + 2] *= a1; acc[4 * i + 3] *= a1;
+      }
+      const uint32_t sV = sKj + part * 4 * kKBBytes, sP = sKj + 8 * kKBBytes;  // columns [256 part, +256)
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk)
+        wgmma_ss_n256_tb(acc, sw128_desc(sP + kk * 32, 16, 1024), sw128_desc(sV + kk * 2048, kKBBytes, 1024), 1);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_regs(acc);
+      if (j + 3 < n_pg) {  // refill with page j + 3, once both P V warpgroups are done with P
+        named_sync<3, 256>();
+        load(j + 3, buf);
+      }
+    }
+    named_sync<1, kWThreads>();  // sL published
+    const float* sL = reinterpret_cast<const float*>(smem + PL::kOffL);
+    const bool split_out = p.splits > 1;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = h ? r1 : r0, rg = row0 + r;
+      if (rg >= p.rows) continue;
+      const float l = sL[r], inv = l > 0.f ? 1.f / l : 0.f;
+      const int64_t orow = split_out ? ((int64_t)b * p.splits + split) * p.rows + rg : (int64_t)b * p.rows + rg;
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        const int col = part * 256 + i * 8 + 2 * c4;
+        const float v0 = acc[4 * i + 2 * h] * inv, v1 = acc[4 * i + 2 * h + 1] * inv;
+        if (split_out) {
+          *reinterpret_cast<float2*>(p.ws_o + orow * kLat + col) = make_float2(v0, v1);
+        } else {
+          *reinterpret_cast<uint32_t*>(p.out + orow * kLat + col) = pack_bf16(v0, v1);
+        }
+      }
+    }
+  }
+}
+
 // Merge the split partials of one (b, row), splits in order: out = sum_s w_s o_s / sum_s w_s,
 // w_s = exp(lse_s - max lse). 128 threads x 4 columns.
 __global__ void __launch_bounds__(128) mla_combine_kernel(Params p) {
@@ -636,6 +890,14 @@ cudaError_t launch(const Params& p, int row_tiles, int batch, cudaStream_t strea
       mla_decode_kernel<MT>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<MT>());
   if (attr != cudaSuccess) return attr;
   mla_decode_kernel<MT><<<dim3(row_tiles, p.splits, batch), kThreads, smem_bytes<MT>(), stream>>>(p);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_wgmma(const Params& p, int row_tiles, int batch, cudaStream_t stream) {
+  static const cudaError_t attr = cudaFuncSetAttribute(mla_decode_wgmma_kernel,
+                                                       cudaFuncAttributeMaxDynamicSharedMemorySize, PlanWG::kAlloc);
+  if (attr != cudaSuccess) return attr;
+  mla_decode_wgmma_kernel<<<dim3(row_tiles, p.splits, batch), kWThreads, PlanWG::kAlloc, stream>>>(p);
   return cudaGetLastError();
 }
 
@@ -716,7 +978,8 @@ extern "C" int dsx_mla_decode_paged_bf16_cuda(const void* q, const void* kv_cach
   const int mt = row_tile_mt(p.rows), row_tiles = (p.rows + 16 * mt - 1) / (16 * mt);
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   cudaError_t err;
-  switch (mt) {
+  if (p.rows > kWRows) err = launch_wgmma(p, row_tiles, (int)batch, s);  // 64-row tiles, as mt = 4
+  else switch (mt) {
     case 1: err = launch<1>(p, row_tiles, (int)batch, s); break;
     case 2: err = launch<2>(p, row_tiles, (int)batch, s); break;
     case 3: err = launch<3>(p, row_tiles, (int)batch, s); break;

@@ -33,7 +33,12 @@
  * product) and a cp.async ring of 32-token stages 4-5 deep. With up to 32 rows per tile
  * (S_q * H <= 32) each score is the sum, in slice order, of four fp32 partial dot products over
  * the dims [0, 144), [144, 288), [288, 432), [432, 576); with more rows one warp accumulates
- * all 576 dims of a score. num_splits = 0 picks the split
+ * all 576 dims of a score. With more than 64 rows (S_q * H > 64: 128 heads per rank) a CTA of
+ * three warpgroups takes 64 rows and whole 64-token pages through three page buffers: scores by
+ * bf16 wgmma (fp32 accumulation) in one warpgroup with the fp32 online softmax, P rounded to bf16,
+ * and P V by wgmma in the two others (256 output columns each), so the scores of page j+1 overlap
+ * P V of page j; each row sum is accumulated per lane in token order and combined over the lane
+ * quad in a fixed order. num_splits = 0 picks the split
  * count from the SM count; with more than one split the partials (fp32 out and lse per split)
  * go to the caller's workspace and a second kernel merges them in split order. Summation
  * orders are fixed: the result is deterministic for given sizes and num_splits.
