@@ -320,6 +320,7 @@ class MoE(nn.Layer):
         self.experts = nn.LayerList([MLP(e["gate"], e["up"], e["down"], dt) for e in lw.experts])
         self.shared = MLP(t["shared_gate"], t["shared_up"], t["shared_down"], dt) if "shared_gate" in t else None
 
+    @paddle.jit.not_to_static
     def experts_forward(self, x, idx, w):
         """x [T, H], idx/w [T, K] -> [T, H]: each expert runs on its tokens only (gather / index_add)."""
         k = self.spec.top_k

@@ -9,9 +9,10 @@ saves the program with `paddle.jit.save` minus its parameter file, and writes th
 largest tensor, not for the model (the real DeepSeek-V3 rank of TP8 holds ~80 GB).
 
 The saved files are byte-identical to `paddle.jit.save` of the same model built eagerly
-(tests/test_export_stream.py). Two Paddle 3.3.1 internals are bypassed for the program-only save
-(`pir_io.save_vars_pir`, `DenseTensor._share_data_with`); both are looked up and checked first,
-so a Paddle that moved them gives a clear error instead of a wrong file.
+(tests/test_export_stream.py), except that ops carry no `struct_name` (an AutoParallel debug tag whose
+recording is quadratic in the program's size). Three Paddle 3.3.1 internals are bypassed for the
+program-only save (`pir_io.save_vars_pir`, `DenseTensor._share_data_with`, `layers.name_struct`); all are
+looked up and checked first, so a Paddle that moved them gives a clear error instead of a wrong file.
 """
 
 from __future__ import annotations
@@ -119,17 +120,23 @@ def make_param(layer, value):
 # ----------------------------------------------------------------- saving ----
 
 def _internals():
-    """The two Paddle internals a program-only jit.save needs, checked."""
+    """The Paddle internals a program-only jit.save needs, checked."""
+    import paddle.nn.layer.layers as layers
     import paddle.static.pir_io as pio
     from paddle.base import core
 
-    if not callable(getattr(pio, "save_vars_pir", None)) or not hasattr(core.DenseTensor, "_share_data_with"):
+    if (not callable(getattr(pio, "save_vars_pir", None)) or not hasattr(core.DenseTensor, "_share_data_with")
+            or not callable(getattr(layers, "name_struct", None))):
         import paddle
 
-        raise DsxError(f"Paddle {paddle.__version__}: streamed export needs paddle.static.pir_io.save_vars_pir "
-                       "and DenseTensor._share_data_with (Paddle 3.3.1 has both)",
+        raise DsxError(f"Paddle {paddle.__version__}: streamed export needs paddle.static.pir_io.save_vars_pir, "
+                       "DenseTensor._share_data_with and paddle.nn.layer.layers.name_struct (Paddle 3.3.1 has them)",
                        hint="install paddlepaddle==3.3.1 (pyproject pins it)")
-    return pio, core
+    return pio, core, layers
+
+
+def _no_name_struct(prefix=None):
+    return contextlib.nullcontext()
 
 
 def save_streamed(layer, prefix: str | Path, input_spec: list, values: dict) -> int:
@@ -139,20 +146,25 @@ def save_streamed(layer, prefix: str | Path, input_spec: list, values: dict) -> 
 
     from ds_export.export.pdiparams import write_params
 
-    pio, core = _internals()
+    pio, core, layers = _internals()
     seen: list[tuple[str, tuple, str]] = []
 
     def program_only(dirname=None, main_program=None, vars=None, filename=None):  # noqa: A002
         params, opt = pio.get_pir_parameters(main_program)
         seen.extend((v.name, tuple(v.shape), str(v.dtype)) for v in params + opt if v.persistable)
 
-    real_save, real_share = pio.save_vars_pir, core.DenseTensor._share_data_with
+    real_save, real_share, real_struct = pio.save_vars_pir, core.DenseTensor._share_data_with, layers.name_struct
     pio.save_vars_pir = program_only
     core.DenseTensor._share_data_with = lambda self, src: None  # no data to share: nothing is initialized
+    # Layer.__call__ tags each new op with its layer path ("struct_name", for AutoParallel) by listing
+    # every op of the program before and after the call: quadratic in the program's size (R1's 256
+    # experts x 58 layers: hours). Inference does not read the tag; without it the save is linear.
+    layers.name_struct = _no_name_struct
     try:
         paddle.jit.save(layer, str(prefix), input_spec=input_spec)
     finally:
         pio.save_vars_pir, core.DenseTensor._share_data_with = real_save, real_share
+        layers.name_struct = real_struct
     names = sorted({n for n, _, _ in seen})  # save_combine's order
     missing = [n for n in names if n not in values]
     if missing:
