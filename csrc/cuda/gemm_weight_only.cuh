@@ -1,6 +1,6 @@
 // Device helpers of the weight-only GEMM (gemm_weight_only.cu): the bulk-copy pipeline
-// primitives, Paddle-layout unpacking into mma fragments, the bf16 tensor-core mma, and one
-// warp step per layout (step_int8, step_int4, step_int4_g64).
+// primitives, Paddle-layout unpacking into mma fragments, the bf16 tensor-core mma, and the
+// warp steps per layout (step_int8, step_int4: one or two steps at once; step_int4_g64).
 //
 // How Paddle's bytes meet the mma (m16n8k16, A = weights [16 channels x 16 k] row-major,
 // B = activations [16 k x 8 tokens]; lane = 4 * g + c, g = groupID, c = thread in group):
@@ -12,14 +12,20 @@
 //
 //  int8: a 32-bit word of a channel's 64-element segment holds, in bytes 0..3, the real
 //        k = 16b + 2j + {0, 8, 1, 9} (b = word / 4, j = word % 4; doc section 3): bytes
-//        {0, 2} are a logical pair {2c, 2c+1} and bytes {1, 3} the pair {2c+8, 2c+9}. A lane
-//        takes words 4c..4c+3 (16 bytes) of rows g and g+8: mma step s = 0..3 uses word
-//        4c+s, real k = 16c + 2s + {0, 1} and + 8: x[16c .. 16c+16) of the step.
+//        {0, 2} are a k pair and bytes {1, 3} the pair 8 above. A lane takes words
+//        4c..4c+3 (16 bytes) of rows g and g+8, i.e. the 8 k pairs p of real k = 16c + 2p
+//        (x[16c .. 16c+16) of the step); mma k-step (i, h), i, h = 0, 1, takes pairs
+//        4i + 2h (byte pair i of word 2h: logical {2c, 2c+1}) and 4i + 2h + 1 (byte pair i
+//        of word 2h + 1: logical {2c+8, 2c+9}).
 //  int4: a word holds 8 nibbles with real k = 2w + {0, 8, 16, 24, 1, 9, 17, 25} inside its
-//        32-block (w = word % 4); nibbles {2h, 2h+4} form the pair k = 2w + 16h + {0, 1}
-//        and nibbles {2h+1, 2h+5} the pair 8 above. A lane takes one 16-byte half of a
-//        segment (one 32-block): lane c takes tile 2*step + c/2, half c%2, i.e. real
-//        k = 32c + [0, 32) of the 128-wide step; mma step 2w + h uses word w, half h.
+//        32-block (w = word % 4): nibbles {J, J+4} form the pair k = 2w + 8J + {0, 1}. A
+//        lane takes one 16-byte half of a segment (one 32-block): lane c takes tile
+//        2*step + c/2, half c%2, i.e. the 16 pairs p of real k = 32c + 2p of the 128-wide
+//        step (p = 4J + w); mma k-step (i, h), i = 0..3, h = 0, 1, takes pairs 4i + 2h
+//        (nibbles {i, i+4} of word 2h) and 4i + 2h + 1 (the same nibbles of word 2h + 1).
+//  Either way the two B registers of k-step (i, h) are words 2h, 2h + 1 of the lane's x
+//  piece i: one 16-byte load of x serves two mma.
+//  (int4 group 64, step_int4_g64, pairs its k differently: see there.)
 //
 // x in shared memory: a step's row of x is stored as 16-byte pieces (8 k each) in the order
 // that makes every lane's loads consecutive: the piece of real k = 8 * (IPC * c + i) (lane c's
@@ -106,6 +112,14 @@ __device__ __forceinline__ void prefetch_tmap(const void* tmap) {
   asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(tmap)) : "memory");
 }
 
+// Programmatic dependent launch: let the next kernel in the stream start launching now; wait
+// until the previous kernel has finished and its writes are visible (no-ops when the launch
+// did not ask for it).
+__device__ __forceinline__ void pdl_launch_dependents() {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
 // Shared-memory reads are plain C++ loads, so the compiler orders them with the barriers
 // and the asm volatile waits (which clobber memory).
 __device__ __forceinline__ uint4 lds128(const void* p) { return *reinterpret_cast<const uint4*>(p); }
@@ -158,6 +172,15 @@ template <int J>
 __device__ __forceinline__ uint32_t i4_pair(uint32_t w) {
   const uint32_t val = and_or(J ? (w >> (4 * J)) : w, 0x000F000Fu, 0x43004300u);  // 128 + u
   return bf16x2_add(val, 0xC308C308u);                                              // - 136
+}
+
+// The same with the nibble / byte pair as an argument (a constant once the loops unroll).
+__device__ __forceinline__ uint32_t i4_pairj(uint32_t w, int j) {
+  const uint32_t val = and_or(j ? (w >> (4 * j)) : w, 0x000F000Fu, 0x43004300u);
+  return bf16x2_add(val, 0xC308C308u);
+}
+__device__ __forceinline__ uint32_t i8_pairj(uint32_t w, int pair) {
+  return pair ? i8_pair<1>(w) : i8_pair<0>(w);
 }
 
 // d += A (16x16, row) * B (16x8, col), bf16 in, fp32 accumulate.
@@ -215,69 +238,79 @@ __device__ __forceinline__ void promote(float (&acc)[4], const float (&part)[4],
   }
 }
 
-// int8 step: 4 mma k-steps; xs points at this step's 64 K of x in shared memory (permuted:
-// lane c's two pieces at positions c and 4 + c).
-// xo[t]: this lane's offset (elements) of tile t's x row in the buffer (row min(8t + g, M-1),
-// plus 8c: the lane's first piece).
-template <int MT, int GMODE>
-__device__ __forceinline__ void step_int8(float (&acc)[MT][4], const Stage& st, const uint16_t* xs,
+// int8 / int4 steps, NS (1 or 2) consecutive steps at once: the NS * MT mma chains are
+// independent, so their instructions interleave (a warp alone keeps the tensor cores and the
+// unpacking busy); each step's chain and its promotion are exactly those of a lone step
+// (same bits). Mma k-step (i, h) takes the lane's k pairs 4i + 2h and 4i + 2h + 1 (real
+// k = 2 * pair inside the lane's k range): both come from the same x piece i (one 16-byte
+// load feeds two mma) and from words 2h, 2h + 1 of the lane's 16 bytes (int4: nibbles
+// {i, i + 4}; int8: byte pair i).
+// xs: the first step's x (the next one kStepK elements further); xo[t]: this lane's offset
+// of tile t's x row in the buffer (row min(8t + g, M-1), plus 8c: the lane's first piece).
+template <int MT, int GMODE, int NS>
+__device__ __forceinline__ void step_int8(float (&acc)[MT][4], const Stage (&st)[NS], const uint16_t* xs,
                                           const int (&xo)[MT]) {
-  uint32_t a[4][4];
+  float part[NS][MT][4];
 #pragma unroll
-  for (int s = 0; s < 4; ++s) {
-    const uint32_t r0 = word(st.w[0], s), r1 = word(st.w[1], s);
-    a[s][0] = dsx_wo::i8_pair<0>(r0);
-    a[s][1] = dsx_wo::i8_pair<0>(r1);
-    a[s][2] = dsx_wo::i8_pair<1>(r0);
-    a[s][3] = dsx_wo::i8_pair<1>(r1);
+  for (int n = 0; n < NS; ++n)
+#pragma unroll
+    for (int t = 0; t < MT; ++t) part[n][t][0] = part[n][t][1] = part[n][t][2] = part[n][t][3] = 0.f;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    uint4 u[NS][MT];
+#pragma unroll
+    for (int n = 0; n < NS; ++n)
+#pragma unroll
+      for (int t = 0; t < MT; ++t) u[n][t] = dsx_wo::lds128(xs + 64 * n + xo[t] + 32 * i);
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int n = 0; n < NS; ++n) {
+        const uint32_t a[4] = {i8_pairj(word(st[n].w[0], 2 * h), i), i8_pairj(word(st[n].w[1], 2 * h), i),
+                               i8_pairj(word(st[n].w[0], 2 * h + 1), i), i8_pairj(word(st[n].w[1], 2 * h + 1), i)};
+#pragma unroll
+        for (int t = 0; t < MT; ++t)
+          dsx_wo::mma_bf16(part[n][t], a, h ? u[n][t].z : u[n][t].x, h ? u[n][t].w : u[n][t].y);
+      }
   }
 #pragma unroll
-  for (int t = 0; t < MT; ++t) {
-    const uint16_t* p = xs + xo[t];
-    const uint4 u0 = dsx_wo::lds128(p), u1 = dsx_wo::lds128(p + 32);
-    const uint32_t b[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
-    float part[4] = {0.f, 0.f, 0.f, 0.f};
+  for (int n = 0; n < NS; ++n)
 #pragma unroll
-    for (int s = 0; s < 4; ++s) dsx_wo::mma_bf16(part, a[s], b[s], b[s + 4]);
-    promote<GMODE>(acc[t], part, st.s[0]);
-  }
+    for (int t = 0; t < MT; ++t) promote<GMODE>(acc[t], part[n][t], st[n].s[0]);
 }
 
-// int4 step (per channel or group 128): 8 mma k-steps over 128 K (lane c's pieces of x at
+// int4 (per channel or group 128): 8 mma k-steps over 128 K (lane c's pieces of x at
 // positions c, 4 + c, 8 + c, 12 + c).
-template <int MT, int GMODE>
-__device__ __forceinline__ void step_int4(float (&acc)[MT][4], const Stage& st, const uint16_t* xs,
+template <int MT, int GMODE, int NS>
+__device__ __forceinline__ void step_int4(float (&acc)[MT][4], const Stage (&st)[NS], const uint16_t* xs,
                                           const int (&xo)[MT]) {
-  uint32_t a[8][4];
+  float part[NS][MT][4];
 #pragma unroll
-  for (int w = 0; w < 4; ++w) {
-    const uint32_t r0 = word(st.w[0], w), r1 = word(st.w[1], w);
-    a[2 * w][0] = dsx_wo::i4_pair<0>(r0);
-    a[2 * w][1] = dsx_wo::i4_pair<0>(r1);
-    a[2 * w][2] = dsx_wo::i4_pair<1>(r0);
-    a[2 * w][3] = dsx_wo::i4_pair<1>(r1);
-    a[2 * w + 1][0] = dsx_wo::i4_pair<2>(r0);
-    a[2 * w + 1][1] = dsx_wo::i4_pair<2>(r1);
-    a[2 * w + 1][2] = dsx_wo::i4_pair<3>(r0);
-    a[2 * w + 1][3] = dsx_wo::i4_pair<3>(r1);
+  for (int n = 0; n < NS; ++n)
+#pragma unroll
+    for (int t = 0; t < MT; ++t) part[n][t][0] = part[n][t][1] = part[n][t][2] = part[n][t][3] = 0.f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    uint4 u[NS][MT];
+#pragma unroll
+    for (int n = 0; n < NS; ++n)
+#pragma unroll
+      for (int t = 0; t < MT; ++t) u[n][t] = dsx_wo::lds128(xs + 128 * n + xo[t] + 32 * i);
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int n = 0; n < NS; ++n) {
+        const uint32_t a[4] = {i4_pairj(word(st[n].w[0], 2 * h), i), i4_pairj(word(st[n].w[1], 2 * h), i),
+                               i4_pairj(word(st[n].w[0], 2 * h + 1), i), i4_pairj(word(st[n].w[1], 2 * h + 1), i)};
+#pragma unroll
+        for (int t = 0; t < MT; ++t)
+          dsx_wo::mma_bf16(part[n][t], a, h ? u[n][t].z : u[n][t].x, h ? u[n][t].w : u[n][t].y);
+      }
   }
 #pragma unroll
-  for (int t = 0; t < MT; ++t) {
-    const uint16_t* p = xs + xo[t];
-    uint32_t b[16];
+  for (int n = 0; n < NS; ++n)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const uint4 u = dsx_wo::lds128(p + 32 * i);
-      b[4 * i] = u.x, b[4 * i + 1] = u.y, b[4 * i + 2] = u.z, b[4 * i + 3] = u.w;
-    }
-    float part[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-    for (int s = 0; s < 8; ++s) {
-      const int w = s >> 1, h = s & 1;
-      dsx_wo::mma_bf16(part, a[s], b[w + 8 * h], b[w + 8 * h + 4]);
-    }
-    promote<GMODE>(acc[t], part, st.s[0]);
-  }
+    for (int t = 0; t < MT; ++t) promote<GMODE>(acc[t], part[n][t], st[n].s[0]);
 }
 
 // int4 step with group 64: a step spans two groups, but each mma must stay inside one. Lane

@@ -15,6 +15,8 @@ below half a bf16 ulp).
 
 from __future__ import annotations
 
+import ctypes
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -57,6 +59,22 @@ def check_bound(out, x, wd, what, exact_frac=0.9):
     assert exact.mean() >= exact_frac, f"{what}: only {exact.mean():.1%} correctly rounded"
 
 
+PDL = 1 << 24      # algo bit: programmatic dependent launch
+ONE_STEP = 1 << 25  # algo bit: one step at a time (no step pairing)
+ONE_GROUP = 1 << 26  # algo bit: one tile group a block (no persistent blocks)
+
+
+def run_raw(x, q, s, bits, group, algo, stream=None):
+    """The C entry with any algo word (the Python wrapper's check_algo knows bits 0..23 only)."""
+    dx, dq, ds = cuda.to_device(x.view(np.uint16)), cuda.to_device(q), cuda.to_device(s.view(np.uint16))
+    out = cuda.empty((x.shape[0], s.shape[-1]), np.uint16).fill_bytes(0xFF)
+    rc = G._cuda_fns()[0](dx.ptr, dq.ptr, ds.ptr, out.ptr, x.shape[0], s.shape[-1], x.shape[1], bits, group, 90,
+                          algo, stream.handle if stream else None)
+    assert rc == 0, f"rc {rc} for algo {algo:#x}"
+    cuda.synchronize()
+    return out.numpy().view(BF16)
+
+
 @pytest.mark.parametrize("m,n,k,bits,group", CASES)
 def test_matches_float64_and_cpu(m, n, k, bits, group):
     x, q, s, wd = make(m, n, k, bits, group)
@@ -84,6 +102,25 @@ def test_every_config_is_right_and_deterministic(bits, group):
                 # the header's claim: only splits moves the bits (warps, chunk, slots, box do not)
                 first = a if first is None else first
                 assert np.array_equal(a.view(np.uint16), first.view(np.uint16)), f"algo {algo:#x} changed the bits"
+                if warps == 4:  # two steps at a time (the default) or one, persistent or not: the same bits
+                    c = run_raw(x, q, s, bits, group, algo | ONE_STEP | ONE_GROUP)
+                    assert np.array_equal(c.view(np.uint16), first.view(np.uint16)), f"algo {algo:#x} one step"
+
+
+@pytest.mark.parametrize("bits,group", [(8, -1), (8, 64), (4, -1), (4, 128), (4, 64)])
+def test_persistent_blocks_match_one_group_a_block(bits, group):
+    """With 1 block of 1 warp an SM (15 slots of 8 steps: 120 KB) the 256 tile groups exceed
+    what is resident, so blocks loop over tile groups, their rings running on from one group
+    into the next: right, and the same bits as one group a block."""
+    n, k = 4096, 1088
+    for m in (3, 16):
+        x, q, s, wd = make(m, n, k, bits, group, seed=4)
+        for splits in (1, 2, 4):
+            algo = G.algo_word(1, splits, 0, 15, 8)
+            a = run_raw(x, q, s, bits, group, algo)
+            check_bound(a, x, wd, f"persistent m {m} splits {splits}")
+            b = run_raw(x, q, s, bits, group, algo | ONE_GROUP)
+            assert np.array_equal(a.view(np.uint16), b.view(np.uint16)), f"m {m} splits {splits}: bits differ"
 
 
 @pytest.mark.parametrize("m", [1, 2, 4, 8, 16])
@@ -145,6 +182,49 @@ def test_device_api_stream_and_graph():
     assert np.array_equal(out.numpy(), first), "graph replay differs from the direct launch"
 
 
+@pytest.mark.parametrize("bits,group,m", [(4, -1, 1), (4, 128, 16), (8, -1, 5), (4, 64, 9)])
+def test_programmatic_dependent_launch_chain(bits, group, m):
+    """Layer 2 reads layer 1's output: with PDL (bit 24) each waits for the previous kernel
+    before it reads x, so a chain in a stream and in a CUDA graph gives the plain launch's bits."""
+    n1, k1, n2 = 1024, 2048, 512
+    rng = np.random.default_rng([7, bits, group + 1, m])
+    w1 = rng.standard_normal((n1, k1)).astype(np.float32)
+    w2 = rng.standard_normal((n2, n1)).astype(np.float32)
+    (q1, s1), (q2, s2) = wo.quantize_native(w1, bits, group, 90), wo.quantize_native(w2, bits, group, 90)
+    xs = [rng.standard_normal((m, k1)).astype(BF16) for _ in range(3)]
+    want = []
+    for x in xs:
+        h = G.gemm_weight_only_cuda(x, q1, s1, bits, group, 90)
+        want.append(G.gemm_weight_only_cuda(h, q2, s2, bits, group, 90).view(np.uint16))
+    dxs = [cuda.to_device(x.view(np.uint16)) for x in xs]
+    dq1, ds1 = cuda.to_device(q1), cuda.to_device(s1.view(np.uint16))
+    dq2, ds2 = cuda.to_device(q2), cuda.to_device(s2.view(np.uint16))
+    hid = cuda.empty((m, n1), np.uint16)
+    outs = [cuda.empty((m, n2), np.uint16) for _ in xs]
+    run = G._cuda_fns()[0]
+
+    def chain(st):  # x_i -> hid -> out_i, hid reused: a read before its writer ends shows
+        for dx, out in zip(dxs, outs):
+            for a, b, c, n, k in ((dx, dq1, ds1, n1, k1), (None, dq2, ds2, n2, n1)):
+                src, dst = (a, hid) if a is not None else (hid, out)
+                assert run(src.ptr, b.ptr, c.ptr, dst.ptr, m, n, k, bits, group, 90, PDL, st.handle) == 0
+
+    stream = cuda.Stream()
+    for how in ("stream", "graph"):
+        for out in outs:
+            out.fill_bytes(0xFF)
+        hid.fill_bytes(0xFF)
+        stream.synchronize()
+        if how == "stream":
+            chain(stream)
+        else:
+            graph = cuda.Graph(chain, stream)
+            graph.launch()
+        stream.synchronize()
+        for i, out in enumerate(outs):
+            assert np.array_equal(out.numpy(), want[i]), f"{how}: layer 2 of input {i} differs"
+
+
 def test_config_and_bad_algo():
     cfg = G.cuda_config(1, 2048, 7168, 4, -1)
     assert cfg["warps"] in (1, 2, 4, 8) and cfg["splits"] in (1, 2, 4, 8) and cfg["chunk"] >= 1
@@ -159,5 +239,9 @@ def test_config_and_bad_algo():
     x4, q4, s4, _ = make(2, 64, 128, 4, -1)
     with pytest.raises(DsxError, match="invalid"):  # 15 slots of 8 warps and 255 x steps: too much shared memory
         G.gemm_weight_only_cuda(x4, q4, s4, 4, -1, 90, algo=G.algo_word(8, 1, 255, 15))
+    v = [ctypes.c_int() for _ in range(5)]
+    cfg_fn = G._cuda_fns()[1]
+    assert cfg_fn(1, 64, 64, 8, -1, PDL | ONE_STEP | ONE_GROUP, *[ctypes.byref(i) for i in v]) == 0
+    assert cfg_fn(1, 64, 64, 8, -1, 1 << 27, *[ctypes.byref(i) for i in v]) != 0  # no such bit
     with pytest.raises(DsxError, match="arch"):
         G.gemm_weight_only_cuda(x, q, s, 8, -1, 70)

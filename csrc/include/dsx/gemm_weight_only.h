@@ -42,7 +42,13 @@
  * splits = cluster size (1, 2, 4, 8), bits 8..15 x chunk (steps of activations staged in
  * shared memory at once, 1..255), bits 16..19 ring slots of weights per warp (2..15),
  * bits 20..23 steps per slot (one tensor copy each, 1..8: stages x box steps of weights
- * are in flight per warp); a zero field keeps its automatic value. Returns 0, DSX_EINVAL
+ * are in flight per warp); a zero field keeps its automatic value. Bit 24 (with any word, 0 too):
+ * programmatic dependent launch: the kernel fetches its first weights, then waits for the previous
+ * kernel of the stream before it reads x, and lets the next kernel start launching once its own
+ * main loop is done (so weights and scales must not be written by an earlier kernel still running).
+ * Bits 25 (one K step at a time instead of two interleaved chains) and 26 (one tile group per block
+ * instead of persistent blocks) are for measurements; neither changes the output bits, nor does
+ * bit 24. Returns 0, DSX_EINVAL
  * or DSX_ECUDA (launch failure, or no driver entry point for the TMA descriptor).
  */
 #ifndef DSX_GEMM_WEIGHT_ONLY_H_
