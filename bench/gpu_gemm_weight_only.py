@@ -15,6 +15,11 @@ M: the int4 per-channel rows time it, after checking its output against ours; th
 layouts reuse that time, the same bf16 product). Reported: microseconds, GB/s on the
 weight bytes (qweight + scales), ratio = anchor time / our time (goal >= 3 at M <= 16 for
 int4), and the fraction of the device-to-device copy bandwidth measured in the same run.
+Each row is also timed with programmatic dependent launch (algo bit 24: each launch of the
+graph starts, and fetches its first weights, while the one before it ends, as consecutive
+layers of a served model would; "PDL us", its own ratio) and, at M <= 16, one step at a time
+(algo bit 25, "1step us": the schedule before step pairing, same bits) and one tile group a
+block (algo bit 26, "1grp us": no persistent blocks, same bits).
 With --sweep, int4 per channel at M = 1 and 16 is also timed over (warps, splits, ring
 slots, steps per slot; x chunk at M = 16) so the automatic choice can be tuned; the best is
 printed beside the automatic one.
@@ -24,8 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import statistics
 import sys
 from pathlib import Path
 
@@ -37,16 +40,22 @@ from ds_export.formats import weight_only as wo  # noqa: E402
 from ds_export.native import cuda  # noqa: E402
 from ds_export.native import gemm_weight_only as G  # noqa: E402
 
-L2_BYTES = 60 << 20
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import gpu_timing  # noqa: E402
+from gpu_timing import n_sets, time_ours, time_torch  # noqa: E402
 SHAPES = [(36864, 7168), (7168, 18432), (2048, 7168), (7168, 2048), (24576, 1536), (4096, 7168)]
 MS = [1, 2, 4, 8, 16, 64]
 MS_OTHER = [1, 4, 16]
 LAYOUTS = [(4, -1), (4, 128), (8, -1)]
 # (warps, splits, x chunk, ring slots, steps per slot); chunk 0 = automatic
 SWEEP = [(w, s, 0, d, b) for w in (4, 8) for s in (1, 2, 4, 8)
-         for d, b in ((4, 1), (8, 1), (2, 2), (4, 2), (2, 4), (3, 4), (2, 8))]
+         for d, b in ((4, 1), (2, 2), (3, 2), (4, 2), (2, 4))]
 SWEEP_M16 = [(8, s, 16, d, b) for s in (2, 4, 8) for d, b in ((4, 1), (2, 4))]  # larger x chunks at M = 16
 SWEEP_MS = (1, 16)
+
+PDL = 1 << 24       # algo bit: programmatic dependent launch (launches overlap: serving)
+ONE_STEP = 1 << 25  # algo bit: one step at a time (the pre-pairing schedule; same bits)
+ONE_GROUP = 1 << 26  # algo bit: one tile group a block (no persistent blocks; same bits)
 
 try:
     import torch
@@ -54,63 +63,15 @@ except ImportError:  # our figures still print
     torch = None
 
 
-def n_sets(bytes_per_set: int) -> int:
-    return int(min(16, max(2, math.ceil(3 * L2_BYTES / max(bytes_per_set, 1)))))
-
-
 def time_graph(launches, reps: int = 30) -> tuple[float, str]:
-    """Median microseconds per launch of a CUDA-graph replay of `launches` (fn(stream) each)."""
-    stream = cuda.Stream()
-    for f in launches:
-        f(stream)
-    stream.synchronize()
-    mode = "graph"
-    try:
-        graph = cuda.Graph(lambda s: [f(s) for f in launches], stream)
-        run = graph.launch
-    except Exception as exc:  # report it, then time plain launches
-        mode, run = f"direct ({exc.__class__.__name__})", (lambda: [f(stream) for f in launches])
-    run()
-    stream.synchronize()
-    e0, e1, times = cuda.Event(), cuda.Event(), []
-    for _ in range(reps):
-        e0.record(stream)
-        run()
-        e1.record(stream)
-        times.append(e0.elapsed_ms(e1) * 1e3 / len(launches))
-    return statistics.median(times), mode
-
-
-def time_torch(calls, reps: int = 30) -> float:
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for c in calls:
-            c()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        outs = [c() for c in calls]  # noqa: F841 (kept alive by the graph pool)
-    g.replay()
-    torch.cuda.synchronize()
-    e0, e1, times = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True), []
-    for _ in range(reps):
-        e0.record()
-        g.replay()
-        e1.record()
-        e1.synchronize()
-        times.append(e0.elapsed_time(e1) * 1e3 / len(calls))
-    return statistics.median(times)
+    """(median us per launch, mode) of graph replays of `launches` (fn(stream) each)."""
+    return time_ours(launches, reps)
 
 
 def copy_bandwidth_tbps() -> float | None:
-    """Device-to-device copy of 1 GiB: (bytes read + written) / time, TB/s."""
-    if torch is None:
-        return None
-    a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda").random_(0, 255)
-    b = torch.empty_like(a)
-    us = time_torch([lambda: b.copy_(a)], reps=10)
-    return 2 * a.numel() / us / 1e6
+    """Device copy (read + written bytes) in TB/s: bench/gpu_timing.py's anchor, shared with the other benches."""
+    gbs = gpu_timing.copy_gbs()
+    return None if gbs is None else gbs / 1e3
 
 
 class Problem:
@@ -140,21 +101,50 @@ class Problem:
         self.tw = None
 
 
+DIAG = {}  # "fn": dsx_wo_gemm_bf16_nt_cuda of a build with -DDSX_WO_NOMATH (--diag-lib)
+
+
+def load_diag(path: str) -> None:
+    import ctypes
+    lib = ctypes.CDLL(path)
+    fn = lib.dsx_wo_gemm_bf16_nt_cuda
+    P, I64, I32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    fn.argtypes = [P, P, P, P, I64, I64, I64, I32, I32, I32, I32, P]
+    fn.restype = I32
+    DIAG["fn"] = fn
+
+
 def bench_row(pb: Problem, m: int, rng, sweep: bool, anchors: dict) -> dict:
     x = rng.standard_normal((m, pb.k)).astype(np.float32).astype(G.BF16)
     dx = [cuda.to_device(x.view(np.uint16)) for _ in range(pb.sets)]
     out = cuda.empty((m, pb.n), np.uint16)
 
+    run = G._cuda_fns()[0]
+
+    def launch(i, algo, st):  # the C entry: takes algo bits 24, 25 too
+        rc = run(dx[i].ptr, pb.dq[i].ptr, pb.ds[i].ptr, out.ptr, m, pb.n, pb.k, pb.bits, pb.group, 90, algo,
+                 st.handle if st else None)
+        if rc:
+            raise RuntimeError(f"rc {rc} for algo {algo:#x}")
+
     def calls(algo):
-        return [lambda st, i=i: G.gemm_weight_only_cuda_device(dx[i], pb.dq[i], pb.ds[i], out, bits=pb.bits,
-                                                               group_size=pb.group, algo=algo, stream=st)
-                for i in range(pb.sets)]
+        return [lambda st, i=i: launch(i, algo, st) for i in range(pb.sets)]
 
     us, mode = time_graph(calls(0))
+    us_pdl, mode_pdl = time_graph(calls(PDL))
+    us_one = time_graph(calls(ONE_STEP))[0] if m <= 16 else None
+    us_1grp = time_graph(calls(ONE_GROUP))[0] if m <= 16 else None
+    us_nomath = None
+    if DIAG and m in (1, 16):  # the same launch without the arithmetic: the weight stream alone
+        f = DIAG["fn"]
+        us_nomath = time_graph([lambda st, i=i: f(dx[i].ptr, pb.dq[i].ptr, pb.ds[i].ptr, out.ptr, m, pb.n, pb.k,
+                                                   pb.bits, pb.group, 90, 0, st.handle) for i in range(pb.sets)])[0]
     cfg = G.cuda_config(m, pb.n, pb.k, pb.bits, pb.group)
     row = {"kernel": "gemm_weight_only", "layout": f"int{pb.bits} g{pb.group}", "M": m, "N": pb.n, "K": pb.k,
            "sets": pb.sets, "mode": mode, "config": cfg, "us": round(us, 2),
-           "weight_GBps": round(pb.weight_bytes / us / 1e3, 1)}
+           "weight_GBps": round(pb.weight_bytes / us / 1e3, 1), "us_pdl": round(us_pdl, 2), "mode_pdl": mode_pdl,
+           "us_one_step": us_one and round(us_one, 2), "us_one_group": us_1grp and round(us_1grp, 2),
+           "us_nomath": us_nomath and round(us_nomath, 2)}
     if sweep:
         best = ("auto", us)
         for w, s, c, d, b in SWEEP + (SWEEP_M16 if m == 16 else []):
@@ -179,7 +169,7 @@ def bench_row(pb: Problem, m: int, rng, sweep: bool, anchors: dict) -> dict:
         anchors[akey] = time_torch([lambda w=w: tx @ w.t() for w in tw])
     if akey in anchors:
         t_us = anchors[akey]
-        row.update(anchor_us=round(t_us, 2), ratio=round(t_us / us, 2))
+        row.update(anchor_us=round(t_us, 2), ratio=round(t_us / us, 2), ratio_pdl=round(t_us / us_pdl, 2))
         if sweep:
             row["best_ratio"] = round(t_us / row["best_us"], 2)
     return row
@@ -187,7 +177,7 @@ def bench_row(pb: Problem, m: int, rng, sweep: bool, anchors: dict) -> dict:
 
 def table(rows, copy_tbps) -> str:
     head = (f"{'layout':<10}{'M':>4}{'N':>7}{'K':>7}{'us':>9}{'GB/s':>8}{'%copy':>7}{'torch us':>10}{'ratio':>7}"
-            f"  {'config (w s c d b)':<22}best")
+            f"{'PDL us':>9}{'ratio':>7}{'1step us':>9}{'1grp us':>9}{'nomath':>8}  {'config (w s c d b)':<22}best")
     lines = [head, "-" * len(head)]
     for r in rows:
         pct = f"{100 * r['weight_GBps'] / 1e3 / copy_tbps:.0f}" if copy_tbps else "-"
@@ -195,17 +185,40 @@ def table(rows, copy_tbps) -> str:
         cfg = f"{c['warps']} {c['splits']} {c['chunk']} {c['stages']} {c['box']}"
         best = f"{r['best']} {r['best_us']}us x{r.get('best_ratio', '-')}" if "best" in r else ""
         lines.append(f"{r['layout']:<10}{r['M']:>4}{r['N']:>7}{r['K']:>7}{r['us']:>9}{r['weight_GBps']:>8}{pct:>7}"
-                     f"{r.get('anchor_us', '-'):>10}{r.get('ratio', '-'):>7}  {cfg:<22}{best}")
+                     f"{r.get('anchor_us', '-'):>10}{r.get('ratio', '-'):>7}"
+                     f"{r['us_pdl']:>9}{r.get('ratio_pdl', '-'):>7}"
+                     f"{r['us_one_step'] or '-':>9}{r.get('us_one_group') or '-':>9}{r['us_nomath'] or '-':>8}"
+                     f"  {cfg:<22}{best}")
     return "\n".join(lines)
+
+
+def profile(n: int, k: int, m: int) -> int:
+    """Three plain launches (automatic config) on rotating weight sets: a target for ncu."""
+    rng = np.random.default_rng(0)
+    pb = Problem(n, k, 4, -1, rng)
+    x = cuda.to_device(rng.standard_normal((m, k)).astype(np.float32).astype(G.BF16).view(np.uint16))
+    out = cuda.empty((m, n), np.uint16)
+    for i in range(3):
+        G.gemm_weight_only_cuda_device(x, pb.dq[i % pb.sets], pb.ds[i % pb.sets], out, bits=4, group_size=-1)
+    cuda.synchronize()
+    print(json.dumps({"profiled": [n, k, m], "config": G.cuda_config(m, n, k, 4, -1)}))
+    return 0
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="out/gpu")
-    ap.add_argument("--quick", action="store_true", help="int4 per channel only, no sweep")
+    ap.add_argument("--quick", action="store_true", help="int4 per channel only")
     ap.add_argument("--sweep", action="store_true", help="time int4 per channel M=1, 16 over the tuning fields")
     ap.add_argument("--shapes", default="", help="comma-separated NxK subset, e.g. 36864x7168,2048x7168")
+    ap.add_argument("--diag-lib", default="", help="a libdsx build with -DDSX_WO_NOMATH: adds a 'nomath' column")
+    ap.add_argument("--profile", default="", help="NxKxM: only launch int4 per channel there 3 times (for ncu)")
+    ap.add_argument("--ms", default="", help="comma-separated M subset for int4 per channel, e.g. 1,16")
     args = ap.parse_args()
+    if args.profile:
+        return profile(*(int(v) for v in args.profile.split("x")))
+    if args.diag_lib:
+        load_diag(args.diag_lib)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
@@ -220,9 +233,12 @@ def main() -> int:
         for bits, group in layouts:
             for n, k in shapes:
                 pb = Problem(n, k, bits, group, rng)
-                for m in (MS if (bits, group) == (4, -1) else MS_OTHER):
+                ms = MS if (bits, group) == (4, -1) else MS_OTHER
+                if args.ms:
+                    ms = [v for v in ms if v in {int(t) for t in args.ms.split(",")}] or ms
+                for m in ms:
                     try:
-                        sweep = args.sweep and not args.quick and (bits, group) == (4, -1) and m in SWEEP_MS
+                        sweep = args.sweep and (bits, group) == (4, -1) and m in SWEEP_MS
                         row = bench_row(pb, m, rng, sweep, anchors)
                     except Exception as exc:  # one bad row must not hide the others
                         row, failed = {"layout": f"int{bits} g{group}", "M": m, "N": n, "K": k, "error": repr(exc)}, 1

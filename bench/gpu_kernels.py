@@ -1,23 +1,15 @@
 """GPU benchmark of dsx's CUDA kernels, with torch._scaled_mm (cuBLAS) as the anchor.
 
 Run on the GPU machine (tests/gpu/run_all.sh does): ``python bench/gpu_kernels.py --out DIR``.
-Method: inputs rotate over several sets whose total exceeds the 60 MB L2 several times;
-random non-NaN fp8 bytes (never zeros); each kernel is warmed up, then S launches (one per
-set) are captured in a CUDA graph and the graph is replayed R times between CUDA events;
-the figure is the median over replays of (replay time / S). The anchor is timed the same
-way in the same run (torch.cuda.CUDAGraph), and its output is checked against ours first,
-so a mis-laid-out anchor is reported rather than timed. torch is used for anchors only.
-Dense GEMMs: the variants of the sweep and the anchor are timed interleaved (rounds of a few
-replays each, the order rotating every round), because under sustained FP8 load the H200's
-clock sinks within a second: timed one after the other, whichever ran first after an idle
-moment looked up to 20% faster than the same kernel timed later.
+Method: bench/gpu_timing.py (CUDA-graph replays, inputs rotated past L2, variants and the anchor
+timed interleaved); random non-NaN fp8 bytes (never zeros); the anchor's output is checked against
+ours first, so a mis-laid-out anchor is reported rather than timed. torch is used for anchors only.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import sys
 from pathlib import Path
@@ -29,13 +21,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ds_export.native import cuda  # noqa: E402
 from ds_export.native import kernels as K  # noqa: E402
 
-L2_BYTES = 60 << 20
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_timing import interleaved, n_sets, ours_sampler, time_ours, time_torch, torch_sampler  # noqa: E402,F401
+
 DENSE = [(m, n, k) for m in (4096, 128, 64, 16) for (n, k) in ((7168, 2048), (2048, 7168), (24576, 1536))]
 # CUTLASS scheduler knobs swept in the same run (algo bits, see include/dsx/gemm_fp8.h)
 # (coop = 1: cooperative 128x128 stream-K, clusters 1x2; ovl = 5: the same with the scale promotion
 # overlapped, auto's choice from M = 1024; swz2 = coop with swizzle 2)
 TUNE_LARGE = {"auto": 0, "coop": 1, "swz2": 1 | 2 << 8, "ovl": 5, "ovl_swz2": 5 | 2 << 8, "ovl_alongM": 5 | 1 << 4}
-ROUNDS, PER_ROUND = 8, 3  # interleaved timing of the dense variants and the anchor
 # small M: the CUTLASS kernels auto chose before (pingpong 3, swap-AB split-K 2) and the hand-written
 # kernel 6 (swap-AB, K split over a cluster of `s` CTAs; auto split count), with programmatic dependent
 # launch (bit 28: each launch of the graph may start while the previous one finishes) or without
@@ -55,82 +48,6 @@ def fp8_bytes(rng, shape):
     u = rng.integers(0, 256, shape, dtype=np.uint8)
     u[(u & 0x7F) == 0x7F] = 0x38  # no NaN codes
     return u
-
-
-def n_sets(bytes_per_set):
-    return int(min(16, max(2, math.ceil(3 * L2_BYTES / max(bytes_per_set, 1)))))
-
-
-def ours_sampler(launches):
-    """(sample, mode): sample() times one CUDA-graph replay of `launches` (fn(stream) each) and
-    returns microseconds per launch; the launches are warmed up and captured here."""
-    stream = cuda.Stream()
-    for f in launches:
-        f(stream)
-    stream.synchronize()
-    mode = "graph"
-    try:
-        graph = cuda.Graph(lambda s: [f(s) for f in launches], stream)
-        run = graph.launch
-    except Exception as exc:  # report, then time plain launches
-        mode, run = f"direct ({exc.__class__.__name__})", (lambda: [f(stream) for f in launches])
-    run()
-    stream.synchronize()
-    e0, e1 = cuda.Event(), cuda.Event()
-
-    def sample():
-        e0.record(stream)
-        run()
-        e1.record(stream)
-        return e0.elapsed_ms(e1) * 1e3 / len(launches)
-
-    sample.keep = graph if mode == "graph" else None  # the graph lives as long as the sampler
-    return sample, mode
-
-
-def time_ours(launches, reps=20):
-    """Median microseconds per launch of a CUDA-graph replay of `launches` (fn(stream) each)."""
-    sample, mode = ours_sampler(launches)
-    return statistics.median(sample() for _ in range(reps)), mode
-
-
-def torch_sampler(calls):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for c in calls:
-            c()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        outs = [c() for c in calls]  # noqa: F841 (kept alive by the graph pool)
-    g.replay()
-    torch.cuda.synchronize()
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-
-    def sample():
-        e0.record()
-        g.replay()
-        e1.record()
-        e1.synchronize()
-        return e0.elapsed_time(e1) * 1e3 / len(calls)
-
-    sample.keep = g
-    return sample
-
-
-def time_torch(calls, reps=20):
-    sample = torch_sampler(calls)
-    return statistics.median(sample() for _ in range(reps))
-
-
-def interleaved(samplers, rounds=ROUNDS, per_round=PER_ROUND):
-    """{name: median us}: every sampler timed per_round times per round, the order rotating."""
-    names, times = list(samplers), {name: [] for name in samplers}
-    for r in range(rounds):
-        for name in names[r % len(names):] + names[: r % len(names)]:
-            times[name] += [samplers[name]() for _ in range(per_round)]
-    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def torch_blockwise_call(a, sa, b, sb):

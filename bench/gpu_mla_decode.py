@@ -2,7 +2,7 @@
 
 ``python bench/gpu_mla_decode.py --out DIR [--quick]`` on the GPU machine. Rows: B in 64, 128 x
 T in 4096, 8192 x H in 16, 128 x S_q in 1, 2; every sequence has length T, pages shuffled.
-Figures: microseconds (median of CUDA-event timings of replays of a CUDA graph of >= 4 calls, over
+Figures (timing: bench/gpu_timing.py): microseconds (median of replays of a CUDA graph of >= 4 calls, over
 enough cache sets to exceed 3x the 60 MB L2), GB/s on cache bytes (B * T * 576 * 2) and its fraction of the
 device-to-device copy bandwidth measured in the same run, TFLOP/s (2 * B * S_q * H * T * (576 + 512))
 and its fraction of a bf16 dense matmul measured in the same run, and the torch reference (bmm over
@@ -25,11 +25,8 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
-import statistics
 import sys
 from pathlib import Path
-
-import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -38,65 +35,9 @@ from ds_export.native import mla_decode as M  # noqa: E402
 
 import torch  # noqa: E402
 
-L2 = 60 << 20
-
-
-def median_ms(fn, reps=20):
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        fn()
-        e1.record()
-        e1.synchronize()
-        times.append(e0.elapsed_time(e1))
-    return statistics.median(times)
-
-
-def graph_ms(fn, calls, reps=20):
-    """Median ms of one fn() from replays of a CUDA graph of `calls` captured fn() calls, so that
-    host launch latency stays out of the figure (and the call is checked to be capturable).
-    Falls back to `calls` back-to-back calls between the events if capture fails."""
-    fn()
-    torch.cuda.synchronize()
-    try:
-        g = torch.cuda.CUDAGraph()
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            fn()  # warm-up on the capture stream
-        torch.cuda.current_stream().wait_stream(s)
-        torch.cuda.synchronize()
-        with torch.cuda.graph(g):
-            for _ in range(calls):
-                fn()
-        return median_ms(g.replay, reps) / calls, "graph"
-    except Exception as e:  # noqa: BLE001
-        print(f"graph capture failed ({e}); timing back-to-back calls", file=sys.stderr)
-        torch.cuda.synchronize()
-
-        def many():
-            for _ in range(calls):
-                fn()
-
-        return median_ms(many, reps) / calls, "loop"
-
-
-def copy_anchor_gbs():
-    x = torch.randn(1 << 28, device="cuda", dtype=torch.bfloat16)  # 512 MB
-    y = torch.empty_like(x)
-    ms = median_ms(lambda: y.copy_(x))
-    return 2 * x.numel() * 2 / ms / 1e6
-
-
-def matmul_anchor_tflops():
-    n = 8192
-    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    w = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    ms = median_ms(lambda: torch.matmul(a, w))
-    return 2 * n ** 3 / ms / 1e9
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import gpu_timing  # noqa: E402
+from gpu_timing import L2_BYTES as L2, time_torch  # noqa: E402
 
 
 def alt_fns(path):
@@ -153,8 +94,7 @@ def case(b, t, h, s_q, copy_gbs, mm_tflops, num_splits=0, libs=None):
             p = torch.softmax(s, -1).to(torch.bfloat16)
             torch.matmul(p, cc[..., :512])
 
-    tms, _ = graph_ms(torch_ref, max(1, -(-4 // len(tsets))))
-    tus = tms * 1e3 / len(tsets)
+    tus = time_torch([torch_ref] * max(1, -(-4 // len(tsets)))) / len(tsets)
     flops = 2.0 * b * s_q * h * t * (576 + 512)
     memory_bound = flops / cache_bytes < mm_tflops * 1e3 / copy_gbs
     rows = []
@@ -176,8 +116,7 @@ def case(b, t, h, s_q, copy_gbs, mm_tflops, num_splits=0, libs=None):
         assert rc == 0, (name, rc)
         err = (out.float() - want).abs().max().item()
         calls = max(1, -(-4 // n_sets))  # >= 4 kernel calls per replay
-        ms, how = graph_ms(ours, calls)
-        us = ms * 1e3 / n_sets
+        us, how = time_torch([ours] * calls) / n_sets, "graph"
         gbs = cache_bytes / us / 1e3
         tflops = flops / us / 1e6
         rows.append(dict(lib=name, B=b, T=t, H=h, S_q=s_q, splits=splits, us=us, GBs=gbs, frac_copy=gbs / copy_gbs,
@@ -197,8 +136,8 @@ def main():
     libs = [("ours", M._cuda_fns())] + [(kv.split("=", 1)[0], alt_fns(kv.split("=", 1)[1]))
                                         for kv in a.alt.split(",") if kv]
     Path(a.out).mkdir(parents=True, exist_ok=True)
-    copy_gbs = copy_anchor_gbs()
-    mm_tflops = matmul_anchor_tflops()
+    copy_gbs = gpu_timing.copy_gbs()
+    mm_tflops = gpu_timing.matmul_tflops()
     rows = []
     grid = [(64, 4096, 16, 1), (64, 4096, 128, 1)] if a.quick else \
         [(b, t, h, s) for b in (64, 128) for t in (4096, 8192) for h in (16, 128) for s in (1, 2)]
