@@ -54,12 +54,29 @@ constexpr int64_t kSwapMinK = 4096;
 // (H200, variants and cuBLAS timed interleaved; 0.94-0.99x cuBLAS block-wise, kCutlass 0.86-0.94x).
 constexpr int64_t kOverlapMinRows = 1024;
 
+// Swap-AB without K splits (data-parallel 128x32 tiles) when its tiles fill between half and all
+// of the SMs in one wave: H200, against what algo 0 ran before (pingpong or the small-M kernel),
+// 128x4096x7168 16.3 vs 20.1 us, 64x7168x2048 8.5 vs 9.0, 64x7168x18432 38.8 vs 41.7; with more
+// tiles than SMs it was slower (128x7168x2048 12.5 vs 9.6, 128x7168x18432 66.6 vs 49.8), with
+// fewer than half the SMs the small-M kernel or split-K won (64x2048x7168, 64x4096x7168).
+bool swap_dp_auto(const GemmNt& g) {
+  if (g.m < 1 || g.m > kPingpongMaxRows || !dsx_cuda::cutlass_built() || !dsx_cuda::tma_compatible(g)) return false;
+  int dev = 0, sms = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  const int64_t tiles = ((g.n + 127) / 128) * ((g.m + 31) / 32);
+  return 2 * tiles >= sms && tiles <= sms;
+}
+
 // True when the hand-written small-M kernel runs: forced, or chosen by algo 0 (decode-sized M,
 // see dsx_cuda::small_auto: at most one 128-row weight tile per SM, and M <= 32, or M <= 64 with
-// K >= 4096).
+// K >= 4096), unless swap-AB data-parallel fills the SMs better (swap_dp_auto).
 bool use_small(const GemmNt& g, const Algo& a) {
   if (a.base == kSmall) return true;
-  return a.base == kAuto && dsx_cuda::small_auto(g);
+  return a.base == kAuto && !swap_dp_auto(g) && dsx_cuda::small_auto(g);
 }
 
 // True when a CUTLASS kernel should run; resolves kAuto to the CUTLASS kernel it picks in
@@ -71,7 +88,10 @@ bool use_cutlass(const GemmNt& g, Algo* a, int* err) {
   if (a->base != kAuto && !ok) *err = DSX_EINVAL;  // a CUTLASS kernel was forced
   if (ok && a->base == kAuto) {
     const int64_t pingpong_tiles = ((g.m + 63) / 64) * ((g.n + 127) / 128);
-    if (g.m <= kPingpongMaxRows && pingpong_tiles < kSwapMaxPingpongTiles && g.k >= kSwapMinK) {
+    if (swap_dp_auto(g)) {
+      a->base = kSwapAB;
+      a->tuning.decomposition = 1;  // data-parallel: one tile per CTA, no reduction
+    } else if (g.m <= kPingpongMaxRows && pingpong_tiles < kSwapMaxPingpongTiles && g.k >= kSwapMinK) {
       a->base = kSwapAB;
       a->tuning.decomposition = 2;  // split-K
       a->tuning.splits = 2;

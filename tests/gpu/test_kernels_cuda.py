@@ -95,17 +95,19 @@ def test_dense_gemm_agrees_with_cpu_kernel_and_is_deterministic():
 
 
 def test_auto_choice_matches_forced_kernels_bitwise():
-    """algo 0 runs the hand-written small-M kernel (6) while the 128-row weight tiles are no more than
-    the SMs (132) at M <= 32, or at M <= 64 with K >= 4096; else pingpong at M <= 128, swap-AB with
+    """algo 0 runs swap-AB data-parallel when M <= 128 and its 128x32 tiles fill between half and all of
+    the SMs (66..132 here); else the hand-written small-M kernel (6) while the 128-row weight tiles are
+    no more than the SMs at M <= 32, or at M <= 64 with K >= 4096; else pingpong at M <= 128, swap-AB with
     2-way split-K when M <= 128 leaves fewer than 64 pingpong tiles and K >= 4096, cooperative
     stream-K above and, from 1024 rows on, cooperative stream-K with the promotion overlapped (all
     deterministic)."""
     rng = np.random.default_rng(9)
-    swap_splitk2 = 4 | 2 << 12 | 2 << 16
+    swap_splitk2, swap_dp = 4 | 2 << 12 | 2 << 16, 4 | 1 << 12
     for m, n, k, forced in ((128, 512, 1024, 3), (129, 512, 1024, 1), (64, 2048, 7168, SMALL),
                             (16, 2048, 7168, SMALL), (128, 2048, 7168, swap_splitk2), (128, 7168, 2048, 3),
-                            (65, 7168, 2048, 3), (32, 7168, 2048, SMALL), (33, 7168, 2048, 3),
-                            (33, 4096, 4096, SMALL), (16, 24576, 1536, 3), (1023, 256, 512, 1),
+                            (65, 7168, 2048, 3), (32, 7168, 2048, SMALL), (33, 7168, 2048, swap_dp),
+                            (33, 4096, 4096, SMALL), (16, 24576, 1536, 3), (128, 4096, 7168, swap_dp),
+                            (64, 7168, 4096, swap_dp), (64, 4096, 7168, SMALL), (1023, 256, 512, 1),
                             (1024, 384, 1024, 5)):
         a, sa, b, sb = make_gemm(rng, m, n, k)
         auto, want = cuda.gemm_fp8_nt(a, sa, b, sb), cuda.gemm_fp8_nt(a, sa, b, sb, algo=forced)

@@ -26,8 +26,10 @@
  * CUDA entry points take device pointers, run asynchronously on `stream` (a cudaStream_t
  * passed as void*, NULL = legacy default stream), allocate nothing, and are CUDA-graph
  * capturable when given their workspace. Query the workspace size first (it may be 0).
- * `algo`: 0 = automatic: the hand-written small-M kernel (6) when M <= 32, or M <= 64 with
- * K >= 4096, while its 128-row weight tiles fit in one wave (ceil(N/128) <= the SM count); else a
+ * `algo`: 0 = automatic: swapped operands without K splits (4, data-parallel) when M <= 128 and
+ * its 128x32 tiles fill between half and all of the SMs in one wave; else the hand-written small-M
+ * kernel (6) when M <= 32, or M <= 64 with K >= 4096, while its 128-row weight tiles fit in one
+ * wave (ceil(N/128) <= the SM count); else a
  * CUTLASS sm90a block-wise kernel where its TMA alignment allows
  * (K % 16 == 0, N % 8 == 0, 16-byte aligned pointers): pingpong 64x128 tiles for M <= 128
  * (swapped operands with 2-way split-K when that leaves few tiles and K is long), cooperative
