@@ -10,7 +10,8 @@ largest tensor, not for the model (the real DeepSeek-V3 rank of TP8 holds ~80 GB
 
 The saved files are byte-identical to `paddle.jit.save` of the same model built eagerly
 (tests/test_export_stream.py), except that ops carry no `struct_name` (an AutoParallel debug tag whose
-recording is quadratic in the program's size). Three Paddle 3.3.1 internals are bypassed for the
+recording is quadratic in the program's size); the Python stack Paddle records for each new op (for
+error messages, not saved) is skipped unless DSX_DEBUG is set. Three Paddle 3.3.1 internals are bypassed for the
 program-only save (`pir_io.save_vars_pir`, `DenseTensor._share_data_with`, `layers.name_struct`); all are
 looked up and checked first, so a Paddle that moved them gives a clear error instead of a wrong file.
 """
@@ -18,6 +19,8 @@ looked up and checked first, so a Paddle that moved them gives a clear error ins
 from __future__ import annotations
 
 import contextlib
+import os
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 
@@ -139,6 +142,10 @@ def _no_name_struct(prefix=None):
     return contextlib.nullcontext()
 
 
+def _no_stack(f=None, limit=None):
+    return traceback.StackSummary()
+
+
 def save_streamed(layer, prefix: str | Path, input_spec: list, values: dict) -> int:
     """paddle.jit.save(layer, prefix) for a layer built under deferred(): PREFIX.json from Paddle,
     PREFIX.pdiparams written here tensor by tensor in Paddle's order. Returns the parameter bytes."""
@@ -154,17 +161,22 @@ def save_streamed(layer, prefix: str | Path, input_spec: list, values: dict) -> 
         seen.extend((v.name, tuple(v.shape), str(v.dtype)) for v in params + opt if v.persistable)
 
     real_save, real_share, real_struct = pio.save_vars_pir, core.DenseTensor._share_data_with, layers.name_struct
+    real_stack = traceback.extract_stack
     pio.save_vars_pir = program_only
     core.DenseTensor._share_data_with = lambda self, src: None  # no data to share: nothing is initialized
     # Layer.__call__ tags each new op with its layer path ("struct_name", for AutoParallel) by listing
     # every op of the program before and after the call: quadratic in the program's size (R1's 256
     # experts x 58 layers: hours). Inference does not read the tag; without it the save is linear.
     layers.name_struct = _no_name_struct
+    # Each new op also records the Python stack that made it (traceback.extract_stack, ~0.5 ms an op,
+    # a third of R1's program build), for error messages only: it is not saved. DSX_DEBUG keeps it.
+    if not os.environ.get("DSX_DEBUG"):
+        traceback.extract_stack = _no_stack
     try:
         paddle.jit.save(layer, str(prefix), input_spec=input_spec)
     finally:
         pio.save_vars_pir, core.DenseTensor._share_data_with = real_save, real_share
-        layers.name_struct = real_struct
+        layers.name_struct, traceback.extract_stack = real_struct, real_stack
     names = sorted({n for n, _, _ in seen})  # save_combine's order
     missing = [n for n in names if n not in values]
     if missing:
