@@ -377,7 +377,11 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MT == 1 ? 4 : MT == 2 ? 3 : 1)
         if (r < splits) v += src[r][e];  // slice order: deterministic
       p.out[static_cast<int64_t>(tok) * p.n + n] = dsx_wo::f32_to_bf16_rne(v);
     }
-    cluster.sync();  // no block moves on (or leaves) while its partial tile may still be read
+    // No block moves on (or leaves) while its partial tile may still be read. This barrier orders
+    // no memory (the reads it protects are done: their values are stored), so its arrive is
+    // relaxed: cluster.sync() would also fence every global store of the group first.
+    dsx_wo::cluster_arrive_relaxed();
+    dsx_wo::cluster_wait();
     if (!kPersist) break;
   }
 }

@@ -120,6 +120,14 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 }
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 
+// A cluster barrier in two halves: arrive (relaxed: it orders nothing, it only says "I am done
+// reading my peers' shared memory") and, later, wait. Every thread of every block of the cluster
+// executes both, warps converged, alternately.
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.aligned;" ::: "memory"); }
+
 // Shared-memory reads are plain C++ loads, so the compiler orders them with the barriers
 // and the asm volatile waits (which clobber memory).
 __device__ __forceinline__ uint4 lds128(const void* p) { return *reinterpret_cast<const uint4*>(p); }
