@@ -284,9 +284,9 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MT == 1 ? 4 : MT == 2 ? 3 : 1)
             }
 #ifndef DSX_WO_NOMATH
             if (BITS == 8) {
-              dsx_wo::step_int8<MT, GMODE, 2>(acc, st, xs, xo);
+              dsx_wo::step_q<8, MT, GMODE, 2>(acc, st, xs, xo);
             } else {
-              dsx_wo::step_int4<MT, GMODE, 2>(acc, st, xs, xo);
+              dsx_wo::step_q<4, MT, GMODE, 2>(acc, st, xs, xo);
             }
 #else  // diagnostic build (bench --diag-lib): the weight stream alone, wrong results
             acc[0][0] += __uint_as_float((st[0].w[0].x ^ st[1].w[1].y) & 1u) + __uint_as_float(xs[0] & 1u);
@@ -304,11 +304,11 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MT == 1 ? 4 : MT == 2 ? 3 : 1)
             }
 #ifndef DSX_WO_NOMATH
             if (BITS == 8) {
-              dsx_wo::step_int8<MT, GMODE, 1>(acc, st, xs, xo);
+              dsx_wo::step_q<8, MT, GMODE, 1>(acc, st, xs, xo);
             } else if (GMODE == 2) {
               dsx_wo::step_int4_g64<MT>(acc, st[0], xs, xo, c);
             } else {
-              dsx_wo::step_int4<MT, GMODE, 1>(acc, st, xs, xo);
+              dsx_wo::step_q<4, MT, GMODE, 1>(acc, st, xs, xo);
             }
 #else
             acc[0][0] += __uint_as_float((st[0].w[0].x ^ st[0].w[1].y) & 1u) + __uint_as_float(xs[0] & 1u);

@@ -1,6 +1,6 @@
 // Device helpers of the weight-only GEMM (gemm_weight_only.cu): the bulk-copy pipeline
 // primitives, Paddle-layout unpacking into mma fragments, the bf16 tensor-core mma, and the
-// warp steps per layout (step_int8, step_int4: one or two steps at once; step_int4_g64).
+// warp steps per layout (step_q: int8 and int4, one or two steps at once; step_int4_g64).
 //
 // How Paddle's bytes meet the mma (m16n8k16, A = weights [16 channels x 16 k] row-major,
 // B = activations [16 k x 8 tokens]; lane = 4 * g + c, g = groupID, c = thread in group):
@@ -255,61 +255,31 @@ __device__ __forceinline__ void promote(float (&acc)[4], const float (&part)[4],
 // {i, i + 4}; int8: byte pair i).
 // xs: the first step's x (the next one kStepK elements further); xo[t]: this lane's offset
 // of tile t's x row in the buffer (row min(8t + g, M-1), plus 8c: the lane's first piece).
-template <int MT, int GMODE, int NS>
-__device__ __forceinline__ void step_int8(float (&acc)[MT][4], const Stage (&st)[NS], const uint16_t* xs,
-                                          const int (&xo)[MT]) {
+template <int BITS, int MT, int GMODE, int NS>
+__device__ __forceinline__ void step_q(float (&acc)[MT][4], const Stage (&st)[NS], const uint16_t* xs,
+                                       const int (&xo)[MT]) {
+  // int8: 4 mma k-steps over 64 K (2 pieces of x a lane); int4 (per channel or group 128): 8 over
+  // 128 K (lane c's pieces of x at positions c, 4 + c, 8 + c, 12 + c).
+  constexpr int kPiecesPerLane = BITS == 8 ? 2 : 4, kStepElems = BITS == 8 ? 64 : 128;
+  auto pair = [](uint32_t w, int i) { return BITS == 8 ? i8_pairj(w, i) : i4_pairj(w, i); };
   float part[NS][MT][4];
 #pragma unroll
   for (int n = 0; n < NS; ++n)
 #pragma unroll
     for (int t = 0; t < MT; ++t) part[n][t][0] = part[n][t][1] = part[n][t][2] = part[n][t][3] = 0.f;
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
+  for (int i = 0; i < kPiecesPerLane; ++i) {
     uint4 u[NS][MT];
 #pragma unroll
     for (int n = 0; n < NS; ++n)
 #pragma unroll
-      for (int t = 0; t < MT; ++t) u[n][t] = dsx_wo::lds128(xs + 64 * n + xo[t] + 32 * i);
+      for (int t = 0; t < MT; ++t) u[n][t] = dsx_wo::lds128(xs + kStepElems * n + xo[t] + 32 * i);
 #pragma unroll
     for (int h = 0; h < 2; ++h)
 #pragma unroll
       for (int n = 0; n < NS; ++n) {
-        const uint32_t a[4] = {i8_pairj(word(st[n].w[0], 2 * h), i), i8_pairj(word(st[n].w[1], 2 * h), i),
-                               i8_pairj(word(st[n].w[0], 2 * h + 1), i), i8_pairj(word(st[n].w[1], 2 * h + 1), i)};
-#pragma unroll
-        for (int t = 0; t < MT; ++t)
-          dsx_wo::mma_bf16(part[n][t], a, h ? u[n][t].z : u[n][t].x, h ? u[n][t].w : u[n][t].y);
-      }
-  }
-#pragma unroll
-  for (int n = 0; n < NS; ++n)
-#pragma unroll
-    for (int t = 0; t < MT; ++t) promote<GMODE>(acc[t], part[n][t], st[n].s[0]);
-}
-
-// int4 (per channel or group 128): 8 mma k-steps over 128 K (lane c's pieces of x at
-// positions c, 4 + c, 8 + c, 12 + c).
-template <int MT, int GMODE, int NS>
-__device__ __forceinline__ void step_int4(float (&acc)[MT][4], const Stage (&st)[NS], const uint16_t* xs,
-                                          const int (&xo)[MT]) {
-  float part[NS][MT][4];
-#pragma unroll
-  for (int n = 0; n < NS; ++n)
-#pragma unroll
-    for (int t = 0; t < MT; ++t) part[n][t][0] = part[n][t][1] = part[n][t][2] = part[n][t][3] = 0.f;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    uint4 u[NS][MT];
-#pragma unroll
-    for (int n = 0; n < NS; ++n)
-#pragma unroll
-      for (int t = 0; t < MT; ++t) u[n][t] = dsx_wo::lds128(xs + 128 * n + xo[t] + 32 * i);
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-#pragma unroll
-      for (int n = 0; n < NS; ++n) {
-        const uint32_t a[4] = {i4_pairj(word(st[n].w[0], 2 * h), i), i4_pairj(word(st[n].w[1], 2 * h), i),
-                               i4_pairj(word(st[n].w[0], 2 * h + 1), i), i4_pairj(word(st[n].w[1], 2 * h + 1), i)};
+        const uint32_t a[4] = {pair(word(st[n].w[0], 2 * h), i), pair(word(st[n].w[1], 2 * h), i),
+                               pair(word(st[n].w[0], 2 * h + 1), i), pair(word(st[n].w[1], 2 * h + 1), i)};
 #pragma unroll
         for (int t = 0; t < MT; ++t)
           dsx_wo::mma_bf16(part[n][t], a, h ? u[n][t].z : u[n][t].x, h ? u[n][t].w : u[n][t].y);
