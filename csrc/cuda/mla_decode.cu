@@ -59,6 +59,29 @@ struct Params {
 // Issue the copies of the stage starting at token t (a multiple of 32 inside page `page`)
 // into buffer `dst`: 36 KB contiguous in the cache, 9 x 16 bytes per thread. Tokens at or
 // past t_end are zero-filled (nothing is read for them: unused slots may hold NaN).
+// Sequence b's clamped length, and the tokens [begin, end) its split `split` attends to: the
+// split-th of p.splits equal page-aligned chunks of its ceil(len / 64) pages (empty past its end).
+struct SplitSpan {
+  int len, begin, end;
+};
+__device__ __forceinline__ SplitSpan split_tokens(const Params& p, int b, int split) {
+  const int len = min(max(p.lens[b], 0), p.max_pages * kPage);
+  const int pages_b = (len + kPage - 1) / kPage, pps = (pages_b + p.splits - 1) / p.splits;
+  const int begin = min(split * pps * kPage, len);
+  return SplitSpan{len, begin, min(len, begin + pps * kPage)};
+}
+
+// The tile's kRows query rows of sequence b (rows row0.., zero past p.rows) into shared memory at
+// sq, 16-byte chunks swizzled (swz), by cp.async (the caller commits and waits).
+template <int kRows>
+__device__ __forceinline__ void load_q_tile(const Params& p, int b, int row0, uint32_t sq) {
+  const __nv_bfloat16* qb = p.q + (int64_t)b * p.rows * kDim;  // q[b] is [rows, 576]
+  for (int i = threadIdx.x; i < kRows * kChunks; i += kThreads) {
+    const int r = i / kChunks, c = i - r * kChunks, rg = row0 + r;
+    cp_async16(sq + swz(r, c) * 16, rg < p.rows ? qb + (int64_t)rg * kDim + c * 8 : qb, rg < p.rows ? 16 : 0);
+  }
+}
+
 __device__ __forceinline__ void load_stage(const __nv_bfloat16* kv, int page, int t, int t_end, uint32_t dst) {
   const __nv_bfloat16* src = kv + ((int64_t)page * kPage + (t & (kPage - 1))) * kDim;
   const int valid = t_end - t;
@@ -237,17 +260,12 @@ __device__ __forceinline__ void tile_body(const Params& p) {
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c4 = lane & 3;
   const int b = blockIdx.z, split = blockIdx.y, row0 = blockIdx.x * kRows;
-  const int len = min(max(p.lens[b], 0), p.max_pages * kPage);
-  const int pages_b = (len + kPage - 1) / kPage, pps = (pages_b + p.splits - 1) / p.splits;
-  const int t_begin = min(split * pps * kPage, len), t_end = min(len, t_begin + pps * kPage);
+  const SplitSpan span = split_tokens(p, b, split);
+  const int len = span.len, t_begin = span.begin, t_end = span.end;
   const int n_st = (t_end - t_begin + kStageT - 1) / kStageT;
   const int32_t* pages = p.pt + (int64_t)b * p.max_pages;
 
-  const __nv_bfloat16* qb = p.q + (int64_t)b * p.rows * kDim;  // q[b] is [rows, 576]
-  for (int i = threadIdx.x; i < kRows * kChunks; i += kThreads) {
-    const int r = i / kChunks, c = i - r * kChunks, rg = row0 + r;
-    cp_async16(sq + swz(r, c) * 16, rg < p.rows ? qb + (int64_t)rg * kDim + c * 8 : qb, rg < p.rows ? 16 : 0);
-  }
+  load_q_tile<kRows>(p, b, row0, sq);
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
     if (s < n_st) {
@@ -477,17 +495,12 @@ __device__ __forceinline__ void ksplit_body(const Params& p) {
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int b = blockIdx.z, split = blockIdx.y, row0 = blockIdx.x * kRows;
-  const int len = min(max(p.lens[b], 0), p.max_pages * kPage);
-  const int pages_b = (len + kPage - 1) / kPage, pps = (pages_b + p.splits - 1) / p.splits;
-  const int t_begin = min(split * pps * kPage, len), t_end = min(len, t_begin + pps * kPage);
+  const SplitSpan span = split_tokens(p, b, split);
+  const int len = span.len, t_begin = span.begin, t_end = span.end;
   const int n_st = (t_end - t_begin + kStageT - 1) / kStageT;
   const int32_t* pages = p.pt + (int64_t)b * p.max_pages;
 
-  const __nv_bfloat16* qb = p.q + (int64_t)b * p.rows * kDim;  // q[b] is [rows, 576]
-  for (int i = threadIdx.x; i < kRows * kChunks; i += kThreads) {
-    const int r = i / kChunks, c = i - r * kChunks, rg = row0 + r;
-    cp_async16(sq + swz(r, c) * 16, rg < p.rows ? qb + (int64_t)rg * kDim + c * 8 : qb, rg < p.rows ? 16 : 0);
-  }
+  load_q_tile<kRows>(p, b, row0, sq);
 #pragma unroll
   for (int s = 0; s < kStages - 3; ++s) {  // phase j issues stage j + kStages - 1, from phase -2 on
     if (s < n_st) {
@@ -670,9 +683,8 @@ __device__ __forceinline__ void wg_role(const Params& p) {
   const int g = lane >> 2, c4 = lane & 3;
   const int r0 = (wtid >> 5) * 16 + g, r1 = r0 + 8;  // the two accumulator rows of this thread
   const int b = blockIdx.z, split = blockIdx.y, row0 = blockIdx.x * kWRows;
-  const int len = min(max(p.lens[b], 0), p.max_pages * kPage);
-  const int pages_b = (len + kPage - 1) / kPage, pps = (pages_b + p.splits - 1) / p.splits;
-  const int t_begin = min(split * pps * kPage, len), t_end = min(len, t_begin + pps * kPage);
+  const SplitSpan span = split_tokens(p, b, split);
+  const int len = span.len, t_begin = span.begin, t_end = span.end;
 
   if (tid == 128) {
     for (int k = 0; k < 3; ++k) {
