@@ -2,6 +2,8 @@
 // choice between the CUTLASS sm90a kernels and the simple any-shape kernel.
 #include "gemm_fp8_internal.cuh"
 
+#include <atomic>
+
 namespace {
 
 using dsx_cuda::GemmNt;
@@ -61,12 +63,7 @@ constexpr int64_t kOverlapMinRows = 1024;
 // fewer than half the SMs the small-M kernel or split-K won (64x2048x7168, 64x4096x7168).
 bool swap_dp_auto(const GemmNt& g) {
   if (g.m < 1 || g.m > kPingpongMaxRows || !dsx_cuda::cutlass_built() || !dsx_cuda::tma_compatible(g)) return false;
-  int dev = 0, sms = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
+  const int sms = dsx_cuda::sm_count();
   const int64_t tiles = ((g.n + 127) / 128) * ((g.m + 31) / 32);
   return 2 * tiles >= sms && tiles <= sms;
 }
@@ -104,6 +101,27 @@ bool use_cutlass(const GemmNt& g, Algo* a, int* err) {
 }
 
 }  // namespace
+
+namespace dsx_cuda {
+
+int sm_count() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> cached[kMaxDevices];  // 0: not asked yet
+  int dev = 0, sms = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  if (dev >= 0 && dev < kMaxDevices && (sms = cached[dev].load(std::memory_order_relaxed)) > 0) return sms;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  if (dev >= 0 && dev < kMaxDevices) cached[dev].store(sms, std::memory_order_relaxed);
+  return sms;
+}
+
+}  // namespace dsx_cuda
 
 extern "C" int dsx_gemm_fp8_nt_workspace_cuda(int64_t m, int64_t n, int64_t k, int algo,
                                               int64_t* bytes) {

@@ -45,6 +45,10 @@ inline bool tma_compatible(const GemmNt& g) {
          g.n <= INT32_MAX && g.k <= INT32_MAX;
 }
 
+// SMs of the current device (queried once per device; 0 if the runtime cannot tell): the
+// automatic choices size their grids by it (gemm_fp8_api.cu).
+int sm_count();
+
 // ---- CUTLASS sm90a kernels (gemm_fp8_cutlass_{dense,pingpong,swapab,overlap,grouped}.cu) ----
 bool cutlass_built();
 int cutlass_dense_workspace(int64_t m, int64_t n, int64_t k, Tuning t, size_t* bytes);

@@ -404,11 +404,10 @@ struct Launcher {
   }
 
   static int run(const GemmNt& g, int splits, bool pdl, cudaStream_t stream) {
-    int dev = 0, sms = 0;
+    int dev = 0;
     if (cudaGetDevice(&dev) != cudaSuccess) return DSX_ECUDA;
-    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || sms <= 0) {
-      return DSX_ECUDA;
-    }
+    const int sms = sm_count();
+    if (sms <= 0) return DSX_ECUDA;
     int max_clusters[kMaxSplits + 1];
     const int rc = prepare(dev, sms, max_clusters);
     if (rc != DSX_OK) return rc;
@@ -460,12 +459,7 @@ bool small_auto(const GemmNt& g) {
   // 4096x7168, 7168x18432: 1.03-1.30x); slower at M = 64 on 7168x2048 (0.93x), on 24576x1536
   // (192 tiles: two waves) and at M = 128.
   if (g.m > 64 || !small_supported(g)) return false;
-  int dev = 0, sms = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
+  const int sms = sm_count();
   return (g.n + kRows - 1) / kRows <= sms && (g.m <= 32 || g.k >= 4096);
 }
 
