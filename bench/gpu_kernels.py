@@ -22,7 +22,7 @@ from ds_export.native import cuda  # noqa: E402
 from ds_export.native import kernels as K  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_timing import interleaved, n_sets, ours_sampler, time_ours, time_torch, torch_sampler  # noqa: E402,F401
+from gpu_timing import copy_gbs, interleaved, n_sets, ours_sampler, time_ours, time_torch, torch_sampler  # noqa: E402,F401
 
 DENSE = [(m, n, k) for m in (4096, 128, 64, 16) for (n, k) in ((7168, 2048), (2048, 7168), (24576, 1536))]
 # CUTLASS scheduler knobs swept in the same run (algo bits, see include/dsx/gemm_fp8.h)
@@ -34,9 +34,15 @@ TUNE_LARGE = {"auto": 0, "coop": 1, "swz2": 1 | 2 << 8, "ovl": 5, "ovl_swz2": 5 
 # launch (bit 28: each launch of the graph may start while the previous one finishes) or without
 SMALL_SHAPES = ((7168, 2048), (2048, 7168), (24576, 1536), (4096, 7168), (7168, 18432))
 PDL = 1 << 28
+# kernel 6's weight rows per CTA (algo bits 8..11): 1 = 128 rows, one CTA per SM; 2 = 64 rows, 2-3 CTAs per SM
+R128, R64 = 1 << 8, 2 << 8
 TUNE_SMALL = {"auto": 0, "auto_pdl": PDL, "pingpong": 3, "swapAB_dp": 4 | 1 << 12, "swapAB_splitK2": 4 | 2 << 12 | 2 << 16,
-              "small": 6, "small_pdl": 6 | PDL, "small_s1": 6 | 1 << 16, "small_s2": 6 | 2 << 16,
-              "small_s4": 6 | 4 << 16}
+              "small": 6 | R128, "small_pdl": 6 | R128 | PDL, "small_s1": 6 | R128 | 1 << 16,
+              "small_s2": 6 | R128 | 2 << 16, "small_s4": 6 | R128 | 4 << 16,
+              "small64": 6 | R64, "small64_pdl": 6 | R64 | PDL, "small64_s1": 6 | R64 | 1 << 16,
+              "small64_s2": 6 | R64 | 2 << 16, "small64_s4": 6 | R64 | 4 << 16}
+# the fixed cost of one launch in a graph: one K block, two weight tiles (kernel 6: one CTA per tile)
+LAUNCH_PROBE = (16, 256, 128)
 
 try:
     import torch
@@ -107,10 +113,11 @@ def bench_dense(m, n, k, rng):
             ours = torch.from_numpy(out.numpy().view(np.int16)).cuda().view(torch.bfloat16).float()
             theirs = calls[0]().float()
             row["rel_diff_vs_anchor"] = float(((ours - theirs).norm() / theirs.norm()).item())
-            if "small" in variants:  # the hand-written kernel's output too
-                cuda.gemm_fp8_nt_device(*dev[0], out, algo=6)
-                mine = torch.from_numpy(out.numpy().view(np.int16)).cuda().view(torch.bfloat16).float()
-                row["small_rel_diff_vs_anchor"] = float(((mine - theirs).norm() / theirs.norm()).item())
+            for name in ("small", "small64"):  # the hand-written kernel's output too
+                if name in variants:
+                    cuda.gemm_fp8_nt_device(*dev[0], out, algo=variants[name])
+                    mine = torch.from_numpy(out.numpy().view(np.int16)).cuda().view(torch.bfloat16).float()
+                    row[f"{name}_rel_diff_vs_anchor"] = float(((mine - theirs).norm() / theirs.norm()).item())
             samplers["anchor"] = torch_sampler(calls)
         else:
             row["anchor"] = "torch._scaled_mm block-wise layout not accepted"
@@ -188,6 +195,8 @@ def table(rows):
         sweep = [f"{key[3:]} {val}" for key, val in r.items() if key.startswith("us_") and "single" not in key]
         if sweep:
             notes += " [" + ", ".join(sweep) + "]"
+        if "copy_GBps" in r:
+            notes += f" device copy {r['copy_GBps']} GB/s (read + write)"
         if "TBps" in r:
             notes += f" {r['TBps']} TB/s moved"
         if "weight_TBps" in r:
@@ -196,8 +205,9 @@ def table(rows):
             notes += f" one un-graphed launch incl. Python call {r['us_single_launch_with_host_call']} us"
         if "rel_diff_vs_anchor" in r:
             notes += f" diff {r['rel_diff_vs_anchor']:.1e}"
-        if "small_rel_diff_vs_anchor" in r:
-            notes += f" small diff {r['small_rel_diff_vs_anchor']:.1e}"
+        for name in ("small", "small64"):
+            if f"{name}_rel_diff_vs_anchor" in r:
+                notes += f" {name} diff {r[f'{name}_rel_diff_vs_anchor']:.1e}"
         if isinstance(r.get("anchor"), str) and "layout" in r["anchor"]:
             notes += " " + r["anchor"]
         if "error" in r:
@@ -219,12 +229,18 @@ def main() -> int:
     rng = np.random.default_rng(0)
     if args.small:
         jobs = [(bench_dense, (m, n, k)) for m in (128, 64, 16) for n, k in SMALL_SHAPES]
+        jobs.append((bench_dense, LAUNCH_PROBE))
     else:
         jobs = [(bench_dense, spec) for spec in (DENSE[:3] if args.quick else DENSE)]
         jobs += [(bench_grouped, spec) for spec in ((16, 256, 4096, 7168), (16, 256, 7168, 2048))]
         jobs += [(bench_act_quant, spec) for spec in ((4096, 7168), (128, 7168))]
         jobs += [(bench_mtp, spec) for spec in ((256, 5), (256, 8))]
     rows = []
+    if args.small:  # the bandwidth anchor of this run (the weight-read floors are bytes / this)
+        gbs = copy_gbs()
+        rows.append({"kernel": "anchor_copy", "shape": "512 MB bf16", "us": "-",
+                     "copy_GBps": round(gbs, 1) if gbs else None})
+        print(json.dumps(rows[-1]), flush=True)
     for fn, spec in jobs:
         try:
             rows.append(fn(*spec, rng))

@@ -36,7 +36,8 @@ bool decode(int algo, Algo* out) {
                        (algo >> 24) & 15};
   return out->base <= kLastAlgo && out->tuning.raster <= 2 && out->tuning.decomposition <= 3 &&
          out->tuning.reduction <= 1 && (algo >> (kPdlBit + 1)) == 0 &&
-         (!out->pdl || out->base == kSmall || out->base == kAuto);
+         (!out->pdl || out->base == kSmall || out->base == kAuto) &&
+         (out->base != kSmall || out->tuning.swizzle <= 2);  // algo 6: bits 8..11 = weight rows per CTA
 }
 
 bool shape_ok(int64_t m, int64_t n, int64_t k) { return m >= 0 && n > 0 && k > 0; }
@@ -70,7 +71,8 @@ bool swap_dp_auto(const GemmNt& g) {
 
 // True when the hand-written small-M kernel runs: forced, or chosen by algo 0 (decode-sized M,
 // see dsx_cuda::small_auto: at most one 128-row weight tile per SM, and M <= 32, or M <= 64 with
-// K >= 4096), unless swap-AB data-parallel fills the SMs better (swap_dp_auto).
+// K >= 4096; or M <= 64 with more 128-row tiles than SMs but 64-row tiles that fit one wave), unless
+// swap-AB data-parallel fills the SMs better (swap_dp_auto).
 bool use_small(const GemmNt& g, const Algo& a) {
   if (a.base == kSmall) return true;
   return a.base == kAuto && !swap_dp_auto(g) && dsx_cuda::small_auto(g);
@@ -161,8 +163,12 @@ extern "C" int dsx_gemm_fp8_nt_cuda(const uint8_t* a, const float* sa, const uin
   if (!a || !sa || !b || !sb || !out) return DSX_EINVAL;
   const GemmNt g{a, sa, b, sb, out, m, n, k};
   const auto s = static_cast<cudaStream_t>(stream);
-  // kSmall's knobs: bits 16..23 K splits (cluster size, 0 automatic), bit 28 PDL
-  if (use_small(g, al)) return dsx_cuda::small_run(g, al.tuning.splits, al.pdl, s);
+  // kSmall's knobs: bits 16..23 K splits (cluster size, 0 automatic), bits 8..11 weight rows per CTA
+  // (0 automatic, 1: 128, 2: 64), bit 28 PDL
+  if (use_small(g, al)) {
+    const int rows = al.base == kSmall ? al.tuning.swizzle : 0;
+    return dsx_cuda::small_run(g, al.tuning.splits | rows << 8, al.pdl, s);
+  }
   int err;
   if (use_cutlass(g, &al, &err)) {
     const auto ws_bytes = static_cast<size_t>(workspace_bytes);

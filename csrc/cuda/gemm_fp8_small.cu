@@ -2,27 +2,31 @@
 // operands swapped (out^T = W . A^T), so that the weights fill the 64-row side of each wgmma and
 // the M <= 128 tokens its N side (16, 32, 64 or 128 wide).
 //
-// One CTA: 128 weight rows (one 128x128 scale block row) x all tokens x one K range; the K range
-// of a weight tile is split over the S CTAs of a thread-block cluster (S = 1..8), which reduce
-// their fp32 partial tiles through distributed shared memory in the fixed order 0..S-1 (bitwise
-// reproducible, no workspace, no counters). Warp roles (384 threads):
-//   warp 0       : TMA producer (weight tile 128x128 and token tile MNx128 per stage, 128B swizzle)
-//   warp 1       : scale producer: cp.async of the stage's token scales sa[:, kb] and sb[tile, kb],
-//                  completing on the same full barrier (cp.async.mbarrier.arrive.noinc)
-//   warps 2, 3   : idle (they only take part in the block/cluster barriers)
-//   warpgroups 1, 2: consumers, 64 weight rows each: per stage 4 wgmma m64nMNk32 into a
+// One CTA: BM weight rows (BM = 128: one 128x128 scale block row, one CTA a SM; BM = 64: half of
+// one, two (M > 64) or three CTAs a SM) x all tokens x one K range; the K range of a weight tile is
+// split over the S CTAs of a thread-block cluster (S = 1..8), which reduce their fp32 partial tiles
+// through distributed shared memory in the fixed order 0..S-1 (bitwise reproducible, no workspace,
+// no counters). Warp roles (BM * 2 + 64 threads):
+//   warpgroups 0 (and 1): consumers, 64 weight rows each: per stage 4 wgmma m64nMNk32 into a
 //                  temporary, then acc = fma(tmp, sa*sb, acc) (the order of gemm_fp8.h: one
 //                  fp32 block sum per K block, its scale product rounded to fp32, added in
 //                  increasing K; split-K adds the S partial sums in split order at the end).
+//                  A weight row sits at the same place of its wgmma for either BM, so BM = 64 and
+//                  128 give the same bits under the same S.
+//   next warp    : TMA producer (weight tile BMx128 and token tile MNx128 per stage, 128B swizzle)
+//   last warp    : scale producer: cp.async of the stage's token scales sa[:, kb] and sb[row block, kb],
+//                  completing on the same full barrier (cp.async.mbarrier.arrive.noinc)
 // Programmatic dependent launch (optional, bit 28 of algo): the kernel lets the next launch
 // start right away and waits for the previous grid before its first global memory access.
 //
 // Measured (H200, bench/gpu_kernels.py --small): the K loop is latency-bound per CTA (about
 // 50-65 GB/s per CTA when few CTAs run), so the split count that fills the SMs in one wave
-// matters most; more CTAs than one wave (192 weight tiles at N = 24576, or forced larger splits)
-// lose to the CUTLASS kernels. algo 0 takes this kernel where it measured faster than them
-// (small_auto). Tried and dropped: up to 4 wgmma batches in flight per warpgroup (a ring of
-// temporaries) with setmaxnreg: 5-7% slower at M = 64/128 and it hung at M = 16.
+// matters most; more CTAs than one wave (192 128-row tiles at N = 24576, or forced larger splits)
+// lose to the CUTLASS kernels; 64-row tiles at three CTAs a SM put N = 24576 in one wave (M = 16:
+// 13.9 us against 16.8). A launch of a one-K-block problem takes 2.6-2.8 us in a CUDA graph (1.8-2.0
+// with PDL): the fixed cost every shape pays. algo 0 takes this kernel where it measured faster than
+// the CUTLASS ones (small_auto). Tried and dropped: up to 4 wgmma batches in flight per warpgroup
+// (a ring of temporaries) with setmaxnreg: 5-7% slower at M = 64/128 and it hung at M = 16.
 #include "gemm_fp8_internal.cuh"
 
 #include <cuda.h>
@@ -34,13 +38,23 @@
 namespace dsx_cuda {
 namespace {
 
-constexpr int kRows = 128;          // weight rows per CTA
+constexpr int kRows = 128;          // weight rows per scale block (and per CTA in the 128-row variant)
 constexpr int kBK = 128;            // K per stage (one scale block)
-constexpr int kThreads = 384;
 constexpr int kMaxStages = 8;
 constexpr int kMaxSplits = 8;       // portable cluster size
-constexpr int kRedLd = kRows + 4;   // fp32 row pitch of the reduction tile (bank-conflict free)
-constexpr int kSmemLimit = 227 * 1024;
+constexpr int kSmemPerSm = 228 * 1024;  // shared memory of one SM, 1 KB of it reserved per resident CTA
+constexpr int kSmemLimit = 227 * 1024;  // most one CTA may take
+
+// Tile configurations: BM weight rows per CTA (BM / 64 consumer warpgroups, then the TMA warp and the
+// scale warp), sized so that kBlocks CTAs share an SM (shared memory and the register cap).
+template <int MN, int BM>
+struct Config {
+  static constexpr int kConsumerWarpgroups = BM / 64;
+  static constexpr int kThreads = 128 * kConsumerWarpgroups + 64;
+  static constexpr int kBlocks = BM == 128 ? 1 : MN <= 64 ? 3 : 2;
+  static constexpr int kSmemCap = kBlocks == 1 ? kSmemLimit : kSmemPerSm / kBlocks - 1024;
+  static_assert(BM == 64 || BM == 128, "one or two consumer warpgroups");
+};
 
 struct Params {
   const float* sa;  // [m, kbt]
@@ -162,13 +176,14 @@ __device__ __forceinline__ void wgmma_tile(float* d, uint64_t da, uint64_t db, i
   if constexpr (MN == 128) wgmma_n128(d, da, db, accumulate);
 }
 
-// Shared memory (from a 1024-byte aligned base): weight tiles [stages][128 rows][128 B], token
+// Shared memory (from a 1024-byte aligned base): weight tiles [stages][BM rows][128 B], token
 // tiles [stages][MN rows][128 B] (both 128B-swizzled by TMA), scale slots [stages][MN + 4] fp32
 // (token scales, then the weight block scale), barriers full[kMaxStages], empty[kMaxStages].
 // After the main loop the front is reused for the fp32 partial tile [MN][kRedLd].
-template <int MN>
+template <int MN, int BM>
 struct Layout {
-  static constexpr int kW = kRows * kBK;
+  static constexpr int kRedLd = BM + 4;  // fp32 row pitch of the reduction tile (bank-conflict free)
+  static constexpr int kW = BM * kBK;
   static constexpr int kX = MN * kBK;
   static constexpr int kStage = kW + kX;
   static constexpr int kScale = MN * 4 + 16;
@@ -176,16 +191,19 @@ struct Layout {
   static constexpr int bytes(int stages) { return 1024 + stages * (kStage + kScale) + 2 * kMaxStages * 8; }
   static constexpr int max_stages() {
     int s = kMaxStages;
-    while (s > 2 && bytes(s) > kSmemLimit) --s;
+    while (s > 2 && bytes(s) > Config<MN, BM>::kSmemCap) --s;
     return s;
   }
-  static_assert(kX % 1024 == 0, "token tiles stay 1024-byte aligned");
+  static_assert(kX % 1024 == 0 && kW % 1024 == 0, "tiles stay 1024-byte aligned");
 };
 
-template <int MN>
-__global__ void __launch_bounds__(kThreads, 1)
+template <int MN, int BM>
+__global__ void __launch_bounds__(Config<MN, BM>::kThreads, Config<MN, BM>::kBlocks)
     small_gemm_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtensorMap tx, const Params p) {
-  using L = Layout<MN>;
+  using L = Layout<MN, BM>;
+  constexpr int kThreads = Config<MN, BM>::kThreads;
+  constexpr int kConsumerWarps = 4 * Config<MN, BM>::kConsumerWarpgroups;
+  constexpr int kRedLd = L::kRedLd;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
   const int stages = p.stages;
@@ -202,8 +220,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (tid == 0) {
     for (int s = 0; s < stages; ++s) {
-      mbar_init(full(s), 1 + 32);  // the TMA thread's arrive.expect_tx + 32 scale lanes
-      mbar_init(empty(s), 256);    // every consumer thread
+      mbar_init(full(s), 1 + 32);               // the TMA thread's arrive.expect_tx + 32 scale lanes
+      mbar_init(empty(s), 32 * kConsumerWarps);  // every consumer thread
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   } else if (tid == 32) {
@@ -216,19 +234,20 @@ __global__ void __launch_bounds__(kThreads, 1)
   asm volatile("griddepcontrol.wait;" ::: "memory");
 
   float acc[MN / 2];
-  if (warp == 0) {
+  if (warp == kConsumerWarps) {  // TMA producer
     if (lane == 0) {
       for (int i = 0; i < nk; ++i) {
         const int s = i % stages;
         mbar_wait(empty(s), ((i / stages) & 1) ^ 1);
         mbar_arrive_expect_tx(full(s), L::kStage);
         const int kx = (kb0 + i) * kBK;
-        tma_load_2d(w_smem + s * L::kW, &tw, full(s), kx, tile * kRows);
+        tma_load_2d(w_smem + s * L::kW, &tw, full(s), kx, tile * BM);
         tma_load_2d(x_smem + s * L::kX, &tx, full(s), kx, 0);
       }
     }
     __syncwarp();
-  } else if (warp == 1) {
+  } else if (warp == kConsumerWarps + 1) {  // scale producer
+    const int sb_row = tile * BM / kRows;
     for (int i = 0; i < nk; ++i) {
       const int s = i % stages, kb = kb0 + i;
       mbar_wait(empty(s), ((i / stages) & 1) ^ 1);
@@ -238,11 +257,11 @@ __global__ void __launch_bounds__(kThreads, 1)
         const bool in = j < p.m;
         cp_async_4(smem_u32(slot + j), p.sa + static_cast<size_t>(in ? j : 0) * p.kbt + kb, in ? 4 : 0);
       }
-      if (lane == 0) cp_async_4(smem_u32(slot + MN), p.sb + static_cast<size_t>(tile) * p.kbt + kb, 4);
+      if (lane == 0) cp_async_4(smem_u32(slot + MN), p.sb + static_cast<size_t>(sb_row) * p.kbt + kb, 4);
       cp_async_arrive_noinc(full(s));
     }
-  } else if (warp >= 4) {
-    const int cw = (warp - 4) / 4, wl = warp % 4;
+  } else {  // consumers: warpgroup cw takes weight rows [64 cw, 64 cw + 64) of the tile
+    const int cw = warp / 4, wl = warp % 4;
 #pragma unroll
     for (int r = 0; r < MN / 2; ++r) acc[r] = 0.f;
     float t[MN / 2];
@@ -279,9 +298,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         acc[4 * j + 3] = fmaf(t[4 * j + 3], sc[2 * j + 1], acc[4 * j + 3]);
       }
     }
-    // Both consumer warpgroups are done with the stage buffers: the front becomes the fp32
-    // partial tile red[token][weight row].
-    asm volatile("bar.sync 1, 256;" ::: "memory");
+    // Every consumer warp is done with the stage buffers: the front becomes the fp32 partial tile
+    // red[token][weight row].
+    asm volatile("bar.sync 1, %0;" ::"n"(32 * kConsumerWarps) : "memory");
     float* red = reinterpret_cast<float*>(smem);
     const int r = cw * 64 + wl * 16 + lane / 4;
 #pragma unroll
@@ -304,10 +323,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   const float* red = reinterpret_cast<const float*>(smem);
   const uint32_t rank = S > 1 ? cluster_rank() : 0;
-  const int items = p.m * (kRows / 4), n0 = tile * kRows;
+  const int items = p.m * (BM / 4), n0 = tile * BM;
   const int q1 = static_cast<int>((rank + 1) * items / S);
   for (int q = static_cast<int>(rank * items / S) + tid; q < q1; q += kThreads) {
-    const int mm = q / (kRows / 4), n4 = (q % (kRows / 4)) * 4;
+    const int mm = q / (BM / 4), n4 = (q % (BM / 4)) * 4;
     if (n0 + n4 >= p.n) continue;
     const float* src = red + mm * kRedLd + n4;
     float4 v;
@@ -363,22 +382,27 @@ bool encode_kmajor(CUtensorMap* map, const uint8_t* ptr, int64_t rows, int64_t k
 
 constexpr int kMaxDevices = 64;
 
-template <int MN>
+template <int MN, int BM>
 struct Launcher {
-  static constexpr int kStages = Layout<MN>::max_stages();
-  static constexpr int kSmem = Layout<MN>::bytes(kStages);
-  static_assert(Layout<MN>::kRed <= kStages * Layout<MN>::kStage, "the partial tile fits the stage buffers");
+  using L = Layout<MN, BM>;
+  static constexpr int kThreads = Config<MN, BM>::kThreads;
+  static constexpr int kStages = L::max_stages();
+  static constexpr int kSmem = L::bytes(kStages);
+  static_assert(L::kRed <= kStages * L::kStage, "the partial tile fits the stage buffers");
+  static_assert(kSmem <= Config<MN, BM>::kSmemCap, "kBlocks CTAs fit one SM");
 
-  // Once per device: the shared-memory limit, then for each cluster size how many clusters fit
-  // at once (the automatic split count keeps the grid in one wave).
-  static int prepare(int dev, int sms, int* max_clusters) {
-    static std::atomic<int> state[kMaxDevices];           // 0 new, 1 ready, 2 failed
+  // Once per device: the shared-memory limit, then how many CTAs fit at once (max_clusters[1]) and
+  // for each cluster size how many clusters (the automatic split count keeps the grid in one wave).
+  static int prepare(int dev, int* max_clusters) {
+    static std::atomic<int> state[kMaxDevices];  // 0 new, 1 ready, 2 failed
     static int clusters[kMaxDevices][kMaxSplits + 1];
     if (dev < 0 || dev >= kMaxDevices) return DSX_ECUDA;
     if (state[dev].load(std::memory_order_acquire) == 0) {
-      auto kernel = small_gemm_kernel<MN>;
+      auto kernel = small_gemm_kernel<MN, BM>;
       bool ok = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem) == cudaSuccess;
-      clusters[dev][1] = sms;
+      int per_sm = 0;
+      ok = ok && cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, kSmem) == cudaSuccess;
+      clusters[dev][1] = per_sm * sm_count();
       for (int s = 2; ok && s <= kMaxSplits; ++s) {
         cudaLaunchConfig_t lc = {};
         lc.gridDim = dim3(s, 1, 1);
@@ -395,6 +419,7 @@ struct Launcher {
         ok = cudaOccupancyMaxActiveClusters(&n, kernel, &lc) == cudaSuccess;
         clusters[dev][s] = n;
       }
+      ok = ok && clusters[dev][1] > 0;
       state[dev].store(ok ? 1 : 2, std::memory_order_release);
       if (!ok) cudaGetLastError();
     }
@@ -406,16 +431,17 @@ struct Launcher {
   static int run(const GemmNt& g, int splits, bool pdl, cudaStream_t stream) {
     int dev = 0;
     if (cudaGetDevice(&dev) != cudaSuccess) return DSX_ECUDA;
-    const int sms = sm_count();
-    if (sms <= 0) return DSX_ECUDA;
+    if (sm_count() <= 0) return DSX_ECUDA;
     int max_clusters[kMaxSplits + 1];
-    const int rc = prepare(dev, sms, max_clusters);
+    const int rc = prepare(dev, max_clusters);
     if (rc != DSX_OK) return rc;
-    const int tiles = static_cast<int>((g.n + kRows - 1) / kRows);
+    const int tiles = static_cast<int>((g.n + BM - 1) / BM);
     const int kbt = static_cast<int>((g.k + kBK - 1) / kBK);
     if (splits <= 0) {
-      // Automatic: as many K splits as keep every weight tile's cluster resident in one wave.
-      splits = sms / tiles;
+      // Automatic: as many K splits as keep every weight tile's cluster resident in one wave; with
+      // 64-row tiles at most two CTAs per SM on average (H200, M = 16: 7168x18432 39.1 us at 2 vs 40.0
+      // at 3 a SM, 7168x2048 8.3 vs 8.9; 4096x7168 the same at 2 and 3).
+      splits = (BM == 64 ? 2 * sm_count() : max_clusters[1]) / tiles;
       if (splits > kMaxSplits) splits = kMaxSplits;
       if (splits > kbt) splits = kbt;
       while (splits > 1 && max_clusters[splits] < tiles) --splits;
@@ -423,7 +449,7 @@ struct Launcher {
     }
     if (splits > kMaxSplits || splits > kbt) return DSX_EINVAL;
     CUtensorMap tw, tx;
-    if (!encode_kmajor(&tw, g.b, g.n, g.k, kRows) || !encode_kmajor(&tx, g.a, g.m, g.k, MN)) return DSX_EINVAL;
+    if (!encode_kmajor(&tw, g.b, g.n, g.k, BM) || !encode_kmajor(&tx, g.a, g.m, g.k, MN)) return DSX_EINVAL;
     Params p{g.sa, g.sb, g.out, static_cast<int>(g.m), static_cast<int>(g.n), kbt, splits, kStages, pdl ? 1 : 0};
     cudaLaunchConfig_t lc = {};
     lc.gridDim = dim3(splits, tiles, 1);
@@ -446,9 +472,28 @@ struct Launcher {
     }
     lc.attrs = attr;
     lc.numAttrs = na;
-    return cuda_rc(cudaLaunchKernelEx(&lc, small_gemm_kernel<MN>, tw, tx, p));
+    return cuda_rc(cudaLaunchKernelEx(&lc, small_gemm_kernel<MN, BM>, tw, tx, p));
   }
 };
+
+template <int BM>
+int run_rows(const GemmNt& g, int splits, bool pdl, cudaStream_t s) {
+  if (g.m <= 16) return Launcher<16, BM>::run(g, splits, pdl, s);
+  if (g.m <= 32) return Launcher<32, BM>::run(g, splits, pdl, s);
+  if (g.m <= 64) return Launcher<64, BM>::run(g, splits, pdl, s);
+  return Launcher<128, BM>::run(g, splits, pdl, s);
+}
+
+// Weight rows per CTA when not forced: 64 (two or three CTAs a SM, each with its own pipeline) when
+// that grid can give every SM two CTAs within 8 K splits, else 128 (one CTA a SM, up to 8 stages).
+// H200, M = 16 / 64 (bench/gpu_kernels.py --small, the same run): 64 rows 24576x1536 13.9 / 15.1 us
+// against 16.8 / 20.2 (192 128-row tiles: two waves), 4096x7168 13.3 / 15.4 against 13.6 / 15.8,
+// 7168x18432 39.1 against 40.4, 7168x2048 8.3 against 8.3; 2048x7168 (32 tiles: at most 256 CTAs)
+// 9.3 / 11.7 against 9.0 / 11.3 at 128 rows.
+int auto_rows(const GemmNt& g) {
+  const int64_t tiles64 = (g.n + 63) / 64, kbt = (g.k + kBK - 1) / kBK;
+  return tiles64 * (kbt < kMaxSplits ? kbt : kMaxSplits) >= 2 * static_cast<int64_t>(sm_count()) ? 64 : 128;
+}
 
 }  // namespace
 
@@ -456,11 +501,14 @@ bool small_auto(const GemmNt& g) {
   // H200, against the CUTLASS kernels algo 0 ran before (pingpong, swap-AB split-K): faster at
   // M <= 32 on every DeepSeek-V3 shape whose 128-row weight tiles fit one wave (7168x2048,
   // 2048x7168, 4096x7168, 7168x18432: 1.09-1.76x), and at M <= 64 with K >= 4096 (2048x7168,
-  // 4096x7168, 7168x18432: 1.03-1.30x); slower at M = 64 on 7168x2048 (0.93x), on 24576x1536
-  // (192 tiles: two waves) and at M = 128.
+  // 4096x7168, 7168x18432: 1.03-1.30x); slower at M = 64 on 7168x2048 (0.93x) and at M = 128.
+  // With 64-row tiles (two or three CTAs a SM) also where the 128-row tiles take two waves but the
+  // 64-row ones fit one: 24576x1536 at M = 16 / 64 13.9 / 15.1 us against pingpong 16.2 / 15.6.
   if (g.m > 64 || !small_supported(g)) return false;
-  const int sms = sm_count();
-  return (g.n + kRows - 1) / kRows <= sms && (g.m <= 32 || g.k >= 4096);
+  const int64_t sms = sm_count(), tiles128 = (g.n + kRows - 1) / kRows;
+  if (tiles128 <= sms) return g.m <= 32 || g.k >= 4096;
+  constexpr int kBlocks64 = Config<64, 64>::kBlocks;  // CTAs a SM at M <= 64 with 64-row tiles
+  return auto_rows(g) == 64 && (g.n + 63) / 64 <= kBlocks64 * sms;
 }
 
 bool small_supported(const GemmNt& g) {
@@ -468,12 +516,14 @@ bool small_supported(const GemmNt& g) {
          g.k <= (int64_t{1} << 30) && (g.m * ((g.k + kBK - 1) / kBK)) < (int64_t{1} << 31);
 }
 
-int small_run(const GemmNt& g, int splits, bool pdl, cudaStream_t s) {
+// knobs: bits 0..7 the K split count (cluster size, 0 automatic; algo bits 16..23), bits 8..11 the weight
+// rows per CTA (algo bits 8..11: 0 automatic, 1: 128, one CTA per SM; 2: 64, two or three CTAs per SM).
+int small_run(const GemmNt& g, int knobs, bool pdl, cudaStream_t s) {
   if (!small_supported(g)) return DSX_EINVAL;
-  if (g.m <= 16) return Launcher<16>::run(g, splits, pdl, s);
-  if (g.m <= 32) return Launcher<32>::run(g, splits, pdl, s);
-  if (g.m <= 64) return Launcher<64>::run(g, splits, pdl, s);
-  return Launcher<128>::run(g, splits, pdl, s);
+  const int splits = knobs & 255, rows_knob = (knobs >> 8) & 15;
+  if (rows_knob > 2) return DSX_EINVAL;
+  const int rows = rows_knob == 1 ? 128 : rows_knob == 2 ? 64 : auto_rows(g);
+  return rows == 64 ? run_rows<64>(g, splits, pdl, s) : run_rows<128>(g, splits, pdl, s);
 }
 
 }  // namespace dsx_cuda

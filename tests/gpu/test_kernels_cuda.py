@@ -18,8 +18,10 @@ from ds_export.native import kernels as K
 pytestmark = pytest.mark.skipif(not cuda.available(), reason="no CUDA device")
 
 FP8, BF16 = ml_dtypes.float8_e4m3fn, ml_dtypes.bfloat16
-# hand-written swap-AB kernel for M <= 128: bits 16..23 K splits (cluster size, 0 automatic), bit 28 PDL
+# hand-written swap-AB kernel for M <= 128: bits 16..23 K splits (cluster size, 0 automatic), bits 8..11
+# weight rows per CTA (0 automatic, 1: 128, 2: 64), bit 28 PDL
 SMALL = 6
+ROWS128, ROWS64 = 1 << 8, 2 << 8
 
 # (M, N, K, path the automatic choice must take)
 DENSE_CASES = [
@@ -97,17 +99,20 @@ def test_dense_gemm_agrees_with_cpu_kernel_and_is_deterministic():
 def test_auto_choice_matches_forced_kernels_bitwise():
     """algo 0 runs swap-AB data-parallel when M <= 128 and its 128x32 tiles fill between half and all of
     the SMs (66..132 here); else the hand-written small-M kernel (6) while the 128-row weight tiles are
-    no more than the SMs at M <= 32, or at M <= 64 with K >= 4096; else pingpong at M <= 128, swap-AB with
+    no more than the SMs at M <= 32, or at M <= 64 with K >= 4096, or at M <= 64 while its 64-row tiles
+    fit one wave of three CTAs a SM (24576x1536: 384 <= 396); else pingpong at M <= 128, swap-AB with
     2-way split-K when M <= 128 leaves fewer than 64 pingpong tiles and K >= 4096, cooperative
     stream-K above and, from 1024 rows on, cooperative stream-K with the promotion overlapped (all
     deterministic)."""
     rng = np.random.default_rng(9)
     swap_splitk2, swap_dp = 4 | 2 << 12 | 2 << 16, 4 | 1 << 12
-    for m, n, k, forced in ((128, 512, 1024, 3), (129, 512, 1024, 1), (64, 2048, 7168, SMALL),
+    for m, n, k, forced in ((128, 512, 1024, 3), (129, 512, 1024, 1), (64, 2048, 7168, SMALL | ROWS128),
                             (16, 2048, 7168, SMALL), (128, 2048, 7168, swap_splitk2), (128, 7168, 2048, 3),
                             (65, 7168, 2048, 3), (32, 7168, 2048, SMALL), (33, 7168, 2048, swap_dp),
-                            (33, 4096, 4096, SMALL), (16, 24576, 1536, 3), (128, 4096, 7168, swap_dp),
-                            (64, 7168, 4096, swap_dp), (64, 4096, 7168, SMALL), (1023, 256, 512, 1),
+                            (33, 4096, 4096, SMALL), (16, 24576, 1536, SMALL | ROWS64),
+                            (64, 24576, 1536, SMALL | ROWS64), (65, 24576, 1536, 3), (128, 4096, 7168, swap_dp),
+                            (64, 7168, 4096, swap_dp), (64, 4096, 7168, SMALL | ROWS64),
+                            (16, 4096, 7168, SMALL | ROWS64), (1023, 256, 512, 1),
                             (1024, 384, 1024, 5)):
         a, sa, b, sb = make_gemm(rng, m, n, k)
         auto, want = cuda.gemm_fp8_nt(a, sa, b, sb), cuda.gemm_fp8_nt(a, sa, b, sb, algo=forced)
@@ -134,22 +139,28 @@ def test_overlapped_promotion_is_bitwise_the_plain_mainloop(m, n, k):
 def test_small_m_kernel_matches_float64_and_is_deterministic(m, n, k):
     """Algo 6: ragged M (zero-filled token rows), ragged N (576, 640: partial weight tiles), a 16-wide last
     K block, one K block, every token width (16/32/64/128), automatic and forced cluster split-K sizes,
-    and programmatic dependent launch (same bits as without)."""
+    and programmatic dependent launch (same bits as without); 64-row CTAs (two or three a SM) give
+    bitwise the 128-row CTAs' output under the same split count (same wgmma rows, same order)."""
     rng = np.random.default_rng(m * 3 + n + k)
     a, sa, b, sb = make_gemm(rng, m, n, k)
     kb = K.cdiv(k, 128)
-    auto = cuda.gemm_fp8_nt(a, sa, b, sb, algo=SMALL)
-    assert_gemm_close(auto, a, sa, b, sb, f"small auto {(m, n, k)}")
-    again = cuda.gemm_fp8_nt(a, sa, b, sb, algo=SMALL | 1 << 28)
-    assert np.array_equal(auto.view(np.uint16), again.view(np.uint16)), "PDL / repeat changed the bits"
+    for rows in (0, ROWS128, ROWS64):
+        auto = cuda.gemm_fp8_nt(a, sa, b, sb, algo=SMALL | rows)
+        assert_gemm_close(auto, a, sa, b, sb, f"small rows {rows >> 8} auto {(m, n, k)}")
+        again = cuda.gemm_fp8_nt(a, sa, b, sb, algo=SMALL | rows | 1 << 28)
+        assert np.array_equal(auto.view(np.uint16), again.view(np.uint16)), "PDL / repeat changed the bits"
     for splits in sorted({1, 2, 3, 8, kb} & set(range(1, min(8, kb) + 1))):
         got = cuda.gemm_fp8_nt(a, sa, b, sb, algo=SMALL | splits << 16)
         assert_gemm_close(got, a, sa, b, sb, f"small splits {splits} {(m, n, k)}")
         rep = cuda.gemm_fp8_nt(a, sa, b, sb, algo=SMALL | splits << 16)
         assert np.array_equal(got.view(np.uint16), rep.view(np.uint16)), f"splits {splits}: not reproducible"
+        r128 = cuda.gemm_fp8_nt(a, sa, b, sb, algo=SMALL | ROWS128 | splits << 16)
+        r64 = cuda.gemm_fp8_nt(a, sa, b, sb, algo=SMALL | ROWS64 | splits << 16)
+        assert np.array_equal(r128.view(np.uint16), r64.view(np.uint16)), f"splits {splits}: 64 vs 128 rows"
     if kb < 8:
-        with pytest.raises(DsxError, match="invalid"):
-            cuda.gemm_fp8_nt(a, sa, b, sb, algo=SMALL | (kb + 1) << 16)
+        for rows in (ROWS128, ROWS64):
+            with pytest.raises(DsxError, match="invalid"):
+                cuda.gemm_fp8_nt(a, sa, b, sb, algo=SMALL | rows | (kb + 1) << 16)
 
 
 def test_small_m_kernel_rejects_what_it_cannot_take():
@@ -158,6 +169,9 @@ def test_small_m_kernel_rejects_what_it_cannot_take():
         a, sa, b, sb = make_gemm(rng, m, n, k)
         with pytest.raises(DsxError, match="invalid"):
             cuda.gemm_fp8_nt(a, sa, b, sb, algo=SMALL)
+    a, sa, b, sb = make_gemm(rng, 16, 256, 256)
+    with pytest.raises(DsxError, match="invalid"):  # no third row-tile size
+        cuda.gemm_fp8_nt(a, sa, b, sb, algo=SMALL | 3 << 8)
 
 
 def test_small_m_kernel_with_pdl_in_cuda_graph_keeps_launch_order():
@@ -166,17 +180,18 @@ def test_small_m_kernel_with_pdl_in_cuda_graph_keeps_launch_order():
     rng = np.random.default_rng(13)
     m, n, k = 64, 7168, 2048
     sets = [make_gemm(rng, m, n, k) for _ in range(2)]
-    want = cuda.gemm_fp8_nt(*sets[0], algo=SMALL)
     dev = [[cuda.to_device(x.view(np.uint8) if x.dtype == FP8 else x) for x in s] for s in sets]
-    out = cuda.empty((m, n), np.uint16).fill_bytes(0xFF)
     stream = cuda.Stream()
     order = [1, 0, 1, 1, 0]
-    graph = cuda.Graph(lambda s: [cuda.gemm_fp8_nt_device(*dev[i], out, algo=SMALL | 1 << 28, stream=s)
-                                  for i in order], stream)
-    for _ in range(3):
-        graph.launch()
-    stream.synchronize()
-    assert np.array_equal(out.numpy(), want.view(np.uint16))
+    for rows in (ROWS128, ROWS64):
+        want = cuda.gemm_fp8_nt(*sets[0], algo=SMALL | rows)
+        out = cuda.empty((m, n), np.uint16).fill_bytes(0xFF)
+        graph = cuda.Graph(lambda s, rows=rows: [cuda.gemm_fp8_nt_device(*dev[i], out, algo=SMALL | rows | 1 << 28,
+                                                                         stream=s) for i in order], stream)
+        for _ in range(3):
+            graph.launch()
+        stream.synchronize()
+        assert np.array_equal(out.numpy(), want.view(np.uint16)), f"rows {rows >> 8}"
 
 
 def test_dense_planted_scale_fault_is_caught():

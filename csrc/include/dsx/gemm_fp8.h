@@ -29,7 +29,10 @@
  * `algo`: 0 = automatic: swapped operands without K splits (4, data-parallel) when M <= 128 and
  * its 128x32 tiles fill between half and all of the SMs in one wave; else the hand-written small-M
  * kernel (6) when M <= 32, or M <= 64 with K >= 4096, while its 128-row weight tiles fit in one
- * wave (ceil(N/128) <= the SM count); else a
+ * wave (ceil(N/128) <= the SM count), or when M <= 64 and its 64-row tiles fit one wave of three
+ * CTAs a SM where the 128-row ones do not (6's automatic R: 64 rows when ceil(N/64) * min(8,
+ * ceil(K/128)) >= 2 * the SM count, else 128; automatic S at 64 rows: at most two CTAs a SM on
+ * average); else a
  * CUTLASS sm90a block-wise kernel where its TMA alignment allows
  * (K % 16 == 0, N % 8 == 0, 16-byte aligned pointers): pingpong 64x128 tiles for M <= 128
  * (swapped operands with 2-way split-K when that leaves few tiles and K is long), cooperative
@@ -39,11 +42,13 @@
  * 5 = 1 with each K block's promotion (acc += P * s) run under the next block's tensor-core work
  * (two temporary accumulators; same arithmetic, bitwise the output of 1 under the same
  * scheduling knobs), 6 = the small-M kernel (M <= 128, no CUTLASS): swapped operands
- * (out^T = W . A^T), one CTA per 128 weight rows x all tokens x a K range, TMA loads, wgmma, the
+ * (out^T = W . A^T), one CTA per R weight rows x all tokens x a K range, TMA loads, wgmma, the
  * same per-block promotion order; K split over a thread-block cluster of S CTAs whose fp32 partials
  * are summed through distributed shared memory in split order 0..S-1 (no workspace, no atomics:
- * reproducible); bits 16..23 = S (0 automatic, at most 8 and at most ceil(K/128)); bit 28 =
- * programmatic dependent launch (with 6 or 0 only: the kernel waits for the previous grid before
+ * reproducible); bits 16..23 = S (0 automatic: the most that keep the grid resident in one wave,
+ * at most 8 and at most ceil(K/128)); bits 8..11 = R (0 automatic, 1 = 128 rows, one CTA per SM,
+ * 2 = 64 rows, two (M > 64) or three CTAs per SM; under the same S both give the same bits);
+ * bit 28 = programmatic dependent launch (with 6 or 0 only: the kernel waits for the previous grid before
  * it touches global memory, so a GEMM can start its prologue under the previous kernel's tail).
  * The grouped GEMM has one CUTLASS kernel (1, 3, 4, 5 all select it).
  * Benchmarking knobs of the CUTLASS tile scheduler
