@@ -10,8 +10,9 @@
 // Paddle's bytes (plus, for group scales, each step's scale row). A slot is refilled as
 // soon as its steps have been worked on (algo bit 27: already once they are in registers,
 // before their arithmetic; measured slower: more requests in flight congest the memory), so
-// stages x box steps of every warp are in flight and no register holds bytes still on the way. Each lane then reads its own 2 x 16
-// bytes of a step and unpacks them in registers; two steps of a slot are worked on at once
+// stages x box steps of every warp are in flight and no register holds bytes still on the way.
+// Each lane then reads its own 2 x 16 bytes of a step and unpacks them in registers; two
+// steps of a slot are worked on at once
 // (two independent mma chains; each step's partial joins the accumulator as if alone). A
 // block holds `warps` warps side by side along N that share the same K range, so the x
 // slice they need is staged once in shared memory (cp.async, `chunk` steps at a time,
