@@ -19,10 +19,14 @@ Each row is also timed with programmatic dependent launch (algo bit 24: each lau
 graph starts, and fetches its first weights, while the one before it ends, as consecutive
 layers of a served model would; "PDL us", its own ratio) and, at M <= 16, one step at a time
 (algo bit 25, "1step us": the schedule before step pairing, same bits) and one tile group a
-block (algo bit 26, "1grp us": no persistent blocks, same bits).
+block (algo bit 26, "1grp us": no persistent blocks, same bits) and with each ring slot refilled
+as soon as its steps are in registers, before their arithmetic (algo bit 27, "early us"; same bits).
 With --sweep, int4 per channel at M = 1 and 16 is also timed over (warps, splits, ring
 slots, steps per slot; x chunk at M = 16) so the automatic choice can be tuned; the best is
 printed beside the automatic one.
+With --alt-lib LIB (a shared library exporting dsx_wo_gemm_bf16_nt_cuda, e.g. the previous
+kernel built alone: bench/wo_alt_lib.sh), that build is timed on the same inputs in the same
+run ("alt us" and its ratio to torch), so two kernels compare without run-to-run drift.
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ SWEEP_MS = (1, 16)
 PDL = 1 << 24       # algo bit: programmatic dependent launch (launches overlap: serving)
 ONE_STEP = 1 << 25  # algo bit: one step at a time (the pre-pairing schedule; same bits)
 ONE_GROUP = 1 << 26  # algo bit: one tile group a block (no persistent blocks; same bits)
+EARLY = 1 << 27  # algo bit: a ring slot is refilled once its steps are in registers, before their arithmetic (same bits)
 
 try:
     import torch
@@ -102,16 +107,17 @@ class Problem:
 
 
 DIAG = {}  # "fn": dsx_wo_gemm_bf16_nt_cuda of a build with -DDSX_WO_NOMATH (--diag-lib)
+ALT = {}   # "fn": the same entry of another build (--alt-lib: e.g. the previous kernel), timed beside ours
 
 
-def load_diag(path: str) -> None:
+def load_entry(path: str):
     import ctypes
     lib = ctypes.CDLL(path)
     fn = lib.dsx_wo_gemm_bf16_nt_cuda
     P, I64, I32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
     fn.argtypes = [P, P, P, P, I64, I64, I64, I32, I32, I32, I32, P]
     fn.restype = I32
-    DIAG["fn"] = fn
+    return fn
 
 
 def bench_row(pb: Problem, m: int, rng, sweep: bool, anchors: dict) -> dict:
@@ -134,17 +140,23 @@ def bench_row(pb: Problem, m: int, rng, sweep: bool, anchors: dict) -> dict:
     us_pdl, mode_pdl = time_graph(calls(PDL))
     us_one = time_graph(calls(ONE_STEP))[0] if m <= 16 else None
     us_1grp = time_graph(calls(ONE_GROUP))[0] if m <= 16 else None
+    us_early = time_graph(calls(EARLY))[0] if m <= 16 else None
     us_nomath = None
     if DIAG and m in (1, 16):  # the same launch without the arithmetic: the weight stream alone
         f = DIAG["fn"]
         us_nomath = time_graph([lambda st, i=i: f(dx[i].ptr, pb.dq[i].ptr, pb.ds[i].ptr, out.ptr, m, pb.n, pb.k,
                                                    pb.bits, pb.group, 90, 0, st.handle) for i in range(pb.sets)])[0]
+    us_alt = None
+    if ALT:  # another build's kernel (its automatic config), same inputs, same run
+        f = ALT["fn"]
+        us_alt = time_graph([lambda st, i=i: f(dx[i].ptr, pb.dq[i].ptr, pb.ds[i].ptr, out.ptr, m, pb.n, pb.k,
+                                                pb.bits, pb.group, 90, 0, st.handle) for i in range(pb.sets)])[0]
     cfg = G.cuda_config(m, pb.n, pb.k, pb.bits, pb.group)
     row = {"kernel": "gemm_weight_only", "layout": f"int{pb.bits} g{pb.group}", "M": m, "N": pb.n, "K": pb.k,
            "sets": pb.sets, "mode": mode, "config": cfg, "us": round(us, 2),
            "weight_GBps": round(pb.weight_bytes / us / 1e3, 1), "us_pdl": round(us_pdl, 2), "mode_pdl": mode_pdl,
-           "us_one_step": us_one and round(us_one, 2), "us_one_group": us_1grp and round(us_1grp, 2),
-           "us_nomath": us_nomath and round(us_nomath, 2)}
+           "us_one_step": us_one and round(us_one, 2), "us_one_group": us_1grp and round(us_1grp, 2), "us_early": us_early and round(us_early, 2),
+           "us_nomath": us_nomath and round(us_nomath, 2), "us_alt": us_alt and round(us_alt, 2)}
     if sweep:
         best = ("auto", us)
         for w, s, c, d, b in SWEEP + (SWEEP_M16 if m == 16 else []):
@@ -170,6 +182,8 @@ def bench_row(pb: Problem, m: int, rng, sweep: bool, anchors: dict) -> dict:
     if akey in anchors:
         t_us = anchors[akey]
         row.update(anchor_us=round(t_us, 2), ratio=round(t_us / us, 2), ratio_pdl=round(t_us / us_pdl, 2))
+        if us_alt:
+            row["ratio_alt"] = round(t_us / us_alt, 2)
         if sweep:
             row["best_ratio"] = round(t_us / row["best_us"], 2)
     return row
@@ -177,7 +191,8 @@ def bench_row(pb: Problem, m: int, rng, sweep: bool, anchors: dict) -> dict:
 
 def table(rows, copy_tbps) -> str:
     head = (f"{'layout':<10}{'M':>4}{'N':>7}{'K':>7}{'us':>9}{'GB/s':>8}{'%copy':>7}{'torch us':>10}{'ratio':>7}"
-            f"{'PDL us':>9}{'ratio':>7}{'1step us':>9}{'1grp us':>9}{'nomath':>8}  {'config (w s c d b)':<22}best")
+            f"{'PDL us':>9}{'ratio':>7}{'1step us':>9}{'1grp us':>9}{'early us':>9}{'nomath':>8}{'alt us':>9}{'ratio':>7}"
+            f"  {'config (w s c d b)':<22}best")
     lines = [head, "-" * len(head)]
     for r in rows:
         pct = f"{100 * r['weight_GBps'] / 1e3 / copy_tbps:.0f}" if copy_tbps else "-"
@@ -187,7 +202,8 @@ def table(rows, copy_tbps) -> str:
         lines.append(f"{r['layout']:<10}{r['M']:>4}{r['N']:>7}{r['K']:>7}{r['us']:>9}{r['weight_GBps']:>8}{pct:>7}"
                      f"{r.get('anchor_us', '-'):>10}{r.get('ratio', '-'):>7}"
                      f"{r['us_pdl']:>9}{r.get('ratio_pdl', '-'):>7}"
-                     f"{r['us_one_step'] or '-':>9}{r.get('us_one_group') or '-':>9}{r['us_nomath'] or '-':>8}"
+                     f"{r['us_one_step'] or '-':>9}{r.get('us_one_group') or '-':>9}{r.get('us_early') or '-':>9}{r['us_nomath'] or '-':>8}"
+                     f"{r.get('us_alt') or '-':>9}{r.get('ratio_alt', '-'):>7}"
                      f"  {cfg:<22}{best}")
     return "\n".join(lines)
 
@@ -212,13 +228,17 @@ def main() -> int:
     ap.add_argument("--sweep", action="store_true", help="time int4 per channel M=1, 16 over the tuning fields")
     ap.add_argument("--shapes", default="", help="comma-separated NxK subset, e.g. 36864x7168,2048x7168")
     ap.add_argument("--diag-lib", default="", help="a libdsx build with -DDSX_WO_NOMATH: adds a 'nomath' column")
+    ap.add_argument("--alt-lib", default="",
+                    help="another build of dsx_wo_gemm_bf16_nt_cuda (e.g. the previous kernel): adds 'alt us' + ratio")
     ap.add_argument("--profile", default="", help="NxKxM: only launch int4 per channel there 3 times (for ncu)")
     ap.add_argument("--ms", default="", help="comma-separated M subset for int4 per channel, e.g. 1,16")
     args = ap.parse_args()
     if args.profile:
         return profile(*(int(v) for v in args.profile.split("x")))
     if args.diag_lib:
-        load_diag(args.diag_lib)
+        DIAG["fn"] = load_entry(args.diag_lib)
+    if args.alt_lib:
+        ALT["fn"] = load_entry(args.alt_lib)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)

@@ -128,6 +128,11 @@ __device__ __forceinline__ void cluster_arrive_relaxed() {
 }
 __device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.aligned;" ::: "memory"); }
 
+// A 4-byte shared store the compiler keeps (its value's computation included).
+__device__ __forceinline__ void sts32(uint32_t addr, uint32_t v) {
+  asm volatile("st.shared.u32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
+}
+
 // Shared-memory reads are plain C++ loads, so the compiler orders them with the barriers
 // and the asm volatile waits (which clobber memory).
 __device__ __forceinline__ uint4 lds128(const void* p) { return *reinterpret_cast<const uint4*>(p); }
@@ -184,7 +189,11 @@ __device__ __forceinline__ uint32_t i4_pair(uint32_t w) {
 
 // The same with the nibble / byte pair as an argument (a constant once the loops unroll).
 __device__ __forceinline__ uint32_t i4_pairj(uint32_t w, int j) {
+#ifndef DSX_WO_DIAG_NOSHIFT
   const uint32_t val = and_or(j ? (w >> (4 * j)) : w, 0x000F000Fu, 0x43004300u);
+#else  // diagnostic build (bench --alt-lib): the same but for the shifts, wrong values
+  const uint32_t val = and_or(w, 0x000F000Fu << (4 * j), 0x43004300u);
+#endif
   return bf16x2_add(val, 0xC308C308u);
 }
 __device__ __forceinline__ uint32_t i8_pairj(uint32_t w, int pair) {

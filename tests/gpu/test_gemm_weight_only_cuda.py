@@ -62,6 +62,7 @@ def check_bound(out, x, wd, what, exact_frac=0.9):
 PDL = 1 << 24      # algo bit: programmatic dependent launch
 ONE_STEP = 1 << 25  # algo bit: one step at a time (no step pairing)
 ONE_GROUP = 1 << 26  # algo bit: one tile group a block (no persistent blocks)
+EARLY = 1 << 27      # algo bit: a ring slot is refilled as soon as its steps are in registers
 
 
 def run_raw(x, q, s, bits, group, algo, stream=None):
@@ -105,6 +106,9 @@ def test_every_config_is_right_and_deterministic(bits, group):
                 if warps == 4:  # two steps at a time (the default) or one, persistent or not: the same bits
                     c = run_raw(x, q, s, bits, group, algo | ONE_STEP | ONE_GROUP)
                     assert np.array_equal(c.view(np.uint16), first.view(np.uint16)), f"algo {algo:#x} one step"
+                if warps in (2, 8):  # slots refilled before their steps' arithmetic: the same bits
+                    c = run_raw(x, q, s, bits, group, algo | EARLY)
+                    assert np.array_equal(c.view(np.uint16), first.view(np.uint16)), f"algo {algo:#x} early refill"
 
 
 @pytest.mark.parametrize("bits,group", [(8, -1), (8, 64), (4, -1), (4, 128), (4, 64)])
@@ -121,6 +125,46 @@ def test_persistent_blocks_match_one_group_a_block(bits, group):
             check_bound(a, x, wd, f"persistent m {m} splits {splits}")
             b = run_raw(x, q, s, bits, group, algo | ONE_GROUP)
             assert np.array_equal(a.view(np.uint16), b.view(np.uint16)), f"m {m} splits {splits}: bits differ"
+
+
+@pytest.mark.parametrize("bits,group", [(8, -1), (8, 128), (4, -1), (4, 128), (4, 64)])
+def test_ragged_n_and_short_slots(bits, group):
+    """In the last tile group of N = 448 some warps are past N (they must write nothing);
+    slices of 1..6 steps against slots of 1..8 steps end in a short slot (and K ends in a half
+    step for int4). Right, and for each split count the same bits for every warps / slots /
+    box, persistent or one group a block, two steps at a time or one."""
+    n, k = 448, 704  # int4: 5.5 steps (a half step at the end), int8: 11
+    for m in (1, 7, 16):
+        x, q, s, wd = make(m, n, k, bits, group, seed=5)
+        for splits in (1, 2, 4):
+            first = None
+            for warps, stages, box in ((8, 2, 2), (8, 3, 4), (8, 2, 8), (4, 2, 1), (2, 5, 3), (1, 2, 2)):
+                algo = G.algo_word(warps, splits, 0, stages, box)
+                a = run_raw(x, q, s, bits, group, algo)
+                check_bound(a, x, wd, f"m {m} splits {splits} algo {algo:#x}")
+                first = a if first is None else first
+                assert np.array_equal(a.view(np.uint16), first.view(np.uint16)), f"algo {algo:#x} changed the bits"
+                b = run_raw(x, q, s, bits, group, algo | ONE_GROUP | ONE_STEP)
+                assert np.array_equal(b.view(np.uint16), first.view(np.uint16)), f"algo {algo:#x} one group"
+                b = run_raw(x, q, s, bits, group, algo | EARLY)
+                assert np.array_equal(b.view(np.uint16), first.view(np.uint16)), f"algo {algo:#x} early refill"
+
+
+@pytest.mark.parametrize("bits,group", [(4, -1), (4, 64), (8, 128)])
+def test_rings_run_on_across_many_tile_groups(bits, group):
+    """8 warps a block, 3 slots of 8 steps a warp: the 181 tile groups of N = 23104 (the last one
+    half empty) exceed the resident blocks, so each block's rings run on from group to group;
+    right, and the same bits as one group a block."""
+    m, n, k = 3, 23104, 576
+    x, q, s, wd = make(m, n, k, bits, group, seed=6)
+    for splits in (1, 2):
+        algo = G.algo_word(8, splits, 0, 3, 8)
+        a = run_raw(x, q, s, bits, group, algo)
+        check_bound(a, x, wd, f"ring across groups, splits {splits}")
+        b = run_raw(x, q, s, bits, group, algo | ONE_GROUP)
+        assert np.array_equal(a.view(np.uint16), b.view(np.uint16)), f"splits {splits}: bits differ"
+        b = run_raw(x, q, s, bits, group, algo | EARLY)
+        assert np.array_equal(a.view(np.uint16), b.view(np.uint16)), f"splits {splits}: early refill differs"
 
 
 @pytest.mark.parametrize("m", [1, 2, 4, 8, 16])
@@ -241,7 +285,7 @@ def test_config_and_bad_algo():
         G.gemm_weight_only_cuda(x4, q4, s4, 4, -1, 90, algo=G.algo_word(8, 1, 255, 15))
     v = [ctypes.c_int() for _ in range(5)]
     cfg_fn = G._cuda_fns()[1]
-    assert cfg_fn(1, 64, 64, 8, -1, PDL | ONE_STEP | ONE_GROUP, *[ctypes.byref(i) for i in v]) == 0
-    assert cfg_fn(1, 64, 64, 8, -1, 1 << 27, *[ctypes.byref(i) for i in v]) != 0  # no such bit
+    assert cfg_fn(1, 64, 64, 8, -1, PDL | ONE_STEP | ONE_GROUP | EARLY, *[ctypes.byref(i) for i in v]) == 0
+    assert cfg_fn(1, 64, 64, 8, -1, 1 << 28, *[ctypes.byref(i) for i in v]) != 0  # no such bit
     with pytest.raises(DsxError, match="arch"):
         G.gemm_weight_only_cuda(x, q, s, 8, -1, 70)
