@@ -19,8 +19,7 @@ Each row is also timed with programmatic dependent launch (algo bit 24: each lau
 graph starts, and fetches its first weights, while the one before it ends, as consecutive
 layers of a served model would; "PDL us", its own ratio) and, at M <= 16, one step at a time
 (algo bit 25, "1step us": the schedule before step pairing, same bits) and one tile group a
-block (algo bit 26, "1grp us": no persistent blocks, same bits) and with each ring slot refilled
-as soon as its steps are in registers, before their arithmetic (algo bit 27, "early us"; same bits).
+block (algo bit 26, "1grp us": no persistent blocks, same bits).
 With --sweep, int4 per channel at M = 1 and 16 is also timed over (warps, splits, ring
 slots, steps per slot; x chunk at M = 16) so the automatic choice can be tuned; the best is
 printed beside the automatic one.
@@ -60,7 +59,6 @@ SWEEP_MS = (1, 16)
 PDL = 1 << 24       # algo bit: programmatic dependent launch (launches overlap: serving)
 ONE_STEP = 1 << 25  # algo bit: one step at a time (the pre-pairing schedule; same bits)
 ONE_GROUP = 1 << 26  # algo bit: one tile group a block (no persistent blocks; same bits)
-EARLY = 1 << 27  # algo bit: a ring slot is refilled once its steps are in registers, before their arithmetic (same bits)
 
 try:
     import torch
@@ -140,7 +138,6 @@ def bench_row(pb: Problem, m: int, rng, sweep: bool, anchors: dict) -> dict:
     us_pdl, mode_pdl = time_graph(calls(PDL))
     us_one = time_graph(calls(ONE_STEP))[0] if m <= 16 else None
     us_1grp = time_graph(calls(ONE_GROUP))[0] if m <= 16 else None
-    us_early = time_graph(calls(EARLY))[0] if m <= 16 else None
     us_nomath = None
     if DIAG and m in (1, 16):  # the same launch without the arithmetic: the weight stream alone
         f = DIAG["fn"]
@@ -155,7 +152,7 @@ def bench_row(pb: Problem, m: int, rng, sweep: bool, anchors: dict) -> dict:
     row = {"kernel": "gemm_weight_only", "layout": f"int{pb.bits} g{pb.group}", "M": m, "N": pb.n, "K": pb.k,
            "sets": pb.sets, "mode": mode, "config": cfg, "us": round(us, 2),
            "weight_GBps": round(pb.weight_bytes / us / 1e3, 1), "us_pdl": round(us_pdl, 2), "mode_pdl": mode_pdl,
-           "us_one_step": us_one and round(us_one, 2), "us_one_group": us_1grp and round(us_1grp, 2), "us_early": us_early and round(us_early, 2),
+           "us_one_step": us_one and round(us_one, 2), "us_one_group": us_1grp and round(us_1grp, 2),
            "us_nomath": us_nomath and round(us_nomath, 2), "us_alt": us_alt and round(us_alt, 2)}
     if sweep:
         best = ("auto", us)
@@ -191,7 +188,7 @@ def bench_row(pb: Problem, m: int, rng, sweep: bool, anchors: dict) -> dict:
 
 def table(rows, copy_tbps) -> str:
     head = (f"{'layout':<10}{'M':>4}{'N':>7}{'K':>7}{'us':>9}{'GB/s':>8}{'%copy':>7}{'torch us':>10}{'ratio':>7}"
-            f"{'PDL us':>9}{'ratio':>7}{'1step us':>9}{'1grp us':>9}{'early us':>9}{'nomath':>8}{'alt us':>9}{'ratio':>7}"
+            f"{'PDL us':>9}{'ratio':>7}{'1step us':>9}{'1grp us':>9}{'nomath':>8}{'alt us':>9}{'ratio':>7}"
             f"  {'config (w s c d b)':<22}best")
     lines = [head, "-" * len(head)]
     for r in rows:
@@ -202,7 +199,7 @@ def table(rows, copy_tbps) -> str:
         lines.append(f"{r['layout']:<10}{r['M']:>4}{r['N']:>7}{r['K']:>7}{r['us']:>9}{r['weight_GBps']:>8}{pct:>7}"
                      f"{r.get('anchor_us', '-'):>10}{r.get('ratio', '-'):>7}"
                      f"{r['us_pdl']:>9}{r.get('ratio_pdl', '-'):>7}"
-                     f"{r['us_one_step'] or '-':>9}{r.get('us_one_group') or '-':>9}{r.get('us_early') or '-':>9}{r['us_nomath'] or '-':>8}"
+                     f"{r['us_one_step'] or '-':>9}{r.get('us_one_group') or '-':>9}{r['us_nomath'] or '-':>8}"
                      f"{r.get('us_alt') or '-':>9}{r.get('ratio_alt', '-'):>7}"
                      f"  {cfg:<22}{best}")
     return "\n".join(lines)

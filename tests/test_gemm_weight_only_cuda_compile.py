@@ -259,6 +259,6 @@ def test_device_entry_checks_before_launch(case, match):
     with pytest.raises(DsxError, match="warps and splits"):
         G.algo_word(3, 1)
     assert G.algo_word(8, 2, pdl=True) == 8 | 2 << 4 | 1 << 24
-    G.check_algo(1 << 24 | 1 << 25 | 1 << 26 | 1 << 27)  # PDL and the three measurement bits are well-formed
+    G.check_algo(1 << 24 | 1 << 25 | 1 << 26)  # PDL and the two measurement bits are well-formed
     with pytest.raises(DsxError, match="algo"):
-        G.check_algo(1 << 28)
+        G.check_algo(1 << 27)

@@ -8,11 +8,9 @@
 // tensor copy (cp.async.bulk.tensor, completing on the slot's mbarrier) brings `box`
 // consecutive steps of the warp's 4 (int4) or 8 (int8) channel-group rows straight from
 // Paddle's bytes (plus, for group scales, each step's scale row). A slot is refilled as
-// soon as its steps have been worked on (algo bit 27: already once they are in registers,
-// before their arithmetic; measured slower: more requests in flight congest the memory), so
-// stages x box steps of every warp are in flight and no register holds bytes still on the way.
-// Each lane then reads its own 2 x 16 bytes of a step and unpacks them in registers; two
-// steps of a slot are worked on at once
+// soon as its steps have been read, so stages x box steps of every warp are in flight and
+// no register holds bytes that are still on the way. Each lane then reads its own 2 x 16
+// bytes of a step and unpacks them in registers; two steps of a slot are worked on at once
 // (two independent mma chains; each step's partial joins the accumulator as if alone). A
 // block holds `warps` warps side by side along N that share the same K range, so the x
 // slice they need is staged once in shared memory (cp.async, `chunk` steps at a time,
@@ -24,8 +22,7 @@
 // loops over tile groups (blockIdx.y, + gridDim.y, ...), keeping its K slice (x staged whole
 // stays) and its warps' rings running on into the next group, so that no block starts,
 // drains or stages x again between groups. Algo bit 26 gives one tile group a block instead
-// (the same bits); bit 25 one step at a time, bit 27 the early refill (the same bits; for
-// measurements).
+// (the same bits); bit 25 one step at a time (the same bits; for measurements).
 // M is handled 8 tokens per mma N tile, up to 64 rows per launch; larger M is cut into
 // launches of 64 rows (a simple path: weights are re-read for each).
 // With algo bit 24 the launch is a programmatic dependent launch: the kernel lets the next
@@ -69,10 +66,7 @@ constexpr int kWBytes = 1024;
 __host__ __device__ constexpr int slot_bytes(int gmode, int box) {
   return (box * (kWBytes + (gmode ? 2 * kScaleSlot : 0)) + 127) / 128 * 128;
 }
-// The rings' barriers (8 bytes a slot), then one scratch word a warp (see release below).
-__host__ __device__ constexpr int barrier_bytes(int warps, int stages) {
-  return (warps * stages * 8 + warps * 4 + 127) / 128 * 128;
-}
+__host__ __device__ constexpr int barrier_bytes(int warps, int stages) { return (warps * stages * 8 + 127) / 128 * 128; }
 
 // The weights as a 2D tensor of 8-byte elements for the copy engine: rows are Paddle's
 // channel groups (4 channels for int4, 2 for int8; 2K contiguous bytes each). `wmap`'s box
@@ -89,9 +83,7 @@ struct Params {
   int chunk;              // steps of x staged at once
   int stages;             // weight ring slots per warp
   int box;                // steps per slot (per tensor copy)
-  int pair;               // bit 0: two steps at a time where they can be (else one at a time; same bits);
-                          // bit 1: a slot is refilled only after its steps' arithmetic (the default;
-                          // clear: as soon as they are in registers; same bits)
+  int pair;               // 1: two steps at a time where they can be (0: one at a time; same bits)
   int groups;             // tile groups of 16 * warps channels (the grid's y covers them in turn)
 };
 
@@ -236,7 +228,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MT == 1 ? 4 : MT == 2 ? 3 : 1)
   const int buf_elems = p.m * ld;
   // Two steps at a time where the slot and the x chunk hold them (MT <= 2: registers).
   constexpr bool kPair = MT == 1 ? !(BITS == 4 && GMODE == 2) : MT == 2 && BITS == 4 && GMODE == 0;
-  const bool pair = kPair && (p.pair & 1) != 0;
+  const bool pair = kPair && p.pair != 0;
   int slot = 0, j = 0, slot_len = 0;  // ring slot, step inside it, its steps
   int jstride = 0, rgap = 0;          // bytes between a slot's steps; between rows g and g+8
   const uint8_t* wbase = ring;        // this lane's bytes of the slot's first step
@@ -281,22 +273,6 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MT == 1 ? 4 : MT == 2 ? 3 : 1)
           }
           const uint8_t* sl = ring + slot * slot_sz;
           const uint16_t* xs = buf + (step - cs) * kStepK;
-          // Early refill (p.pair bit 1 clear, algo bit 27): once the slot's last steps are in
-          // registers, the copy engine may refill it while their arithmetic runs (the same bits;
-          // measured slower than the default, below). The refill is issued after a shared store
-          // of a value folded from every loaded word, so only once the loads have landed (a warp
-          // issues in order).
-          auto release = [&](uint32_t dep) {
-            if (p.pair & 2) return;
-            dsx_wo::sts32(dsx_wo::smem_addr(smem) + 8 * nwarps * nst + 4 * warp, dep);
-            __syncwarp();
-            if (iss_u >= 0) {
-              if (lane == 0) issue(iss_u, iss_s, slot);
-              advance();
-            }
-          };
-          auto fold = [](const Stage& t) { return t.w[0].x ^ t.w[0].y ^ t.w[0].z ^ t.w[0].w ^ t.w[1].x ^ t.w[1].y ^
-                                                  t.w[1].z ^ t.w[1].w ^ t.s[0] ^ (GMODE == 2 ? t.s[1] : 0u); };
           if (kPair && pair && j + 1 < slot_len && step + 1 < ce) {
             Stage st[2];
 #pragma unroll
@@ -304,9 +280,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MT == 1 ? 4 : MT == 2 ? 3 : 1)
               const uint8_t* wp = wbase + (j + n) * jstride;
               st[n].w[0] = dsx_wo::lds128(wp);
               st[n].w[1] = dsx_wo::lds128(wp + rgap);
-              st[n].s[0] = GMODE == 1 ? read_scale(sl, j + n, 0) : 0u;
+              if (GMODE == 1) st[n].s[0] = read_scale(sl, j + n, 0);
             }
-            if (j + 2 == slot_len) release(fold(st[0]) ^ fold(st[1]));
 #ifndef DSX_WO_NOMATH
             if (BITS == 8) {
               dsx_wo::step_q<8, MT, GMODE, 2>(acc, st, xs, xo);
@@ -322,9 +297,11 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MT == 1 ? 4 : MT == 2 ? 3 : 1)
             const uint8_t* wp = wbase + j * jstride;
             st[0].w[0] = dsx_wo::lds128(wp);
             st[0].w[1] = dsx_wo::lds128(wp + rgap);
-            st[0].s[0] = GMODE != 0 ? read_scale(sl, j, 0) : 0u;
-            if (GMODE == 2) st[0].s[1] = 2 * step + 1 < ngroups() ? read_scale(sl, j, 1) : 0u;
-            if (j + 1 == slot_len) release(fold(st[0]));
+            if (GMODE == 1) st[0].s[0] = read_scale(sl, j, 0);
+            if (GMODE == 2) {
+              st[0].s[0] = read_scale(sl, j, 0);
+              st[0].s[1] = 2 * step + 1 < ngroups() ? read_scale(sl, j, 1) : 0u;
+            }
 #ifndef DSX_WO_NOMATH
             if (BITS == 8) {
               dsx_wo::step_q<8, MT, GMODE, 1>(acc, st, xs, xo);
@@ -338,13 +315,11 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MT == 1 ? 4 : MT == 2 ? 3 : 1)
 #endif
             j += 1, step += 1;
           }
-          if (j == slot_len) {  // the slot is done
-            if (p.pair & 2) {  // (the default: refill only now)
-              __syncwarp();
-              if (iss_u >= 0) {
-                if (lane == 0) issue(iss_u, iss_s, slot);
-                advance();
-              }
+          if (j == slot_len) {  // the slot is read: the copy engine may refill it
+            __syncwarp();
+            if (iss_u >= 0) {
+              if (lane == 0) issue(iss_u, iss_s, slot);
+              advance();
             }
             j = 0;
             if (++slot == nst) slot = 0, parity ^= 1u;
@@ -418,7 +393,6 @@ struct Config {
   bool pdl;   // programmatic dependent launch (algo bit 24)
   bool pair;     // two steps at a time (algo bit 25 clear)
   bool persist;  // blocks loop over tile groups: only as many as are resident (algo bit 26 clear)
-  bool late;     // a ring slot is refilled only after its steps' arithmetic (algo bit 27 clear)
 };
 
 bool valid_args(int64_t m, int64_t n, int64_t k, int bits, int group, int arch) {
@@ -476,9 +450,8 @@ int choose(int64_t m, int64_t n, int64_t k, int bits, int group, int algo, int s
   const int gmode = gmode_of(bits, group);
   const int step_k = bits == 8 ? 64 : 128;
   const int nsteps = static_cast<int>(bits == 8 ? k / 64 : (k / 64 + 1) / 2);
-  if (algo < 0 || (algo >> 28) != 0) return DSX_EINVAL;
-  const bool pdl = (algo >> 24) & 1, pair = !((algo >> 25) & 1), persist = !((algo >> 26) & 1),
-             late = !((algo >> 27) & 1);
+  if (algo < 0 || (algo >> 27) != 0) return DSX_EINVAL;
+  const bool pdl = (algo >> 24) & 1, pair = !((algo >> 25) & 1), persist = !((algo >> 26) & 1);
   int warps = algo & 15, splits = (algo >> 4) & 15, chunk = (algo >> 8) & 255, stages = (algo >> 16) & 15,
       box = (algo >> 20) & 15;
   const int64_t tiles = n / 16;
@@ -545,7 +518,7 @@ int choose(int64_t m, int64_t n, int64_t k, int bits, int group, int algo, int s
   const int64_t smem = smem_bytes(rows, bits, gmode, warps, stages, box, chunk, per_split);
   if (smem > kSmemPerBlock) return DSX_EINVAL;
   *cfg = Config{warps, splits, chunk, stages, box, mt, static_cast<int>(smem), static_cast<int>(blocks_n),
-                pdl, pair, persist, late};
+                pdl, pair, persist};
 #ifdef DSX_WO_DIAG_MIN_SMEM  // diagnostic builds: at least this much shared memory a block (fewer blocks an SM)
   cfg->smem = std::max(cfg->smem, DSX_WO_DIAG_MIN_SMEM);
 #endif
@@ -740,7 +713,7 @@ extern "C" int dsx_wo_gemm_bf16_nt_cuda(const void* x, const void* qweight, cons
     p.scale = static_cast<const uint16_t*>(scale);
     p.out = static_cast<uint16_t*>(out) + m0 * n;
     p.m = rows, p.n = static_cast<int>(n), p.k = static_cast<int>(k), p.group = group_size;
-    p.chunk = cfg.chunk, p.stages = cfg.stages, p.box = cfg.box, p.pair = (cfg.pair ? 1 : 0) | (cfg.late ? 2 : 0);
+    p.chunk = cfg.chunk, p.stages = cfg.stages, p.box = cfg.box, p.pair = cfg.pair ? 1 : 0;
     p.groups = cfg.blocks_n;
     const cudaStream_t st = static_cast<cudaStream_t>(stream);
     cudaError_t e;

@@ -115,7 +115,7 @@ def _cuda_fns():
 def check_algo(algo: int) -> None:
     """Raise DsxError unless `algo` is 0 or a well-formed tuning word (see algo_word)."""
     warps, splits, stages, box = algo & 15, (algo >> 4) & 15, (algo >> 16) & 15, (algo >> 20) & 15
-    if algo < 0 or algo >> 28 or warps not in (0, 1, 2, 4, 8) or splits not in (0, 1, 2, 4, 8) or stages == 1 \
+    if algo < 0 or algo >> 27 or warps not in (0, 1, 2, 4, 8) or splits not in (0, 1, 2, 4, 8) or stages == 1 \
             or box > 8:
         raise DsxError(f"algo: expected 0 (automatic) or a word from algo_word(), got {algo:#x}")
 

@@ -62,7 +62,6 @@ def check_bound(out, x, wd, what, exact_frac=0.9):
 PDL = 1 << 24      # algo bit: programmatic dependent launch
 ONE_STEP = 1 << 25  # algo bit: one step at a time (no step pairing)
 ONE_GROUP = 1 << 26  # algo bit: one tile group a block (no persistent blocks)
-EARLY = 1 << 27      # algo bit: a ring slot is refilled as soon as its steps are in registers
 
 
 def run_raw(x, q, s, bits, group, algo, stream=None):
@@ -106,9 +105,6 @@ def test_every_config_is_right_and_deterministic(bits, group):
                 if warps == 4:  # two steps at a time (the default) or one, persistent or not: the same bits
                     c = run_raw(x, q, s, bits, group, algo | ONE_STEP | ONE_GROUP)
                     assert np.array_equal(c.view(np.uint16), first.view(np.uint16)), f"algo {algo:#x} one step"
-                if warps in (2, 8):  # slots refilled before their steps' arithmetic: the same bits
-                    c = run_raw(x, q, s, bits, group, algo | EARLY)
-                    assert np.array_equal(c.view(np.uint16), first.view(np.uint16)), f"algo {algo:#x} early refill"
 
 
 @pytest.mark.parametrize("bits,group", [(8, -1), (8, 64), (4, -1), (4, 128), (4, 64)])
@@ -146,8 +142,6 @@ def test_ragged_n_and_short_slots(bits, group):
                 assert np.array_equal(a.view(np.uint16), first.view(np.uint16)), f"algo {algo:#x} changed the bits"
                 b = run_raw(x, q, s, bits, group, algo | ONE_GROUP | ONE_STEP)
                 assert np.array_equal(b.view(np.uint16), first.view(np.uint16)), f"algo {algo:#x} one group"
-                b = run_raw(x, q, s, bits, group, algo | EARLY)
-                assert np.array_equal(b.view(np.uint16), first.view(np.uint16)), f"algo {algo:#x} early refill"
 
 
 @pytest.mark.parametrize("bits,group", [(4, -1), (4, 64), (8, 128)])
@@ -163,8 +157,6 @@ def test_rings_run_on_across_many_tile_groups(bits, group):
         check_bound(a, x, wd, f"ring across groups, splits {splits}")
         b = run_raw(x, q, s, bits, group, algo | ONE_GROUP)
         assert np.array_equal(a.view(np.uint16), b.view(np.uint16)), f"splits {splits}: bits differ"
-        b = run_raw(x, q, s, bits, group, algo | EARLY)
-        assert np.array_equal(a.view(np.uint16), b.view(np.uint16)), f"splits {splits}: early refill differs"
 
 
 @pytest.mark.parametrize("m", [1, 2, 4, 8, 16])
@@ -285,7 +277,7 @@ def test_config_and_bad_algo():
         G.gemm_weight_only_cuda(x4, q4, s4, 4, -1, 90, algo=G.algo_word(8, 1, 255, 15))
     v = [ctypes.c_int() for _ in range(5)]
     cfg_fn = G._cuda_fns()[1]
-    assert cfg_fn(1, 64, 64, 8, -1, PDL | ONE_STEP | ONE_GROUP | EARLY, *[ctypes.byref(i) for i in v]) == 0
-    assert cfg_fn(1, 64, 64, 8, -1, 1 << 28, *[ctypes.byref(i) for i in v]) != 0  # no such bit
+    assert cfg_fn(1, 64, 64, 8, -1, PDL | ONE_STEP | ONE_GROUP, *[ctypes.byref(i) for i in v]) == 0
+    assert cfg_fn(1, 64, 64, 8, -1, 1 << 27, *[ctypes.byref(i) for i in v]) != 0  # no such bit
     with pytest.raises(DsxError, match="arch"):
         G.gemm_weight_only_cuda(x, q, s, 8, -1, 70)

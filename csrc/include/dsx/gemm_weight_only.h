@@ -46,10 +46,9 @@
  * programmatic dependent launch: the kernel fetches its first weights, then waits for the previous
  * kernel of the stream before it reads x, and lets the next kernel start launching once its own
  * main loop is done (so weights and scales must not be written by an earlier kernel still running).
- * Bits 25 (one K step at a time instead of two interleaved chains), 26 (one tile group per block
- * instead of persistent blocks) and 27 (a ring slot of weights is refilled as soon as its steps are
- * in registers, instead of after their arithmetic) are for measurements; none changes the output
- * bits, nor does bit 24. Returns 0, DSX_EINVAL
+ * Bits 25 (one K step at a time instead of two interleaved chains) and 26 (one tile group per block
+ * instead of persistent blocks) are for measurements; neither changes the output bits, nor does
+ * bit 24. Returns 0, DSX_EINVAL
  * or DSX_ECUDA (launch failure, or no driver entry point for the TMA descriptor).
  */
 #ifndef DSX_GEMM_WEIGHT_ONLY_H_
