@@ -17,7 +17,8 @@ enum {
   kSwapAB = 4,
   kOverlap = 5,
   kSmall = 6,
-  kLastAlgo = kSmall
+  kLarge = 7,
+  kLastAlgo = kLarge
 };
 
 constexpr int kPdlBit = 28;  // algo bit: launch the small-M kernel with programmatic dependent launch
@@ -100,6 +101,15 @@ bool use_cutlass(const GemmNt& g, Algo* a, int* err) {
   return ok;
 }
 
+// The hand-written persistent kernel for large M (gemm_fp8_large.cu): forced (algo 7; knobs:
+// bits 8..11 = v, tile order in groups of 4v M tiles, 0 = default; bits 12..15 the variant, see
+// dsx_cuda::large_run), or by algo 0 from kLargeMinRows rows on where TMA alignment allows.
+constexpr int64_t kLargeMinRows = INT64_MAX;  // not chosen automatically (yet)
+bool use_large(const GemmNt& g, const Algo& a) {
+  if (a.base == kLarge) return true;
+  return a.base == kAuto && g.m >= kLargeMinRows && dsx_cuda::large_supported(g);
+}
+
 }  // namespace
 
 namespace dsx_cuda {
@@ -134,6 +144,11 @@ extern "C" int dsx_gemm_fp8_nt_workspace_cuda(int64_t m, int64_t n, int64_t k, i
   if (use_small(g, a)) {  // no workspace; M = 0 is a no-op for every algo
     return m == 0 || dsx_cuda::small_supported(g) ? DSX_OK : DSX_EINVAL;
   }
+  if (use_large(g, a)) {  // no workspace
+    GemmNt g1 = g;
+    g1.m = m > 0 ? m : 1;
+    return dsx_cuda::large_supported(g1) ? DSX_OK : DSX_EINVAL;
+  }
   int err;
   if (!use_cutlass(g, &a, &err)) return err;
   size_t ws = 0;
@@ -163,6 +178,7 @@ extern "C" int dsx_gemm_fp8_nt_cuda(const uint8_t* a, const float* sa, const uin
   const auto s = static_cast<cudaStream_t>(stream);
   // kSmall's knobs: bits 16..23 K splits (cluster size, 0 automatic), bit 28 PDL
   if (use_small(g, al)) return dsx_cuda::small_run(g, al.tuning.splits, al.pdl, s);
+  if (use_large(g, al)) return dsx_cuda::large_run(g, al.tuning.decomposition, 4 * al.tuning.swizzle, s);
   int err;
   if (use_cutlass(g, &al, &err)) {
     const auto ws_bytes = static_cast<size_t>(workspace_bytes);

@@ -45,7 +45,16 @@
  * reproducible); bits 16..23 = S (0 automatic, at most 8 and at most ceil(K/128)); bit 28 =
  * programmatic dependent launch (with 6 or 0 only: the kernel waits for the previous grid before
  * it touches global memory, so a GEMM can start its prologue under the previous kernel's tail).
- * The grouped GEMM has one CUTLASS kernel (1, 3, 4, 5 all select it).
+ * 7 = the large-M kernel (no CUTLASS; same TMA alignment rules as the CUTLASS kernels, no
+ * workspace): persistent, one CTA per SM walking the 128 x BN output tiles in a grouped order (bits
+ * 8..11 = v: groups of 4v M tiles, 0 = 16), TMA loads into a ring of stages, two consumer
+ * warpgroups (64 rows each) issuing wgmma per K block into a temporary, the same per-block
+ * promotion order as above, a bf16 TMA-store epilogue that overlaps the next tile; every tile
+ * computed by one CTA in a fixed order (bitwise reproducible, independent of the tile order knob).
+ * Bits 12..15 the variant: 0 or 1 = BN 128 with two alternating temporaries (block k promoted
+ * while block k+1's wgmma runs), 3 = BN 128 with one (bitwise the output of 1), 2 = BN 192 with
+ * one (a tile may straddle two 128-column scale blocks: each column takes its own block's scale).
+ * The grouped GEMM has one CUTLASS kernel (1, 3, 4, 5, 7 all select it).
  * Benchmarking knobs of the CUTLASS tile scheduler
  * (0 = its default): bits 4..7 raster order (1 along M, 2 along N), bits 8..11 swizzle
  * (1, 2, 4, 8); stream-K kernels only: bits 12..15 decomposition (1 data-parallel,
