@@ -29,9 +29,9 @@ DENSE = [(m, n, k) for m in (4096, 128, 64, 16) for (n, k) in ((7168, 2048), (20
 # (coop = 1: cooperative 128x128 stream-K, clusters 1x2; ovl = 5: the same with the scale promotion
 # overlapped, auto's choice from M = 1024; large = 7: the hand-written persistent kernel, 128x128 tiles,
 # promotion overlapped, tile order in groups of 16 M tiles (default), large_g8: groups of 8,
-# large_n192: 128x192 tiles, large_plain: 128x128 without the promotion overlap)
+# large_n192: 128x192 tiles, large_m256: 256x128 tiles)
 TUNE_LARGE = {"auto": 0, "coop": 1, "ovl": 5, "large": 7, "large_g8": 7 | 2 << 8, "large_n192": 7 | 2 << 12,
-              "large_plain": 7 | 3 << 12}
+              "large_m256": 7 | 4 << 12, "large_m256_g8": 7 | 4 << 12 | 2 << 8}
 # small M: the CUTLASS kernels auto chose before (pingpong 3, swap-AB split-K 2) and the hand-written
 # kernel 6 (swap-AB, K split over a cluster of `s` CTAs; auto split count), with programmatic dependent
 # launch (bit 28: each launch of the graph may start while the previous one finishes) or without

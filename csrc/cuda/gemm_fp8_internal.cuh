@@ -73,11 +73,11 @@ bool small_auto(const GemmNt& g);
 int small_run(const GemmNt& g, int splits, bool pdl, cudaStream_t s);
 
 // ---- hand-written persistent sm_90a kernel for large M (gemm_fp8_large.cu) ----
-// 128 x BN tiles, one CTA per SM walking them in a grouped order (`group` M tiles, 0 = default),
-// TMA producer + two consumer warpgroups, TMA-store epilogue overlapped with the next tile.
-// variant: 0 default, 1 = BN 128 with the promotion overlapped with the next K block's wgmma,
-// 2 = BN 192, 3 = BN 128 (both without that overlap). No workspace. large_supported: TMA
-// alignment (as tma_compatible) and the index ranges.
+// BM x BN tiles, one CTA per SM walking them in a grouped order (`group` 128-row M tiles, 0 =
+// default), TMA producer + two consumer warpgroups, TMA-store epilogue overlapped with the next
+// tile. variant: 0 default, 1 = 128x128 with the promotion overlapped with the next K block's
+// wgmma, 2 = 128x192, 3 = 128x128, 4 = 256x128 (2..4 without that overlap). No workspace.
+// large_supported: TMA alignment (as tma_compatible) and the index ranges.
 bool large_supported(const GemmNt& g);
 int large_run(const GemmNt& g, int variant, int group, cudaStream_t s);
 

@@ -102,8 +102,9 @@ def test_auto_choice_matches_forced_kernels_bitwise():
     the SMs (66..132 here); else the hand-written small-M kernel (6) while the 128-row weight tiles are
     no more than the SMs at M <= 32, or at M <= 64 with K >= 4096; else pingpong at M <= 128, swap-AB with
     2-way split-K when M <= 128 leaves fewer than 64 pingpong tiles and K >= 4096, cooperative
-    stream-K above and, from 1024 rows on, cooperative stream-K with the promotion overlapped (all
-    deterministic)."""
+    stream-K above; from 1024 rows on the large-M kernel (7: 128x192 tiles when N % 192 == 0, 256x128
+    when K < 4096 and those tiles fill the SMs, else 128x128), except K >= 4096 over two waves of
+    128x128 tiles: cooperative stream-K with the promotion overlapped (all deterministic)."""
     rng = np.random.default_rng(9)
     swap_splitk2, swap_dp = 4 | 2 << 12 | 2 << 16, 4 | 1 << 12
     for m, n, k, forced in ((128, 512, 1024, 3), (129, 512, 1024, 1), (64, 2048, 7168, SMALL),
@@ -111,7 +112,9 @@ def test_auto_choice_matches_forced_kernels_bitwise():
                             (65, 7168, 2048, 3), (32, 7168, 2048, SMALL), (33, 7168, 2048, swap_dp),
                             (33, 4096, 4096, SMALL), (16, 24576, 1536, 3), (128, 4096, 7168, swap_dp),
                             (64, 7168, 4096, swap_dp), (64, 4096, 7168, SMALL), (1023, 256, 512, 1),
-                            (1024, 384, 1024, 5)):
+                            (1024, 384, 1024, LARGE | 2 << 12), (1024, 4736, 1024, LARGE | 4 << 12),
+                            (1024, 1024, 1024, LARGE | 1 << 12), (1100, 1280, 4096, LARGE | 1 << 12),
+                            (2048, 2176, 4096, 5)):
         a, sa, b, sb = make_gemm(rng, m, n, k)
         auto, want = cuda.gemm_fp8_nt(a, sa, b, sb), cuda.gemm_fp8_nt(a, sa, b, sb, algo=forced)
         assert np.array_equal(auto.view(np.uint16), want.view(np.uint16)), f"M={m} N={n} K={k}"
@@ -143,15 +146,17 @@ def test_large_m_kernel_matches_float64_and_is_deterministic(m, n, k):
     a, sa, b, sb = make_gemm(rng, m, n, k)
     got = cuda.gemm_fp8_nt(a, sa, b, sb, algo=LARGE)
     assert_gemm_close(got, a, sa, b, sb, f"large {(m, n, k)}")
-    # the same arithmetic: tile orders, promotion overlapped (1) or not (3)
-    for algo in (LARGE, LARGE | 1 << 8, LARGE | 8 << 8, LARGE | 1 << 12, LARGE | 3 << 12):
+    # the same arithmetic: tile orders, promotion overlapped (1) or not (3), 256-row tiles (4)
+    for algo in (LARGE, LARGE | 1 << 8, LARGE | 8 << 8, LARGE | 1 << 12, LARGE | 3 << 12, LARGE | 4 << 12,
+                 LARGE | 4 << 12 | 1 << 8):
         again = cuda.gemm_fp8_nt(a, sa, b, sb, algo=algo)
         assert np.array_equal(got.view(np.uint16), again.view(np.uint16)), f"algo {algo} {(m, n, k)}"
     # 192-wide tiles (a tile may straddle two 128-column scale blocks at either offset)
     wide = cuda.gemm_fp8_nt(a, sa, b, sb, algo=LARGE | 2 << 12)
     assert_gemm_close(wide, a, sa, b, sb, f"large BN=192 {(m, n, k)}")
-    again = cuda.gemm_fp8_nt(a, sa, b, sb, algo=LARGE | 2 << 12 | 1 << 8)
-    assert np.array_equal(wide.view(np.uint16), again.view(np.uint16)), f"BN=192 {(m, n, k)}"
+    for algo in (LARGE | 2 << 12 | 1 << 8,):  # another tile order
+        again = cuda.gemm_fp8_nt(a, sa, b, sb, algo=algo)
+        assert np.array_equal(wide.view(np.uint16), again.view(np.uint16)), f"algo {algo} {(m, n, k)}"
 
 
 def test_large_m_kernel_agrees_with_cpu_kernel_and_fills_many_waves():
