@@ -107,9 +107,10 @@ bool use_cutlass(const GemmNt& g, Algo* a, int* err) {
 // dsx_cuda::large_run), or by algo 0 from kLargeMinRows rows on, where TMA alignment allows, except
 // for a long K over at least two waves of 128x128 tiles (that stays on kOverlap). H200, M = 4096 and
 // 1024 on the three DeepSeek-V3 shapes, variants and cuBLAS timed interleaved (3 runs):
-//   N % 192 == 0 (24576x1536): 128x192 tiles, 0.89-0.93x kOverlap's time at M = 4096, 0.85-0.88x at 1024;
-//   K < 4096 with 256x128 tiles >= SMs (7168x2048): 256x128, 0.94x kOverlap at 4096, 0.82x at 1024;
-//   else 128x128 with two temporaries (2048x7168 at M = 1024: 0.96-0.98x kOverlap);
+//   N % 192 == 0 (24576x1536): 128x192 tiles, 0.89-0.93x kOverlap's time at M = 4096, 0.85-0.87x at 1024;
+//   K < 4096 with 256x128 tiles >= SMs (7168x2048): 256x128, 0.94-0.95x kOverlap at 4096, 0.82x at
+//   1024 (one run; 128x128 was 0.95-1.0x);
+//   else 128x128 with two temporaries (2048x7168 at M = 1024: 0.96-0.97x kOverlap);
 //   K >= 4096 over >= 2 waves of 128x128 tiles (2048x7168 at M = 4096): kOverlap, which was
 //   0.91-0.94x the time of the 128x128 kernel there (its 1x2 cluster multicast halves A's L2 reads).
 constexpr int64_t kLargeMinRows = 1024;
