@@ -1,25 +1,28 @@
 // Block FP8 GEMM for large M (algo 7, "large"): a hand-written persistent sm_90a kernel.
 //
-// One CTA per SM walks the 128 x BN output tiles t = blockIdx.x, blockIdx.x + gridDim.x, ... in a
-// grouped order (`group` M tiles side by side, then the next N tile: neighbouring CTAs share
-// operand tiles in L2). Warp roles (384 threads, 1 CTA per SM):
+// One CTA per SM walks the BM x BN output tiles (128x128, 128x192 or 256x128) t = blockIdx.x,
+// blockIdx.x + gridDim.x, ... in a grouped order (`group` M tiles side by side, then the next N
+// tile: neighbouring CTAs share operand tiles in L2). Warp roles (384 threads, 1 CTA per SM):
 //   warpgroup 0 (registers lowered to 40 by setmaxnreg):
-//     warp 0: TMA producer: per K block the A tile (128 rows x 128 K) and the B tile (BN x 128),
+//     warp 0: TMA producer: per K block the A tile (BM rows x 128 K) and the B tile (BN x 128),
 //             128B swizzle, into a ring of stages; it runs ahead across tile boundaries;
-//     warp 1: scale producer: cp.async of the stage's 128 token scales sa[m0.., kb] and the block
-//             scales of the tile's first and last 128-column block, completing on the same full
-//             barrier (arrive.noinc);
-//     warps 2, 3: idle.
-//   warpgroups 1, 2 (registers raised to 232): consumers, 64 rows of the tile each. Per K block 4
-//     wgmma m64nBNk32 into a temporary (the first overwrites it), then acc = fma(tmp, sa*sb, acc):
-//     the order of gemm_fp8.h (one fp32 block sum per K block, its scale product rounded to fp32,
-//     added in increasing K). BN = 128 may use two alternating temporaries, so that block k+1's
-//     wgmma runs while block k is promoted (3 x 64 accumulator registers); with one temporary
-//     (BN = 128 or 192) the two warpgroups cover each other's promotion instead.
+//     warp 1 (and 2 when BM = 256): scale producers: cp.async of the stage's BM token scales
+//             sa[m0.., kb] (128 per warp) and the block scales of the tile's first and last
+//             128-column block, completing on the same full barrier (arrive.noinc);
+//     other warps: idle.
+//   warpgroups 1, 2 (registers raised to 232): consumers, BM/2 rows of the tile each, in 64-row
+//     blocks. Per K block and 64-row block, 4 wgmma m64nBNk32 into a temporary (the first
+//     overwrites it), then acc = fma(tmp, sa*sb, acc): the order of gemm_fp8.h (one fp32 block sum
+//     per K block, its scale product rounded to fp32, added in increasing K). 128x128 may use two
+//     alternating temporaries, so that block k+1's wgmma runs while block k is promoted (3 x 64
+//     accumulator registers); with one temporary the two warpgroups cover each other's promotion.
 //     Epilogue: bf16 into a per-warpgroup 128B-swizzled staging buffer (conflict-free stores), one
-//     thread issues the TMA store; it runs after the next tile's first K block was issued (under
-//     that wgmma), and the buffer is reused only after its store has read it
-//     (cp.async.bulk.wait_group.read), so the store itself overlaps the next mainloop.
+//     thread issues the TMA stores; it runs after the next tile's first wgmma was issued (under
+//     that wgmma), and the buffer is reused only after its stores have read it
+//     (cp.async.bulk.wait_group.read), so the stores themselves overlap the next mainloop.
+// Measured (H200, bench/gpu_kernels.py --large, interleaved with cuBLAS and algo 5): see the
+// automatic choice in gemm_fp8_api.cu (use_large). Tried and dropped: B tiles shared by TMA
+// multicast in 2-CTA clusters (tile pairs along M): correct, but about 2x slower as written.
 // Ragged shapes: M, N clipped by TMA (loads of rows outside read zeros, stores outside are dropped),
 // K any multiple of 16 (the last K block's columns past K read zeros). Deterministic: no atomics,
 // a fixed summation order, every output element written by exactly one CTA.
