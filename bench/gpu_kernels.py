@@ -27,8 +27,11 @@ from gpu_timing import copy_gbs, interleaved, n_sets, ours_sampler, time_ours, t
 DENSE = [(m, n, k) for m in (4096, 128, 64, 16) for (n, k) in ((7168, 2048), (2048, 7168), (24576, 1536))]
 # CUTLASS scheduler knobs swept in the same run (algo bits, see include/dsx/gemm_fp8.h)
 # (coop = 1: cooperative 128x128 stream-K, clusters 1x2; ovl = 5: the same with the scale promotion
-# overlapped, auto's choice from M = 1024; swz2 = coop with swizzle 2)
-TUNE_LARGE = {"auto": 0, "coop": 1, "swz2": 1 | 2 << 8, "ovl": 5, "ovl_swz2": 5 | 2 << 8, "ovl_alongM": 5 | 1 << 4}
+# overlapped, auto's choice from M = 1024; large = 7: the hand-written persistent kernel, 128x128 tiles,
+# promotion overlapped, tile order in groups of 16 M tiles (default), large_g8: groups of 8,
+# large_n192: 128x192 tiles, large_m256: 256x128 tiles)
+TUNE_LARGE = {"auto": 0, "coop": 1, "ovl": 5, "large": 7, "large_g8": 7 | 2 << 8, "large_n192": 7 | 2 << 12,
+              "large_m256": 7 | 4 << 12, "large_m256_g8": 7 | 4 << 12 | 2 << 8}
 # small M: the CUTLASS kernels auto chose before (pingpong 3, swap-AB split-K 2) and the hand-written
 # kernel 6 (swap-AB, K split over a cluster of `s` CTAs; auto split count), with programmatic dependent
 # launch (bit 28: each launch of the graph may start while the previous one finishes) or without
@@ -113,6 +116,17 @@ def bench_dense(m, n, k, rng):
             ours = torch.from_numpy(out.numpy().view(np.int16)).cuda().view(torch.bfloat16).float()
             theirs = calls[0]().float()
             row["rel_diff_vs_anchor"] = float(((ours - theirs).norm() / theirs.norm()).item())
+            if "large" in variants:  # the hand-written large-M kernel: against the anchor, bits against algo 5
+                cuda.gemm_fp8_nt_device(*dev[0], out, algo=7)
+                big = out.numpy().copy()
+                mine = torch.from_numpy(big.view(np.int16)).cuda().view(torch.bfloat16).float()
+                row["large_rel_diff_vs_anchor"] = float(((mine - theirs).norm() / theirs.norm()).item())
+                ws5 = cuda.empty((max(1, cuda.gemm_workspace_bytes(m, n, k, 5)),), np.uint8)
+                cuda.gemm_fp8_nt_device(*dev[0], out, workspace=ws5, algo=5)
+                row["large_bits_equal_ovl"] = float((out.numpy() == big).mean())
+                cuda.gemm_fp8_nt_device(*dev[0], out, algo=7 | 2 << 12)
+                wide = torch.from_numpy(out.numpy().view(np.int16)).cuda().view(torch.bfloat16).float()
+                row["large_n192_rel_diff_vs_anchor"] = float(((wide - theirs).norm() / theirs.norm()).item())
             for name in ("small", "small64"):  # the hand-written kernel's output too
                 if name in variants:
                     cuda.gemm_fp8_nt_device(*dev[0], out, algo=variants[name])
@@ -205,6 +219,9 @@ def table(rows):
             notes += f" one un-graphed launch incl. Python call {r['us_single_launch_with_host_call']} us"
         if "rel_diff_vs_anchor" in r:
             notes += f" diff {r['rel_diff_vs_anchor']:.1e}"
+        if "large_rel_diff_vs_anchor" in r:
+            notes += (f" large diff {r['large_rel_diff_vs_anchor']:.1e} bits==ovl {r['large_bits_equal_ovl']:.4f}"
+                      f" n192 diff {r['large_n192_rel_diff_vs_anchor']:.1e}")
         for name in ("small", "small64"):
             if f"{name}_rel_diff_vs_anchor" in r:
                 notes += f" {name} diff {r[f'{name}_rel_diff_vs_anchor']:.1e}"
@@ -222,12 +239,15 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=None, help="write bench.json and bench.txt here")
     ap.add_argument("--quick", action="store_true", help="fewer shapes")
     ap.add_argument("--small", action="store_true", help="only the dense GEMM at M = 128, 64, 16 (5 shapes each)")
+    ap.add_argument("--large", action="store_true", help="only the dense GEMM at M = 4096 and 1024 (3 shapes each)")
     args = ap.parse_args()
     if not cuda.available():
         print("no CUDA device: nothing to benchmark")
         return 1
     rng = np.random.default_rng(0)
-    if args.small:
+    if args.large:  # M = 4096, then M = 1024 (where algo 0 may switch kernels)
+        jobs = [(bench_dense, spec) for spec in DENSE[:3] + [(1024, n, k) for _, n, k in DENSE[:3]]]
+    elif args.small:
         jobs = [(bench_dense, (m, n, k)) for m in (128, 64, 16) for n, k in SMALL_SHAPES]
         jobs.append((bench_dense, LAUNCH_PROBE))
     else:

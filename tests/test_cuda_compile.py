@@ -22,7 +22,8 @@ pytestmark = pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
 
 CUTLASS_UNITS = ["gemm_fp8_cutlass_dense.cu", "gemm_fp8_cutlass_pingpong.cu", "gemm_fp8_cutlass_swapab.cu",
                  "gemm_fp8_cutlass_grouped.cu", "gemm_fp8_cutlass_overlap.cu"]
-LIGHT_UNITS = ["act_quant_fp8.cu", "gemm_fp8_api.cu", "gemm_fp8_simple.cu", "gemm_fp8_small.cu", "mtp_accept.cu"]
+LIGHT_UNITS = ["act_quant_fp8.cu", "gemm_fp8_api.cu", "gemm_fp8_simple.cu", "gemm_fp8_small.cu", "gemm_fp8_large.cu",
+               "mtp_accept.cu"]
 
 
 def run_nvcc(unit: str, tmp_path: Path, includes: list[Path]) -> tuple[int, str]:
@@ -50,8 +51,10 @@ def test_units_exist():
 @pytest.mark.parametrize("unit", LIGHT_UNITS)
 def test_light_unit_compiles(unit, tmp_path):
     log = nvcc_compile(unit, tmp_path, [])
-    if unit in ("mtp_accept.cu", "act_quant_fp8.cu", "gemm_fp8_small.cu"):
+    if unit in ("mtp_accept.cu", "act_quant_fp8.cu", "gemm_fp8_small.cu", "gemm_fp8_large.cu"):
         assert "spill stores" not in log or "0 bytes spill stores" in log
+    if unit in ("gemm_fp8_small.cu", "gemm_fp8_large.cu"):  # hand-written wgmma pipelines: not serialized
+        assert "C7514" not in log and "C7517" not in log, f"{unit}: wgmma serialized or a wait injected"
 
 
 @pytest.fixture(scope="module")

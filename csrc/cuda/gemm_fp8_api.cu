@@ -17,7 +17,8 @@ enum {
   kSwapAB = 4,
   kOverlap = 5,
   kSmall = 6,
-  kLastAlgo = kSmall
+  kLarge = 7,
+  kLastAlgo = kLarge
 };
 
 constexpr int kPdlBit = 28;  // algo bit: launch the small-M kernel with programmatic dependent launch
@@ -34,7 +35,8 @@ bool decode(int algo, Algo* out) {
   out->pdl = ((algo >> kPdlBit) & 1) != 0;
   out->tuning = Tuning{(algo >> 4) & 15, (algo >> 8) & 15, (algo >> 12) & 15, (algo >> 16) & 255,
                        (algo >> 24) & 15};
-  return out->base <= kLastAlgo && out->tuning.raster <= 2 && out->tuning.decomposition <= 3 &&
+  return out->base <= kLastAlgo && out->tuning.raster <= 2 &&
+         (out->tuning.decomposition <= 3 || out->base == kLarge) &&  // kLarge: its variant, 0..5
          out->tuning.reduction <= 1 && (algo >> (kPdlBit + 1)) == 0 &&
          (!out->pdl || out->base == kSmall || out->base == kAuto) &&
          (out->base != kSmall || out->tuning.swizzle <= 2);  // algo 6: bits 8..11 = weight rows per CTA
@@ -102,6 +104,36 @@ bool use_cutlass(const GemmNt& g, Algo* a, int* err) {
   return ok;
 }
 
+// The hand-written persistent kernel for large M (gemm_fp8_large.cu): forced (algo 7; knobs:
+// bits 8..11 = v, tile order in groups of 4v M tiles, 0 = default; bits 12..15 the variant, see
+// dsx_cuda::large_run), or by algo 0 from kLargeMinRows rows on, where TMA alignment allows, except
+// for a long K over at least two waves of 128x128 tiles (that stays on kOverlap). H200, M = 4096 and
+// 1024 on the three DeepSeek-V3 shapes, variants and cuBLAS timed interleaved (3 runs):
+//   N % 192 == 0 (24576x1536): 128x192 tiles, 0.89-0.93x kOverlap's time at M = 4096, 0.85-0.87x at 1024;
+//   K < 4096 with 256x128 tiles >= SMs (7168x2048): 256x128, 0.94-0.95x kOverlap at 4096, 0.82x at
+//   1024 (one run; 128x128 was 0.95-1.0x);
+//   else 128x128 with two temporaries (2048x7168 at M = 1024: 0.96-0.97x kOverlap);
+//   K >= 4096 over >= 2 waves of 128x128 tiles (2048x7168 at M = 4096): kOverlap, which was
+//   0.91-0.94x the time of the 128x128 kernel there (its 1x2 cluster multicast halves A's L2 reads).
+constexpr int64_t kLargeMinRows = 1024;
+constexpr int64_t kLargeLongK = 4096;
+bool use_large(const GemmNt& g, Algo* a) {
+  if (a->base == kLarge) return true;
+  if (a->base != kAuto || g.m < kLargeMinRows || !dsx_cuda::large_supported(g)) return false;
+  const int64_t sms = dsx_cuda::sm_count();
+  const int64_t nt = (g.n + 127) / 128;
+  if (g.k >= kLargeLongK && ((g.m + 127) / 128) * nt >= 2 * sms) return false;  // kOverlap
+  int variant = 1;                                                              // 128x128, two temporaries
+  if (g.n % 192 == 0) {
+    variant = 2;  // 128x192
+  } else if (g.k < kLargeLongK && ((g.m + 255) / 256) * nt >= sms) {
+    variant = 4;  // 256x128
+  }
+  a->base = kLarge;
+  a->tuning = Tuning{0, 0, variant, 0, 0};
+  return true;
+}
+
 }  // namespace
 
 namespace dsx_cuda {
@@ -136,6 +168,11 @@ extern "C" int dsx_gemm_fp8_nt_workspace_cuda(int64_t m, int64_t n, int64_t k, i
   if (use_small(g, a)) {  // no workspace; M = 0 is a no-op for every algo
     return m == 0 || dsx_cuda::small_supported(g) ? DSX_OK : DSX_EINVAL;
   }
+  if (use_large(g, &a)) {  // no workspace
+    GemmNt g1 = g;
+    g1.m = m > 0 ? m : 1;
+    return dsx_cuda::large_supported(g1) ? DSX_OK : DSX_EINVAL;
+  }
   int err;
   if (!use_cutlass(g, &a, &err)) return err;
   size_t ws = 0;
@@ -169,6 +206,7 @@ extern "C" int dsx_gemm_fp8_nt_cuda(const uint8_t* a, const float* sa, const uin
     const int rows = al.base == kSmall ? al.tuning.swizzle : 0;
     return dsx_cuda::small_run(g, al.tuning.splits | rows << 8, al.pdl, s);
   }
+  if (use_large(g, &al)) return dsx_cuda::large_run(g, al.tuning.decomposition, 4 * al.tuning.swizzle, s);
   int err;
   if (use_cutlass(g, &al, &err)) {
     const auto ws_bytes = static_cast<size_t>(workspace_bytes);

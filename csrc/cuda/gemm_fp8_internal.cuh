@@ -64,13 +64,23 @@ int cutlass_grouped_run(const GemmNt& g, const int32_t* offsets, int64_t experts
                         size_t ws_bytes, Tuning t, cudaStream_t s);
 
 // ---- hand-written sm_90a kernel for decode-sized M (gemm_fp8_small.cu) ----
-// Swapped operands (weights on the 64-row wgmma side), K split over a thread-block cluster of
-// `splits` CTAs (0 = automatic) with a fixed-order reduction; pdl: programmatic dependent launch.
+// Swapped operands (weights on the 64-row wgmma side), K split over a thread-block cluster of S
+// CTAs with a fixed-order reduction. knobs: bits 0..7 = S (0 automatic), bits 8..11 = weight rows
+// per CTA (0 automatic, 1: 128, 2: 64); pdl: programmatic dependent launch.
 // small_auto: algo 0 takes it for this problem.
 constexpr int64_t kSmallMaxRows = 128;
 bool small_supported(const GemmNt& g);
 bool small_auto(const GemmNt& g);
-int small_run(const GemmNt& g, int splits, bool pdl, cudaStream_t s);
+int small_run(const GemmNt& g, int knobs, bool pdl, cudaStream_t s);
+
+// ---- hand-written persistent sm_90a kernel for large M (gemm_fp8_large.cu) ----
+// BM x BN tiles, one CTA per SM walking them in a grouped order (`group` 128-row M tiles, 0 =
+// default), TMA producer + two consumer warpgroups, TMA-store epilogue overlapped with the next
+// tile. variant: 0 default, 1 = 128x128 with the promotion overlapped with the next K block's
+// wgmma, 2 = 128x192, 3 = 128x128, 4 = 256x128 (2..4 without that overlap). No workspace.
+// large_supported: TMA alignment (as tma_compatible) and the index ranges.
+bool large_supported(const GemmNt& g);
+int large_run(const GemmNt& g, int variant, int group, cudaStream_t s);
 
 // ---- simple CUDA-core kernels for any shape (gemm_fp8_simple.cu) ----
 int simple_dense_run(const GemmNt& g, cudaStream_t s);

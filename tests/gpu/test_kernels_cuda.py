@@ -22,6 +22,8 @@ FP8, BF16 = ml_dtypes.float8_e4m3fn, ml_dtypes.bfloat16
 # weight rows per CTA (0 automatic, 1: 128, 2: 64), bit 28 PDL
 SMALL = 6
 ROWS128, ROWS64 = 1 << 8, 2 << 8
+# hand-written persistent kernel for large M: bits 8..11 = v, tile order in groups of 4v M tiles (0 default)
+LARGE = 7
 
 # (M, N, K, path the automatic choice must take)
 DENSE_CASES = [
@@ -76,9 +78,10 @@ def test_dense_gemm_matches_float64(m, n, k, path):
     assert_gemm_close(cuda.gemm_fp8_nt(a, sa, b, sb), a, sa, b, sb, f"auto {(m, n, k)}")
     assert_gemm_close(cuda.gemm_fp8_nt(a, sa, b, sb, algo=2), a, sa, b, sb, f"simple {(m, n, k)}")
     # 1 cooperative stream-K, 3 pingpong, 4 swapped operands, 5 cooperative with the promotion
-    # overlapped, then forced split-K, data-parallel and atomic-order reduction scheduling
+    # overlapped, then forced split-K, data-parallel and atomic-order reduction scheduling; 7 the
+    # hand-written persistent kernel (default tile order, groups of 4 M tiles)
     for algo in (1, 3, 4, 5, 1 | 2 << 12 | 3 << 16, 1 | 1 << 12, 4 | 2 << 12 | 4 << 16, 1 | 3 << 12 | 1 << 24,
-                 5 | 2 << 12 | 3 << 16, 5 | 3 << 12 | 1 << 24):
+                 5 | 2 << 12 | 3 << 16, 5 | 3 << 12 | 1 << 24, LARGE, LARGE | 1 << 8):
         if path == "cutlass":
             assert_gemm_close(cuda.gemm_fp8_nt(a, sa, b, sb, algo=algo), a, sa, b, sb, f"algo {algo} {(m, n, k)}")
         else:
@@ -102,8 +105,9 @@ def test_auto_choice_matches_forced_kernels_bitwise():
     no more than the SMs at M <= 32, or at M <= 64 with K >= 4096, or at M <= 64 while its 64-row tiles
     fit one wave of three CTAs a SM (24576x1536: 384 <= 396); else pingpong at M <= 128, swap-AB with
     2-way split-K when M <= 128 leaves fewer than 64 pingpong tiles and K >= 4096, cooperative
-    stream-K above and, from 1024 rows on, cooperative stream-K with the promotion overlapped (all
-    deterministic)."""
+    stream-K above; from 1024 rows on the large-M kernel (7: 128x192 tiles when N % 192 == 0, 256x128
+    when K < 4096 and those tiles fill the SMs, else 128x128), except K >= 4096 over two waves of
+    128x128 tiles: cooperative stream-K with the promotion overlapped (all deterministic)."""
     rng = np.random.default_rng(9)
     swap_splitk2, swap_dp = 4 | 2 << 12 | 2 << 16, 4 | 1 << 12
     for m, n, k, forced in ((128, 512, 1024, 3), (129, 512, 1024, 1), (64, 2048, 7168, SMALL | ROWS128),
@@ -113,7 +117,9 @@ def test_auto_choice_matches_forced_kernels_bitwise():
                             (64, 24576, 1536, SMALL | ROWS64), (65, 24576, 1536, 3), (128, 4096, 7168, swap_dp),
                             (64, 7168, 4096, swap_dp), (64, 4096, 7168, SMALL | ROWS64),
                             (16, 4096, 7168, SMALL | ROWS64), (1023, 256, 512, 1),
-                            (1024, 384, 1024, 5)):
+                            (1024, 384, 1024, LARGE | 2 << 12), (1024, 4736, 1024, LARGE | 4 << 12),
+                            (1024, 1024, 1024, LARGE | 1 << 12), (1100, 1280, 4096, LARGE | 1 << 12),
+                            (2048, 2176, 4096, 5)):
         a, sa, b, sb = make_gemm(rng, m, n, k)
         auto, want = cuda.gemm_fp8_nt(a, sa, b, sb), cuda.gemm_fp8_nt(a, sa, b, sb, algo=forced)
         assert np.array_equal(auto.view(np.uint16), want.view(np.uint16)), f"M={m} N={n} K={k}"
@@ -132,6 +138,63 @@ def test_overlapped_promotion_is_bitwise_the_plain_mainloop(m, n, k):
         want, got = cuda.gemm_fp8_nt(a, sa, b, sb, algo=plain), cuda.gemm_fp8_nt(a, sa, b, sb, algo=overlapped)
         assert np.array_equal(want.view(np.uint16), got.view(np.uint16)), f"algo {overlapped} vs {plain} {(m, n, k)}"
     assert_gemm_close(got, a, sa, b, sb, f"overlapped {(m, n, k)}")
+
+
+@pytest.mark.parametrize("m,n,k", [(300, 576, 1040), (129, 256, 128), (200, 384, 256), (520, 1000, 384),
+                                   (256, 384, 7168), (130, 136, 48), (1100, 1536, 2048), (64, 2048, 1936)])
+def test_large_m_kernel_matches_float64_and_is_deterministic(m, n, k):
+    """Algo 7: ragged M (rows past M read zeros, stores past M dropped), ragged N (576, 1000, 136: partial
+    tiles), K = 128 (one K block), 2, 3, 9 (a 16-wide last block), 56 K blocks, K < 128, K = 15*128 + 16,
+    M < 128; tile-order knobs (groups of 4, 32 M tiles). Bitwise equal run to run and across tile orders
+    (each tile is computed by one CTA in a fixed order)."""
+    rng = np.random.default_rng(m * 3 + n + k)
+    a, sa, b, sb = make_gemm(rng, m, n, k)
+    got = cuda.gemm_fp8_nt(a, sa, b, sb, algo=LARGE)
+    assert_gemm_close(got, a, sa, b, sb, f"large {(m, n, k)}")
+    # the same arithmetic: tile orders, promotion overlapped (1) or not (3), 256-row tiles (4)
+    for algo in (LARGE, LARGE | 1 << 8, LARGE | 8 << 8, LARGE | 1 << 12, LARGE | 3 << 12, LARGE | 4 << 12,
+                 LARGE | 4 << 12 | 1 << 8):
+        again = cuda.gemm_fp8_nt(a, sa, b, sb, algo=algo)
+        assert np.array_equal(got.view(np.uint16), again.view(np.uint16)), f"algo {algo} {(m, n, k)}"
+    # 192-wide tiles (a tile may straddle two 128-column scale blocks at either offset)
+    wide = cuda.gemm_fp8_nt(a, sa, b, sb, algo=LARGE | 2 << 12)
+    assert_gemm_close(wide, a, sa, b, sb, f"large BN=192 {(m, n, k)}")
+    for algo in (LARGE | 2 << 12 | 1 << 8,):  # another tile order
+        again = cuda.gemm_fp8_nt(a, sa, b, sb, algo=algo)
+        assert np.array_equal(wide.view(np.uint16), again.view(np.uint16)), f"algo {algo} {(m, n, k)}"
+
+
+def test_large_m_kernel_agrees_with_cpu_kernel_and_fills_many_waves():
+    rng = np.random.default_rng(17)
+    m, n, k = 2304, 4096, 1152  # 18 x 32 = 576 tiles: over four waves of 132 SMs
+    a, sa, b, sb = make_gemm(rng, m, n, k)
+    g = cuda.gemm_fp8_nt(a, sa, b, sb, algo=LARGE)
+    assert np.isfinite(g.astype(np.float64)).all()
+    cpu = K.gemm_fp8_nt(a, sa, b, sb).astype(np.float64)
+    rel = np.linalg.norm(g.astype(np.float64) - cpu) / np.linalg.norm(cpu)
+    assert rel < 4e-3 and (g.astype(np.float64) == cpu).mean() > 0.5, rel
+    ovl = cuda.gemm_fp8_nt(a, sa, b, sb, algo=5)
+    rel5 = np.linalg.norm(g.astype(np.float64) - ovl.astype(np.float64)) / np.linalg.norm(ovl.astype(np.float64))
+    assert rel5 < 4e-3, rel5
+    wide = cuda.gemm_fp8_nt(a, sa, b, sb, algo=LARGE | 2 << 12).astype(np.float64)
+    assert np.linalg.norm(wide - cpu) / np.linalg.norm(cpu) < 4e-3
+
+
+def test_large_m_kernel_in_cuda_graph():
+    rng = np.random.default_rng(13)
+    m, n, k = 384, 1024, 1024
+    sets = [make_gemm(rng, m, n, k) for _ in range(2)]
+    want = [cuda.gemm_fp8_nt(*x, algo=LARGE) for x in sets]
+    dev = [[cuda.to_device(x.view(np.uint8) if x.dtype == FP8 else x) for x in st] for st in sets]
+    assert cuda.gemm_workspace_bytes(m, n, k, LARGE) == 0
+    outs = [cuda.empty((m, n), np.uint16).fill_bytes(0xFF) for _ in sets]
+    stream = cuda.Stream()
+    graph = cuda.Graph(lambda s: [cuda.gemm_fp8_nt_device(*dev[i], outs[i], algo=LARGE, stream=s)
+                                  for i in range(2)], stream)
+    graph.launch()
+    stream.synchronize()
+    for i in range(2):
+        assert np.array_equal(outs[i].numpy(), want[i].view(np.uint16)), i
 
 
 @pytest.mark.parametrize("m,n,k", [(1, 2048, 512), (16, 7168, 2048), (37, 576, 1040), (64, 2048, 7168),

@@ -36,9 +36,12 @@
  * CUTLASS sm90a block-wise kernel where its TMA alignment allows
  * (K % 16 == 0, N % 8 == 0, 16-byte aligned pointers): pingpong 64x128 tiles for M <= 128
  * (swapped operands with 2-way split-K when that leaves few tiles and K is long), cooperative
- * 128x128 stream-K above, with the scale promotion overlapped (5) from M >= 1024; else the simple
- * kernel. Forcing one (DSX_EINVAL if the shape cannot take it): 1 = cooperative stream-K,
- * 2 = simple, 3 = pingpong, 4 = swapped operands (out^T = W . A^T, 128x32 tiles, stream-K),
+ * 128x128 stream-K above; from M >= 1024 the large-M kernel (7): 128x192 tiles when N % 192 == 0,
+ * else 256x128 when K < 4096 and those tiles fill a wave of the SMs, else 128x128; but with
+ * K >= 4096 over at least two waves of 128x128 tiles the cooperative kernel with the scale
+ * promotion overlapped (5); else the simple kernel. Forcing one (DSX_EINVAL if the shape cannot
+ * take it): 1 = cooperative stream-K, 2 = simple, 3 = pingpong, 4 = swapped operands
+ * (out^T = W . A^T, 128x32 tiles, stream-K),
  * 5 = 1 with each K block's promotion (acc += P * s) run under the next block's tensor-core work
  * (two temporary accumulators; same arithmetic, bitwise the output of 1 under the same
  * scheduling knobs), 6 = the small-M kernel (M <= 128, no CUTLASS): swapped operands
@@ -50,7 +53,17 @@
  * 2 = 64 rows, two (M > 64) or three CTAs per SM; under the same S both give the same bits);
  * bit 28 = programmatic dependent launch (with 6 or 0 only: the kernel waits for the previous grid before
  * it touches global memory, so a GEMM can start its prologue under the previous kernel's tail).
- * The grouped GEMM has one CUTLASS kernel (1, 3, 4, 5 all select it).
+ * 7 = the large-M kernel (no CUTLASS; same TMA alignment rules as the CUTLASS kernels, no
+ * workspace): persistent, one CTA per SM walking the BM x BN output tiles in a grouped order (bits
+ * 8..11 = v: groups of 4v 128-row M tiles, 0 = 16), TMA loads into a ring of stages, two consumer
+ * warpgroups (BM/2 rows each, in 64-row wgmma blocks) issuing wgmma per K block into a temporary,
+ * the same per-block promotion order as above, a bf16 TMA-store epilogue that overlaps the next
+ * tile; every tile computed by one CTA in a fixed order (bitwise reproducible, independent of the
+ * tile order knob). Bits 12..15 the variant: 0 or 1 = 128x128 with two alternating temporaries
+ * (block k promoted while block k+1's wgmma runs), 3 = 128x128 with one, 4 = 256x128 with one
+ * (3 and 4 bitwise the output of 1), 2 = 128x192 with one (a tile may straddle two 128-column
+ * scale blocks: each column takes its own block's scale).
+ * The grouped GEMM has one CUTLASS kernel (1, 3, 4, 5, 7 all select it).
  * Benchmarking knobs of the CUTLASS tile scheduler
  * (0 = its default): bits 4..7 raster order (1 along M, 2 along N), bits 8..11 swizzle
  * (1, 2, 4, 8); stream-K kernels only: bits 12..15 decomposition (1 data-parallel,

@@ -1,0 +1,427 @@
+// Block FP8 GEMM for large M (algo 7, "large"): a hand-written persistent sm_90a kernel.
+//
+// One CTA per SM walks the BM x BN output tiles (128x128, 128x192 or 256x128) t = blockIdx.x,
+// blockIdx.x + gridDim.x, ... in a grouped order (`group` M tiles side by side, then the next N
+// tile: neighbouring CTAs share operand tiles in L2). Warp roles (384 threads, 1 CTA per SM):
+//   warpgroup 0 (registers lowered to 40 by setmaxnreg):
+//     warp 0: TMA producer: per K block the A tile (BM rows x 128 K) and the B tile (BN x 128),
+//             128B swizzle, into a ring of stages; it runs ahead across tile boundaries;
+//     warp 1 (and 2 when BM = 256): scale producers: cp.async of the stage's BM token scales
+//             sa[m0.., kb] (128 per warp) and the block scales of the tile's first and last
+//             128-column block, completing on the same full barrier (arrive.noinc);
+//     other warps: idle.
+//   warpgroups 1, 2 (registers raised to 232): consumers, BM/2 rows of the tile each, in 64-row
+//     blocks. Per K block and 64-row block, 4 wgmma m64nBNk32 into a temporary (the first
+//     overwrites it), then acc = fma(tmp, sa*sb, acc): the order of gemm_fp8.h (one fp32 block sum
+//     per K block, its scale product rounded to fp32, added in increasing K). 128x128 may use two
+//     alternating temporaries, so that block k+1's wgmma runs while block k is promoted (3 x 64
+//     accumulator registers); with one temporary the two warpgroups cover each other's promotion.
+//     Epilogue: bf16 into a per-warpgroup 128B-swizzled staging buffer (conflict-free stores), one
+//     thread issues the TMA stores; it runs after the next tile's first wgmma was issued (under
+//     that wgmma), and the buffer is reused only after its stores have read it
+//     (cp.async.bulk.wait_group.read), so the stores themselves overlap the next mainloop.
+// Measured (H200, bench/gpu_kernels.py --large, interleaved with cuBLAS and algo 5): see the
+// automatic choice in gemm_fp8_api.cu (use_large). Tried and dropped: B tiles shared by TMA
+// multicast in 2-CTA clusters (tile pairs along M): correct, but about 2x slower as written.
+// Ragged shapes: M, N clipped by TMA (loads of rows outside read zeros, stores outside are dropped),
+// K any multiple of 16 (the last K block's columns past K read zeros). Deterministic: no atomics,
+// a fixed summation order, every output element written by exactly one CTA.
+#include "gemm_fp8_internal.cuh"
+#include "sm90_ptx.cuh"
+
+#include <cuda_bf16.h>
+
+#include <atomic>
+
+namespace dsx_cuda {
+namespace {
+
+using namespace sm90;
+
+constexpr int kBK = 128;
+constexpr int kThreads = 384;
+constexpr int kOutHalf = 64 * 64 * 2;  // bf16 64 rows x 64 columns (one TMA store box, 128B rows)
+constexpr int kDefaultGroup = 16;      // 128-row M tiles per group of the tile order
+constexpr int kSmemLimit = 227 * 1024;
+
+// Tile BM x BN and the mainloop. Each consumer warpgroup owns BM/2 rows as kSub = BM/128 blocks of
+// 64 rows (one wgmma m64 each). kOverlap: two alternating temporaries (block k+1's wgmma runs while
+// block k is promoted; 3 x 64 accumulator registers: BM = BN = 128 only); else one temporary
+// (wgmma, wait, promote per 64-row block; the two consumer warpgroups cover each other's
+// promotion).
+template <int BM, int BN, bool kOverlap>
+struct Cfg {
+  static_assert((BM == 128 && (BN == 128 || BN == 192)) || (BM == 256 && BN == 128), "tile shapes");
+  static_assert(!kOverlap || (BM == 128 && BN == 128), "two temporaries fit the register budget at 128x128 only");
+  static constexpr int kSub = BM / 128;
+  static constexpr int kTileA = BM * kBK;
+  static constexpr int kTileB = BN * kBK;
+  static constexpr int kStage = kTileA + kTileB;
+  static constexpr int kOutWg = kSub * (BN / 64) * kOutHalf;  // one consumer warpgroup's staging
+  static constexpr int kScaleLd = BM + 4;  // floats per stage: BM token scales, 2 block scales, pad
+  static constexpr int kScaleWarps = BM / 128;  // producer warps loading token scales (4 rows per lane)
+  static constexpr int bytes(int stages) {
+    return 1024 + stages * kStage + 2 * kOutWg + stages * kScaleLd * 4 + 2 * stages * 8;
+  }
+  static constexpr int stages() {
+    int st = 6;
+    while (st > 2 && bytes(st) > kSmemLimit) --st;
+    return st;
+  }
+  static constexpr int kStages = stages();
+  static constexpr int kSmem = bytes(kStages);
+  static_assert(kTileA % 1024 == 0 && kTileB % 1024 == 0, "1024-byte aligned tiles (128B swizzle)");
+};
+
+struct Params {
+  const float* sa;  // [m, kbt]
+  const float* sb;  // [nbt, kbt], nbt = ceil(n/128)
+  int m, n, kbt, nbt;
+  int tiles_m, tiles_n, group;
+};
+
+__device__ __forceinline__ void tile_coords(int t, const Params& p, int& mt, int& nt) {
+  const int per_group = p.group * p.tiles_n;
+  const int g = t / per_group;
+  const int first = g * p.group;
+  const int gm = min(p.group, p.tiles_m - first);
+  const int idx = t - g * per_group;
+  mt = first + idx % gm;
+  nt = idx / gm;
+}
+
+__device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
+  asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// One K block of 64 rows of a consumer warpgroup: 4 wgmma (K = 32 each) into t, one commit group.
+template <int BN>
+__device__ __forceinline__ void issue_block(float* t, uint32_t a_tile, uint32_t b_tile) {
+#pragma unroll
+  for (int r = 0; r < BN / 2; ++r) fence_reg(t[r]);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < kBK / 32; ++kk) {
+    wgmma_m64k32<BN>(t, sw128_desc(a_tile + kk * 32), sw128_desc(b_tile + kk * 32), kk > 0);
+  }
+  wgmma_commit();
+}
+
+template <int BM, int BN, bool kOverlap>
+__global__ void __launch_bounds__(kThreads, 1)
+    large_gemm_kernel(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb,
+                      const __grid_constant__ CUtensorMap tout, const Params p) {
+  using C = Cfg<BM, BN, kOverlap>;
+  constexpr int kStages = C::kStages, kSub = C::kSub, kScaleLd = C::kScaleLd;
+  constexpr int kAcc = BN / 2;  // accumulator registers per thread per 64-row block
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  const uint32_t base = smem_u32(smem);
+  const uint32_t a_smem = base, b_smem = base + kStages * C::kTileA;
+  const uint32_t out_smem = base + kStages * C::kStage;
+  float* scales = reinterpret_cast<float*>(smem + kStages * C::kStage + 2 * C::kOutWg);
+  const uint32_t bars = smem_u32(scales + kStages * kScaleLd);
+  auto full = [&](int s) { return bars + 8u * s; };
+  auto empty = [&](int s) { return bars + 8u * (kStages + s); };
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  if (tid == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(full(s), 1 + 32 * C::kScaleWarps);  // the TMA thread's arrive.expect_tx + the scale lanes
+      mbar_init(empty(s), 8);                       // one arrive per consumer warp
+    }
+    mbar_init_fence();
+  } else if (tid == 32) {
+    tma_prefetch_map(&ta);
+    tma_prefetch_map(&tb);
+    tma_prefetch_map(&tout);
+  }
+  __syncthreads();
+
+  const int tiles = p.tiles_m * p.tiles_n, nk = p.kbt;
+  if (warp < 4) {
+    setmaxnreg_dec<40>();
+    if (warp == 0) {
+      if (lane == 0) {
+        int s = 0;
+        uint32_t ph = 0;
+        for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+          int mt, nt;
+          tile_coords(t, p, mt, nt);
+#pragma unroll 1
+          for (int kb = 0; kb < nk; ++kb) {
+            mbar_wait(empty(s), ph ^ 1);
+            mbar_arrive_expect_tx(full(s), C::kStage);
+            tma_load_2d(a_smem + s * C::kTileA, &ta, full(s), kb * kBK, mt * BM);
+            tma_load_2d(b_smem + s * C::kTileB, &tb, full(s), kb * kBK, nt * BN);
+            if (++s == kStages) {
+              s = 0;
+              ph ^= 1;
+            }
+          }
+        }
+      }
+      __syncwarp();
+    } else if (warp <= C::kScaleWarps) {
+      const int r0 = (warp - 1) * 128;  // this warp's 128 rows of the tile's token scales
+      int s = 0;
+      uint32_t ph = 0;
+      for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+        int mt, nt;
+        tile_coords(t, p, mt, nt);
+        const float* src[4];  // this lane's token-scale rows (row 0 again past M: 0 bytes read)
+        int bytes[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const int row = mt * BM + r0 + lane + 32 * q;
+          bytes[q] = row < p.m ? 4 : 0;
+          src[q] = p.sa + static_cast<size_t>(row < p.m ? row : 0) * nk;
+        }
+        // lanes 0, 1 of the first scale warp: the block scales of the tile's first and last
+        // 128-column scale blocks
+        int nb = (nt * BN + lane * (BN - 1)) / 128;
+        nb = nb < p.nbt ? nb : p.nbt - 1;
+        const float* sbrow = p.sb + static_cast<size_t>(nb) * nk;
+#pragma unroll 1  // (unrolled, the loop needs more than the producer's 40 registers)
+        for (int kb = 0; kb < nk; ++kb) {
+          mbar_wait(empty(s), ph ^ 1);
+          const uint32_t slot = smem_u32(scales + s * kScaleLd);
+#pragma unroll
+          for (int q = 0; q < 4; ++q) cp_async_4(slot + 4 * (r0 + lane + 32 * q), src[q] + kb, bytes[q]);
+          if (r0 == 0 && lane < 2) cp_async_4(slot + 4 * (BM + lane), sbrow + kb, 4);
+          cp_async_arrive_noinc(full(s));
+          if (++s == kStages) {
+            s = 0;
+            ph ^= 1;
+          }
+        }
+      }
+    }
+  } else {
+    setmaxnreg_inc<232>();
+    const int w = warp / 4 - 1, wl = warp % 4, wt = tid - 128 * (w + 1);
+    const int r_lo = wl * 16 + lane / 4;  // this thread's rows in a 64-row block: r_lo, r_lo + 8
+    const uint32_t out_buf = out_smem + w * C::kOutWg;
+    float acc[kSub * kAcc], t0[kAcc], t1[kOverlap ? kAcc : 1];
+#pragma unroll
+    for (int r = 0; r < kAcc; ++r) {
+      t0[r] = 0.f;
+      fence_reg(t0[r]);
+      if constexpr (kOverlap) {
+        t1[r] = 0.f;
+        fence_reg(t1[r]);
+      }
+    }
+    int s = 0;
+    uint32_t ph = 0;
+    // waits for the next stage to be full, returns it
+    auto next_stage = [&]() {
+      const int cs = s;
+      mbar_wait(full(s), ph);
+      if (++s == kStages) {
+        s = 0;
+        ph ^= 1;
+      }
+      return cs;
+    };
+    // 64-row block h of this warpgroup's rows of stage cs: A rows (w * kSub + h) * 64
+    auto a_block = [&](int cs, int h) { return a_smem + cs * C::kTileA + (w * kSub + h) * 64 * kBK; };
+    auto b_tile = [&](int cs) { return b_smem + cs * C::kTileB; };
+    bool split = false;  // the tile's columns [64, BN) use the second block scale (BN = 192, odd 64-column offset)
+    // acc[block h] += t * (sa * sb) for the K block held in stage cs; with `release` the stage is
+    // given back once its scales are in registers (its wgmma reads completed before: wgmma_wait).
+    // Columns [0, 128 - off) of the tile take block scale 0, the rest block scale 1 (off = tile
+    // start mod 128, 0 or 64).
+    auto promote = [&](float* t, int cs, int h, bool release) {
+#pragma unroll
+      for (int r = 0; r < kAcc; ++r) fence_reg(t[r]);
+      const float* slot = scales + cs * kScaleLd;
+      const float sb0 = slot[BM], sb1 = slot[BM + 1];
+      const int row = (w * kSub + h) * 64 + r_lo;
+      const float sa_lo = slot[row], sa_hi = slot[row + 8];
+      if (release) {
+        __syncwarp();
+        if (lane == 0) mbar_arrive(empty(cs));
+      }
+      const float lo0 = sa_lo * sb0, h0 = sa_hi * sb0, lo1 = sa_lo * sb1, h1 = sa_hi * sb1;
+      const float lom = split ? lo1 : lo0, hm = split ? h1 : h0;
+      float* a = acc + h * kAcc;
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j) {
+        const float sl = j < 8 ? lo0 : j < 16 ? lom : lo1;
+        const float sh = j < 8 ? h0 : j < 16 ? hm : h1;
+        a[4 * j + 0] = fmaf(t[4 * j + 0], sl, a[4 * j + 0]);
+        a[4 * j + 1] = fmaf(t[4 * j + 1], sl, a[4 * j + 1]);
+        a[4 * j + 2] = fmaf(t[4 * j + 2], sh, a[4 * j + 2]);
+        a[4 * j + 3] = fmaf(t[4 * j + 3], sh, a[4 * j + 3]);
+      }
+    };
+    // Epilogue of the tile (mt, nt) held in acc: bf16 into the staging buffer (128B-swizzled
+    // 64 x 64 boxes, conflict-free stores), one thread issues the TMA stores. The buffer is reused
+    // once this warpgroup's previous stores have read it (cp.async.bulk.wait_group.read).
+    auto epilogue = [&](int mt, int nt) {
+      if (wt == 0) bulk_wait_read0();
+      named_bar_sync(1 + w, 128);
+      const uint32_t sw = static_cast<uint32_t>(lane / 4) & 7u;  // 128B swizzle: row % 8
+#pragma unroll
+      for (int h = 0; h < kSub; ++h) {
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) {
+          const uint32_t off = (h * (BN / 64) + j / 8) * kOutHalf + ((static_cast<uint32_t>(j % 8) ^ sw) * 16) +
+                               4 * (lane % 4);
+          const float* a = acc + h * kAcc;
+          st_shared_u32(out_buf + off + r_lo * 128, pack_bf16(a[4 * j + 0], a[4 * j + 1]));
+          st_shared_u32(out_buf + off + (r_lo + 8) * 128, pack_bf16(a[4 * j + 2], a[4 * j + 3]));
+        }
+      }
+      fence_async_smem();
+      named_bar_sync(1 + w, 128);
+      if (wt == 0) {
+#pragma unroll
+        for (int h = 0; h < kSub; ++h) {
+          const int y = mt * BM + (w * kSub + h) * 64;
+          if (y < p.m) {
+#pragma unroll
+            for (int c = 0; c < BN / 64; ++c) {
+              const int x = nt * BN + c * 64;
+              if (x < p.n) tma_store_2d(&tout, out_buf + (h * (BN / 64) + c) * kOutHalf, x, y);
+            }
+          }
+        }
+        bulk_commit();
+      }
+    };
+    int prev_mt = -1, prev_nt = 0;  // the previous tile, its epilogue still to run
+    for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+      int mt, nt;
+      tile_coords(t, p, mt, nt);
+      // The first K block's wgmma goes first; the previous tile's epilogue runs under it.
+      int c0 = next_stage();  // stage of the block pending in t0
+      issue_block<BN>(t0, a_block(c0, 0), b_tile(c0));
+      if (prev_mt >= 0) epilogue(prev_mt, prev_nt);
+      prev_mt = mt;
+      prev_nt = nt;
+      split = BN != 128 && ((nt * BN) & 127) != 0;
+#pragma unroll
+      for (int r = 0; r < kSub * kAcc; ++r) {
+        acc[r] = 0.f;
+        fence_reg(acc[r]);
+      }
+      if constexpr (kOverlap) {
+        // Two temporaries alternate: block kb+1's wgmma is issued before block kb is promoted.
+        // The loop keeps one shape of in-flight state (t0 pending at its head) so that ptxas can
+        // prove which accumulators are free (else it serializes every wgmma: C7514).
+        int kb = 1;
+        for (; kb + 1 < nk; kb += 2) {
+          const int c1 = next_stage();
+          issue_block<BN>(t1, a_block(c1, 0), b_tile(c1));
+          wgmma_wait<1>();
+          promote(t0, c0, 0, true);
+          c0 = next_stage();
+          issue_block<BN>(t0, a_block(c0, 0), b_tile(c0));
+          wgmma_wait<1>();
+          promote(t1, c1, 0, true);
+        }
+        if (kb < nk) {
+          const int c1 = next_stage();
+          issue_block<BN>(t1, a_block(c1, 0), b_tile(c1));
+          wgmma_wait<1>();
+          promote(t0, c0, 0, true);
+          wgmma_wait<0>();
+          promote(t1, c1, 0, true);
+        } else {
+          wgmma_wait<0>();
+          promote(t0, c0, 0, true);
+        }
+      } else {
+        for (int kb = 0;;) {
+          wgmma_wait<0>();
+          promote(t0, c0, 0, kSub == 1);
+#pragma unroll
+          for (int h = 1; h < kSub; ++h) {
+            issue_block<BN>(t0, a_block(c0, h), b_tile(c0));
+            wgmma_wait<0>();
+            promote(t0, c0, h, h == kSub - 1);
+          }
+          if (++kb == nk) break;
+          c0 = next_stage();
+          issue_block<BN>(t0, a_block(c0, 0), b_tile(c0));
+        }
+      }
+    }
+    epilogue(prev_mt, prev_nt);  // every CTA has at least one tile
+    if (wt == 0) bulk_wait0();
+  }
+}
+
+constexpr int kMaxDevices = 64;
+
+template <int BM, int BN, bool kOverlap>
+int launch(const GemmNt& g, int group, cudaStream_t stream) {
+  using C = Cfg<BM, BN, kOverlap>;
+  auto kernel = large_gemm_kernel<BM, BN, kOverlap>;
+  static std::atomic<int> state[kMaxDevices];  // 0 new, 1 ready, 2 failed
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return DSX_ECUDA;
+  if (state[dev].load(std::memory_order_acquire) == 0) {
+    const bool ok = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem) == cudaSuccess;
+    if (!ok) cudaGetLastError();
+    state[dev].store(ok ? 1 : 2, std::memory_order_release);
+  }
+  if (state[dev].load(std::memory_order_acquire) != 1) return DSX_ECUDA;
+  const int sms = sm_count();
+  if (sms <= 0) return DSX_ECUDA;
+  CUtensorMap ta, tb, tout;
+  if (!encode_2d_sw128(&ta, g.a, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, g.m, g.k, BM, kBK) ||
+      !encode_2d_sw128(&tb, g.b, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, g.n, g.k, BN, kBK) ||
+      !encode_2d_sw128(&tout, g.out, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, g.m, g.n, 64, 64)) {
+    return DSX_EINVAL;
+  }
+  Params p{};
+  p.sa = g.sa;
+  p.sb = g.sb;
+  p.m = static_cast<int>(g.m);
+  p.n = static_cast<int>(g.n);
+  p.kbt = static_cast<int>((g.k + kBK - 1) / kBK);
+  p.nbt = static_cast<int>((g.n + 127) / 128);
+  p.tiles_m = static_cast<int>((g.m + BM - 1) / BM);
+  p.tiles_n = static_cast<int>((g.n + BN - 1) / BN);
+  p.group = (group > 0 ? group : kDefaultGroup) * 128 / BM;  // in 128-row units
+  if (p.group < 1) p.group = 1;
+  if (p.group > p.tiles_m) p.group = p.tiles_m;
+  const int64_t tiles = static_cast<int64_t>(p.tiles_m) * p.tiles_n;
+  const int grid = static_cast<int>(tiles < sms ? tiles : sms);
+  kernel<<<grid, kThreads, C::kSmem, stream>>>(ta, tb, tout, p);
+  return cuda_rc(cudaGetLastError());
+}
+
+}  // namespace
+
+bool large_supported(const GemmNt& g) {
+  return g.m >= 1 && g.n >= 1 && tma_compatible(g) && g.m <= (int64_t{1} << 30) && g.n <= (int64_t{1} << 30) &&
+         g.k <= (int64_t{1} << 30) && ((g.m + 127) / 128) * ((g.n + 127) / 128) < (int64_t{1} << 31);
+}
+
+int large_run(const GemmNt& g, int variant, int group, cudaStream_t stream) {
+  if (!large_supported(g) || group < 0) return DSX_EINVAL;
+  switch (variant) {
+    case 0:
+    case 1:
+      return launch<128, 128, true>(g, group, stream);
+    case 2:
+      return launch<128, 192, false>(g, group, stream);
+    case 3:
+      return launch<128, 128, false>(g, group, stream);
+    case 4:
+      return launch<256, 128, false>(g, group, stream);
+    default:
+      return DSX_EINVAL;
+  }
+}
+
+}  // namespace dsx_cuda
