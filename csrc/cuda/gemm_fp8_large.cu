@@ -24,8 +24,9 @@
 // automatic choice in gemm_fp8_api.cu (use_large). kCta = 2 (variants 5..7): the same tiles in
 // 2-CTA clusters sharing the B tile by TMA multicast (see the kernel); the grid is the number of
 // pairs resident at once (cudaOccupancyMaxActiveClusters: 66 on the H200, all 132 SMs). The
-// consumers' remote arrive uses the default (CTA-scope release) semantics: with .release.cluster it
-// compiled to a MEMBAR.ALL.GPU per K block and the kernel ran 1.5-2x slower (about 0.5 us per block).
+// consumers' remote arrive and the producers' waits use the default (CTA-scope) semantics: with
+// .release.cluster / .acquire.cluster (changed together) the arrive compiled to a MEMBAR.ALL.GPU
+// per K block and the kernel ran 1.5-2x slower (about 0.5 us more per K block).
 // Ragged shapes: M, N clipped by TMA (loads of rows outside read zeros, stores outside are dropped),
 // K any multiple of 16 (the last K block's columns past K read zeros). Deterministic: no atomics,
 // a fixed summation order, every output element written by exactly one CTA.
