@@ -36,7 +36,7 @@ bool decode(int algo, Algo* out) {
   out->tuning = Tuning{(algo >> 4) & 15, (algo >> 8) & 15, (algo >> 12) & 15, (algo >> 16) & 255,
                        (algo >> 24) & 15};
   return out->base <= kLastAlgo && out->tuning.raster <= 2 &&
-         (out->tuning.decomposition <= 3 || out->base == kLarge) &&  // kLarge: its variant, 0..5
+         (out->tuning.decomposition <= 3 || out->base == kLarge) &&  // kLarge: its variant, 0..7
          out->tuning.reduction <= 1 && (algo >> (kPdlBit + 1)) == 0 &&
          (!out->pdl || out->base == kSmall || out->base == kAuto) &&
          (out->base != kSmall || out->tuning.swizzle <= 2);  // algo 6: bits 8..11 = weight rows per CTA
@@ -108,24 +108,29 @@ bool use_cutlass(const GemmNt& g, Algo* a, int* err) {
 // bits 8..11 = v, tile order in groups of 4v M tiles, 0 = default; bits 12..15 the variant, see
 // dsx_cuda::large_run), or by algo 0 from kLargeMinRows rows on, where TMA alignment allows, except
 // for a long K over at least two waves of 128x128 tiles (that stays on kOverlap). H200, M = 4096 and
-// 1024 on the three DeepSeek-V3 shapes, variants and cuBLAS timed interleaved (3 runs):
-//   N % 192 == 0 (24576x1536): 128x192 tiles, 0.89-0.93x kOverlap's time at M = 4096, 0.85-0.87x at 1024;
+// 1024 on the three DeepSeek-V3 shapes, variants and cuBLAS timed interleaved (3 runs, then 2 with
+// the 2-CTA cluster variants):
+//   N % 192 == 0 (24576x1536): 128x192 tiles, 0.89-0.93x kOverlap's time at M = 4096, 0.85-0.87x at
+//   1024; in 2-CTA clusters (B multicast) where the 128-row M tiles pair up evenly: 0.976x the
+//   single-CTA 128x192 time at M = 4096, 0.981x at 1024 (one run);
 //   K < 4096 with 256x128 tiles >= SMs (7168x2048): 256x128, 0.94-0.95x kOverlap at 4096, 0.82x at
-//   1024 (one run; 128x128 was 0.95-1.0x);
-//   else 128x128 with two temporaries (2048x7168 at M = 1024: 0.96-0.97x kOverlap);
+//   1024 (one run; 128x128 was 0.95-1.0x); its cluster form was 1.05x slower (one run);
+//   else 128x128 with two temporaries (2048x7168 at M = 1024: 0.96-0.97x kOverlap; its cluster form
+//   1.02x slower there);
 //   K >= 4096 over >= 2 waves of 128x128 tiles (2048x7168 at M = 4096): kOverlap, which was
-//   0.91-0.94x the time of the 128x128 kernel there (its 1x2 cluster multicast halves A's L2 reads).
+//   0.91-0.94x the time of the 128x128 kernel there (its 1x2 cluster multicast halves A's L2 reads)
+//   and still 0.93x that of our 128x128 in 2-CTA clusters (B multicast; one run).
 constexpr int64_t kLargeMinRows = 1024;
 constexpr int64_t kLargeLongK = 4096;
 bool use_large(const GemmNt& g, Algo* a) {
   if (a->base == kLarge) return true;
   if (a->base != kAuto || g.m < kLargeMinRows || !dsx_cuda::large_supported(g)) return false;
   const int64_t sms = dsx_cuda::sm_count();
-  const int64_t nt = (g.n + 127) / 128;
-  if (g.k >= kLargeLongK && ((g.m + 127) / 128) * nt >= 2 * sms) return false;  // kOverlap
-  int variant = 1;                                                              // 128x128, two temporaries
+  const int64_t nt = (g.n + 127) / 128, mt = (g.m + 127) / 128;
+  if (g.k >= kLargeLongK && mt * nt >= 2 * sms) return false;  // kOverlap
+  int variant = 1;                                             // 128x128, two temporaries
   if (g.n % 192 == 0) {
-    variant = 2;  // 128x192
+    variant = mt % 2 == 0 ? 6 : 2;  // 128x192, in 2-CTA clusters where the M tiles pair up evenly
   } else if (g.k < kLargeLongK && ((g.m + 255) / 256) * nt >= sms) {
     variant = 4;  // 256x128
   }

@@ -21,8 +21,12 @@
 //     that wgmma), and the buffer is reused only after its stores have read it
 //     (cp.async.bulk.wait_group.read), so the stores themselves overlap the next mainloop.
 // Measured (H200, bench/gpu_kernels.py --large, interleaved with cuBLAS and algo 5): see the
-// automatic choice in gemm_fp8_api.cu (use_large). Tried and dropped: B tiles shared by TMA
-// multicast in 2-CTA clusters (tile pairs along M): correct, but about 2x slower as written.
+// automatic choice in gemm_fp8_api.cu (use_large). kCta = 2 (variants 5..7): the same tiles in
+// 2-CTA clusters sharing the B tile by TMA multicast (see the kernel); the grid is the number of
+// pairs resident at once (cudaOccupancyMaxActiveClusters: 66 on the H200, all 132 SMs). The
+// consumers' remote arrive and the producers' waits use the default (CTA-scope) semantics: with
+// .release.cluster / .acquire.cluster (changed together) the arrive compiled to a MEMBAR.ALL.GPU
+// per K block and the kernel ran 1.5-2x slower (about 0.5 us more per K block).
 // Ragged shapes: M, N clipped by TMA (loads of rows outside read zeros, stores outside are dropped),
 // K any multiple of 16 (the last K block's columns past K read zeros). Deterministic: no atomics,
 // a fixed summation order, every output element written by exactly one CTA.
@@ -112,10 +116,15 @@ __device__ __forceinline__ void issue_block(float* t, uint32_t a_tile, uint32_t 
   wgmma_commit();
 }
 
-template <int BM, int BN, bool kOverlap>
+// kCta = 2: a cluster of two CTAs computes the two M-adjacent tiles of one N tile (a "unit"); each
+// CTA loads its own A tile and half of the shared B tile, multicast into both CTAs' stages, so the
+// B bytes read from L2 halve. A stage is refilled only when the consumers of both CTAs released
+// it: the empty barriers count the consumer warps of both CTAs.
+template <int BM, int BN, bool kOverlap, int kCta>
 __global__ void __launch_bounds__(kThreads, 1)
     large_gemm_kernel(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb,
                       const __grid_constant__ CUtensorMap tout, const Params p) {
+  static_assert(kCta == 1 || kCta == 2, "single CTAs or pairs");
   using C = Cfg<BM, BN, kOverlap>;
   constexpr int kStages = C::kStages, kSub = C::kSub, kScaleLd = C::kScaleLd;
   constexpr int kAcc = BN / 2;  // accumulator registers per thread per 64-row block
@@ -133,7 +142,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
       mbar_init(full(s), 1 + 32 * C::kScaleWarps);  // the TMA thread's arrive.expect_tx + the scale lanes
-      mbar_init(empty(s), 8);                       // one arrive per consumer warp
+      mbar_init(empty(s), 8 * kCta);                // one arrive per consumer warp of each CTA
     }
     mbar_init_fence();
   } else if (tid == 32) {
@@ -141,24 +150,41 @@ __global__ void __launch_bounds__(kThreads, 1)
     tma_prefetch_map(&tb);
     tma_prefetch_map(&tout);
   }
-  __syncthreads();
+  if constexpr (kCta > 1) {
+    cluster_sync();  // the peer's barriers are initialised before its multicasts or arrivals reach them
+  } else {
+    __syncthreads();
+  }
+  // wait for stage s to be free (its consumers, in both CTAs of a pair, released it)
+  auto wait_empty = [&](uint32_t bar, uint32_t parity) { mbar_wait(bar, parity); };
 
+  // Work units t = (M unit, N tile) in the grouped order; a unit is kCta M-adjacent tiles, this
+  // CTA's is tile kCta * unit + rank (a tile past M computes zeros and stores nothing).
   const int tiles = p.tiles_m * p.tiles_n, nk = p.kbt;
+  const int t0_ = blockIdx.x / kCta, dt = gridDim.x / kCta;
   if (warp < 4) {
     setmaxnreg_dec<40>();
     if (warp == 0) {
       if (lane == 0) {
         int s = 0;
         uint32_t ph = 0;
-        for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+        const uint32_t rank = kCta > 1 ? cluster_rank() : 0;
+        for (int t = t0_; t < tiles; t += dt) {
           int mt, nt;
           tile_coords(t, p, mt, nt);
+          mt = mt * kCta + rank;
 #pragma unroll 1
           for (int kb = 0; kb < nk; ++kb) {
-            mbar_wait(empty(s), ph ^ 1);
-            mbar_arrive_expect_tx(full(s), C::kStage);
+            wait_empty(empty(s), ph ^ 1);
+            mbar_arrive_expect_tx(full(s), C::kStage);  // (with kCta = 2, half of B comes from the peer)
             tma_load_2d(a_smem + s * C::kTileA, &ta, full(s), kb * kBK, mt * BM);
-            tma_load_2d(b_smem + s * C::kTileB, &tb, full(s), kb * kBK, nt * BN);
+            if constexpr (kCta > 1) {
+              constexpr int kPart = BN / kCta;  // this CTA's rows of the B tile, into both CTAs
+              tma_load_2d_multicast(b_smem + s * C::kTileB + rank * kPart * kBK, &tb, full(s), kb * kBK,
+                                    nt * BN + rank * kPart, static_cast<uint16_t>((1u << kCta) - 1));
+            } else {
+              tma_load_2d(b_smem + s * C::kTileB, &tb, full(s), kb * kBK, nt * BN);
+            }
             if (++s == kStages) {
               s = 0;
               ph ^= 1;
@@ -171,9 +197,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int r0 = (warp - 1) * 128;  // this warp's 128 rows of the tile's token scales
       int s = 0;
       uint32_t ph = 0;
-      for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+      for (int t = t0_; t < tiles; t += dt) {
         int mt, nt;
         tile_coords(t, p, mt, nt);
+        mt = mt * kCta + (kCta > 1 ? cluster_rank() : 0);
         const float* src[4];  // this lane's token-scale rows (row 0 again past M: 0 bytes read)
         int bytes[4];
 #pragma unroll
@@ -189,7 +216,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const float* sbrow = p.sb + static_cast<size_t>(nb) * nk;
 #pragma unroll 1  // (unrolled, the loop needs more than the producer's 40 registers)
         for (int kb = 0; kb < nk; ++kb) {
-          mbar_wait(empty(s), ph ^ 1);
+          wait_empty(empty(s), ph ^ 1);
           const uint32_t slot = smem_u32(scales + s * kScaleLd);
 #pragma unroll
           for (int q = 0; q < 4; ++q) cp_async_4(slot + 4 * (r0 + lane + 32 * q), src[q] + kb, bytes[q]);
@@ -246,7 +273,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       const float sa_lo = slot[row], sa_hi = slot[row + 8];
       if (release) {
         __syncwarp();
-        if (lane == 0) mbar_arrive(empty(cs));
+        if constexpr (kCta > 1) {
+          if (lane < kCta) mbar_arrive_rank(empty(cs), lane);  // the stage's copy in each CTA
+        } else {
+          if (lane == 0) mbar_arrive(empty(cs));
+        }
       }
       const float lo0 = sa_lo * sb0, h0 = sa_hi * sb0, lo1 = sa_lo * sb1, h1 = sa_hi * sb1;
       const float lom = split ? lo1 : lo0, hm = split ? h1 : h0;
@@ -297,9 +328,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     };
     int prev_mt = -1, prev_nt = 0;  // the previous tile, its epilogue still to run
-    for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+    const int rank = kCta > 1 ? static_cast<int>(cluster_rank()) : 0;
+    for (int t = t0_; t < tiles; t += dt) {
       int mt, nt;
       tile_coords(t, p, mt, nt);
+      mt = mt * kCta + rank;
       // The first K block's wgmma goes first; the previous tile's epilogue runs under it.
       int c0 = next_stage();  // stage of the block pending in t0
       issue_block<BN>(t0, a_block(c0, 0), b_tile(c0));
@@ -357,28 +390,51 @@ __global__ void __launch_bounds__(kThreads, 1)
     epilogue(prev_mt, prev_nt);  // every CTA has at least one tile
     if (wt == 0) bulk_wait0();
   }
+  // A CTA of a pair leaves only once its peer no longer arrives on its barriers.
+  if constexpr (kCta > 1) cluster_sync();
 }
 
 constexpr int kMaxDevices = 64;
 
-template <int BM, int BN, bool kOverlap>
+template <int BM, int BN, bool kOverlap, int kCta>
 int launch(const GemmNt& g, int group, cudaStream_t stream) {
   using C = Cfg<BM, BN, kOverlap>;
-  auto kernel = large_gemm_kernel<BM, BN, kOverlap>;
-  static std::atomic<int> state[kMaxDevices];  // 0 new, 1 ready, 2 failed
+  auto kernel = large_gemm_kernel<BM, BN, kOverlap, kCta>;
+  cudaLaunchConfig_t lc = {};
+  cudaLaunchAttribute attr[1] = {};
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = kCta;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  lc.blockDim = dim3(kThreads, 1, 1);
+  lc.dynamicSmemBytes = C::kSmem;
+  lc.stream = stream;
+  if (kCta > 1) {
+    lc.attrs = attr;
+    lc.numAttrs = 1;
+  }
+  // Once per device: the shared-memory limit and how many CTAs run at once (1 per SM; pairs need
+  // two SMs of one GPC, so fewer may fit: the grid is sized to what is resident, never a second round).
+  static std::atomic<int> state[kMaxDevices];  // 0 new, > 0 resident CTAs, -1 failed
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return DSX_ECUDA;
   if (state[dev].load(std::memory_order_acquire) == 0) {
-    const bool ok = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem) == cudaSuccess;
+    bool ok = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem) == cudaSuccess;
+    int n = ok ? sm_count() : 0;
+    if (ok && kCta > 1) {
+      lc.gridDim = dim3(kCta, 1, 1);
+      int clusters = 0;
+      ok = cudaOccupancyMaxActiveClusters(&clusters, kernel, &lc) == cudaSuccess;
+      n = clusters * kCta;
+    }
     if (!ok) cudaGetLastError();
-    state[dev].store(ok ? 1 : 2, std::memory_order_release);
+    state[dev].store(ok && n > 0 ? n : -1, std::memory_order_release);
   }
-  if (state[dev].load(std::memory_order_acquire) != 1) return DSX_ECUDA;
-  const int sms = sm_count();
-  if (sms <= 0) return DSX_ECUDA;
+  const int slots = state[dev].load(std::memory_order_acquire);
+  if (slots <= 0) return DSX_ECUDA;
   CUtensorMap ta, tb, tout;
   if (!encode_2d_sw128(&ta, g.a, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, g.m, g.k, BM, kBK) ||
-      !encode_2d_sw128(&tb, g.b, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, g.n, g.k, BN, kBK) ||
+      !encode_2d_sw128(&tb, g.b, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, g.n, g.k, BN / kCta, kBK) ||
       !encode_2d_sw128(&tout, g.out, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, g.m, g.n, 64, 64)) {
     return DSX_EINVAL;
   }
@@ -389,15 +445,16 @@ int launch(const GemmNt& g, int group, cudaStream_t stream) {
   p.n = static_cast<int>(g.n);
   p.kbt = static_cast<int>((g.k + kBK - 1) / kBK);
   p.nbt = static_cast<int>((g.n + 127) / 128);
-  p.tiles_m = static_cast<int>((g.m + BM - 1) / BM);
+  const int tiles_m = static_cast<int>((g.m + BM - 1) / BM);
+  p.tiles_m = (tiles_m + kCta - 1) / kCta;  // M units: tiles, or pairs of tiles
   p.tiles_n = static_cast<int>((g.n + BN - 1) / BN);
-  p.group = (group > 0 ? group : kDefaultGroup) * 128 / BM;  // in 128-row units
+  p.group = (group > 0 ? group : kDefaultGroup) * 128 / (BM * kCta);  // in 128-row units
   if (p.group < 1) p.group = 1;
   if (p.group > p.tiles_m) p.group = p.tiles_m;
-  const int64_t tiles = static_cast<int64_t>(p.tiles_m) * p.tiles_n;
-  const int grid = static_cast<int>(tiles < sms ? tiles : sms);
-  kernel<<<grid, kThreads, C::kSmem, stream>>>(ta, tb, tout, p);
-  return cuda_rc(cudaGetLastError());
+  const int64_t units = static_cast<int64_t>(p.tiles_m) * p.tiles_n;
+  const int64_t max_units = slots / kCta;
+  lc.gridDim = dim3(static_cast<unsigned>((units < max_units ? units : max_units) * kCta), 1, 1);
+  return cuda_rc(cudaLaunchKernelEx(&lc, kernel, ta, tb, tout, p));
 }
 
 }  // namespace
@@ -412,13 +469,19 @@ int large_run(const GemmNt& g, int variant, int group, cudaStream_t stream) {
   switch (variant) {
     case 0:
     case 1:
-      return launch<128, 128, true>(g, group, stream);
+      return launch<128, 128, true, 1>(g, group, stream);
     case 2:
-      return launch<128, 192, false>(g, group, stream);
+      return launch<128, 192, false, 1>(g, group, stream);
     case 3:
-      return launch<128, 128, false>(g, group, stream);
+      return launch<128, 128, false, 1>(g, group, stream);
     case 4:
-      return launch<256, 128, false>(g, group, stream);
+      return launch<256, 128, false, 1>(g, group, stream);
+    case 5:  // the same tiles in 2-CTA clusters, B shared by multicast
+      return launch<128, 128, true, 2>(g, group, stream);
+    case 6:
+      return launch<128, 192, false, 2>(g, group, stream);
+    case 7:
+      return launch<256, 128, false, 2>(g, group, stream);
     default:
       return DSX_EINVAL;
   }

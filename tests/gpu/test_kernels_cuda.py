@@ -106,8 +106,9 @@ def test_auto_choice_matches_forced_kernels_bitwise():
     fit one wave of three CTAs a SM (24576x1536: 384 <= 396); else pingpong at M <= 128, swap-AB with
     2-way split-K when M <= 128 leaves fewer than 64 pingpong tiles and K >= 4096, cooperative
     stream-K above; from 1024 rows on the large-M kernel (7: 128x192 tiles when N % 192 == 0, 256x128
-    when K < 4096 and those tiles fill the SMs, else 128x128), except K >= 4096 over two waves of
-    128x128 tiles: cooperative stream-K with the promotion overlapped (all deterministic)."""
+    when K < 4096 and those tiles fill the SMs, else 128x128; 128x192 in 2-CTA clusters when the M tiles
+    pair up evenly), except K >= 4096 over two waves of 128x128 tiles: cooperative stream-K with the
+    promotion overlapped (all deterministic)."""
     rng = np.random.default_rng(9)
     swap_splitk2, swap_dp = 4 | 2 << 12 | 2 << 16, 4 | 1 << 12
     for m, n, k, forced in ((128, 512, 1024, 3), (129, 512, 1024, 1), (64, 2048, 7168, SMALL | ROWS128),
@@ -117,9 +118,9 @@ def test_auto_choice_matches_forced_kernels_bitwise():
                             (64, 24576, 1536, SMALL | ROWS64), (65, 24576, 1536, 3), (128, 4096, 7168, swap_dp),
                             (64, 7168, 4096, swap_dp), (64, 4096, 7168, SMALL | ROWS64),
                             (16, 4096, 7168, SMALL | ROWS64), (1023, 256, 512, 1),
-                            (1024, 384, 1024, LARGE | 2 << 12), (1024, 4736, 1024, LARGE | 4 << 12),
-                            (1024, 1024, 1024, LARGE | 1 << 12), (1100, 1280, 4096, LARGE | 1 << 12),
-                            (2048, 2176, 4096, 5)):
+                            (1024, 384, 1024, LARGE | 6 << 12), (1152, 384, 1024, LARGE | 2 << 12),
+                            (1024, 4736, 1024, LARGE | 4 << 12), (1024, 1024, 1024, LARGE | 1 << 12),
+                            (1100, 1280, 4096, LARGE | 1 << 12), (2048, 2176, 4096, 5), (1152, 3968, 4096, 5)):
         a, sa, b, sb = make_gemm(rng, m, n, k)
         auto, want = cuda.gemm_fp8_nt(a, sa, b, sb), cuda.gemm_fp8_nt(a, sa, b, sb, algo=forced)
         assert np.array_equal(auto.view(np.uint16), want.view(np.uint16)), f"M={m} N={n} K={k}"
@@ -152,14 +153,16 @@ def test_large_m_kernel_matches_float64_and_is_deterministic(m, n, k):
     got = cuda.gemm_fp8_nt(a, sa, b, sb, algo=LARGE)
     assert_gemm_close(got, a, sa, b, sb, f"large {(m, n, k)}")
     # the same arithmetic: tile orders, promotion overlapped (1) or not (3), 256-row tiles (4)
+    # and the 2-CTA clusters sharing B by multicast (5: 128x128, 7: 256x128; a pair's second tile may lie
+    # past M, or be the only one: M < 128)
     for algo in (LARGE, LARGE | 1 << 8, LARGE | 8 << 8, LARGE | 1 << 12, LARGE | 3 << 12, LARGE | 4 << 12,
-                 LARGE | 4 << 12 | 1 << 8):
+                 LARGE | 4 << 12 | 1 << 8, LARGE | 5 << 12, LARGE | 5 << 12 | 1 << 8, LARGE | 7 << 12):
         again = cuda.gemm_fp8_nt(a, sa, b, sb, algo=algo)
         assert np.array_equal(got.view(np.uint16), again.view(np.uint16)), f"algo {algo} {(m, n, k)}"
     # 192-wide tiles (a tile may straddle two 128-column scale blocks at either offset)
     wide = cuda.gemm_fp8_nt(a, sa, b, sb, algo=LARGE | 2 << 12)
     assert_gemm_close(wide, a, sa, b, sb, f"large BN=192 {(m, n, k)}")
-    for algo in (LARGE | 2 << 12 | 1 << 8,):  # another tile order
+    for algo in (LARGE | 2 << 12 | 1 << 8, LARGE | 6 << 12):  # another tile order, pairs
         again = cuda.gemm_fp8_nt(a, sa, b, sb, algo=algo)
         assert np.array_equal(wide.view(np.uint16), again.view(np.uint16)), f"algo {algo} {(m, n, k)}"
 
@@ -176,8 +179,12 @@ def test_large_m_kernel_agrees_with_cpu_kernel_and_fills_many_waves():
     ovl = cuda.gemm_fp8_nt(a, sa, b, sb, algo=5)
     rel5 = np.linalg.norm(g.astype(np.float64) - ovl.astype(np.float64)) / np.linalg.norm(ovl.astype(np.float64))
     assert rel5 < 4e-3, rel5
-    wide = cuda.gemm_fp8_nt(a, sa, b, sb, algo=LARGE | 2 << 12).astype(np.float64)
-    assert np.linalg.norm(wide - cpu) / np.linalg.norm(cpu) < 4e-3
+    wide = cuda.gemm_fp8_nt(a, sa, b, sb, algo=LARGE | 2 << 12)
+    assert np.linalg.norm(wide.astype(np.float64) - cpu) / np.linalg.norm(cpu) < 4e-3
+    # the multicast pairs: 288 pairs of 128x128 (over two rounds of all resident clusters), bitwise
+    for algo, want in ((LARGE | 5 << 12, g), (LARGE | 7 << 12, g), (LARGE | 6 << 12, wide)):
+        got = cuda.gemm_fp8_nt(a, sa, b, sb, algo=algo)
+        assert np.array_equal(got.view(np.uint16), want.view(np.uint16)), algo
 
 
 def test_large_m_kernel_in_cuda_graph():
@@ -185,11 +192,12 @@ def test_large_m_kernel_in_cuda_graph():
     m, n, k = 384, 1024, 1024
     sets = [make_gemm(rng, m, n, k) for _ in range(2)]
     want = [cuda.gemm_fp8_nt(*x, algo=LARGE) for x in sets]
+    pair = LARGE | 5 << 12  # the second launch in 2-CTA clusters (a cluster launch captured in the graph)
     dev = [[cuda.to_device(x.view(np.uint8) if x.dtype == FP8 else x) for x in st] for st in sets]
     assert cuda.gemm_workspace_bytes(m, n, k, LARGE) == 0
     outs = [cuda.empty((m, n), np.uint16).fill_bytes(0xFF) for _ in sets]
     stream = cuda.Stream()
-    graph = cuda.Graph(lambda s: [cuda.gemm_fp8_nt_device(*dev[i], outs[i], algo=LARGE, stream=s)
+    graph = cuda.Graph(lambda s: [cuda.gemm_fp8_nt_device(*dev[i], outs[i], algo=LARGE if i == 0 else pair, stream=s)
                                   for i in range(2)], stream)
     graph.launch()
     stream.synchronize()

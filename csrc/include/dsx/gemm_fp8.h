@@ -36,8 +36,9 @@
  * CUTLASS sm90a block-wise kernel where its TMA alignment allows
  * (K % 16 == 0, N % 8 == 0, 16-byte aligned pointers): pingpong 64x128 tiles for M <= 128
  * (swapped operands with 2-way split-K when that leaves few tiles and K is long), cooperative
- * 128x128 stream-K above; from M >= 1024 the large-M kernel (7): 128x192 tiles when N % 192 == 0,
- * else 256x128 when K < 4096 and those tiles fill a wave of the SMs, else 128x128; but with
+ * 128x128 stream-K above; from M >= 1024 the large-M kernel (7): 128x192 tiles when N % 192 == 0
+ * (in 2-CTA clusters, variant 6, when the 128-row M tiles pair up evenly), else 256x128 when
+ * K < 4096 and those tiles fill a wave of the SMs, else 128x128; but with
  * K >= 4096 over at least two waves of 128x128 tiles the cooperative kernel with the scale
  * promotion overlapped (5); else the simple kernel. Forcing one (DSX_EINVAL if the shape cannot
  * take it): 1 = cooperative stream-K, 2 = simple, 3 = pingpong, 4 = swapped operands
@@ -62,7 +63,11 @@
  * tile order knob). Bits 12..15 the variant: 0 or 1 = 128x128 with two alternating temporaries
  * (block k promoted while block k+1's wgmma runs), 3 = 128x128 with one, 4 = 256x128 with one
  * (3 and 4 bitwise the output of 1), 2 = 128x192 with one (a tile may straddle two 128-column
- * scale blocks: each column takes its own block's scale).
+ * scale blocks: each column takes its own block's scale); 5, 6, 7 = the tiles of 1, 2, 4 computed
+ * by 2-CTA clusters (two M-adjacent tiles of one N tile; each CTA loads half of the shared B tile
+ * and multicasts it into both CTAs' stages, halving B's L2 reads; a stage is refilled once the
+ * consumers of both CTAs released it; the grid is the number of clusters that are resident at
+ * once): bitwise the output of 1, 2, 4.
  * The grouped GEMM has one CUTLASS kernel (1, 3, 4, 5, 7 all select it).
  * Benchmarking knobs of the CUTLASS tile scheduler
  * (0 = its default): bits 4..7 raster order (1 along M, 2 along N), bits 8..11 swizzle
