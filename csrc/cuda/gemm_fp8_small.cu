@@ -70,13 +70,9 @@ struct Params {
 // (mbarrier, TMA, cp.async, wgmma fences and descriptors: sm90_ptx.cuh)
 using namespace sm90;
 
+// (sm90::cluster_sync without .aligned: here every warp reaches it converged)
 __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-__device__ __forceinline__ uint32_t cluster_rank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-  return r;
 }
 __device__ __forceinline__ float4 ld_cluster_f4(uint32_t local_addr, uint32_t rank) {
   uint32_t remote;
