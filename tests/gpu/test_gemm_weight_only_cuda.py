@@ -147,14 +147,14 @@ def test_ragged_n_and_short_slots(bits, group):
 @pytest.mark.parametrize("m", [1, 3, 16])
 @pytest.mark.parametrize("bits,group", [(4, -1), (4, 64), (4, 128), (8, 128)])
 def test_rings_run_on_across_many_tile_groups(bits, group, m):
-    """8 warps a block, 3 slots of 8 steps a warp (2 of 8 with 16 rows of int4 group 64: shared
-    memory): the 181 tile groups of N = 23104 (the last one half empty) exceed the resident
+    """8 warps a block, 3 slots of 8 steps a warp (2 with 16 rows and group scales: shared
+    memory; still one block an SM): the 181 tile groups of N = 23104 (the last one half empty) exceed the resident
     blocks, so each block's rings run on from group to group; right, and the same bits as one
     group a block, for clusters of 1, 2, 3 and 5."""
     n, k = 23104, 576
     x, q, s, wd = make(m, n, k, bits, group, seed=6)
     for splits in (1, 2, 3, 5):
-        algo = G.algo_word(8, splits, 0, 2 if (m > 8 and group == 64) else 3, 8)
+        algo = G.algo_word(8, splits, 0, 2 if (m > 8 and group != -1) else 3, 8)
         a = run_raw(x, q, s, bits, group, algo)
         check_bound(a, x, wd, f"ring across groups, m {m} splits {splits}")
         b = run_raw(x, q, s, bits, group, algo | ONE_GROUP)
