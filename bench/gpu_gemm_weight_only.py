@@ -51,9 +51,8 @@ MS = [1, 2, 4, 8, 16, 64]
 MS_OTHER = [1, 4, 16]
 LAYOUTS = [(4, -1), (4, 128), (8, -1)]
 # (warps, splits, x chunk, ring slots, steps per slot); chunk 0 = automatic
-SWEEP = [(w, s, 0, d, b) for w in (4, 8) for s in (1, 2, 4, 8)
-         for d, b in ((4, 1), (2, 2), (3, 2), (4, 2), (2, 4))]
-SWEEP_M16 = [(8, s, 16, d, b) for s in (2, 4, 8) for d, b in ((4, 1), (2, 4))]  # larger x chunks at M = 16
+SWEEP = [(w, s, 0, d, b) for w in (4, 8) for s in range(1, 9) for d, b in ((4, 1), (2, 2), (2, 4))]
+SWEEP_M16 = [(8, s, 16, d, b) for s in (2, 3, 4, 6, 8) for d, b in ((4, 1), (2, 4))]  # larger x chunks at M = 16
 SWEEP_MS = (1, 16)
 
 PDL = 1 << 24       # algo bit: programmatic dependent launch (launches overlap: serving)

@@ -256,9 +256,14 @@ def test_device_entry_checks_before_launch(case, match):
         kw["algo"] = 1 << 16
     with pytest.raises(DsxError, match=match):
         G.gemm_weight_only_cuda_device(*args.values(), **kw)
-    with pytest.raises(DsxError, match="warps and splits"):
+    with pytest.raises(DsxError, match="warps must be"):
         G.algo_word(3, 1)
+    with pytest.raises(DsxError, match="splits 0..8"):
+        G.algo_word(8, 9)
+    assert G.algo_word(8, 3) == 8 | 3 << 4  # any split count 1..8 (cluster size)
     assert G.algo_word(8, 2, pdl=True) == 8 | 2 << 4 | 1 << 24
     G.check_algo(1 << 24 | 1 << 25 | 1 << 26)  # PDL and the two measurement bits are well-formed
     with pytest.raises(DsxError, match="algo"):
         G.check_algo(1 << 27)
+    with pytest.raises(DsxError, match="algo"):
+        G.check_algo(9 << 4)  # 9 splits

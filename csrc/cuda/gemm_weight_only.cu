@@ -21,7 +21,10 @@
 // The grid holds only as many clusters as the GPU keeps resident (asked of the runtime); each
 // loops over tile groups (blockIdx.y, + gridDim.y, ...), keeping its K slice (x staged whole
 // stays) and its warps' rings running on into the next group, so that no block starts,
-// drains or stages x again between groups. Algo bit 26 gives one tile group a block instead
+// drains or stages x again between groups. (A balanced grid, the fewest clusters that take the
+// same rounds, was measured slower: 36864 x 7168 M = 1, 4 splits, 96 clusters 59.1 us against
+// 48.2 us for all 124: the kernel's speed follows the SMs busy, not the bytes in flight.)
+// Algo bit 26 gives one tile group a block instead
 // (the same bits); bit 25 one step at a time (the same bits; for measurements).
 // M is handled 8 tokens per mma N tile, up to 64 rows per launch; larger M is cut into
 // launches of 64 rows (a simple path: weights are re-read for each).
@@ -395,6 +398,10 @@ struct Config {
   bool persist;  // blocks loop over tile groups: only as many as are resident (algo bit 26 clear)
 };
 
+// Clusters (of cfg.splits blocks; blocks when splits == 1) of this kernel instance the
+// current GPU holds at once (0 if the runtime cannot say); defined below.
+int resident_clusters(int bits, int mt, int gmode, const Config& cfg);
+
 bool valid_args(int64_t m, int64_t n, int64_t k, int bits, int group, int arch) {
   if (bits != 4 && bits != 8) return false;
   if (group != -1 && group != 64 && group != 128) return false;
@@ -404,6 +411,7 @@ bool valid_args(int64_t m, int64_t n, int64_t k, int bits, int group, int arch) 
 }
 
 bool pow2_upto8(int v) { return v == 1 || v == 2 || v == 4 || v == 8; }
+bool in_1_8(int v) { return v >= 1 && v <= kMaxSplits; }
 
 int gmode_of(int bits, int group) { return group == -1 ? 0 : (bits == 4 && group == 64 ? 2 : 1); }
 
@@ -440,7 +448,8 @@ int blocks_per_sm(int warps, int64_t smem, int mt) {
 // per SM set the speed more than bytes in flight per warp do). (Re-measured with persistent
 // blocks, 2026-11-30: the choice stayed within 2% of the best swept at M = 1 and 16 on the
 // larger shapes, within 4-6% (the order of the best few changes from run to run) on 7168 x 2048
-// and 24576 x 1536 at M = 1, but for the rule below.)
+// and 24576 x 1536 at M = 1, but for the rules below.) Any split count 1..8 runs (clusters of
+// 3, 5, 6, 7 too); the score weighs powers of two only, one rule below may take one fewer.
 constexpr double kBlockCost = 4.0;
 constexpr int kFullWarps = 32;
 
@@ -457,7 +466,7 @@ int choose(int64_t m, int64_t n, int64_t k, int bits, int group, int algo, int s
   const int64_t tiles = n / 16;
   if (warps == 0) warps = rows > 8 || (tiles + 7) / 8 * kMaxSplits >= 2 * sms ? 8 : 4;
   if (!pow2_upto8(warps)) return DSX_EINVAL;
-  if (splits != 0 && !pow2_upto8(splits)) return DSX_EINVAL;
+  if (splits != 0 && !in_1_8(splits)) return DSX_EINVAL;
   if (stages == 1 || box > kMaxBox) return DSX_EINVAL;
   const int64_t blocks_n = (tiles + warps - 1) / warps;
   if (blocks_n > 65535) return DSX_EINVAL;
@@ -510,6 +519,28 @@ int choose(int64_t m, int64_t n, int64_t k, int bits, int group, int algo, int s
       const int64_t sm2 = smem_bytes(rows, bits, gmode, warps, s2, b2, c2, per2);
       const int occ2 = sm2 <= kSmemPerBlock ? blocks_per_sm(warps, sm2, mt) : 0;
       if (occ2 > 0 && double(blocks_n) * sp2 >= 2.0 * occ2 * sms) splits = sp2;
+    }
+    // Up to 16 rows, where the slices have an odd number of steps (each then ends in a slot
+    // of one step, a copy of its own) or differ in length, one split fewer that cuts the steps
+    // into equal slices of whole slots is taken if the grid still fits the GPU in one round
+    // (resident clusters, as the runtime counts them) and still has a block for every SM
+    // (measured, H200, K = 7168: 4096 x 7168 M = 1 11.8 -> 11.3 us, M = 16 17.4 -> 16.2 us;
+    // 2048 x 7168 M = 1 8.6 -> 8.1 us; with fewer blocks than SMs it lost: 2048 x 7168 M = 16,
+    // 16 clusters of 7, 12.7 us against 11.8 at 8 splits).
+    const int sp1 = splits - 1;
+    if (rows <= 16 && sp1 >= 2 && nsteps % sp1 == 0 && int64_t(blocks_n) * sp1 >= sms) {
+      int c0, s0, b0, c1, s1, b1;
+      fill(splits, &c0, &s0, &b0);
+      fill(sp1, &c1, &s1, &b1);
+      const int per0 = (nsteps + splits - 1) / splits, per1 = nsteps / sp1;
+      const bool ragged0 = nsteps % splits != 0 || per0 % b0 != 0;
+      const bool x_ok = c1 >= per1 || c0 < per0;  // (x stays whole if it was)
+      const int64_t sm1 = smem_bytes(rows, bits, gmode, warps, s1, b1, c1, per1);
+      if (ragged0 && per1 % b1 == 0 && x_ok && sm1 <= kSmemPerBlock && blocks_per_sm(warps, sm1, mt) > 0) {
+        const Config probe{warps, sp1, c1, s1, b1, mt, static_cast<int>(sm1), static_cast<int>(blocks_n),
+                           false, true, persist};
+        if (resident_clusters(bits, mt, gmode, probe) >= blocks_n) splits = sp1;
+      }
     }
   }
   const int per_split = (nsteps + splits - 1) / splits;
@@ -624,11 +655,44 @@ int resident_groups(const void* kernel, const Config& cfg, int dev) {
   return n;
 }
 
+// The shared-memory size each device has allowed the kernel instance so far.
+template <int BITS, int MT, int GMODE>
+std::atomic<int>* smem_allowed() {
+  static std::atomic<int> set[kMaxDevices];  // zero-initialized (static storage)
+  return set;
+}
+
+template <int BITS, int MT, int GMODE>
+int resident_of(const Config& cfg) {
+  auto kernel = wo_gemm_kernel<BITS, MT, GMODE>;
+  int dev = 0;
+  if (ensure_smem(kernel, cfg.smem, smem_allowed<BITS, MT, GMODE>()) != cudaSuccess ||
+      cudaGetDevice(&dev) != cudaSuccess) {
+    cudaGetLastError();  // (a refused query must not be blamed on a later launch)
+    return 0;
+  }
+  return resident_groups(reinterpret_cast<const void*>(kernel), cfg, dev);
+}
+
+template <int BITS, int GMODE>
+int resident_mt(int mt, const Config& cfg) {
+  switch (mt) {
+    case 1: return resident_of<BITS, 1, GMODE>(cfg);
+    case 2: return resident_of<BITS, 2, GMODE>(cfg);
+    case 4: return resident_of<BITS, 4, GMODE>(cfg);
+    default: return resident_of<BITS, 8, GMODE>(cfg);
+  }
+}
+
+int resident_clusters(int bits, int mt, int gmode, const Config& cfg) {
+  if (bits == 8) return gmode == 0 ? resident_mt<8, 0>(mt, cfg) : resident_mt<8, 1>(mt, cfg);
+  return gmode == 0 ? resident_mt<4, 0>(mt, cfg) : gmode == 1 ? resident_mt<4, 1>(mt, cfg) : resident_mt<4, 2>(mt, cfg);
+}
+
 template <int BITS, int MT, int GMODE>
 cudaError_t launch(const Params& p, const Config& cfg, cudaStream_t stream) {
   auto kernel = wo_gemm_kernel<BITS, MT, GMODE>;
-  static std::atomic<int> smem_set[kMaxDevices];  // zero-initialized (static storage)
-  const cudaError_t se = ensure_smem(kernel, cfg.smem, smem_set);
+  const cudaError_t se = ensure_smem(kernel, cfg.smem, smem_allowed<BITS, MT, GMODE>());
   if (se != cudaSuccess) return se;
   cudaLaunchConfig_t lc = {};
   lc.gridDim = dim3(cfg.splits, cfg.blocks_n, 1);

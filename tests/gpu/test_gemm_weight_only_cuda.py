@@ -90,9 +90,9 @@ def test_matches_float64_and_cpu(m, n, k, bits, group):
 def test_every_config_is_right_and_deterministic(bits, group):
     m, n, k = 12, 384, 2112  # 33 int8 steps / 16.5 int4 steps: ragged for every split
     x, q, s, wd = make(m, n, k, bits, group, seed=1)
-    for splits in (1, 2, 4, 8):
+    for splits in (1, 2, 3, 4, 5, 6, 7, 8):
         first = None
-        for warps in (1, 2, 4, 8):
+        for warps in (1, 2, 4, 8) if splits in (1, 2, 4, 8) else (2, 8):  # (any cluster size 1..8)
             for chunk, stages, box in ((1, 2, 1), (3, 5, 2), (0, 0, 0), (8, 3, 4), (2, 2, 8), (5, 15, 1)):
                 algo = G.algo_word(warps, splits, chunk, stages, box)
                 a = G.gemm_weight_only_cuda(x, q, s, bits, group, 90, algo=algo)
@@ -102,7 +102,7 @@ def test_every_config_is_right_and_deterministic(bits, group):
                 # the header's claim: only splits moves the bits (warps, chunk, slots, box do not)
                 first = a if first is None else first
                 assert np.array_equal(a.view(np.uint16), first.view(np.uint16)), f"algo {algo:#x} changed the bits"
-                if warps == 4:  # two steps at a time (the default) or one, persistent or not: the same bits
+                if warps in (4, 8):  # two steps at a time (the default) or one, persistent or not: the same bits
                     c = run_raw(x, q, s, bits, group, algo | ONE_STEP | ONE_GROUP)
                     assert np.array_equal(c.view(np.uint16), first.view(np.uint16)), f"algo {algo:#x} one step"
 
@@ -115,7 +115,7 @@ def test_persistent_blocks_match_one_group_a_block(bits, group):
     n, k = 4096, 1088
     for m in (3, 16):
         x, q, s, wd = make(m, n, k, bits, group, seed=4)
-        for splits in (1, 2, 4):
+        for splits in (1, 2, 3, 4, 6):
             algo = G.algo_word(1, splits, 0, 15, 8)
             a = run_raw(x, q, s, bits, group, algo)
             check_bound(a, x, wd, f"persistent m {m} splits {splits}")
@@ -132,7 +132,7 @@ def test_ragged_n_and_short_slots(bits, group):
     n, k = 448, 704  # int4: 5.5 steps (a half step at the end), int8: 11
     for m in (1, 7, 16):
         x, q, s, wd = make(m, n, k, bits, group, seed=5)
-        for splits in (1, 2, 4):
+        for splits in (1, 2, 3, 4, 5, 7):
             first = None
             for warps, stages, box in ((8, 2, 2), (8, 3, 4), (8, 2, 8), (4, 2, 1), (2, 5, 3), (1, 2, 2)):
                 algo = G.algo_word(warps, splits, 0, stages, box)
@@ -144,19 +144,36 @@ def test_ragged_n_and_short_slots(bits, group):
                 assert np.array_equal(b.view(np.uint16), first.view(np.uint16)), f"algo {algo:#x} one group"
 
 
-@pytest.mark.parametrize("bits,group", [(4, -1), (4, 64), (8, 128)])
-def test_rings_run_on_across_many_tile_groups(bits, group):
-    """8 warps a block, 3 slots of 8 steps a warp: the 181 tile groups of N = 23104 (the last one
-    half empty) exceed the resident blocks, so each block's rings run on from group to group;
-    right, and the same bits as one group a block."""
-    m, n, k = 3, 23104, 576
+@pytest.mark.parametrize("m", [1, 3, 16])
+@pytest.mark.parametrize("bits,group", [(4, -1), (4, 64), (4, 128), (8, 128)])
+def test_rings_run_on_across_many_tile_groups(bits, group, m):
+    """8 warps a block, 3 slots of 8 steps a warp (2 with 16 rows and group scales: shared
+    memory; still one block an SM): the 181 tile groups of N = 23104 (the last one half empty) exceed the resident
+    blocks, so each block's rings run on from group to group; right, and the same bits as one
+    group a block, for clusters of 1, 2, 3 and 5."""
+    n, k = 23104, 576
     x, q, s, wd = make(m, n, k, bits, group, seed=6)
-    for splits in (1, 2):
-        algo = G.algo_word(8, splits, 0, 3, 8)
+    for splits in (1, 2, 3, 5):
+        algo = G.algo_word(8, splits, 0, 2 if (m > 8 and group != -1) else 3, 8)
         a = run_raw(x, q, s, bits, group, algo)
-        check_bound(a, x, wd, f"ring across groups, splits {splits}")
+        check_bound(a, x, wd, f"ring across groups, m {m} splits {splits}")
         b = run_raw(x, q, s, bits, group, algo | ONE_GROUP)
         assert np.array_equal(a.view(np.uint16), b.view(np.uint16)), f"splits {splits}: bits differ"
+
+
+@pytest.mark.parametrize("m", [1, 5, 11, 16])
+@pytest.mark.parametrize("bits,group", [(4, -1), (4, 128), (4, 64), (8, -1)])
+def test_auto_config_many_groups_matches_fixed_split(bits, group, m):
+    """The automatic choice on a shape with more tile groups than the GPU holds at once: right,
+    and the same bits as the same split count given explicitly with one tile group a block."""
+    n, k = 9216, 1536
+    x, q, s, wd = make(m, n, k, bits, group, seed=8)
+    cfg = G.cuda_config(m, n, k, bits, group)
+    assert 1 <= cfg["splits"] <= 8
+    a = G.gemm_weight_only_cuda(x, q, s, bits, group, 90)
+    check_bound(a, x, wd, f"auto {cfg}")
+    b = run_raw(x, q, s, bits, group, G.algo_word(cfg["warps"], cfg["splits"], 0, 2, 1) | ONE_GROUP)
+    assert np.array_equal(a.view(np.uint16), b.view(np.uint16)), f"auto {cfg}: bits differ from one group a block"
 
 
 @pytest.mark.parametrize("m", [1, 2, 4, 8, 16])
@@ -263,7 +280,7 @@ def test_programmatic_dependent_launch_chain(bits, group, m):
 
 def test_config_and_bad_algo():
     cfg = G.cuda_config(1, 2048, 7168, 4, -1)
-    assert cfg["warps"] in (1, 2, 4, 8) and cfg["splits"] in (1, 2, 4, 8) and cfg["chunk"] >= 1
+    assert cfg["warps"] in (1, 2, 4, 8) and 1 <= cfg["splits"] <= 8 and cfg["chunk"] >= 1
     assert 1 <= cfg["stages"] <= 15 and 1 <= cfg["box"] <= 8
     assert G.cuda_config(16, 2048, 7168, 4, -1, algo=G.algo_word(2, 4, 7, 9, 3)) == \
         {"warps": 2, "splits": 4, "chunk": 7, "stages": 9, "box": 3}
@@ -279,5 +296,6 @@ def test_config_and_bad_algo():
     cfg_fn = G._cuda_fns()[1]
     assert cfg_fn(1, 64, 64, 8, -1, PDL | ONE_STEP | ONE_GROUP, *[ctypes.byref(i) for i in v]) == 0
     assert cfg_fn(1, 64, 64, 8, -1, 1 << 27, *[ctypes.byref(i) for i in v]) != 0  # no such bit
+    assert cfg_fn(1, 64, 1024, 8, -1, 9 << 4, *[ctypes.byref(i) for i in v]) != 0  # 9 splits
     with pytest.raises(DsxError, match="arch"):
         G.gemm_weight_only_cuda(x, q, s, 8, -1, 70)

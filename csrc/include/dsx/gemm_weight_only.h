@@ -39,7 +39,7 @@
  * allocation, one launch per 64 rows of x (so CUDA-graph capturable; the weights' TMA
  * descriptor travels as a kernel parameter). `algo` 0 = automatic; otherwise a tuning word:
  * bits 0..3 warps per block (each warp owns 16 output channels: 1, 2, 4, 8), bits 4..7 K
- * splits = cluster size (1, 2, 4, 8), bits 8..15 x chunk (steps of activations staged in
+ * splits = cluster size (1..8), bits 8..15 x chunk (steps of activations staged in
  * shared memory at once, 1..255), bits 16..19 ring slots of weights per warp (2..15),
  * bits 20..23 steps per slot (one tensor copy each, 1..8: stages x box steps of weights
  * are in flight per warp); a zero field keeps its automatic value. Bit 24 (with any word, 0 too):
