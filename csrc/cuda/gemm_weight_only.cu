@@ -674,19 +674,36 @@ int resident_of(const Config& cfg) {
   return resident_groups(reinterpret_cast<const void*>(kernel), cfg, dev);
 }
 
-template <int BITS, int GMODE>
-int resident_mt(int mt, const Config& cfg) {
-  switch (mt) {
-    case 1: return resident_of<BITS, 1, GMODE>(cfg);
-    case 2: return resident_of<BITS, 2, GMODE>(cfg);
-    case 4: return resident_of<BITS, 4, GMODE>(cfg);
-    default: return resident_of<BITS, 8, GMODE>(cfg);
-  }
+// Calls f(Inst<BITS, MT, GMODE>{}) for the compiled kernel instance of (bits, mt, gmode): the one
+// place that maps run-time choices to template instances (launches and occupancy queries).
+template <int B, int G>
+struct Layout {
+  static constexpr int kBits = B, kGmode = G;
+};
+template <int B, int T, int G>
+struct Inst : Layout<B, G> {
+  static constexpr int kMt = T;
+};
+template <typename F>
+auto with_instance(int bits, int mt, int gmode, F&& f) {
+  auto by_mt = [&](auto bg) {
+    constexpr int B = decltype(bg)::kBits, G = decltype(bg)::kGmode;
+    switch (mt) {
+      case 1: return f(Inst<B, 1, G>{});
+      case 2: return f(Inst<B, 2, G>{});
+      case 4: return f(Inst<B, 4, G>{});
+      default: return f(Inst<B, 8, G>{});
+    }
+  };
+  if (bits == 8) return gmode == 0 ? by_mt(Layout<8, 0>{}) : by_mt(Layout<8, 1>{});
+  return gmode == 0 ? by_mt(Layout<4, 0>{}) : gmode == 1 ? by_mt(Layout<4, 1>{}) : by_mt(Layout<4, 2>{});
 }
 
 int resident_clusters(int bits, int mt, int gmode, const Config& cfg) {
-  if (bits == 8) return gmode == 0 ? resident_mt<8, 0>(mt, cfg) : resident_mt<8, 1>(mt, cfg);
-  return gmode == 0 ? resident_mt<4, 0>(mt, cfg) : gmode == 1 ? resident_mt<4, 1>(mt, cfg) : resident_mt<4, 2>(mt, cfg);
+  return with_instance(bits, mt, gmode, [&](auto i) {
+    using I = decltype(i);
+    return resident_of<I::kBits, I::kMt, I::kGmode>(cfg);
+  });
 }
 
 template <int BITS, int MT, int GMODE>
@@ -721,16 +738,6 @@ cudaError_t launch(const Params& p, const Config& cfg, cudaStream_t stream) {
   lc.attrs = attr;
   lc.numAttrs = n_attr;
   return cudaLaunchKernelEx(&lc, kernel, p);
-}
-
-template <int BITS, int GMODE>
-cudaError_t launch_mt(const Params& p, const Config& cfg, cudaStream_t stream) {
-  switch (cfg.mt) {
-    case 1: return launch<BITS, 1, GMODE>(p, cfg, stream);
-    case 2: return launch<BITS, 2, GMODE>(p, cfg, stream);
-    case 4: return launch<BITS, 4, GMODE>(p, cfg, stream);
-    default: return launch<BITS, 8, GMODE>(p, cfg, stream);
-  }
 }
 
 int device_sms(int* sms) {
@@ -780,14 +787,10 @@ extern "C" int dsx_wo_gemm_bf16_nt_cuda(const void* x, const void* qweight, cons
     p.chunk = cfg.chunk, p.stages = cfg.stages, p.box = cfg.box, p.pair = cfg.pair ? 1 : 0;
     p.groups = cfg.blocks_n;
     const cudaStream_t st = static_cast<cudaStream_t>(stream);
-    cudaError_t e;
-    if (bits == 8) {
-      e = gmode == 0 ? launch_mt<8, 0>(p, cfg, st) : launch_mt<8, 1>(p, cfg, st);
-    } else {
-      e = gmode == 0   ? launch_mt<4, 0>(p, cfg, st)
-          : gmode == 1 ? launch_mt<4, 1>(p, cfg, st)
-                       : launch_mt<4, 2>(p, cfg, st);
-    }
+    const cudaError_t e = with_instance(bits, cfg.mt, gmode, [&](auto i) {
+      using I = decltype(i);
+      return launch<I::kBits, I::kMt, I::kGmode>(p, cfg, st);
+    });
     if (e != cudaSuccess) return DSX_ECUDA;
   }
   return DSX_OK;
