@@ -155,8 +155,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   } else {
     __syncthreads();
   }
-  // wait for stage s to be free (its consumers, in both CTAs of a pair, released it)
-  auto wait_empty = [&](uint32_t bar, uint32_t parity) { mbar_wait(bar, parity); };
 
   // Work units t = (M unit, N tile) in the grouped order; a unit is kCta M-adjacent tiles, this
   // CTA's is tile kCta * unit + rank (a tile past M computes zeros and stores nothing).
@@ -175,7 +173,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           mt = mt * kCta + rank;
 #pragma unroll 1
           for (int kb = 0; kb < nk; ++kb) {
-            wait_empty(empty(s), ph ^ 1);
+            mbar_wait(empty(s), ph ^ 1);  // stage s free: its consumers (in both CTAs of a pair) released it
             mbar_arrive_expect_tx(full(s), C::kStage);  // (with kCta = 2, half of B comes from the peer)
             tma_load_2d(a_smem + s * C::kTileA, &ta, full(s), kb * kBK, mt * BM);
             if constexpr (kCta > 1) {
@@ -216,7 +214,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const float* sbrow = p.sb + static_cast<size_t>(nb) * nk;
 #pragma unroll 1  // (unrolled, the loop needs more than the producer's 40 registers)
         for (int kb = 0; kb < nk; ++kb) {
-          wait_empty(empty(s), ph ^ 1);
+          mbar_wait(empty(s), ph ^ 1);
           const uint32_t slot = smem_u32(scales + s * kScaleLd);
 #pragma unroll
           for (int q = 0; q < 4; ++q) cp_async_4(slot + 4 * (r0 + lane + 32 * q), src[q] + kb, bytes[q]);
