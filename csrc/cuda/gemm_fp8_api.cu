@@ -113,8 +113,10 @@ bool use_cutlass(const GemmNt& g, Algo* a, int* err) {
 //   N % 192 == 0 (24576x1536): 128x192 tiles, 0.89-0.93x kOverlap's time at M = 4096, 0.85-0.87x at
 //   1024; in 2-CTA clusters (B multicast) where the 128-row M tiles pair up evenly: 0.976x the
 //   single-CTA 128x192 time at M = 4096, 0.981x at 1024 (one run);
-//   K < 4096 with 256x128 tiles >= SMs (7168x2048): 256x128, 0.94-0.95x kOverlap at 4096, 0.82x at
-//   1024 (one run; 128x128 was 0.95-1.0x); its cluster form was 1.05x slower (one run);
+//   K < 4096 with 256x128 tiles >= SMs (7168x2048): 128x192 as above (the last N tile 64 columns
+//   wide), since the scales are read with ld.shared ahead of the wgmma wait: 0.97x the 256x128 time
+//   at M = 4096 (pairs 0.967, 0.966; single 0.973, 0.974; two interleaved runs; 1.036-1.046x
+//   cuBLAS), 0.98-0.99x at 1024 (before: 256x128, 0.94-0.95x kOverlap's time at 4096, 0.82x at 1024);
 //   else 128x128 with two temporaries (2048x7168 at M = 1024: 0.96-0.97x kOverlap; its cluster form
 //   1.02x slower there);
 //   K >= 4096 over >= 2 waves of 128x128 tiles (2048x7168 at M = 4096): kOverlap, which was
@@ -129,10 +131,8 @@ bool use_large(const GemmNt& g, Algo* a) {
   const int64_t nt = (g.n + 127) / 128, mt = (g.m + 127) / 128;
   if (g.k >= kLargeLongK && mt * nt >= 2 * sms) return false;  // kOverlap
   int variant = 1;                                             // 128x128, two temporaries
-  if (g.n % 192 == 0) {
+  if (g.n % 192 == 0 || (g.k < kLargeLongK && ((g.m + 255) / 256) * nt >= sms)) {
     variant = mt % 2 == 0 ? 6 : 2;  // 128x192, in 2-CTA clusters where the M tiles pair up evenly
-  } else if (g.k < kLargeLongK && ((g.m + 255) / 256) * nt >= sms) {
-    variant = 4;  // 256x128
   }
   a->base = kLarge;
   a->tuning = Tuning{0, 0, variant, 0, 0};
