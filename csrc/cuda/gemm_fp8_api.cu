@@ -121,7 +121,8 @@ bool use_cutlass(const GemmNt& g, Algo* a, int* err) {
 //   1.02x slower there);
 //   K >= 4096 over >= 2 waves of 128x128 tiles (2048x7168 at M = 4096): kOverlap, which was
 //   0.91-0.94x the time of the 128x128 kernel there (its 1x2 cluster multicast halves A's L2 reads)
-//   and still 0.93x that of our 128x128 in 2-CTA clusters (B multicast; one run).
+//   and still 0.93x that of our 128x128 in 2-CTA clusters (B multicast; one run); with the scales
+//   read by ld.shared 0.94-0.95x that of 128x128 and of 128x192 (two runs; both pair forms 0.95x).
 constexpr int64_t kLargeMinRows = 1024;
 constexpr int64_t kLargeLongK = 4096;
 bool use_large(const GemmNt& g, Algo* a) {

@@ -36,9 +36,9 @@
  * CUTLASS sm90a block-wise kernel where its TMA alignment allows
  * (K % 16 == 0, N % 8 == 0, 16-byte aligned pointers): pingpong 64x128 tiles for M <= 128
  * (swapped operands with 2-way split-K when that leaves few tiles and K is long), cooperative
- * 128x128 stream-K above; from M >= 1024 the large-M kernel (7): 128x192 tiles when N % 192 == 0
- * (in 2-CTA clusters, variant 6, when the 128-row M tiles pair up evenly), else 256x128 when
- * K < 4096 and those tiles fill a wave of the SMs, else 128x128; but with
+ * 128x128 stream-K above; from M >= 1024 the large-M kernel (7): 128x192 tiles when N % 192 == 0,
+ * or when K < 4096 and 256x128 tiles would fill a wave of the SMs (in 2-CTA clusters, variant 6,
+ * when the 128-row M tiles pair up evenly), else 128x128; but with
  * K >= 4096 over at least two waves of 128x128 tiles the cooperative kernel with the scale
  * promotion overlapped (5); else the simple kernel. Forcing one (DSX_EINVAL if the shape cannot
  * take it): 1 = cooperative stream-K, 2 = simple, 3 = pingpong, 4 = swapped operands
