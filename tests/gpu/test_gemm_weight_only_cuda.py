@@ -177,8 +177,8 @@ def test_auto_config_many_groups_matches_fixed_split(bits, group, m):
 
 
 @pytest.mark.parametrize("m", [1, 2, 4, 8, 16])
-@pytest.mark.parametrize("n,k,bits,group", [(2048, 7168, 4, -1), (7168, 2048, 4, 128), (1024, 18432, 4, 64),
-                                            (1536, 1536, 8, -1)])
+@pytest.mark.parametrize("n,k,bits,group", [(2048, 7168, 4, -1), (4096, 7168, 4, -1), (7168, 2048, 4, 128),
+                                            (1024, 18432, 4, 64), (1536, 1536, 8, -1)])
 def test_decode_sizes_match_cpu(m, n, k, bits, group):
     """DeepSeek-like K at decode M, automatic config, against float64 and the CPU kernel."""
     x, q, s, wd = make(m, n, k, bits, group, seed=2)
