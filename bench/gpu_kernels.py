@@ -40,11 +40,21 @@ SMALL_SHAPES = ((7168, 2048), (2048, 7168), (24576, 1536), (4096, 7168), (7168, 
 PDL = 1 << 28
 # kernel 6's weight rows per CTA (algo bits 8..11): 1 = 128 rows, one CTA per SM; 2 = 64 rows, 2-3 CTAs per SM
 R128, R64 = 1 << 8, 2 << 8
+# kernel 6's other knobs (their automatic values: two alternating wgmma temporaries where they fit, 64 tokens
+# per CTA at M > 64 when 4 ceil(N/128) <= SMs, 128-byte L2 promotion): T1 = one temporary (bits 12..15 = 1),
+# L256 = 256-byte L2 promotion (bits 4..7 = 1), W32 / WALL = 32 tokens per CTA / all of M (bits 24..27 = 2 / 4);
+# small_before / small64_before: the kernel as it was before these knobs (one temporary, 256 bytes, all of M);
+# small_st12 / small_st4: 12 (at most what shared memory holds) / 4 stages instead of 8 (bits 20..23)
+T1, L256, W32, WALL = 1 << 12, 1 << 4, 2 << 24, 4 << 24
 TUNE_SMALL = {"auto": 0, "auto_pdl": PDL, "pingpong": 3, "swapAB_dp": 4 | 1 << 12, "swapAB_splitK2": 4 | 2 << 12 | 2 << 16,
               "small": 6 | R128, "small_pdl": 6 | R128 | PDL, "small_s1": 6 | R128 | 1 << 16,
               "small_s2": 6 | R128 | 2 << 16, "small_s4": 6 | R128 | 4 << 16,
               "small64": 6 | R64, "small64_pdl": 6 | R64 | PDL, "small64_s1": 6 | R64 | 1 << 16,
-              "small64_s2": 6 | R64 | 2 << 16, "small64_s4": 6 | R64 | 4 << 16}
+              "small64_s2": 6 | R64 | 2 << 16, "small64_s4": 6 | R64 | 4 << 16,
+              "small_t1": 6 | R128 | T1, "small_l2_256": 6 | R128 | L256, "small_wall": 6 | R128 | WALL,
+              "small_w32": 6 | R128 | W32, "small_before": 6 | R128 | T1 | L256 | WALL,
+              "small64_before": 6 | R64 | T1 | L256 | WALL, "small_st12": 6 | R128 | 12 << 20,
+              "small_st4": 6 | R128 | 4 << 20}
 # the fixed cost of one launch in a graph: one K block, two weight tiles (kernel 6: one CTA per tile)
 LAUNCH_PROBE = (16, 256, 128)
 
@@ -101,7 +111,7 @@ def bench_dense(m, n, k, rng):
     row = {"kernel": "gemm_fp8_nt", "shape": f"{m}x{n}x{k}", "sets": len(sets)}
     variants = TUNE_LARGE if m >= 1024 else {
         name: algo for name, algo in TUNE_SMALL.items()
-        if not (algo & 15) == 6 or (algo >> 16 & 255) <= min(8, kb)}
+        if not (algo & 15) == 6 or (algo >> 16 & 15) <= min(8, kb)}
     samplers, modes = {}, {}
     for name, algo in variants.items():
         ws = cuda.empty((max(1, cuda.gemm_workspace_bytes(m, n, k, algo)),), np.uint8)

@@ -65,8 +65,8 @@ int cutlass_grouped_run(const GemmNt& g, const int32_t* offsets, int64_t experts
 
 // ---- hand-written sm_90a kernel for decode-sized M (gemm_fp8_small.cu) ----
 // Swapped operands (weights on the 64-row wgmma side), K split over a thread-block cluster of S
-// CTAs with a fixed-order reduction. knobs: bits 0..7 = S (0 automatic), bits 8..11 = weight rows
-// per CTA (0 automatic, 1: 128, 2: 64); pdl: programmatic dependent launch.
+// CTAs with a fixed-order reduction. knobs: S, stages, weight rows, wgmma temporaries, L2 promotion,
+// tokens per CTA (bit layout at small_run in gemm_fp8_small.cu); pdl: programmatic dependent launch.
 // small_auto: algo 0 takes it for this problem.
 constexpr int64_t kSmallMaxRows = 128;
 bool small_supported(const GemmNt& g);

@@ -27,6 +27,14 @@
 // with PDL): the fixed cost every shape pays. algo 0 takes this kernel where it measured faster than
 // the CUTLASS ones (small_auto). Tried and dropped: up to 4 wgmma batches in flight per warpgroup
 // (a ring of temporaries) with setmaxnreg: 5-7% slower at M = 64/128 and it hung at M = 16.
+// Knobs that keep the bits (small_run): two alternating wgmma temporaries (the K step i+1 wgmma runs
+// while step i is promoted; automatic where the registers fit: 1-4% at M = 16), the L2 promotion of
+// the TMA loads (128 bytes automatic: 1-6% faster than 256 on every bench --small shape), M split
+// over 16/32/64-token tiles along the grid's z (automatic 64 above 64 tokens where two K splits
+// still fit one wave: 128x2048x7168 13.6 us against 13.9 at 128 tokens), the stage count (2..12).
+// Tried and dropped: TMA multicast of the token tile over 2 or 4 weight tiles of one cluster (L2
+// reads halved; 2-15% slower on every shape: the L2 is not the limit), all split-K partial loads of
+// the reduction in flight at once (no gain seen; one run, together with other changes).
 #include "gemm_fp8_internal.cuh"
 #include "sm90_ptx.cuh"
 
@@ -41,7 +49,8 @@ namespace {
 
 constexpr int kRows = 128;          // weight rows per scale block (and per CTA in the 128-row variant)
 constexpr int kBK = 128;            // K per stage (one scale block)
-constexpr int kMaxStages = 8;
+constexpr int kMaxStages = 12;   // most stages shared memory may hold (stage-count knob)
+constexpr int kAutoStages = 8;   // stages when not forced
 constexpr int kMaxSplits = 8;       // portable cluster size
 constexpr int kSmemPerSm = 228 * 1024;  // shared memory of one SM, 1 KB of it reserved per resident CTA
 constexpr int kSmemLimit = 227 * 1024;  // most one CTA may take
@@ -122,7 +131,7 @@ __device__ __forceinline__ void wgmma_tile(float* d, uint64_t da, uint64_t db, i
 
 // Shared memory (from a 1024-byte aligned base): weight tiles [stages][BM rows][128 B], token
 // tiles [stages][MN rows][128 B] (both 128B-swizzled by TMA), scale slots [stages][MN + 4] fp32
-// (token scales, then the weight block scale), barriers full[kMaxStages], empty[kMaxStages].
+// (token scales, then the weight block scale), barriers full[stages], empty[stages].
 // After the main loop the front is reused for the fp32 partial tile [MN][kRedLd].
 template <int MN, int BM>
 struct Layout {
@@ -132,7 +141,7 @@ struct Layout {
   static constexpr int kStage = kW + kX;
   static constexpr int kScale = MN * 4 + 16;
   static constexpr int kRed = MN * kRedLd * 4;
-  static constexpr int bytes(int stages) { return 1024 + stages * (kStage + kScale) + 2 * kMaxStages * 8; }
+  static constexpr int bytes(int stages) { return 1024 + stages * (kStage + kScale + 2 * 8); }
   static constexpr int max_stages() {
     int s = kMaxStages;
     while (s > 2 && bytes(s) > Config<MN, BM>::kSmemCap) --s;
@@ -141,7 +150,9 @@ struct Layout {
   static_assert(kX % 1024 == 0 && kW % 1024 == 0, "tiles stay 1024-byte aligned");
 };
 
-template <int MN, int BM>
+// kOverlap: two temporaries alternate, so that the wgmma of K step i+1 is issued before step i is
+// promoted (the same promotions in the same order: the bits of the one-temporary loop).
+template <int MN, int BM, bool kOverlap>
 __global__ void __launch_bounds__(Config<MN, BM>::kThreads, Config<MN, BM>::kBlocks)
     small_gemm_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtensorMap tx, const Params p) {
   using L = Layout<MN, BM>;
@@ -156,10 +167,11 @@ __global__ void __launch_bounds__(Config<MN, BM>::kThreads, Config<MN, BM>::kBlo
   float* scales = reinterpret_cast<float*>(smem + stages * L::kStage);
   const uint32_t bars = base + stages * (L::kStage + L::kScale);
   auto full = [&](int s) { return bars + 8u * s; };
-  auto empty = [&](int s) { return bars + 8u * (kMaxStages + s); };
+  auto empty = [&](int s) { return bars + 8u * (stages + s); };
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int split = blockIdx.x, tile = blockIdx.y;
+  const int m0 = blockIdx.z * MN;  // this CTA's tokens [m0, m0 + MN) (M split over token tiles)
   const int kb0 = split * p.kbt / p.splits, nk = (split + 1) * p.kbt / p.splits - kb0;
 
   if (tid == 0) {
@@ -186,7 +198,7 @@ __global__ void __launch_bounds__(Config<MN, BM>::kThreads, Config<MN, BM>::kBlo
         mbar_arrive_expect_tx(full(s), L::kStage);
         const int kx = (kb0 + i) * kBK;
         tma_load_2d(w_smem + s * L::kW, &tw, full(s), kx, tile * BM);
-        tma_load_2d(x_smem + s * L::kX, &tx, full(s), kx, 0);
+        tma_load_2d(x_smem + s * L::kX, &tx, full(s), kx, m0);
       }
     }
     __syncwarp();
@@ -198,8 +210,8 @@ __global__ void __launch_bounds__(Config<MN, BM>::kThreads, Config<MN, BM>::kBlo
       float* slot = scales + s * (L::kScale / 4);
 #pragma unroll
       for (int j = lane; j < MN; j += 32) {
-        const bool in = j < p.m;
-        cp_async_4(smem_u32(slot + j), p.sa + static_cast<size_t>(in ? j : 0) * p.kbt + kb, in ? 4 : 0);
+        const bool in = m0 + j < p.m;
+        cp_async_4(smem_u32(slot + j), p.sa + static_cast<size_t>(in ? m0 + j : 0) * p.kbt + kb, in ? 4 : 0);
       }
       if (lane == 0) cp_async_4(smem_u32(slot + MN), p.sb + static_cast<size_t>(sb_row) * p.kbt + kb, 4);
       cp_async_arrive_noinc(full(s));
@@ -208,8 +220,8 @@ __global__ void __launch_bounds__(Config<MN, BM>::kThreads, Config<MN, BM>::kBlo
     const int cw = warp / 4, wl = warp % 4;
 #pragma unroll
     for (int r = 0; r < MN / 2; ++r) acc[r] = 0.f;
-    float t[MN / 2];
-    for (int i = 0; i < nk; ++i) {
+    // K step i: wait for its stage, issue its 4 wgmma into t (one commit group)
+    auto issue = [&](float* t, int i) {
       const int s = i % stages;
       mbar_wait(full(s), (i / stages) & 1);
 #pragma unroll
@@ -221,7 +233,11 @@ __global__ void __launch_bounds__(Config<MN, BM>::kThreads, Config<MN, BM>::kBlo
         wgmma_tile<MN>(t, sw128_desc(wa + kk * 32), sw128_desc(xa + kk * 32), kk > 0);
       }
       wgmma_commit();
-      wgmma_wait<0>();
+    };
+    // K step i's wgmma has completed into t: its scale products into registers, the stage given
+    // back, then acc += t * (sa * sb)
+    auto promote = [&](float* t, int i) {
+      const int s = i % stages;
 #pragma unroll
       for (int r = 0; r < MN / 2; ++r) fence_reg(t[r]);
       const float* slot = scales + s * (L::kScale / 4);
@@ -240,6 +256,38 @@ __global__ void __launch_bounds__(Config<MN, BM>::kThreads, Config<MN, BM>::kBlo
         acc[4 * j + 1] = fmaf(t[4 * j + 1], sc[2 * j + 1], acc[4 * j + 1]);
         acc[4 * j + 2] = fmaf(t[4 * j + 2], sc[2 * j], acc[4 * j + 2]);
         acc[4 * j + 3] = fmaf(t[4 * j + 3], sc[2 * j + 1], acc[4 * j + 3]);
+      }
+    };
+    float t0[MN / 2];
+    if constexpr (kOverlap) {
+      // t0 pending at the loop head, t1 issued before t0 is promoted (one shape of in-flight state
+      // at the back-edge, so that ptxas sees which accumulators are free; nk >= 1)
+      float t1[MN / 2];
+      issue(t0, 0);
+      int i = 1;
+      for (; i + 1 < nk; i += 2) {
+        issue(t1, i);
+        wgmma_wait<1>();
+        promote(t0, i - 1);
+        issue(t0, i + 1);
+        wgmma_wait<1>();
+        promote(t1, i);
+      }
+      if (i < nk) {
+        issue(t1, i);
+        wgmma_wait<1>();
+        promote(t0, i - 1);
+        wgmma_wait<0>();
+        promote(t1, i);
+      } else {
+        wgmma_wait<0>();
+        promote(t0, i - 1);
+      }
+    } else {
+      for (int i = 0; i < nk; ++i) {
+        issue(t0, i);
+        wgmma_wait<0>();
+        promote(t0, i);
       }
     }
     // Every consumer warp is done with the stage buffers: the front becomes the fp32 partial tile
@@ -267,7 +315,7 @@ __global__ void __launch_bounds__(Config<MN, BM>::kThreads, Config<MN, BM>::kBlo
   }
   const float* red = reinterpret_cast<const float*>(smem);
   const uint32_t rank = S > 1 ? cluster_rank() : 0;
-  const int items = p.m * (BM / 4), n0 = tile * BM;
+  const int items = min(MN, p.m - m0) * (BM / 4), n0 = tile * BM;
   const int q1 = static_cast<int>((rank + 1) * items / S);
   for (int q = static_cast<int>(rank * items / S) + tid; q < q1; q += kThreads) {
     const int mm = q / (BM / 4), n4 = (q % (BM / 4)) * 4;
@@ -291,26 +339,32 @@ __global__ void __launch_bounds__(Config<MN, BM>::kThreads, Config<MN, BM>::kBlo
     uint2 packed;
     packed.x = *reinterpret_cast<const uint32_t*>(&lo);
     packed.y = *reinterpret_cast<const uint32_t*>(&hi);
-    *reinterpret_cast<uint2*>(p.out + static_cast<size_t>(mm) * p.n + n0 + n4) = packed;
+    *reinterpret_cast<uint2*>(p.out + static_cast<size_t>(m0 + mm) * p.n + n0 + n4) = packed;
   }
   if (S > 1) cluster_sync();  // peers may still read this CTA's partial tile
 }
 
 // ---------------------------------------------------------------- host side
 // e4m3 [rows, k] row-major, boxes of box_rows x 128 bytes, 128B swizzle, zero fill outside.
-bool encode_kmajor(CUtensorMap* map, const uint8_t* ptr, int64_t rows, int64_t k, int box_rows) {
-  return encode_2d_sw128(map, ptr, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, rows, k, box_rows, kBK);
+// promo: the L2 promotion of TMA misses (0 or 1: 256 bytes, 2: 128, 3: none)
+bool encode_kmajor(CUtensorMap* map, const uint8_t* ptr, int64_t rows, int64_t k, int box_rows, int promo) {
+  const CUtensorMapL2promotion l2 = promo == 2   ? CU_TENSOR_MAP_L2_PROMOTION_L2_128B
+                                    : promo == 3 ? CU_TENSOR_MAP_L2_PROMOTION_NONE
+                                                 : CU_TENSOR_MAP_L2_PROMOTION_L2_256B;
+  return encode_2d_sw128_promo(map, ptr, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, rows, k, box_rows, kBK, l2);
 }
 
 constexpr int kMaxDevices = 64;
 
-template <int MN, int BM>
+template <int MN, int BM, bool kOverlap>
 struct Launcher {
   using L = Layout<MN, BM>;
   static constexpr int kThreads = Config<MN, BM>::kThreads;
   static constexpr int kStages = L::max_stages();
   static constexpr int kSmem = L::bytes(kStages);
-  static_assert(L::kRed <= kStages * L::kStage, "the partial tile fits the stage buffers");
+  // the fp32 partial tile reuses the stage buffers: at least this many stages
+  static constexpr int kMinStages = (L::kRed + L::kStage - 1) / L::kStage > 2 ? (L::kRed + L::kStage - 1) / L::kStage : 2;
+  static_assert(kMinStages <= kStages, "the partial tile fits the stage buffers");
   static_assert(kSmem <= Config<MN, BM>::kSmemCap, "kBlocks CTAs fit one SM");
 
   // Once per device: the shared-memory limit, then how many CTAs fit at once (max_clusters[1]) and
@@ -320,7 +374,7 @@ struct Launcher {
     static int clusters[kMaxDevices][kMaxSplits + 1];
     if (dev < 0 || dev >= kMaxDevices) return DSX_ECUDA;
     if (state[dev].load(std::memory_order_acquire) == 0) {
-      auto kernel = small_gemm_kernel<MN, BM>;
+      auto kernel = small_gemm_kernel<MN, BM, kOverlap>;
       bool ok = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem) == cudaSuccess;
       int per_sm = 0;
       ok = ok && cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, kSmem) == cudaSuccess;
@@ -350,14 +404,19 @@ struct Launcher {
     return DSX_OK;
   }
 
-  static int run(const GemmNt& g, int splits, bool pdl, cudaStream_t stream) {
+  // stages: 0 automatic (kAutoStages), else clamped to [kMinStages, kStages]
+  static int run(const GemmNt& g, int splits, int stages, int promo, bool pdl, cudaStream_t stream) {
+    if (stages == 0) stages = kAutoStages;
+    if (stages > kStages) stages = kStages;
+    if (stages < kMinStages) stages = kMinStages;
     int dev = 0;
     if (cudaGetDevice(&dev) != cudaSuccess) return DSX_ECUDA;
     if (sm_count() <= 0) return DSX_ECUDA;
     int max_clusters[kMaxSplits + 1];
     const int rc = prepare(dev, max_clusters);
     if (rc != DSX_OK) return rc;
-    const int tiles = static_cast<int>((g.n + BM - 1) / BM);
+    const int mtiles = static_cast<int>((g.m + MN - 1) / MN);  // token tiles (M split) along the grid's z
+    const int tiles = static_cast<int>((g.n + BM - 1) / BM) * mtiles;  // CTAs of one split
     const int kbt = static_cast<int>((g.k + kBK - 1) / kBK);
     if (splits <= 0) {
       // Automatic: as many K splits as keep every weight tile's cluster resident in one wave; with
@@ -371,12 +430,14 @@ struct Launcher {
     }
     if (splits > kMaxSplits || splits > kbt) return DSX_EINVAL;
     CUtensorMap tw, tx;
-    if (!encode_kmajor(&tw, g.b, g.n, g.k, BM) || !encode_kmajor(&tx, g.a, g.m, g.k, MN)) return DSX_EINVAL;
-    Params p{g.sa, g.sb, g.out, static_cast<int>(g.m), static_cast<int>(g.n), kbt, splits, kStages, pdl ? 1 : 0};
+    if (!encode_kmajor(&tw, g.b, g.n, g.k, BM, promo) || !encode_kmajor(&tx, g.a, g.m, g.k, MN, promo)) {
+      return DSX_EINVAL;
+    }
+    Params p{g.sa, g.sb, g.out, static_cast<int>(g.m), static_cast<int>(g.n), kbt, splits, stages, pdl ? 1 : 0};
     cudaLaunchConfig_t lc = {};
-    lc.gridDim = dim3(splits, tiles, 1);
+    lc.gridDim = dim3(splits, tiles / mtiles, mtiles);
     lc.blockDim = dim3(kThreads, 1, 1);
-    lc.dynamicSmemBytes = kSmem;
+    lc.dynamicSmemBytes = L::bytes(stages);  // the automatic 8 stages take what they took before
     lc.stream = stream;
     cudaLaunchAttribute attr[2];
     int na = 0;
@@ -394,16 +455,32 @@ struct Launcher {
     }
     lc.attrs = attr;
     lc.numAttrs = na;
-    return cuda_rc(cudaLaunchKernelEx(&lc, small_gemm_kernel<MN, BM>, tw, tx, p));
+    return cuda_rc(cudaLaunchKernelEx(&lc, small_gemm_kernel<MN, BM, kOverlap>, tw, tx, p));
   }
 };
 
+// Two temporaries (kOverlap) where their registers fit under the CTAs-per-SM cap: M <= 64 at 128
+// rows, M <= 32 at 64 rows; elsewhere the one-temporary loop (the same bits).
+template <int MN, int BM>
+constexpr bool kCanOverlap = MN <= (BM == 128 ? 64 : 32);
+
+template <int MN, int BM>
+int run_width(const GemmNt& g, int splits, int stages, int promo, bool overlap, bool pdl, cudaStream_t s) {
+  if constexpr (kCanOverlap<MN, BM>) {
+    if (overlap) return Launcher<MN, BM, true>::run(g, splits, stages, promo, pdl, s);
+  }
+  return Launcher<MN, BM, false>::run(g, splits, stages, promo, pdl, s);
+}
+
+// width: tokens per CTA (0: M rounded up to 16, 32, 64 or 128, one token tile; else M is split
+// over ceil(M / width) token tiles)
 template <int BM>
-int run_rows(const GemmNt& g, int splits, bool pdl, cudaStream_t s) {
-  if (g.m <= 16) return Launcher<16, BM>::run(g, splits, pdl, s);
-  if (g.m <= 32) return Launcher<32, BM>::run(g, splits, pdl, s);
-  if (g.m <= 64) return Launcher<64, BM>::run(g, splits, pdl, s);
-  return Launcher<128, BM>::run(g, splits, pdl, s);
+int run_rows(const GemmNt& g, int splits, int stages, int promo, int width, bool overlap, bool pdl, cudaStream_t s) {
+  const int64_t w = width > 0 && width < g.m ? width : g.m;
+  if (w <= 16) return run_width<16, BM>(g, splits, stages, promo, overlap, pdl, s);
+  if (w <= 32) return run_width<32, BM>(g, splits, stages, promo, overlap, pdl, s);
+  if (w <= 64) return run_width<64, BM>(g, splits, stages, promo, overlap, pdl, s);
+  return run_width<128, BM>(g, splits, stages, promo, overlap, pdl, s);
 }
 
 // Weight rows per CTA when not forced: 64 (two or three CTAs a SM, each with its own pipeline) when
@@ -412,6 +489,16 @@ int run_rows(const GemmNt& g, int splits, bool pdl, cudaStream_t s) {
 // against 16.8 / 20.2 (192 128-row tiles: two waves), 4096x7168 13.3 / 15.4 against 13.6 / 15.8,
 // 7168x18432 39.1 against 40.4, 7168x2048 8.3 against 8.3; 2048x7168 (32 tiles: at most 256 CTAs)
 // 9.3 / 11.7 against 9.0 / 11.3 at 128 rows.
+// Tokens per CTA when not forced: above 64 tokens, two 64-token tiles along the grid (two
+// alternating wgmma temporaries then fit) when the two token tiles of every 128-row weight tile
+// leave room for two K splits in one wave, else all of M. H200 (same run), M = 128 at 64 tokens
+// against 128: 4096x7168 17.7 / 19.6 us, 2048x7168 13.6 / 13.9, 7168x2048 11.3 / 11.8; slower where
+// one K split is left (7168x18432 67.6 / 56.2) or two waves (24576x1536 28.7 / 25.7).
+int auto_width(const GemmNt& g) {
+  const int64_t tiles128 = (g.n + kRows - 1) / kRows;
+  return g.m > 64 && 4 * tiles128 <= sm_count() ? 64 : 0;
+}
+
 int auto_rows(const GemmNt& g) {
   const int64_t tiles64 = (g.n + 63) / 64, kbt = (g.k + kBK - 1) / kBK;
   return tiles64 * (kbt < kMaxSplits ? kbt : kMaxSplits) >= 2 * static_cast<int64_t>(sm_count()) ? 64 : 128;
@@ -426,8 +513,12 @@ bool small_auto(const GemmNt& g) {
   // 4096x7168, 7168x18432: 1.03-1.30x); slower at M = 64 on 7168x2048 (0.93x) and at M = 128.
   // With 64-row tiles (two or three CTAs a SM) also where the 128-row tiles take two waves but the
   // 64-row ones fit one: 24576x1536 at M = 16 / 64 13.9 / 15.1 us against pingpong 16.2 / 15.6.
-  if (g.m > 64 || !small_supported(g)) return false;
+  // M > 64 (split into two 64-token tiles, auto_width) with K >= 4096 where two token tiles and at
+  // least two K splits fit one wave: 128x2048x7168 13.6 us against swap-AB split-K 14.8 (H200, same
+  // run); 128x4096x7168 (17.7 against 16.4) stays on swap-AB data-parallel (swap_dp_auto, first).
+  if (!small_supported(g)) return false;
   const int64_t sms = sm_count(), tiles128 = (g.n + kRows - 1) / kRows;
+  if (g.m > 64) return g.k >= 4096 && auto_width(g) == 64;
   if (tiles128 <= sms) return g.m <= 32 || g.k >= 4096;
   constexpr int kBlocks64 = Config<64, 64>::kBlocks;  // CTAs a SM at M <= 64 with 64-row tiles
   return auto_rows(g) == 64 && (g.n + 63) / 64 <= kBlocks64 * sms;
@@ -438,14 +529,32 @@ bool small_supported(const GemmNt& g) {
          g.k <= (int64_t{1} << 30) && (g.m * ((g.k + kBK - 1) / kBK)) < (int64_t{1} << 31);
 }
 
-// knobs: bits 0..7 the K split count (cluster size, 0 automatic; algo bits 16..23), bits 8..11 the weight
-// rows per CTA (algo bits 8..11: 0 automatic, 1: 128, one CTA per SM; 2: 64, two or three CTAs per SM).
+// knobs (the algo bits of gemm_fp8.h in parentheses): bits 0..3 the K split count S (16..19: cluster
+// size, 0 automatic), bits 4..7 the stage count (20..23: 0 automatic = 8, else 2..12, clamped to what
+// shared memory holds and to what the partial tile needs), bits 8..11 the weight rows per CTA (8..11:
+// 0 automatic, 1: 128, one CTA per SM; 2: 64, two or three CTAs per SM), bits 12..15 the wgmma
+// temporaries (12..15: 0 automatic = two where they fit, 1: one, 2: two), bits 16..19 the L2
+// promotion of the TMA loads (4..7: 0 automatic = 128 bytes, 1: 256 bytes, 2: 128 bytes, 3: none),
+// bits 24..27 the tokens per CTA (24..27: 0 automatic (auto_width), 1: 16, 2: 32, 3: 64, M split
+// over the grid; 4: all of M).
 int small_run(const GemmNt& g, int knobs, bool pdl, cudaStream_t s) {
   if (!small_supported(g)) return DSX_EINVAL;
-  const int splits = knobs & 255, rows_knob = (knobs >> 8) & 15;
-  if (rows_knob > 2) return DSX_EINVAL;
+  const int splits = knobs & 15, stages = (knobs >> 4) & 15;  // algo bits 16..19 and 20..23
+  const int rows_knob = (knobs >> 8) & 15, temps_knob = (knobs >> 12) & 15;
+  const int width_knob = (knobs >> 24) & 15, promo = (knobs >> 16) & 15;
+  if (rows_knob > 2 || temps_knob > 2 || width_knob > 4 || promo > 3 || stages == 1 || stages > kMaxStages) {
+    return DSX_EINVAL;
+  }
   const int rows = rows_knob == 1 ? 128 : rows_knob == 2 ? 64 : auto_rows(g);
-  return rows == 64 ? run_rows<64>(g, splits, pdl, s) : run_rows<128>(g, splits, pdl, s);
+  // automatic: two temporaries where they fit (H200, same run, M = 16: 1-4% faster on the five
+  // DeepSeek-V3 shapes; M = 64 at 128 rows: 4096x7168 and 7168x18432 2% faster, 7168x2048 2% slower),
+  // 128-byte L2 promotion (1-6% faster than 256 on all 15 shapes of bench --small; none: within 1%
+  // of 128)
+  const bool overlap = temps_knob != 1;
+  const int width = width_knob == 0 ? auto_width(g) : width_knob == 4 ? 0 : 8 << width_knob;  // 16, 32, 64, all
+  const int l2 = promo == 0 ? 2 : promo;
+  return rows == 64 ? run_rows<64>(g, splits, stages, l2, width, overlap, pdl, s)
+                    : run_rows<128>(g, splits, stages, l2, width, overlap, pdl, s);
 }
 
 }  // namespace dsx_cuda

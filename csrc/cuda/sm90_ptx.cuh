@@ -196,4 +196,18 @@ inline bool encode_2d_sw128(CUtensorMap* map, const void* ptr, CUtensorMapDataTy
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+// encode_2d_sw128 with the L2 promotion (the sector size a TMA miss fetches into L2) chosen by the caller
+inline bool encode_2d_sw128_promo(CUtensorMap* map, const void* ptr, CUtensorMapDataType type, int elem_bytes,
+                                  int64_t rows, int64_t cols, int box_rows, int box_cols,
+                                  CUtensorMapL2promotion promotion) {
+  const auto encode = tensor_map_encoder();
+  if (!encode) return false;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(cols) * static_cast<cuuint64_t>(elem_bytes)};
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(box_cols), static_cast<cuuint32_t>(box_rows)};
+  const cuuint32_t elem[2] = {1, 1};
+  return encode(map, type, 2, const_cast<void*>(ptr), dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                CU_TENSOR_MAP_SWIZZLE_128B, promotion, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 }  // namespace dsx_cuda

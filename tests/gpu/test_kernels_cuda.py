@@ -19,9 +19,15 @@ pytestmark = pytest.mark.skipif(not cuda.available(), reason="no CUDA device")
 
 FP8, BF16 = ml_dtypes.float8_e4m3fn, ml_dtypes.bfloat16
 # hand-written swap-AB kernel for M <= 128: bits 16..23 K splits (cluster size, 0 automatic), bits 8..11
-# weight rows per CTA (0 automatic, 1: 128, 2: 64), bit 28 PDL
+# weight rows per CTA (0 automatic, 1: 128, 2: 64), bits 12..15 wgmma temporaries (0 automatic, 1 one, 2 two
+# where they fit), bits 24..27 tokens per CTA (0 automatic, 1: 16, 2: 32, 3: 64: M split over the grid, 4: all of M),
+# bit 28 PDL
 SMALL = 6
 ROWS128, ROWS64 = 1 << 8, 2 << 8
+TEMPS1, TEMPS2 = 1 << 12, 2 << 12
+WIDTH16, WIDTH32, WIDTH64, WIDTH_ALL = 1 << 24, 2 << 24, 3 << 24, 4 << 24
+L2_128B, L2_NONE = 2 << 4, 3 << 4  # bits 4..7: the TMA loads' L2 promotion (0 automatic, 1: 256 bytes)
+STAGES = 1 << 20  # bits 20..23: the stage count (0 automatic, else 2..12, clamped to what fits)
 # hand-written persistent kernel for large M: bits 8..11 = v, tile order in groups of 4v M tiles (0 default)
 LARGE = 7
 
@@ -103,16 +109,19 @@ def test_auto_choice_matches_forced_kernels_bitwise():
     """algo 0 runs swap-AB data-parallel when M <= 128 and its 128x32 tiles fill between half and all of
     the SMs (66..132 here); else the hand-written small-M kernel (6) while the 128-row weight tiles are
     no more than the SMs at M <= 32, or at M <= 64 with K >= 4096, or at M <= 64 while its 64-row tiles
-    fit one wave of three CTAs a SM (24576x1536: 384 <= 396); else pingpong at M <= 128, swap-AB with
-    2-way split-K when M <= 128 leaves fewer than 64 pingpong tiles and K >= 4096, cooperative
+    fit one wave of three CTAs a SM (24576x1536: 384 <= 396), or at 64 < M <= 128 with K >= 4096 while
+    4 ceil(N/128) <= the SMs (two 64-token tiles: 2048x7168, 1024x4096); else pingpong at M <= 128
+    (swap-AB with 2-way split-K when that leaves fewer than 64 pingpong tiles and K >= 4096), cooperative
     stream-K above; from 1024 rows on the large-M kernel (7: 128x192 tiles when N % 192 == 0 or when
     K < 4096 and 256x128 tiles would fill the SMs, else 128x128; 128x192 in 2-CTA clusters when the M tiles
     pair up evenly), except K >= 4096 over two waves of 128x128 tiles: cooperative stream-K with the
     promotion overlapped (all deterministic)."""
     rng = np.random.default_rng(9)
-    swap_splitk2, swap_dp = 4 | 2 << 12 | 2 << 16, 4 | 1 << 12
+    swap_dp = 4 | 1 << 12
+    small_w64 = SMALL | ROWS128 | WIDTH64 | TEMPS2 | L2_128B  # what algo 6 does by itself at these shapes
     for m, n, k, forced in ((128, 512, 1024, 3), (129, 512, 1024, 1), (64, 2048, 7168, SMALL | ROWS128),
-                            (16, 2048, 7168, SMALL), (128, 2048, 7168, swap_splitk2), (128, 7168, 2048, 3),
+                            (16, 2048, 7168, SMALL), (128, 2048, 7168, small_w64), (100, 2048, 7168, small_w64),
+                            (128, 1024, 4096, small_w64), (128, 7168, 2048, 3),
                             (65, 7168, 2048, 3), (32, 7168, 2048, SMALL), (33, 7168, 2048, swap_dp),
                             (33, 4096, 4096, SMALL), (16, 24576, 1536, SMALL | ROWS64),
                             (64, 24576, 1536, SMALL | ROWS64), (65, 24576, 1536, 3), (128, 4096, 7168, swap_dp),
@@ -215,7 +224,10 @@ def test_small_m_kernel_matches_float64_and_is_deterministic(m, n, k):
     """Algo 6: ragged M (zero-filled token rows), ragged N (576, 640: partial weight tiles), a 16-wide last
     K block, one K block, every token width (16/32/64/128), automatic and forced cluster split-K sizes,
     and programmatic dependent launch (same bits as without); 64-row CTAs (two or three a SM) give
-    bitwise the 128-row CTAs' output under the same split count (same wgmma rows, same order)."""
+    bitwise the 128-row CTAs' output under the same split count (same wgmma rows, same order), and so
+    do one or two alternating wgmma temporaries (same promotions in the same order), M split over
+    token tiles of 16, 32 or 64 (ragged last tile; the same products per output element), the TMA
+    loads' L2 promotion and the stage count (2..12, the partial tile's minimum at 128 tokens)."""
     rng = np.random.default_rng(m * 3 + n + k)
     a, sa, b, sb = make_gemm(rng, m, n, k)
     kb = K.cdiv(k, 128)
@@ -232,6 +244,11 @@ def test_small_m_kernel_matches_float64_and_is_deterministic(m, n, k):
         r128 = cuda.gemm_fp8_nt(a, sa, b, sb, algo=SMALL | ROWS128 | splits << 16)
         r64 = cuda.gemm_fp8_nt(a, sa, b, sb, algo=SMALL | ROWS64 | splits << 16)
         assert np.array_equal(r128.view(np.uint16), r64.view(np.uint16)), f"splits {splits}: 64 vs 128 rows"
+        for knobs in (TEMPS1, TEMPS2, ROWS64 | TEMPS2, WIDTH16, WIDTH32 | TEMPS2, WIDTH64 | TEMPS2,
+                      ROWS64 | WIDTH16 | TEMPS2, L2_128B, L2_NONE | TEMPS2, WIDTH_ALL | TEMPS1 | 1 << 4,
+                      12 * STAGES, 2 * STAGES | TEMPS2, 3 * STAGES | ROWS64 | WIDTH_ALL):
+            got = cuda.gemm_fp8_nt(a, sa, b, sb, algo=SMALL | knobs | splits << 16)
+            assert np.array_equal(got.view(np.uint16), r128.view(np.uint16)), f"splits {splits}: knobs {knobs:#x}"
     if kb < 8:
         for rows in (ROWS128, ROWS64):
             with pytest.raises(DsxError, match="invalid"):
@@ -247,6 +264,15 @@ def test_small_m_kernel_rejects_what_it_cannot_take():
     a, sa, b, sb = make_gemm(rng, 16, 256, 256)
     with pytest.raises(DsxError, match="invalid"):  # no third row-tile size
         cuda.gemm_fp8_nt(a, sa, b, sb, algo=SMALL | 3 << 8)
+    with pytest.raises(DsxError, match="invalid"):  # at most two temporaries
+        cuda.gemm_fp8_nt(a, sa, b, sb, algo=SMALL | 3 << 12)
+    with pytest.raises(DsxError, match="invalid"):  # token widths 16, 32, 64, all
+        cuda.gemm_fp8_nt(a, sa, b, sb, algo=SMALL | 5 << 24)
+    with pytest.raises(DsxError, match="invalid"):  # three L2 promotions
+        cuda.gemm_fp8_nt(a, sa, b, sb, algo=SMALL | 4 << 4)
+    for stages in (1, 13):  # 2..12 stages
+        with pytest.raises(DsxError, match="invalid"):
+            cuda.gemm_fp8_nt(a, sa, b, sb, algo=SMALL | stages * STAGES)
 
 
 def test_small_m_kernel_with_pdl_in_cuda_graph_keeps_launch_order():
@@ -258,7 +284,7 @@ def test_small_m_kernel_with_pdl_in_cuda_graph_keeps_launch_order():
     dev = [[cuda.to_device(x.view(np.uint8) if x.dtype == FP8 else x) for x in s] for s in sets]
     stream = cuda.Stream()
     order = [1, 0, 1, 1, 0]
-    for rows in (ROWS128, ROWS64):
+    for rows in (ROWS128, ROWS64, ROWS128 | TEMPS2 | WIDTH32):
         want = cuda.gemm_fp8_nt(*sets[0], algo=SMALL | rows)
         out = cuda.empty((m, n), np.uint16).fill_bytes(0xFF)
         graph = cuda.Graph(lambda s, rows=rows: [cuda.gemm_fp8_nt_device(*dev[i], out, algo=SMALL | rows | 1 << 28,
