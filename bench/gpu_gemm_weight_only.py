@@ -22,7 +22,9 @@ layers of a served model would; "PDL us", its own ratio) and, at M <= 16, one st
 block (algo bit 26, "1grp us": no persistent blocks, same bits).
 With --sweep, int4 per channel at M = 1 and 16 is also timed over (warps, splits, ring
 slots, steps per slot; x chunk at M = 16) so the automatic choice can be tuned; the best is
-printed beside the automatic one.
+printed beside the automatic one. --sweep-list "w8s4d1b2,w8s2d2b4,..." replaces that list
+(and --sweep-ms 1,4,8 the M values swept): any words, ring slots 1 included (one slot refilled
+early, M <= 8), packed here directly (algo_word refuses one slot).
 With --alt-lib LIB (a shared library exporting dsx_wo_gemm_bf16_nt_cuda, e.g. the previous
 kernel built alone: bench/wo_alt_lib.sh), that build is timed on the same inputs in the same
 run ("alt us" and its ratio to torch), so two kernels compare without run-to-run drift.
@@ -53,7 +55,8 @@ LAYOUTS = [(4, -1), (4, 128), (8, -1)]
 # (warps, splits, x chunk, ring slots, steps per slot); chunk 0 = automatic
 SWEEP = [(w, s, 0, d, b) for w in (4, 8) for s in range(1, 9) for d, b in ((4, 1), (2, 2), (2, 4))]
 SWEEP_M16 = [(8, s, 16, d, b) for s in (2, 3, 4, 6, 8) for d, b in ((4, 1), (2, 4))]  # larger x chunks at M = 16
-SWEEP_MS = (1, 16)
+SWEEP_MS = [1, 16]
+SWEEP_LIST = []  # --sweep-list: replaces SWEEP / SWEEP_M16
 
 PDL = 1 << 24       # algo bit: programmatic dependent launch (launches overlap: serving)
 ONE_STEP = 1 << 25  # algo bit: one step at a time (the pre-pairing schedule; same bits)
@@ -155,10 +158,10 @@ def bench_row(pb: Problem, m: int, rng, sweep: bool, anchors: dict) -> dict:
            "us_nomath": us_nomath and round(us_nomath, 2), "us_alt": us_alt and round(us_alt, 2)}
     if sweep:
         best = ("auto", us)
-        for w, s, c, d, b in SWEEP + (SWEEP_M16 if m == 16 else []):
+        for w, s, c, d, b in SWEEP_LIST or (SWEEP + (SWEEP_M16 if m == 16 else [])):
             key = f"w{w}_s{s}_d{d}_b{b}" + (f"_c{c}" if c else "")
             try:
-                t, _ = time_graph(calls(G.algo_word(w, s, c, d, b)))
+                t, _ = time_graph(calls(w | s << 4 | c << 8 | d << 16 | b << 20))
             except Exception as exc:  # a config that does not fit (shared memory) is skipped
                 row[f"us_{key}"] = repr(exc)[:60]
                 continue
@@ -227,10 +230,19 @@ def main() -> int:
     ap.add_argument("--alt-lib", default="",
                     help="another build of dsx_wo_gemm_bf16_nt_cuda (e.g. the previous kernel): adds 'alt us' + ratio")
     ap.add_argument("--profile", default="", help="NxKxM: only launch int4 per channel there 3 times (for ncu)")
+    ap.add_argument("--sweep-list", default="", help='configs to sweep instead, e.g. "w8s4d1b2,w8s4d2b2c7"')
+    ap.add_argument("--sweep-ms", default="", help="M values swept (default 1,16)")
     ap.add_argument("--ms", default="", help="comma-separated M subset for int4 per channel, e.g. 1,16")
     args = ap.parse_args()
     if args.profile:
         return profile(*(int(v) for v in args.profile.split("x")))
+    if args.sweep_list:
+        import re
+        for t in args.sweep_list.split(","):
+            w, sp, d, b, c = re.fullmatch(r"w(\d+)s(\d+)d(\d+)b(\d+)(?:c(\d+))?", t.strip()).groups()
+            SWEEP_LIST.append((int(w), int(sp), int(c or 0), int(d), int(b)))
+    if args.sweep_ms:
+        SWEEP_MS[:] = [int(v) for v in args.sweep_ms.split(",")]
     if args.diag_lib:
         DIAG["fn"] = load_entry(args.diag_lib)
     if args.alt_lib:

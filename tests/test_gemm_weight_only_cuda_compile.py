@@ -1,7 +1,8 @@
 """The CUDA weight-only GEMM without a GPU: it compiles for sm_90a, and its data mapping is right.
 
 1. csrc/cuda/gemm_weight_only.cu compiles with the local nvcc for sm_90a (skipped
-   without nvcc): all 20 kernel instances, no register spills.
+   without nvcc): all 25 kernel instances (20 + the five M <= 8 one-slot ones), no
+   register spills.
 2. A numpy model of what each lane of the kernel does (which 16 bytes it loads, which bits
    make which bf16 value, which x element in shared memory it pairs them with, which scale
    and partial sum they go to, the int4 group-64 word exchange between lanes) reproduces
@@ -49,6 +50,8 @@ def test_compiles_for_sm90a_without_spills(tmp_path):
     names = {re.search(r"wo_gemm_kernelILi(\d)ELi(\d)ELi(\d)", b).groups() for b in blocks}
     want = {(b, mt, gm) for b, gms in (("8", "01"), ("4", "012")) for gm in gms for mt in "1248"}
     assert names == want, f"kernel instances: got {sorted(names)}"
+    early = {re.search(r"wo_gemm_kernelILi(\d)ELi(\d)ELi(\d)ELb1", b).groups() for b in blocks if "ELb1" in b.split("\n")[0]}
+    assert early == {w for w in want if w[1] == "1"}, f"one-slot instances: got {sorted(early)}"
     for b in blocks:
         assert "0 bytes spill stores" in b and "0 bytes spill loads" in b, f"spills in {b[:200]}"
         regs = int(re.search(r"Used (\d+) registers", b).group(1))

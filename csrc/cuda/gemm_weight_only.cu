@@ -9,9 +9,11 @@
 // consecutive steps of the warp's 4 (int4) or 8 (int8) channel-group rows straight from
 // Paddle's bytes (plus, for group scales, each step's scale row). A slot is refilled as
 // soon as its steps have been read, so stages x box steps of every warp are in flight and
-// no register holds bytes that are still on the way. Each lane then reads its own 2 x 16
-// bytes of a step and unpacks them in registers; two steps of a slot are worked on at once
-// (two independent mma chains; each step's partial joins the accumulator as if alone). A
+// no register holds bytes that are still on the way. (With one slot, M <= 8 only, the slot is
+// refilled as soon as its last steps are in registers, before their arithmetic: box steps a
+// warp stay in flight, half of what two slots of the same box keep.) Each lane then reads its
+// own 2 x 16 bytes of a step and unpacks them in registers; two steps of a slot are worked on
+// at once (two independent mma chains; each step's partial joins the accumulator as if alone). A
 // block holds `warps` warps side by side along N that share the same K range, so the x
 // slice they need is staged once in shared memory (cp.async, `chunk` steps at a time,
 // double-buffered when the slice is longer).
@@ -90,7 +92,10 @@ struct Params {
   int groups;             // tile groups of 16 * warps channels (the grid's y covers them in turn)
 };
 
-template <int BITS, int MT, int GMODE>
+// EARLY (one ring slot a warp, M <= 8 only): the slot is refilled as soon as its last steps are
+// in registers, before their arithmetic, so box steps a warp are always in flight (the default,
+// two or more slots, refills a slot only after its arithmetic).
+template <int BITS, int MT, int GMODE, bool EARLY = false>
 __global__ void __launch_bounds__(kMaxWarps * 32, MT == 1 ? 4 : MT == 2 ? 3 : 1)
     wo_gemm_kernel(const __grid_constant__ Params p) {
   extern __shared__ __align__(128) uint8_t smem[];
@@ -276,6 +281,21 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MT == 1 ? 4 : MT == 2 ? 3 : 1)
           }
           const uint8_t* sl = ring + slot * slot_sz;
           const uint16_t* xs = buf + (step - cs) * kStepK;
+          // EARLY: once the slot's last steps are in registers the copy engine may refill it
+          // while their arithmetic runs. The refill is issued after a shared store of a value
+          // folded from every loaded word (into a scratch word of the warp behind its one
+          // barrier), so only once the loads have landed (a warp issues in order).
+          auto release = [&](uint32_t dep) {
+            *reinterpret_cast<volatile uint32_t*>(smem + 8 * nwarps + 4 * warp) = dep;
+            __syncwarp();
+            if (iss_u >= 0) {
+              if (lane == 0) issue(iss_u, iss_s, slot);
+              advance();
+            }
+          };
+          auto fold = [](const Stage& t) {
+            return t.w[0].x ^ t.w[0].y ^ t.w[0].z ^ t.w[0].w ^ t.w[1].x ^ t.w[1].y ^ t.w[1].z ^ t.w[1].w;
+          };
           if (kPair && pair && j + 1 < slot_len && step + 1 < ce) {
             Stage st[2];
 #pragma unroll
@@ -285,6 +305,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MT == 1 ? 4 : MT == 2 ? 3 : 1)
               st[n].w[1] = dsx_wo::lds128(wp + rgap);
               if (GMODE == 1) st[n].s[0] = read_scale(sl, j + n, 0);
             }
+            if (EARLY && j + 2 == slot_len)
+              release(fold(st[0]) ^ fold(st[1]) ^ (GMODE == 1 ? st[0].s[0] ^ st[1].s[0] : 0u));
 #ifndef DSX_WO_NOMATH
             if (BITS == 8) {
               dsx_wo::step_q<8, MT, GMODE, 2>(acc, st, xs, xo);
@@ -305,6 +327,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MT == 1 ? 4 : MT == 2 ? 3 : 1)
               st[0].s[0] = read_scale(sl, j, 0);
               st[0].s[1] = 2 * step + 1 < ngroups() ? read_scale(sl, j, 1) : 0u;
             }
+            if (EARLY && j + 1 == slot_len)
+              release(fold(st[0]) ^ (GMODE != 0 ? st[0].s[0] : 0u) ^ (GMODE == 2 ? st[0].s[1] : 0u));
 #ifndef DSX_WO_NOMATH
             if (BITS == 8) {
               dsx_wo::step_q<8, MT, GMODE, 1>(acc, st, xs, xo);
@@ -318,11 +342,13 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MT == 1 ? 4 : MT == 2 ? 3 : 1)
 #endif
             j += 1, step += 1;
           }
-          if (j == slot_len) {  // the slot is read: the copy engine may refill it
-            __syncwarp();
-            if (iss_u >= 0) {
-              if (lane == 0) issue(iss_u, iss_s, slot);
-              advance();
+          if (j == slot_len) {  // the slot is read: the copy engine may refill it (EARLY: it already was)
+            if (!EARLY) {
+              __syncwarp();
+              if (iss_u >= 0) {
+                if (lane == 0) issue(iss_u, iss_s, slot);
+                advance();
+              }
             }
             j = 0;
             if (++slot == nst) slot = 0, parity ^= 1u;
@@ -440,7 +466,14 @@ int blocks_per_sm(int warps, int64_t smem, int mt) {
 // Automatic choice (measured on the H200 with bench/gpu_gemm_weight_only.py --sweep, int4
 // per channel, M = 1 and 16, six DeepSeek-V3 shapes): 8 warps a block (4 for M <= 8 when N
 // is too small for two 8-warp blocks per SM even at 8 splits; for int4 per channel, for one);
-// for M <= 16, 2 ring slots of
+// for M <= 8, one ring slot of 4 steps a warp, refilled as soon as its steps are in registers
+// (fewer, larger copies and fewer bytes in flight than 2 slots of 2 steps refilled after their
+// arithmetic; measured, H200, int4 per channel, same run: 36864 x 7168 M = 1 47.65 against
+// 48.66 us, M = 8 55.02 against 56.80; 7168 x 18432 M = 1 27.17 against 28.95 at 4 splits;
+// auto against the previous rule, next run: int4 per channel 1.5-5% faster at M 1..8 on five
+// of six shapes; int8, and int4 on 7168 x 2048 (where one slot holds the whole slice) and
+// group 128 on 24576 x 1536: -4..+3%, no clear gain or loss);
+// for 9..16 rows, 2 ring slots of
 // 2 steps each a warp (more in flight per warp costs blocks per SM, which matter more; M > 16:
 // 4 slots of 1 step); x staged whole when it fits in 48 KB, else in chunks of 24 KB
 // double-buffered; K split so that the grid fills the GPU in whole waves, each block paying
@@ -471,7 +504,7 @@ int choose(int64_t m, int64_t n, int64_t k, int bits, int group, int algo, int s
   if (warps == 0) warps = rows > 8 || (tiles + 7) / 8 * kMaxSplits >= sm_fill * sms ? 8 : 4;
   if (!pow2_upto8(warps)) return DSX_EINVAL;
   if (splits != 0 && !in_1_8(splits)) return DSX_EINVAL;
-  if (stages == 1 || box > kMaxBox) return DSX_EINVAL;
+  if ((stages == 1 && mt != 1) || box > kMaxBox) return DSX_EINVAL;  // (one slot: M <= 8 only)
   const int64_t blocks_n = (tiles + warps - 1) / warps;
   if (blocks_n > 65535) return DSX_EINVAL;
   const int row_bytes = step_k * 2;
@@ -488,8 +521,9 @@ int choose(int64_t m, int64_t n, int64_t k, int bits, int group, int algo, int s
         c = std::min(c, per_split);
       }
     }
-    if (b == 0) b = rows <= 16 ? 2 : 1;
-    if (s == 0) s = std::max(1, std::min(rows <= 16 ? 2 : 4, (per_split + b - 1) / b));
+    const bool auto_box = b == 0;
+    if (b == 0) b = rows <= 8 ? std::min(4, per_split) : rows <= 16 ? 2 : 1;
+    if (s == 0) s = rows <= 8 && auto_box ? 1 : std::max(1, std::min(rows <= 16 ? 2 : 4, (per_split + b - 1) / b));
     *ch = std::max(1, c), *st = s, *bx = b;
   };
   if (splits == 0) {
@@ -660,17 +694,17 @@ int resident_groups(const void* kernel, const Config& cfg, int dev) {
 }
 
 // The shared-memory size each device has allowed the kernel instance so far.
-template <int BITS, int MT, int GMODE>
+template <int BITS, int MT, int GMODE, bool EARLY>
 std::atomic<int>* smem_allowed() {
   static std::atomic<int> set[kMaxDevices];  // zero-initialized (static storage)
   return set;
 }
 
-template <int BITS, int MT, int GMODE>
+template <int BITS, int MT, int GMODE, bool EARLY>
 int resident_of(const Config& cfg) {
-  auto kernel = wo_gemm_kernel<BITS, MT, GMODE>;
+  auto kernel = wo_gemm_kernel<BITS, MT, GMODE, EARLY>;
   int dev = 0;
-  if (ensure_smem(kernel, cfg.smem, smem_allowed<BITS, MT, GMODE>()) != cudaSuccess ||
+  if (ensure_smem(kernel, cfg.smem, smem_allowed<BITS, MT, GMODE, EARLY>()) != cudaSuccess ||
       cudaGetDevice(&dev) != cudaSuccess) {
     cudaGetLastError();  // (a refused query must not be blamed on a later launch)
     return 0;
@@ -678,22 +712,24 @@ int resident_of(const Config& cfg) {
   return resident_groups(reinterpret_cast<const void*>(kernel), cfg, dev);
 }
 
-// Calls f(Inst<BITS, MT, GMODE>{}) for the compiled kernel instance of (bits, mt, gmode): the one
-// place that maps run-time choices to template instances (launches and occupancy queries).
+// Calls f(Inst<BITS, MT, GMODE, EARLY>{}) for the compiled kernel instance of (bits, mt, gmode,
+// one ring slot): the one place that maps run-time choices to template instances (launches and
+// occupancy queries). One slot (stages 1: the early refill) exists for mt 1 only.
 template <int B, int G>
 struct Layout {
   static constexpr int kBits = B, kGmode = G;
 };
-template <int B, int T, int G>
+template <int B, int T, int G, bool E = false>
 struct Inst : Layout<B, G> {
   static constexpr int kMt = T;
+  static constexpr bool kEarly = E;
 };
 template <typename F>
-auto with_instance(int bits, int mt, int gmode, F&& f) {
+auto with_instance(int bits, int mt, int gmode, int stages, F&& f) {
   auto by_mt = [&](auto bg) {
     constexpr int B = decltype(bg)::kBits, G = decltype(bg)::kGmode;
     switch (mt) {
-      case 1: return f(Inst<B, 1, G>{});
+      case 1: return stages == 1 ? f(Inst<B, 1, G, true>{}) : f(Inst<B, 1, G>{});
       case 2: return f(Inst<B, 2, G>{});
       case 4: return f(Inst<B, 4, G>{});
       default: return f(Inst<B, 8, G>{});
@@ -704,16 +740,16 @@ auto with_instance(int bits, int mt, int gmode, F&& f) {
 }
 
 int resident_clusters(int bits, int mt, int gmode, const Config& cfg) {
-  return with_instance(bits, mt, gmode, [&](auto i) {
+  return with_instance(bits, mt, gmode, cfg.stages, [&](auto i) {
     using I = decltype(i);
-    return resident_of<I::kBits, I::kMt, I::kGmode>(cfg);
+    return resident_of<I::kBits, I::kMt, I::kGmode, I::kEarly>(cfg);
   });
 }
 
-template <int BITS, int MT, int GMODE>
+template <int BITS, int MT, int GMODE, bool EARLY>
 cudaError_t launch(const Params& p, const Config& cfg, cudaStream_t stream) {
-  auto kernel = wo_gemm_kernel<BITS, MT, GMODE>;
-  const cudaError_t se = ensure_smem(kernel, cfg.smem, smem_allowed<BITS, MT, GMODE>());
+  auto kernel = wo_gemm_kernel<BITS, MT, GMODE, EARLY>;
+  const cudaError_t se = ensure_smem(kernel, cfg.smem, smem_allowed<BITS, MT, GMODE, EARLY>());
   if (se != cudaSuccess) return se;
   cudaLaunchConfig_t lc = {};
   lc.gridDim = dim3(cfg.splits, cfg.blocks_n, 1);
@@ -791,9 +827,9 @@ extern "C" int dsx_wo_gemm_bf16_nt_cuda(const void* x, const void* qweight, cons
     p.chunk = cfg.chunk, p.stages = cfg.stages, p.box = cfg.box, p.pair = cfg.pair ? 1 : 0;
     p.groups = cfg.blocks_n;
     const cudaStream_t st = static_cast<cudaStream_t>(stream);
-    const cudaError_t e = with_instance(bits, cfg.mt, gmode, [&](auto i) {
+    const cudaError_t e = with_instance(bits, cfg.mt, gmode, cfg.stages, [&](auto i) {
       using I = decltype(i);
-      return launch<I::kBits, I::kMt, I::kGmode>(p, cfg, st);
+      return launch<I::kBits, I::kMt, I::kGmode, I::kEarly>(p, cfg, st);
     });
     if (e != cudaSuccess) return DSX_ECUDA;
   }

@@ -64,6 +64,12 @@ ONE_STEP = 1 << 25  # algo bit: one step at a time (no step pairing)
 ONE_GROUP = 1 << 26  # algo bit: one tile group a block (no persistent blocks)
 
 
+def word(warps, splits, chunk, stages, box):
+    """A tuning word with any ring depth: algo_word refuses 1 slot (the C entry takes it at M <= 8:
+    one slot a warp, refilled as soon as its steps are in registers)."""
+    return warps | splits << 4 | chunk << 8 | stages << 16 | box << 20
+
+
 def run_raw(x, q, s, bits, group, algo, stream=None):
     """The C entry with any algo word (the Python wrapper's check_algo knows bits 0..23 only)."""
     dx, dq, ds = cuda.to_device(x.view(np.uint16)), cuda.to_device(q), cuda.to_device(s.view(np.uint16))
@@ -134,8 +140,9 @@ def test_ragged_n_and_short_slots(bits, group):
         x, q, s, wd = make(m, n, k, bits, group, seed=5)
         for splits in (1, 2, 3, 4, 5, 7):
             first = None
-            for warps, stages, box in ((8, 2, 2), (8, 3, 4), (8, 2, 8), (4, 2, 1), (2, 5, 3), (1, 2, 2)):
-                algo = G.algo_word(warps, splits, 0, stages, box)
+            one_slot = ((8, 1, 2), (8, 1, 4), (4, 1, 1), (2, 1, 8), (1, 1, 3)) if m <= 8 else ()
+            for warps, stages, box in ((8, 2, 2), (8, 3, 4), (8, 2, 8), (4, 2, 1), (2, 5, 3), (1, 2, 2)) + one_slot:
+                algo = word(warps, splits, 0, stages, box)
                 a = run_raw(x, q, s, bits, group, algo)
                 check_bound(a, x, wd, f"m {m} splits {splits} algo {algo:#x}")
                 first = a if first is None else first
@@ -159,6 +166,10 @@ def test_rings_run_on_across_many_tile_groups(bits, group, m):
         check_bound(a, x, wd, f"ring across groups, m {m} splits {splits}")
         b = run_raw(x, q, s, bits, group, algo | ONE_GROUP)
         assert np.array_equal(a.view(np.uint16), b.view(np.uint16)), f"splits {splits}: bits differ"
+        if m <= 8:  # one slot a warp (early refill), running on across the groups: the same bits
+            for d_box in (2, 8):
+                c = run_raw(x, q, s, bits, group, word(8, splits, 0, 1, d_box))
+                assert np.array_equal(a.view(np.uint16), c.view(np.uint16)), f"splits {splits}: one slot differs"
 
 
 @pytest.mark.parametrize("m", [1, 5, 11, 16])
@@ -180,10 +191,16 @@ def test_auto_config_many_groups_matches_fixed_split(bits, group, m):
 @pytest.mark.parametrize("n,k,bits,group", [(2048, 7168, 4, -1), (4096, 7168, 4, -1), (7168, 2048, 4, 128),
                                             (1024, 18432, 4, 64), (1536, 1536, 8, -1)])
 def test_decode_sizes_match_cpu(m, n, k, bits, group):
-    """DeepSeek-like K at decode M, automatic config, against float64 and the CPU kernel."""
+    """DeepSeek-like K at decode M, automatic config, against float64 and the CPU kernel; at
+    M <= 8 also the same split with one ring slot of 2 and 4 steps (early refill): the same bits."""
     x, q, s, wd = make(m, n, k, bits, group, seed=2)
     out = G.gemm_weight_only_cuda(x, q, s, bits, group, 90)
     check_bound(out, x, wd, f"cuda {(m, n, k, bits, group)}")
+    if m <= 8:
+        cfg = G.cuda_config(m, n, k, bits, group)
+        for box in (2, 4):
+            one = run_raw(x, q, s, bits, group, word(cfg["warps"], cfg["splits"], 0, 1, box))
+            assert np.array_equal(one.view(np.uint16), out.view(np.uint16)), f"one slot of {box}: bits differ"
     cpu = G.gemm_weight_only(x, q, s, bits, group, 90).astype(np.float64)
     diff = np.abs(out.astype(np.float64) - cpu)
     assert (diff <= 2.0**-7 * np.abs(cpu) + 1e-3 * np.abs(cpu).max()).all(), f"cuda vs cpu: max diff {diff.max()}"
@@ -297,5 +314,8 @@ def test_config_and_bad_algo():
     assert cfg_fn(1, 64, 64, 8, -1, PDL | ONE_STEP | ONE_GROUP, *[ctypes.byref(i) for i in v]) == 0
     assert cfg_fn(1, 64, 64, 8, -1, 1 << 27, *[ctypes.byref(i) for i in v]) != 0  # no such bit
     assert cfg_fn(1, 64, 1024, 8, -1, 9 << 4, *[ctypes.byref(i) for i in v]) != 0  # 9 splits
+    assert cfg_fn(8, 64, 1024, 4, -1, word(8, 2, 0, 1, 2), *[ctypes.byref(i) for i in v]) == 0  # one slot: M <= 8
+    assert v[3].value == 1 and v[4].value == 2
+    assert cfg_fn(9, 64, 1024, 4, -1, word(8, 2, 0, 1, 2), *[ctypes.byref(i) for i in v]) != 0
     with pytest.raises(DsxError, match="arch"):
         G.gemm_weight_only_cuda(x, q, s, 8, -1, 70)

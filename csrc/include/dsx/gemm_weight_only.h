@@ -40,9 +40,10 @@
  * descriptor travels as a kernel parameter). `algo` 0 = automatic; otherwise a tuning word:
  * bits 0..3 warps per block (each warp owns 16 output channels: 1, 2, 4, 8), bits 4..7 K
  * splits = cluster size (1..8), bits 8..15 x chunk (steps of activations staged in
- * shared memory at once, 1..255), bits 16..19 ring slots of weights per warp (2..15),
- * bits 20..23 steps per slot (one tensor copy each, 1..8: stages x box steps of weights
- * are in flight per warp); a zero field keeps its automatic value. Bit 24 (with any word, 0 too):
+ * shared memory at once, 1..255), bits 16..19 ring slots of weights per warp (2..15; 1 for
+ * M <= 8 only: one slot, refilled as soon as its steps are in registers, before their
+ * arithmetic), bits 20..23 steps per slot (one tensor copy each, 1..8: stages x box steps of
+ * weights are in flight per warp); a zero field keeps its automatic value. Bit 24 (with any word, 0 too):
  * programmatic dependent launch: the kernel fetches its first weights, then waits for the previous
  * kernel of the stream before it reads x, and lets the next kernel start launching once its own
  * main loop is done (so weights and scales must not be written by an earlier kernel still running).
