@@ -256,7 +256,7 @@ def test_device_entry_checks_before_launch(case, match):
     elif case == "k_not_64":
         args["x"] = _fake_device_array((m, 200), np.uint16)
     elif case == "bad_algo":
-        kw["algo"] = 1 << 16
+        kw["algo"] = 1 << 27  # no such bit
     with pytest.raises(DsxError, match=match):
         G.gemm_weight_only_cuda_device(*args.values(), **kw)
     with pytest.raises(DsxError, match="warps must be"):
@@ -264,6 +264,8 @@ def test_device_entry_checks_before_launch(case, match):
     with pytest.raises(DsxError, match="splits 0..8"):
         G.algo_word(8, 9)
     assert G.algo_word(8, 3) == 8 | 3 << 4  # any split count 1..8 (cluster size)
+    assert G.algo_word(stages=1) == 1 << 16  # one ring slot (the kernel takes it at M <= 8 only)
+    G.check_algo(1 << 16)
     assert G.algo_word(8, 2, pdl=True) == 8 | 2 << 4 | 1 << 24
     G.check_algo(1 << 24 | 1 << 25 | 1 << 26)  # PDL and the two measurement bits are well-formed
     with pytest.raises(DsxError, match="algo"):

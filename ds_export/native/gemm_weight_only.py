@@ -115,8 +115,7 @@ def _cuda_fns():
 def check_algo(algo: int) -> None:
     """Raise DsxError unless `algo` is 0 or a well-formed tuning word (see algo_word)."""
     warps, splits, stages, box = algo & 15, (algo >> 4) & 15, (algo >> 16) & 15, (algo >> 20) & 15
-    if algo < 0 or algo >> 27 or warps not in (0, 1, 2, 4, 8) or not 0 <= splits <= 8 or stages == 1 \
-            or box > 8:
+    if algo < 0 or algo >> 27 or warps not in (0, 1, 2, 4, 8) or not 0 <= splits <= 8 or box > 8:
         raise DsxError(f"algo: expected 0 (automatic) or a word from algo_word(), got {algo:#x}")
 
 
@@ -180,14 +179,14 @@ def algo_word(warps: int = 0, splits: int = 0, chunk: int = 0, stages: int = 0, 
 
     warps: warps per block (16 output channels each); splits: K slices (cluster size, 1..8);
     chunk: steps of x staged in shared memory at once; stages: ring slots of weights per
-    warp; box: steps per slot (one tensor copy each; stages * box steps are in flight per
+    warp (1 only at M <= 8: one slot refilled as soon as its steps are in registers); box: steps per slot (one tensor copy each; stages * box steps are in flight per
     warp); pdl: programmatic dependent launch (bit 24: the start overlaps the previous kernel's
     end; include/dsx/gemm_weight_only.h says what that requires). Only `splits` changes the
     result's bits.
     """
     if warps not in (0, 1, 2, 4, 8) or not 0 <= splits <= 8 or not 0 <= chunk < 256 or \
-            not (stages == 0 or 2 <= stages <= 15) or not 0 <= box <= 8:
-        raise DsxError(f"algo: warps must be 0, 1, 2, 4 or 8 and splits 0..8, chunk 0..255, stages 0 or 2..15 and "
+            not 0 <= stages <= 15 or not 0 <= box <= 8:
+        raise DsxError(f"algo: warps must be 0, 1, 2, 4 or 8 and splits 0..8, chunk 0..255, stages 0..15 and "
                        f"box 0..8, got {warps}, {splits}, {chunk}, {stages}, {box}")
     return warps | splits << 4 | chunk << 8 | stages << 16 | box << 20 | int(bool(pdl)) << 24
 

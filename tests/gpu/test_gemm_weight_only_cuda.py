@@ -305,7 +305,13 @@ def test_config_and_bad_algo():
     with pytest.raises(DsxError, match="algo"):
         G.gemm_weight_only_cuda(x, q, s, 8, -1, 90, algo=3)  # 3 warps
     with pytest.raises(DsxError, match="algo"):
-        G.gemm_weight_only_cuda(x, q, s, 8, -1, 90, algo=1 << 16)  # pipeline depth 1
+        G.gemm_weight_only_cuda(x, q, s, 8, -1, 90, algo=1 << 27)  # no such bit
+    one_slot = G.algo_word(stages=1)  # one ring slot a warp: M <= 8 only, the same bits
+    assert np.array_equal(G.gemm_weight_only_cuda(x, q, s, 8, -1, 90, algo=one_slot).view(np.uint16),
+                          G.gemm_weight_only_cuda(x, q, s, 8, -1, 90).view(np.uint16))
+    x9, q9, s9, _ = make(9, 64, 128, 8, -1)
+    with pytest.raises(DsxError, match="invalid"):
+        G.gemm_weight_only_cuda(x9, q9, s9, 8, -1, 90, algo=one_slot)
     x4, q4, s4, _ = make(2, 64, 128, 4, -1)
     with pytest.raises(DsxError, match="invalid"):  # 15 slots of 8 warps and 255 x steps: too much shared memory
         G.gemm_weight_only_cuda(x4, q4, s4, 4, -1, 90, algo=G.algo_word(8, 1, 255, 15))
