@@ -182,21 +182,8 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 }
 
 // 2-D row-major tensor [rows, cols] of `elem_bytes`-byte elements, boxes of box_rows x box_cols,
-// 128B swizzle (box_cols * elem_bytes <= 128), zero fill outside on loads.
-inline bool encode_2d_sw128(CUtensorMap* map, const void* ptr, CUtensorMapDataType type, int elem_bytes,
-                            int64_t rows, int64_t cols, int box_rows, int box_cols) {
-  const auto encode = tensor_map_encoder();
-  if (!encode) return false;
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(cols) * static_cast<cuuint64_t>(elem_bytes)};
-  const cuuint32_t box[2] = {static_cast<cuuint32_t>(box_cols), static_cast<cuuint32_t>(box_rows)};
-  const cuuint32_t elem[2] = {1, 1};
-  return encode(map, type, 2, const_cast<void*>(ptr), dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
-
-// encode_2d_sw128 with the L2 promotion (the sector size a TMA miss fetches into L2) chosen by the caller
+// 128B swizzle (box_cols * elem_bytes <= 128), zero fill outside on loads; `promotion`: the sector size
+// a TMA miss fetches into L2.
 inline bool encode_2d_sw128_promo(CUtensorMap* map, const void* ptr, CUtensorMapDataType type, int elem_bytes,
                                   int64_t rows, int64_t cols, int box_rows, int box_cols,
                                   CUtensorMapL2promotion promotion) {
@@ -208,6 +195,13 @@ inline bool encode_2d_sw128_promo(CUtensorMap* map, const void* ptr, CUtensorMap
   const cuuint32_t elem[2] = {1, 1};
   return encode(map, type, 2, const_cast<void*>(ptr), dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
                 CU_TENSOR_MAP_SWIZZLE_128B, promotion, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// encode_2d_sw128_promo with 256-byte L2 promotion
+inline bool encode_2d_sw128(CUtensorMap* map, const void* ptr, CUtensorMapDataType type, int elem_bytes,
+                            int64_t rows, int64_t cols, int box_rows, int box_cols) {
+  return encode_2d_sw128_promo(map, ptr, type, elem_bytes, rows, cols, box_rows, box_cols,
+                               CU_TENSOR_MAP_L2_PROMOTION_L2_256B);
 }
 
 }  // namespace dsx_cuda
