@@ -106,10 +106,93 @@ def test_fp8_share_is_whole_blocks_or_refused():
 def aligned(tmp_path_factory):
     root = tmp_path_factory.mktemp("tp")
     write_tiny(root / "src", TinySpec(overrides=ALIGNED))
-    for tp in (1, 2):
+    for tp in (1, 2):  # tp 2: both ranks at once, each in its own process
         assert main(["export", str(root / "src"), "--out", str(root / f"tp{tp}"), "--tp", str(tp), "--speculate",
-                     "--max-seq-len", "64", "-q"]) == 0
+                     "--max-seq-len", "64", "-q", "--workers", str(tp)]) == 0
     return root
+
+
+def test_rank_processes_write_the_bytes_of_one_process(aligned, tmp_path):
+    """--workers 2 (a spawned process per rank) and --workers 1 (one rank after another) give the same files."""
+    one = tmp_path / "serial"
+    assert main(["export", str(aligned / "src"), "--out", str(one), "--tp", "2", "--speculate", "--max-seq-len", "64",
+                 "-q", "--workers", "1"]) == 0
+    par = aligned / "tp2"
+    files = sorted(str(p.relative_to(one)) for p in one.rglob("*") if p.is_file())
+    assert files == sorted(str(p.relative_to(par)) for p in par.rglob("*") if p.is_file())
+    assert "rank_1/model.pdiparams" in files and "mtp/rank_1/model.json" in files
+    for f in files:
+        assert (one / f).read_bytes() == (par / f).read_bytes(), f
+
+
+def test_default_workers_is_bounded_by_ranks_cores_and_memory():
+    from ds_export.export.exporter import RANK_MEMORY_BASE, RANK_MEMORY_PER_LAYER, default_workers
+
+    r1 = RANK_MEMORY_BASE + 62 * RANK_MEMORY_PER_LAYER  # one R1 rank with its draft: ~6.6 GiB
+    assert default_workers(8, 62, cores=128, available=100 * r1) == 8  # one process per rank
+    assert default_workers(8, 62, cores=4, available=100 * r1) == 4
+    assert default_workers(8, 62, cores=128, available=3 * r1 + r1 // 2) == 3
+    assert default_workers(8, 62, cores=128, available=r1 // 2) == 1  # never fewer than one
+    assert default_workers(1, 62, cores=128, available=100 * r1) == 1
+    assert default_workers(2, 4, cores=2, available=None) == 2  # memory unknown: cores and ranks decide
+
+
+def test_a_failing_rank_process_is_one_clear_error(aligned, tmp_path):
+    """A rank process that fails hands its DsxError (message and hint) to the caller; nothing is published."""
+    from ds_export.errors import CheckpointError
+    from ds_export.export.exporter import _write_ranks_in_processes
+
+    out = tmp_path / "part"
+    out.mkdir()
+    with pytest.raises(CheckpointError, match="not a directory") as e:
+        _write_ranks_in_processes(tmp_path / "no-such-source", out, 2, 2, "float32", 64, False)
+    assert e.value.hint and "checkpoint directory" in e.value.hint
+    assert not any(out.rglob("*.pdiparams"))
+
+
+def test_a_killed_rank_process_stops_the_export_with_one_clear_error(aligned, tmp_path):
+    """Planted fault: one rank's process is killed (as the OOM killer would): the caller gets a one-line
+    DsxError naming the rank, the other rank's process is stopped, and no process is left behind."""
+    import os
+    import signal
+    import threading
+    import time
+
+    from ds_export.export.exporter import _write_ranks_in_processes
+    from ds_export.procmem import _children
+
+    def rank_processes():
+        out = []
+        for pid in _children(os.getpid()):
+            try:
+                if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    out.append(pid)
+            except OSError:
+                pass
+        return out
+
+    err = []
+    out = tmp_path / "part"
+    out.mkdir()
+
+    def run():
+        try:
+            _write_ranks_in_processes(aligned / "src", out, 2, 2, "float32", 64, True)
+        except DsxError as e:
+            err.append(e)
+
+    t = threading.Thread(target=run)
+    t.start()
+    deadline = time.time() + 60
+    while len(rank_processes()) < 2 and time.time() < deadline:
+        time.sleep(0.05)
+    victims = rank_processes()
+    assert len(victims) == 2, "the two rank processes did not start"
+    os.kill(victims[1], signal.SIGKILL)
+    t.join(120)
+    assert not t.is_alive()
+    assert len(err) == 1 and "died" in str(err[0]) and "rank" in str(err[0]) and "--workers" in err[0].hint
+    assert not rank_processes()
 
 
 def test_tp_layout_and_config(aligned):

@@ -20,6 +20,7 @@ def export(
     max_seq_len: Annotated[int, typer.Option("--max-seq-len", help="Longest sequence the cache holds.")] = 4096,
     draft_tokens: Annotated[int, typer.Option("--draft-tokens", help="Draft tokens per step the export is set up for (1..5).")] = 1,
     block_size: Annotated[int, typer.Option("--block-size", help="KV-cache page size in tokens.")] = 64,
+    workers: Annotated[int | None, typer.Option("--workers", "-j", help="Ranks exported at once for --tp > 1, each by a process of its own (default: as many as the cores and the available memory allow; 1: one after another).", show_default=False)] = None,
     force: Force = False,
     json: Json = False,
     quiet: Quiet = False,
@@ -34,7 +35,7 @@ def export(
 
     o = Out(json, quiet)
     res = run_export(src, out, dtype=dtype, max_seq_len=max_seq_len, block_size=block_size, tp=tp,
-                     speculate=speculate, draft_tokens=draft_tokens, force=force)
+                     speculate=speculate, draft_tokens=draft_tokens, force=force, workers=workers)
     o.result(res)
     o.print(f"exported {len(res['files'])} files ({human_bytes(res['bytes'])}) to {out}"
             + (" with the MTP draft in mtp/" if speculate else ""))

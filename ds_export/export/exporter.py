@@ -13,6 +13,15 @@ Everything is written into OUT.partial/ and renamed to OUT at the end, so an
 interrupted export never looks complete. Weights stream: the model is built with deferred
 parameters (params.py) and each rank's parameter file is written one tensor at a time, read and
 converted from the checkpoint as it goes, so memory holds one tensor, not the model.
+
+With tp > 1 every rank is written by a fresh process of its own (spawned; it opens the source
+itself), as many at once as the cores and the available memory allow (`default_workers`):
+building a rank's program is single-threaded Python, so N ranks at once take about the time of
+one. A fresh process per rank also makes a rank's program independent of the ranks built before
+it: Paddle's IR context uniques float attributes process-wide with 0.0 == -0.0, so in one
+process a bias of -0.0 created for rank 0 (its vocabulary offset, 0) turned later ranks' +0.0
+biases into -0.0 (a signed zero that changes no result, but changes the bytes). The files do
+not depend on how many workers wrote them (tested).
 """
 
 from __future__ import annotations
@@ -27,6 +36,12 @@ from ds_export.io.checkpoint import Checkpoint
 from ds_export.io.manifest import Manifest
 from ds_export.io.writer import atomic_write_json
 from ds_export.models import deepseek_v3 as ds
+
+# Peak memory of one rank's export process: Paddle + dsx imported with slack, plus the program,
+# which grows with the layers (measured: rank 0 of R1 at tp 8, all 61 layers, peaked at 6008 MiB
+# RSS on the dev VM, ~98 MiB a layer; bench/export_program.py, docs/benchmarks.md).
+RANK_MEMORY_BASE = 512 << 20
+RANK_MEMORY_PER_LAYER = 100 << 20
 
 SIDE_FILES = ("generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
               "tokenizer.model")
@@ -85,18 +100,133 @@ def _uses_ops(top: dict, layers) -> bool:
     return any(v.fmt != "dense" for v in lins)
 
 
-def export(src: str | os.PathLike, out: str | os.PathLike, *, dtype: str = "float32", max_seq_len: int = 4096,
-           block_size: int = 64, tp: int = 1, speculate: bool = False, draft_tokens: int = 1,
-           force: bool = False) -> dict:
+def _quiet_paddle() -> None:
     import warnings
 
     os.environ.setdefault("GLOG_minloglevel", "2")  # Paddle's C++ logging: warnings and up only
     warnings.filterwarnings("ignore", category=UserWarning, module=r"paddle\.")
 
+
+def _available_memory() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) << 10
+    except OSError:
+        pass
+    return None
+
+
+def default_workers(tp: int, layers: int, *, cores: int | None = None, available: int | None = None) -> int:
+    """Rank processes at once: one per rank, bounded by the cores and by the memory available for
+    each rank's estimated peak (RANK_MEMORY_BASE + RANK_MEMORY_PER_LAYER per layer)."""
+    cores = cores or os.cpu_count() or 1
+    available = available if available is not None else _available_memory()
+    by_memory = tp if available is None else available // (RANK_MEMORY_BASE + layers * RANK_MEMORY_PER_LAYER)
+    return max(1, min(tp, cores, by_memory))
+
+
+def _write_rank(weights, tmp: Path, r: int, tp: int, max_seq_len: int, speculate: bool) -> None:
+    """Rank r's base program (and draft) under tmp (tp = 1: tmp itself)."""
     from ds_export.export.modeling import DeepseekV3ForInference
     from ds_export.export.mtp import MTPDraft
     from ds_export.export.params import deferred, save_streamed
-    from ds_export.export.tp import check_tp, shard_weights
+    from ds_export.export.tp import shard_weights
+
+    rank = f"rank_{r}" if tp > 1 else ""
+    part = shard_weights(weights, r, tp)
+    with deferred() as values:
+        base = DeepseekV3ForInference(part, max_seq_len)
+    (tmp / rank).mkdir(parents=True, exist_ok=True)
+    save_streamed(base, tmp / rank / "model", base.input_spec(), values)
+    if speculate:
+        with deferred() as values:
+            draft = MTPDraft(part, max_seq_len)
+        (tmp / "mtp" / rank).mkdir(parents=True, exist_ok=True)
+        save_streamed(draft, tmp / "mtp" / rank / "model", draft.input_spec(), values)
+
+
+def _rank_process(src: str, tmp: str, r: int, tp: int, dtype: str, max_seq_len: int, speculate: bool) -> None:
+    """A rank process's job: open the source itself and write rank r."""
+    from ds_export.export.weights import load_weights
+
+    _quiet_paddle()
+    with Checkpoint.open(src) as ck:
+        _write_rank(load_weights(ck, dtype, include_mtp=speculate, lazy=True), Path(tmp), r, tp, max_seq_len,
+                    speculate)
+
+
+class _RankTraceback(Exception):
+    """The traceback of a rank process's failure, chained to the re-raised error (shown under DSX_DEBUG)."""
+
+
+def _rank_main(args: tuple, conn) -> None:
+    """Entry of a spawned rank process: sends None, or (the exception, its traceback text)."""
+    import traceback
+
+    try:
+        _rank_process(*args)
+        conn.send(None)
+    except BaseException as e:  # noqa: BLE001 - handed to the parent, which raises it
+        text = traceback.format_exc()
+        try:
+            conn.send((e, text))
+        except Exception:  # noqa: BLE001 - an exception that does not pickle
+            conn.send((RuntimeError(f"{e.__class__.__name__}: {e}"), text))
+    finally:
+        conn.close()
+
+
+def _write_ranks_in_processes(src, tmp: Path, tp: int, workers: int, dtype: str, max_seq_len: int,
+                              speculate: bool) -> None:
+    """Every rank, each by a fresh spawned process, `workers` at once. The first failure stops the
+    others (the output is discarded anyway) and is raised here as the rank's own exception."""
+    import multiprocessing as mp
+    from multiprocessing.connection import wait
+
+    ctx = mp.get_context("spawn")
+    src, tmp = os.fspath(Path(src).resolve()), os.fspath(Path(tmp).resolve())
+    pending, running = list(range(tp)), {}  # rank -> (process, receiving end)
+    try:
+        while pending or running:
+            while pending and len(running) < workers:
+                r = pending.pop(0)
+                recv, send = ctx.Pipe(duplex=False)
+                proc = ctx.Process(target=_rank_main, args=((src, tmp, r, tp, dtype, max_seq_len, speculate), send),
+                                   name=f"dsx-export-rank-{r}")
+                proc.start()
+                send.close()
+                running[r] = (proc, recv)
+            ready = set(wait([c for _, c in running.values()] + [p.sentinel for p, _ in running.values()]))
+            for r, (proc, recv) in list(running.items()):
+                if recv not in ready and proc.sentinel not in ready:
+                    continue
+                try:
+                    res = recv.recv()
+                except EOFError:  # it ended without a word: killed (out of memory?)
+                    res = (DsxError(f"{tmp}: the process exporting rank {r} died ({workers} ranks at once: "
+                                    "out of memory?)", hint="rerun with fewer --workers"), None)
+                proc.join()
+                recv.close()
+                del running[r]
+                if res is not None:
+                    err, text = res
+                    raise err from (_RankTraceback(f"rank {r}:\n{text}") if text else None)
+    finally:
+        for proc, recv in running.values():
+            proc.terminate()
+            proc.join()
+            recv.close()
+
+
+def export(src: str | os.PathLike, out: str | os.PathLike, *, dtype: str = "float32", max_seq_len: int = 4096,
+           block_size: int = 64, tp: int = 1, speculate: bool = False, draft_tokens: int = 1,
+           force: bool = False, workers: int | None = None) -> dict:
+    """workers: rank processes at once for tp > 1 (None: default_workers; 1: one rank after another)."""
+    _quiet_paddle()
+
+    from ds_export.export.tp import check_tp
     from ds_export.export.weights import load_weights
 
     out = Path(out)
@@ -104,6 +234,8 @@ def export(src: str | os.PathLike, out: str | os.PathLike, *, dtype: str = "floa
         raise UsageError(f"--dtype {dtype!r}: this version exports {', '.join(DTYPES)}")
     if max_seq_len < 2 or not 1 <= draft_tokens <= 5:
         raise UsageError("--max-seq-len must be >= 2 and --draft-tokens 1..5")
+    if workers is not None and workers < 1:
+        raise UsageError("--workers must be at least 1")
     if out.exists() and not force:
         raise UsageError(f"{out}: exists", hint="choose a new --out or pass --force to replace it")
     with Checkpoint.open(src) as ck:
@@ -118,19 +250,12 @@ def export(src: str | os.PathLike, out: str | os.PathLike, *, dtype: str = "floa
         tmp = out.with_name(out.name + ".partial")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        for r in range(tp):  # one program per rank (tp = 1: OUT/ itself)
-            rank = f"rank_{r}" if tp > 1 else ""
-            part = shard_weights(weights, r, tp)
-            with deferred() as values:
-                base = DeepseekV3ForInference(part, max_seq_len)
-            (tmp / rank).mkdir(parents=True, exist_ok=True)
-            save_streamed(base, tmp / rank / "model", base.input_spec(), values)
-            if speculate:
-                with deferred() as values:
-                    draft = MTPDraft(part, max_seq_len)
-                (tmp / "mtp" / rank).mkdir(parents=True, exist_ok=True)
-                save_streamed(draft, tmp / "mtp" / rank / "model", draft.input_spec(), values)
-            del part, base
+        layers = cfg.num_hidden_layers + (1 if speculate else 0)
+        workers = min(tp, workers or default_workers(tp, layers))
+        if tp > 1:  # one program per rank, each built in a fresh process, `workers` at once
+            _write_ranks_in_processes(src, tmp, tp, workers, dtype, max_seq_len, speculate)
+        else:  # OUT/ itself
+            _write_rank(weights, tmp, 0, 1, max_seq_len, speculate)
         icfg = inference_config(ck.config, dtype=dtype, max_seq_len=max_seq_len, block_size=block_size, tp=tp,
                                 speculate=speculate, draft_tokens=draft_tokens, source_quant=sq,
                                 custom_ops=_uses_ops(weights.top, weights.layers))
@@ -161,7 +286,7 @@ def export(src: str | os.PathLike, out: str | os.PathLike, *, dtype: str = "floa
     os.replace(tmp, out)
     files = sorted(m.files)
     return {"out": str(out), "files": files, "bytes": sum(e["size"] for e in m.files.values()),
-            "speculate": speculate, "dtype": dtype}
+            "speculate": speculate, "dtype": dtype, "workers": workers}
 
 
 def check_export(path: str | os.PathLike) -> Manifest:
