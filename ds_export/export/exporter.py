@@ -203,13 +203,15 @@ def _write_ranks_in_processes(src, tmp: Path, tp: int, workers: int, dtype: str,
                 if recv not in ready and proc.sentinel not in ready:
                     continue
                 try:
-                    res = recv.recv()
+                    res, died = recv.recv(), False
                 except EOFError:  # it ended without a word: killed (out of memory?)
-                    res = (DsxError(f"{tmp}: the process exporting rank {r} died ({workers} ranks at once: "
-                                    "out of memory?)", hint="rerun with fewer --workers"), None)
+                    res, died = None, True
                 proc.join()
                 recv.close()
                 del running[r]
+                if died:
+                    raise DsxError(f"{tmp}: the process exporting rank {r} died ({workers} ranks at once: "
+                                   "out of memory?)", hint="rerun with fewer --workers")
                 if res is not None:
                     err, text = res
                     raise err from (_RankTraceback(f"rank {r}:\n{text}") if text else None)
