@@ -5,7 +5,13 @@
 #include <cuda_bf16.h>
 #include <stdint.h>
 
+#include "sm90_ptx.cuh"
+
 namespace dsx_mla {
+
+using dsx_cuda::sm90::ld_shared_f32;
+using dsx_cuda::sm90::st_shared_f32;
+using dsx_cuda::sm90::st_shared_u32;
 
 constexpr int kPage = 64, kLat = 512, kDim = 576;
 constexpr int kChunks = kDim / 8;                  // 16-byte chunks per token row (72)
@@ -235,17 +241,6 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
       "MBAR_SPIN:\n"
       "mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 done, [%0], %1;\n"
       "@!done bra MBAR_SPIN;\n}\n" ::"r"(bar), "r"(parity) : "memory");
-}
-__device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
-  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
-}
-__device__ __forceinline__ float ld_shared_f32(uint32_t addr) {
-  float v;
-  asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(addr) : "memory");
-  return v;
-}
-__device__ __forceinline__ void st_shared_f32(uint32_t addr, float v) {
-  asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(addr), "f"(v) : "memory");
 }
 template <int N>
 __device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N)); }
