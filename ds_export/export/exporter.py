@@ -107,22 +107,14 @@ def _quiet_paddle() -> None:
     warnings.filterwarnings("ignore", category=UserWarning, module=r"paddle\.")
 
 
-def _available_memory() -> int | None:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) << 10
-    except OSError:
-        pass
-    return None
-
-
 def default_workers(tp: int, layers: int, *, cores: int | None = None, available: int | None = None) -> int:
     """Rank processes at once: one per rank, bounded by the cores and by the memory available for
     each rank's estimated peak (RANK_MEMORY_BASE + RANK_MEMORY_PER_LAYER per layer)."""
     cores = cores or os.cpu_count() or 1
-    available = available if available is not None else _available_memory()
+    if available is None:
+        from ds_export.procmem import memory_available
+
+        available = memory_available()
     by_memory = tp if available is None else available // (RANK_MEMORY_BASE + layers * RANK_MEMORY_PER_LAYER)
     return max(1, min(tp, cores, by_memory))
 

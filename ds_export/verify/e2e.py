@@ -49,13 +49,9 @@ def memory_needed(reference: str | Path) -> int:
 
 
 def memory_available() -> int:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
+    from ds_export.procmem import memory_available
+
+    return memory_available() or 0
 
 
 def fits(reference: str | Path) -> bool:
