@@ -46,6 +46,7 @@ R128, R64 = 1 << 8, 2 << 8
 # of M (bits 24..27 = 2 / 4), WMAJ = weight tiles adjacent in the grid (bits 6..7 = 1, the order before), STn = n
 # stages instead of 8 (bits 20..23; at 64 rows a forced count above what three CTAs a SM hold runs fewer a SM)
 T1, L256, W32, WALL, WMAJ = 1 << 12, 1 << 4, 2 << 24, 4 << 24, 1 << 6
+LATE = 1 << 14  # a K step's scale products read after its wgmma wait (the order before; now before the wait)
 ST10, ST12 = 10 << 20, 12 << 20
 TUNE_SMALL = {"auto": 0, "auto_pdl": PDL, "pingpong": 3, "swapAB_dp": 4 | 1 << 12, "swapAB_splitK2": 4 | 2 << 12 | 2 << 16,
               "small": 6 | R128, "small_pdl": 6 | R128 | PDL, "small_s1": 6 | R128 | 1 << 16,
@@ -56,7 +57,8 @@ TUNE_SMALL = {"auto": 0, "auto_pdl": PDL, "pingpong": 3, "swapAB_dp": 4 | 1 << 1
               "small_wmaj": 6 | R128 | WMAJ, "small_t1": 6 | R128 | T1, "small_w32_st10": 6 | R128 | W32 | ST10,
               "small_w32_t1": 6 | R128 | W32 | T1, "small_w32_t1_st10": 6 | R128 | W32 | T1 | ST10,
               "small64_s1_st12": 6 | R64 | 1 << 16 | ST12, "small64_s2_st12": 6 | R64 | 2 << 16 | ST12,
-              "small64_s2_l256": 6 | R64 | 2 << 16 | L256}
+              "small64_s2_l256": 6 | R64 | 2 << 16 | L256, "small_late": 6 | R128 | LATE, "small64_late": 6 | R64 | LATE,
+              "small_w32_late": 6 | R128 | W32 | LATE, "small_t1_late": 6 | R128 | T1 | LATE}
 # the fixed cost of one launch in a graph: one K block, two weight tiles (kernel 6: one CTA per tile)
 LAUNCH_PROBE = (16, 256, 128)
 

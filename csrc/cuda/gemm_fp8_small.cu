@@ -30,8 +30,13 @@
 // Knobs that keep the bits (small_run): two alternating wgmma temporaries (the K step i+1 wgmma runs
 // while step i is promoted; automatic where the registers fit: 1-4% at M = 16), the L2 promotion of
 // the TMA loads (128 bytes automatic: 1-6% faster than 256 on every bench --small shape), M split
-// over 16/32/64-token tiles along the grid's z (automatic 64 above 64 tokens where two K splits
-// still fit one wave: 128x2048x7168 13.6 us against 13.9 at 128 tokens), the stage count (2..12).
+// over 16/32/64-token tiles along the grid (automatic 64 above 64 tokens where two K splits
+// still fit one wave: 128x2048x7168 13.6 us against 13.9 at 128 tokens), the stage count (2..12),
+// the point where a K step's scale products are read from shared memory (automatic: before its
+// wgmma wait, the latency under the tensor-core work; H200, same run, against after the wait:
+// 128x2048x7168 12.9 us against 13.7, 128x4096x7168 17.0 against 17.7 (32 tokens a CTA 20.5 against
+// 22.7), 64x4096x7168 14.5 against 15.1, 64-row tiles at 64 tokens (one temporary) 1-4% faster;
+// only a forced one-temporary loop at 128 rows was 0.5-3% slower).
 // Tried and dropped: TMA multicast of the token tile over 2 or 4 weight tiles of one cluster (L2
 // reads halved; 2-15% slower on every shape: the L2 is not the limit), all split-K partial loads of
 // the reduction in flight at once (no gain seen; one run, together with other changes), one
@@ -79,6 +84,7 @@ struct Params {
   int splits, stages;
   int pdl;
   int token_major;  // grid (S, token tiles, weight tiles): the CTAs that share a weight tile are adjacent
+  int late_scales;  // scale products read after the wgmma wait (the order before; same bits)
 };
 
 // ---------------------------------------------------------------- PTX helpers
@@ -240,22 +246,23 @@ __global__ void __launch_bounds__(Config<MN, BM>::kThreads, Config<MN, BM>::kBlo
       }
       wgmma_commit();
     };
-    // K step i's wgmma has completed into t: its scale products into registers, the stage given
-    // back, then acc += t * (sa * sb)
-    auto promote = [&](float* t, int i) {
-      const int s = i % stages;
-#pragma unroll
-      for (int r = 0; r < MN / 2; ++r) fence_reg(t[r]);
-      const float* slot = scales + s * (L::kScale / 4);
+    // K step i's scale products sa * sb into sc (its stage's full barrier was waited for in issue):
+    // read before the wgmma wait, so that the shared-memory latency runs under the tensor-core work
+    auto load_scales = [&](float* sc, int i) {
+      const float* slot = scales + (i % stages) * (L::kScale / 4);
       const float sbv = slot[MN];
-      float sc[MN / 4];
 #pragma unroll
       for (int j = 0; j < MN / 8; ++j) {
         const float2 v = *reinterpret_cast<const float2*>(slot + 8 * j + 2 * (lane % 4));
         sc[2 * j] = v.x * sbv;
         sc[2 * j + 1] = v.y * sbv;
       }
-      mbar_arrive(empty(s));
+    };
+    // K step i's wgmma has completed into t: the stage given back, then acc += t * sc
+    auto promote = [&](float* t, const float* sc, int i) {
+#pragma unroll
+      for (int r = 0; r < MN / 2; ++r) fence_reg(t[r]);
+      mbar_arrive(empty(i % stages));
 #pragma unroll
       for (int j = 0; j < MN / 8; ++j) {
         acc[4 * j + 0] = fmaf(t[4 * j + 0], sc[2 * j], acc[4 * j + 0]);
@@ -264,36 +271,58 @@ __global__ void __launch_bounds__(Config<MN, BM>::kThreads, Config<MN, BM>::kBlo
         acc[4 * j + 3] = fmaf(t[4 * j + 3], sc[2 * j + 1], acc[4 * j + 3]);
       }
     };
-    float t0[MN / 2];
+    float t0[MN / 2], sc[MN / 4];
     if constexpr (kOverlap) {
       // t0 pending at the loop head, t1 issued before t0 is promoted (one shape of in-flight state
       // at the back-edge, so that ptxas sees which accumulators are free; nk >= 1)
       float t1[MN / 2];
       issue(t0, 0);
       int i = 1;
-      for (; i + 1 < nk; i += 2) {
-        issue(t1, i);
-        wgmma_wait<1>();
-        promote(t0, i - 1);
-        issue(t0, i + 1);
-        wgmma_wait<1>();
-        promote(t1, i);
+      if (p.late_scales) {
+        for (; i + 1 < nk; i += 2) {
+          issue(t1, i);
+          wgmma_wait<1>();
+          load_scales(sc, i - 1);
+          promote(t0, sc, i - 1);
+          issue(t0, i + 1);
+          wgmma_wait<1>();
+          load_scales(sc, i);
+          promote(t1, sc, i);
+        }
+      } else {
+        for (; i + 1 < nk; i += 2) {
+          issue(t1, i);
+          load_scales(sc, i - 1);
+          wgmma_wait<1>();
+          promote(t0, sc, i - 1);
+          issue(t0, i + 1);
+          load_scales(sc, i);
+          wgmma_wait<1>();
+          promote(t1, sc, i);
+        }
       }
       if (i < nk) {
         issue(t1, i);
+        load_scales(sc, i - 1);
         wgmma_wait<1>();
-        promote(t0, i - 1);
+        promote(t0, sc, i - 1);
+        load_scales(sc, i);
         wgmma_wait<0>();
-        promote(t1, i);
+        promote(t1, sc, i);
       } else {
+        load_scales(sc, i - 1);
         wgmma_wait<0>();
-        promote(t0, i - 1);
+        promote(t0, sc, i - 1);
       }
     } else {
+      // (at 128 tokens the scale products are read after the wait: held across it, they spilled)
+      const bool late = MN == 128 || p.late_scales;
       for (int i = 0; i < nk; ++i) {
         issue(t0, i);
+        if (!late) load_scales(sc, i);
         wgmma_wait<0>();
-        promote(t0, i);
+        if (late) load_scales(sc, i);
+        promote(t0, sc, i);
       }
     }
     // Every consumer warp is done with the stage buffers: the front becomes the fp32 partial tile
@@ -426,7 +455,8 @@ struct Launcher {
 
   // stages: 0 automatic (kAutoStages, clamped to kStages: kBlocks CTAs a SM), else clamped to
   // [kMinStages, kForcedStages] (more than kStages: fewer CTAs a SM)
-  static int run(const GemmNt& g, int splits, int stages, int promo, bool token_major, bool pdl, cudaStream_t stream) {
+  static int run(const GemmNt& g, int splits, int stages, int promo, bool token_major, bool late_scales, bool pdl,
+                 cudaStream_t stream) {
     if (stages == 0) stages = kAutoStages < kStages ? kAutoStages : kStages;
     if (stages > kForcedStages) stages = kForcedStages;
     if (stages < kMinStages) stages = kMinStages;
@@ -436,7 +466,7 @@ struct Launcher {
     int max_clusters[kMaxSplits + 1];
     const int rc = prepare(dev, max_clusters);
     if (rc != DSX_OK) return rc;
-    const int mtiles = static_cast<int>((g.m + MN - 1) / MN);  // token tiles (M split) along the grid's z
+    const int mtiles = static_cast<int>((g.m + MN - 1) / MN);  // token tiles (M split) of the grid
     const int tiles = static_cast<int>((g.n + BM - 1) / BM) * mtiles;  // CTAs of one split
     const int kbt = static_cast<int>((g.k + kBK - 1) / kBK);
     if (splits <= 0) {
@@ -454,7 +484,7 @@ struct Launcher {
       return DSX_EINVAL;
     }
     Params p{g.sa, g.sb, g.out, static_cast<int>(g.m), static_cast<int>(g.n), kbt, splits, stages, pdl ? 1 : 0,
-             token_major ? 1 : 0};
+             token_major ? 1 : 0, late_scales ? 1 : 0};
     cudaLaunchConfig_t lc = {};
     lc.gridDim = token_major ? dim3(splits, mtiles, tiles / mtiles) : dim3(splits, tiles / mtiles, mtiles);
     lc.blockDim = dim3(kThreads, 1, 1);
@@ -487,15 +517,17 @@ constexpr bool kCanOverlap = MN <= (BM == 128 ? 64 : 32);
 
 struct Knobs {
   int splits, stages, promo, width;
-  bool overlap, token_major;
+  bool overlap, token_major, late_scales;
 };
 
 template <int MN, int BM>
 int run_width(const GemmNt& g, const Knobs& k, bool pdl, cudaStream_t s) {
   if constexpr (kCanOverlap<MN, BM>) {
-    if (k.overlap) return Launcher<MN, BM, true>::run(g, k.splits, k.stages, k.promo, k.token_major, pdl, s);
+    if (k.overlap) {
+      return Launcher<MN, BM, true>::run(g, k.splits, k.stages, k.promo, k.token_major, k.late_scales, pdl, s);
+    }
   }
-  return Launcher<MN, BM, false>::run(g, k.splits, k.stages, k.promo, k.token_major, pdl, s);
+  return Launcher<MN, BM, false>::run(g, k.splits, k.stages, k.promo, k.token_major, k.late_scales, pdl, s);
 }
 
 // width: tokens per CTA (0: M rounded up to 16, 32, 64 or 128, one token tile; else M is split
@@ -560,8 +592,11 @@ bool small_supported(const GemmNt& g) {
 // knobs (the algo bits of gemm_fp8.h in parentheses): bits 0..3 the K split count S (16..19: cluster
 // size, 0 automatic), bits 4..7 the stage count (20..23: 0 automatic = 8, else 2..12, clamped to what
 // shared memory holds and to what the partial tile needs), bits 8..11 the weight rows per CTA (8..11:
-// 0 automatic, 1: 128, one CTA per SM; 2: 64, two or three CTAs per SM), bits 12..15 the wgmma
-// temporaries (12..15: 0 automatic = two where they fit, 1: one, 2: two), bits 16..17 the L2
+// 0 automatic, 1: 128, one CTA per SM; 2: 64, two or three CTAs per SM), bits 12..13 the wgmma
+// temporaries (12..13: 0 automatic = two where they fit, 1: one, 2: two), bits 14..15 when a K
+// step's scale products are read from shared memory (14..15: 0 automatic = 2; 1: after its wgmma
+// wait, the order before; 2: before it, under the tensor-core work; at 128 tokens with one
+// temporary always after: held across the wait they spilled), bits 16..17 the L2
 // promotion of the TMA loads (4..5: 0 automatic = 128 bytes, 1: 256 bytes, 2: 128 bytes, 3: none),
 // bits 18..19 the grid order (6..7: 0 automatic = 2; 1: weight tiles adjacent, grid (S, weight
 // tiles, token tiles); 2: the token tiles of one weight tile adjacent, grid (S, token tiles, weight
@@ -570,9 +605,10 @@ bool small_supported(const GemmNt& g) {
 int small_run(const GemmNt& g, int knobs, bool pdl, cudaStream_t s) {
   if (!small_supported(g)) return DSX_EINVAL;
   const int splits = knobs & 15, stages = (knobs >> 4) & 15;  // algo bits 16..19 and 20..23
-  const int rows_knob = (knobs >> 8) & 15, temps_knob = (knobs >> 12) & 15;
+  const int rows_knob = (knobs >> 8) & 15, temps_knob = (knobs >> 12) & 3, scales_knob = (knobs >> 14) & 3;
   const int width_knob = (knobs >> 24) & 15, promo = (knobs >> 16) & 3, order = (knobs >> 18) & 3;
-  if (rows_knob > 2 || temps_knob > 2 || width_knob > 4 || order > 2 || stages == 1 || stages > kMaxStages) {
+  if (rows_knob > 2 || temps_knob > 2 || scales_knob > 2 || width_knob > 4 || order > 2 || stages == 1 ||
+      stages > kMaxStages) {
     return DSX_EINVAL;
   }
   const int rows = rows_knob == 1 ? 128 : rows_knob == 2 ? 64 : auto_rows(g);
@@ -585,7 +621,7 @@ int small_run(const GemmNt& g, int knobs, bool pdl, cudaStream_t s) {
   const bool overlap = temps_knob != 1;
   const int width = width_knob == 0 ? auto_width(g) : width_knob == 4 ? 0 : 8 << width_knob;  // 16, 32, 64, all
   const int l2 = promo == 0 ? 2 : promo;
-  const Knobs k{splits, stages, l2, width, overlap, order != 1};
+  const Knobs k{splits, stages, l2, width, overlap, order != 1, scales_knob == 1};
   return rows == 64 ? run_rows<64>(g, k, pdl, s) : run_rows<128>(g, k, pdl, s);
 }
 

@@ -29,6 +29,7 @@ WIDTH16, WIDTH32, WIDTH64, WIDTH_ALL = 1 << 24, 2 << 24, 3 << 24, 4 << 24
 L2_128B, L2_NONE = 2 << 4, 3 << 4  # bits 4..5: the TMA loads' L2 promotion (0 automatic, 1: 256 bytes)
 STAGES = 1 << 20  # bits 20..23: the stage count (0 automatic, else 2..12, clamped to what fits)
 WEIGHT_MAJOR, TOKEN_MAJOR = 1 << 6, 2 << 6  # bits 6..7: grid order (0 automatic = token tiles adjacent)
+SCALES_LATE, SCALES_EARLY = 1 << 14, 2 << 14  # bits 14..15: scales read after / before the wgmma wait
 # hand-written persistent kernel for large M: bits 8..11 = v, tile order in groups of 4v M tiles (0 default)
 LARGE = 7
 
@@ -252,7 +253,9 @@ def test_small_m_kernel_matches_float64_and_is_deterministic(m, n, k):
                       ROWS64 | WIDTH16 | TEMPS2, L2_128B, L2_NONE | TEMPS2, WIDTH_ALL | TEMPS1 | 1 << 4,
                       12 * STAGES, 2 * STAGES | TEMPS2, 3 * STAGES | ROWS64 | WIDTH_ALL,
                       TOKEN_MAJOR | WIDTH32 | TEMPS2, WEIGHT_MAJOR | ROWS64 | WIDTH16, WEIGHT_MAJOR | WIDTH32 | TEMPS1,
-                      12 * STAGES | ROWS64 | TEMPS1, 12 * STAGES | ROWS64 | WIDTH_ALL | TOKEN_MAJOR):
+                      12 * STAGES | ROWS64 | TEMPS1, 12 * STAGES | ROWS64 | WIDTH_ALL | TOKEN_MAJOR,
+                      SCALES_LATE | TEMPS2, SCALES_LATE | TEMPS1 | ROWS64 | WIDTH32, SCALES_EARLY | TEMPS1,
+                      SCALES_EARLY | WIDTH_ALL | TEMPS1, SCALES_LATE | WIDTH_ALL):
             got = cuda.gemm_fp8_nt(a, sa, b, sb, algo=SMALL | knobs | splits << 16)
             assert np.array_equal(got.view(np.uint16), r128.view(np.uint16)), f"splits {splits}: knobs {knobs:#x}"
     if kb < 8:
@@ -274,7 +277,7 @@ def test_small_m_kernel_rejects_what_it_cannot_take():
         cuda.gemm_fp8_nt(a, sa, b, sb, algo=SMALL | 3 << 12)
     with pytest.raises(DsxError, match="invalid"):  # token widths 16, 32, 64, all
         cuda.gemm_fp8_nt(a, sa, b, sb, algo=SMALL | 5 << 24)
-    for bad in (3 << 6, 4 << 12):  # two grid orders, at most two temporaries
+    for bad in (3 << 6, 3 << 14):  # two grid orders, two scale-read points
         with pytest.raises(DsxError, match="invalid"):
             cuda.gemm_fp8_nt(a, sa, b, sb, algo=SMALL | bad)
     for stages in (1, 13):  # 2..12 stages

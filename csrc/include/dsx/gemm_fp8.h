@@ -60,13 +60,15 @@
  * bits 24..27 = T, tokens per CTA (0 automatic: 64 when M > 64 and 4 * ceil(N/128) <= the SM
  * count, else all of M; 1 = 16, 2 = 32, 3 = 64: M split over ceil(M / T) token tiles of the grid;
  * 4 = all of M);
- * bits 12..15 = the wgmma temporaries (0 automatic = 2, 1 = one: wgmma, wait, promote per K block;
+ * bits 12..13 = the wgmma temporaries (0 automatic = 2, 1 = one: wgmma, wait, promote per K block;
  * 2 = two alternating, K block i+1's wgmma issued before block i is promoted, where the registers
- * allow: T <= 64 with 128 rows, T <= 32 with 64 rows, else one); bits 4..5 = the L2 promotion of
+ * allow: T <= 64 with 128 rows, T <= 32 with 64 rows, else one); bits 14..15 = when a K block's
+ * scale products are read (0 automatic = 2, 1 = after its wgmma wait, 2 = before it, except at
+ * T = 128 with one temporary); bits 4..5 = the L2 promotion of
  * the TMA loads (0 automatic = 2, 1 = 256 bytes, 2 = 128 bytes, 3 = none); bits 6..7 = the grid
  * order (0 automatic = 2, 1 = the weight tiles of one token tile adjacent, 2 = the token tiles of
- * one weight tile adjacent); under the same S every R, T, stage count, temporaries, promotion and
- * order give the same bits;
+ * one weight tile adjacent); under the same S every R, T, stage count, temporaries, scale-read
+ * point, promotion and order give the same bits;
  * bit 28 = programmatic dependent launch (with 6 or 0 only: the kernel waits for the previous grid before
  * it touches global memory, so a GEMM can start its prologue under the previous kernel's tail).
  * 7 = the large-M kernel (no CUTLASS; same TMA alignment rules as the CUTLASS kernels, no
