@@ -41,20 +41,24 @@ PDL = 1 << 28
 # kernel 6's weight rows per CTA (algo bits 8..11): 1 = 128 rows, one CTA per SM; 2 = 64 rows, 2-3 CTAs per SM
 R128, R64 = 1 << 8, 2 << 8
 # kernel 6's other knobs (their automatic values: two alternating wgmma temporaries where they fit, 64 tokens
-# per CTA at M > 64 when 4 ceil(N/128) <= SMs, 128-byte L2 promotion): T1 = one temporary (bits 12..15 = 1),
-# L256 = 256-byte L2 promotion (bits 4..7 = 1), W32 / WALL = 32 tokens per CTA / all of M (bits 24..27 = 2 / 4);
-# small_before / small64_before: the kernel as it was before these knobs (one temporary, 256 bytes, all of M);
-# small_st12 / small_st4: 12 (at most what shared memory holds) / 4 stages instead of 8 (bits 20..23)
-T1, L256, W32, WALL = 1 << 12, 1 << 4, 2 << 24, 4 << 24
+# per CTA at M > 64 when 4 ceil(N/128) <= SMs, 128-byte L2 promotion, token tiles adjacent in the grid): T1 = one
+# temporary (bits 12..15 = 1), L256 = 256-byte L2 promotion (bits 4..5 = 1), W32 / WALL = 32 tokens per CTA / all
+# of M (bits 24..27 = 2 / 4), WMAJ = weight tiles adjacent in the grid (bits 6..7 = 1, the order before), STn = n
+# stages instead of 8 (bits 20..23; at 64 rows a forced count above what three CTAs a SM hold runs fewer a SM)
+T1, L256, W32, WALL, WMAJ = 1 << 12, 1 << 4, 2 << 24, 4 << 24, 1 << 6
+LATE = 1 << 14  # a K step's scale products read after its wgmma wait (the order before; now before the wait)
+ST10, ST12 = 10 << 20, 12 << 20
 TUNE_SMALL = {"auto": 0, "auto_pdl": PDL, "pingpong": 3, "swapAB_dp": 4 | 1 << 12, "swapAB_splitK2": 4 | 2 << 12 | 2 << 16,
               "small": 6 | R128, "small_pdl": 6 | R128 | PDL, "small_s1": 6 | R128 | 1 << 16,
               "small_s2": 6 | R128 | 2 << 16, "small_s4": 6 | R128 | 4 << 16,
               "small64": 6 | R64, "small64_pdl": 6 | R64 | PDL, "small64_s1": 6 | R64 | 1 << 16,
               "small64_s2": 6 | R64 | 2 << 16, "small64_s4": 6 | R64 | 4 << 16,
-              "small_t1": 6 | R128 | T1, "small_l2_256": 6 | R128 | L256, "small_wall": 6 | R128 | WALL,
-              "small_w32": 6 | R128 | W32, "small_before": 6 | R128 | T1 | L256 | WALL,
-              "small64_before": 6 | R64 | T1 | L256 | WALL, "small_st12": 6 | R128 | 12 << 20,
-              "small_st4": 6 | R128 | 4 << 20}
+              "small_wall": 6 | R128 | WALL, "small_w32": 6 | R128 | W32, "small_st12": 6 | R128 | ST12,
+              "small_wmaj": 6 | R128 | WMAJ, "small_t1": 6 | R128 | T1, "small_w32_st10": 6 | R128 | W32 | ST10,
+              "small_w32_t1": 6 | R128 | W32 | T1, "small_w32_t1_st10": 6 | R128 | W32 | T1 | ST10,
+              "small64_s1_st12": 6 | R64 | 1 << 16 | ST12, "small64_s2_st12": 6 | R64 | 2 << 16 | ST12,
+              "small64_s2_l256": 6 | R64 | 2 << 16 | L256, "small_late": 6 | R128 | LATE, "small64_late": 6 | R64 | LATE,
+              "small_w32_late": 6 | R128 | W32 | LATE, "small_t1_late": 6 | R128 | T1 | LATE}
 # the fixed cost of one launch in a graph: one K block, two weight tiles (kernel 6: one CTA per tile)
 LAUNCH_PROBE = (16, 256, 128)
 

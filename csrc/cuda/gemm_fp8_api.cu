@@ -35,14 +35,15 @@ bool decode(int algo, Algo* out) {
   out->pdl = ((algo >> kPdlBit) & 1) != 0;
   out->tuning = Tuning{(algo >> 4) & 15, (algo >> 8) & 15, (algo >> 12) & 15, (algo >> 16) & 255,
                        (algo >> 24) & 15};
-  return out->base <= kLastAlgo && (out->tuning.raster <= 2 || (out->base == kSmall && out->tuning.raster <= 3)) &&
-         (out->tuning.decomposition <= 3 || out->base == kLarge) &&  // kLarge: its variant, 0..7
+  return out->base <= kLastAlgo && (out->tuning.raster <= 2 || out->base == kSmall) &&
+         (out->tuning.decomposition <= 3 || out->base == kLarge || out->base == kSmall) &&  // kLarge: its variant, 0..7
          (out->tuning.reduction <= 1 || out->base == kSmall) && (algo >> (kPdlBit + 1)) == 0 &&
          (!out->pdl || out->base == kSmall || out->base == kAuto) &&
-         // algo 6: bits 4..7 L2 promotion, 8..11 weight rows per CTA, 12..15 wgmma temporaries, 24..27
-         // tokens per CTA
+         // algo 6: bits 4..5 L2 promotion, 6..7 grid order, 8..11 weight rows per CTA, 12..13 wgmma
+         // temporaries, 14..15 when the scales are read, 24..27 tokens per CTA
          (out->base != kSmall ||
-          (out->tuning.swizzle <= 2 && out->tuning.decomposition <= 2 && out->tuning.reduction <= 4));
+          (out->tuning.swizzle <= 2 && (out->tuning.decomposition & 3) <= 2 && (out->tuning.decomposition >> 2) <= 2 &&
+           (out->tuning.raster >> 2) <= 2 && out->tuning.reduction <= 4));
 }
 
 bool shape_ok(int64_t m, int64_t n, int64_t k) { return m >= 0 && n > 0 && k > 0; }
@@ -210,9 +211,10 @@ extern "C" int dsx_gemm_fp8_nt_cuda(const uint8_t* a, const float* sa, const uin
   const GemmNt g{a, sa, b, sb, out, m, n, k};
   const auto s = static_cast<cudaStream_t>(stream);
   // kSmall's knobs: bits 16..23 K splits (cluster size, 0 automatic), bits 8..11 weight rows per CTA
-  // (0 automatic, 1: 128, 2: 64), bits 12..15 wgmma temporaries (0 automatic, 1, 2), bits 24..27
-  // tokens per CTA (0 automatic, 1: 16, 2: 32, 3: 64, 4: all), bits 4..7 L2 promotion (0 automatic, 1: 256 B, 2: 128 B,
-  // 3: none), bit 28 PDL
+  // (0 automatic, 1: 128, 2: 64), bits 12..13 wgmma temporaries (0 automatic, 1, 2), bits 14..15 scale reads
+  // (0 automatic, 1: after the wgmma wait, 2: before it), bits 24..27
+  // tokens per CTA (0 automatic, 1: 16, 2: 32, 3: 64, 4: all), bits 4..5 L2 promotion (0 automatic, 1: 256 B, 2: 128 B,
+  // 3: none), bits 6..7 grid order (0 automatic, 1: weight tiles adjacent, 2: token tiles adjacent), bit 28 PDL
   if (use_small(g, al)) {
     const int knobs = al.base == kSmall ? al.tuning.splits | al.tuning.swizzle << 8 | al.tuning.decomposition << 12 |
                                               al.tuning.raster << 16 | al.tuning.reduction << 24

@@ -30,11 +30,21 @@
 // Knobs that keep the bits (small_run): two alternating wgmma temporaries (the K step i+1 wgmma runs
 // while step i is promoted; automatic where the registers fit: 1-4% at M = 16), the L2 promotion of
 // the TMA loads (128 bytes automatic: 1-6% faster than 256 on every bench --small shape), M split
-// over 16/32/64-token tiles along the grid's z (automatic 64 above 64 tokens where two K splits
-// still fit one wave: 128x2048x7168 13.6 us against 13.9 at 128 tokens), the stage count (2..12).
+// over 16/32/64-token tiles along the grid (automatic 64 above 64 tokens where two K splits
+// still fit one wave: 128x2048x7168 13.6 us against 13.9 at 128 tokens), the stage count (2..12),
+// the point where a K step's scale products are read from shared memory (automatic: before its
+// wgmma wait, the latency under the tensor-core work; H200, same run, against after the wait:
+// 128x2048x7168 12.9 us against 13.7, 128x4096x7168 17.0 against 17.7 (32 tokens a CTA 20.5 against
+// 22.7), 64x4096x7168 14.5 against 15.1, 64-row tiles at 64 tokens (one temporary) 1-4% faster;
+// only a forced one-temporary loop at 128 rows was 0.5-3% slower).
 // Tried and dropped: TMA multicast of the token tile over 2 or 4 weight tiles of one cluster (L2
 // reads halved; 2-15% slower on every shape: the L2 is not the limit), all split-K partial loads of
-// the reduction in flight at once (no gain seen; one run, together with other changes).
+// the reduction in flight at once (no gain seen; one run, together with other changes), one
+// empty-barrier arrival per consumer warp instead of per thread (within 1% on all 15 shapes).
+// The grid puts the token tiles of one weight tile side by side (knob: the other order): the same
+// time, but L2 hit and fabric sectors down to CUTLASS swap-AB's (ncu, 128x4096x7168, 32 tokens a
+// CTA). With those equal, 32 tokens a CTA (CUTLASS swap-AB's tiles and grid) still takes 22 us
+// against CUTLASS's 16.4: the L2 traffic was not the cause.
 #include "gemm_fp8_internal.cuh"
 #include "sm90_ptx.cuh"
 
@@ -73,6 +83,8 @@ struct Params {
   int m, n, kbt;
   int splits, stages;
   int pdl;
+  int token_major;  // grid (S, token tiles, weight tiles): the CTAs that share a weight tile are adjacent
+  int late_scales;  // scale products read after the wgmma wait (the order before; same bits)
 };
 
 // ---------------------------------------------------------------- PTX helpers
@@ -142,9 +154,9 @@ struct Layout {
   static constexpr int kScale = MN * 4 + 16;
   static constexpr int kRed = MN * kRedLd * 4;
   static constexpr int bytes(int stages) { return 1024 + stages * (kStage + kScale + 2 * 8); }
-  static constexpr int max_stages() {
+  static constexpr int max_stages(int cap = Config<MN, BM>::kSmemCap) {
     int s = kMaxStages;
-    while (s > 2 && bytes(s) > Config<MN, BM>::kSmemCap) --s;
+    while (s > 2 && bytes(s) > cap) --s;
     return s;
   }
   static_assert(kX % 1024 == 0 && kW % 1024 == 0, "tiles stay 1024-byte aligned");
@@ -170,8 +182,8 @@ __global__ void __launch_bounds__(Config<MN, BM>::kThreads, Config<MN, BM>::kBlo
   auto empty = [&](int s) { return bars + 8u * (stages + s); };
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int split = blockIdx.x, tile = blockIdx.y;
-  const int m0 = blockIdx.z * MN;  // this CTA's tokens [m0, m0 + MN) (M split over token tiles)
+  const int split = blockIdx.x, tile = p.token_major ? blockIdx.z : blockIdx.y;
+  const int m0 = (p.token_major ? blockIdx.y : blockIdx.z) * MN;  // this CTA's tokens [m0, m0 + MN)
   const int kb0 = split * p.kbt / p.splits, nk = (split + 1) * p.kbt / p.splits - kb0;
 
   if (tid == 0) {
@@ -234,22 +246,23 @@ __global__ void __launch_bounds__(Config<MN, BM>::kThreads, Config<MN, BM>::kBlo
       }
       wgmma_commit();
     };
-    // K step i's wgmma has completed into t: its scale products into registers, the stage given
-    // back, then acc += t * (sa * sb)
-    auto promote = [&](float* t, int i) {
-      const int s = i % stages;
-#pragma unroll
-      for (int r = 0; r < MN / 2; ++r) fence_reg(t[r]);
-      const float* slot = scales + s * (L::kScale / 4);
+    // K step i's scale products sa * sb into sc (its stage's full barrier was waited for in issue):
+    // read before the wgmma wait, so that the shared-memory latency runs under the tensor-core work
+    auto load_scales = [&](float* sc, int i) {
+      const float* slot = scales + (i % stages) * (L::kScale / 4);
       const float sbv = slot[MN];
-      float sc[MN / 4];
 #pragma unroll
       for (int j = 0; j < MN / 8; ++j) {
         const float2 v = *reinterpret_cast<const float2*>(slot + 8 * j + 2 * (lane % 4));
         sc[2 * j] = v.x * sbv;
         sc[2 * j + 1] = v.y * sbv;
       }
-      mbar_arrive(empty(s));
+    };
+    // K step i's wgmma has completed into t: the stage given back, then acc += t * sc
+    auto promote = [&](float* t, const float* sc, int i) {
+#pragma unroll
+      for (int r = 0; r < MN / 2; ++r) fence_reg(t[r]);
+      mbar_arrive(empty(i % stages));
 #pragma unroll
       for (int j = 0; j < MN / 8; ++j) {
         acc[4 * j + 0] = fmaf(t[4 * j + 0], sc[2 * j], acc[4 * j + 0]);
@@ -258,36 +271,58 @@ __global__ void __launch_bounds__(Config<MN, BM>::kThreads, Config<MN, BM>::kBlo
         acc[4 * j + 3] = fmaf(t[4 * j + 3], sc[2 * j + 1], acc[4 * j + 3]);
       }
     };
-    float t0[MN / 2];
+    float t0[MN / 2], sc[MN / 4];
     if constexpr (kOverlap) {
       // t0 pending at the loop head, t1 issued before t0 is promoted (one shape of in-flight state
       // at the back-edge, so that ptxas sees which accumulators are free; nk >= 1)
       float t1[MN / 2];
       issue(t0, 0);
       int i = 1;
-      for (; i + 1 < nk; i += 2) {
-        issue(t1, i);
-        wgmma_wait<1>();
-        promote(t0, i - 1);
-        issue(t0, i + 1);
-        wgmma_wait<1>();
-        promote(t1, i);
+      if (p.late_scales) {
+        for (; i + 1 < nk; i += 2) {
+          issue(t1, i);
+          wgmma_wait<1>();
+          load_scales(sc, i - 1);
+          promote(t0, sc, i - 1);
+          issue(t0, i + 1);
+          wgmma_wait<1>();
+          load_scales(sc, i);
+          promote(t1, sc, i);
+        }
+      } else {
+        for (; i + 1 < nk; i += 2) {
+          issue(t1, i);
+          load_scales(sc, i - 1);
+          wgmma_wait<1>();
+          promote(t0, sc, i - 1);
+          issue(t0, i + 1);
+          load_scales(sc, i);
+          wgmma_wait<1>();
+          promote(t1, sc, i);
+        }
       }
       if (i < nk) {
         issue(t1, i);
+        load_scales(sc, i - 1);
         wgmma_wait<1>();
-        promote(t0, i - 1);
+        promote(t0, sc, i - 1);
+        load_scales(sc, i);
         wgmma_wait<0>();
-        promote(t1, i);
+        promote(t1, sc, i);
       } else {
+        load_scales(sc, i - 1);
         wgmma_wait<0>();
-        promote(t0, i - 1);
+        promote(t0, sc, i - 1);
       }
     } else {
+      // (at 128 tokens the scale products are read after the wait: held across it, they spilled)
+      const bool late = MN == 128 || p.late_scales;
       for (int i = 0; i < nk; ++i) {
         issue(t0, i);
+        if (!late) load_scales(sc, i);
         wgmma_wait<0>();
-        promote(t0, i);
+        if (late) load_scales(sc, i);
+        promote(t0, sc, i);
       }
     }
     // Every consumer warp is done with the stage buffers: the front becomes the fp32 partial tile
@@ -356,12 +391,26 @@ bool encode_kmajor(CUtensorMap* map, const uint8_t* ptr, int64_t rows, int64_t k
 
 constexpr int kMaxDevices = 64;
 
+// Automatic K split count with 64-row tiles (`tiles` CTAs a split, kbt K blocks): at most 2. With K
+// >= 4096 the most that keep at most two CTAs a SM on average: 7168x18432 at M = 16 37.2 us at S = 2
+// against 40.1 at S = 1 (H200, bench --small, same run); 4096x7168 11.9 at 2 against 12.7 at 4 (it
+// was 4 before: 2 * SMs / 64 tiles; 2 was ahead in four runs). With K < 4096 the S whose CTA count
+// is nearest one a SM: 7168x2048 (112 tiles) 7.3 us at S = 1 against 7.6 at 2 (the cluster
+// reduction's fixed cost outweighs 20 idle SMs on a short K).
+int auto_splits64(int tiles, int kbt) {
+  const int sms = sm_count();
+  const int s = kbt * kBK < 4096 ? (sms + tiles / 2) / tiles : 2 * sms / tiles;
+  return s < 1 ? 1 : s > 2 ? 2 : s;
+}
+
 template <int MN, int BM, bool kOverlap>
 struct Launcher {
   using L = Layout<MN, BM>;
   static constexpr int kThreads = Config<MN, BM>::kThreads;
-  static constexpr int kStages = L::max_stages();
+  static constexpr int kStages = L::max_stages();  // at kBlocks CTAs a SM
   static constexpr int kSmem = L::bytes(kStages);
+  static constexpr int kForcedStages = L::max_stages(kSmemLimit);  // a forced count: fewer CTAs a SM
+  static constexpr int kSmemMax = L::bytes(kForcedStages);
   // the fp32 partial tile reuses the stage buffers: at least this many stages
   static constexpr int kMinStages = (L::kRed + L::kStage - 1) / L::kStage > 2 ? (L::kRed + L::kStage - 1) / L::kStage : 2;
   static_assert(kMinStages <= kStages, "the partial tile fits the stage buffers");
@@ -375,7 +424,7 @@ struct Launcher {
     if (dev < 0 || dev >= kMaxDevices) return DSX_ECUDA;
     if (state[dev].load(std::memory_order_acquire) == 0) {
       auto kernel = small_gemm_kernel<MN, BM, kOverlap>;
-      bool ok = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem) == cudaSuccess;
+      bool ok = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemMax) == cudaSuccess;
       int per_sm = 0;
       ok = ok && cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, kSmem) == cudaSuccess;
       clusters[dev][1] = per_sm * sm_count();
@@ -404,10 +453,12 @@ struct Launcher {
     return DSX_OK;
   }
 
-  // stages: 0 automatic (kAutoStages), else clamped to [kMinStages, kStages]
-  static int run(const GemmNt& g, int splits, int stages, int promo, bool pdl, cudaStream_t stream) {
-    if (stages == 0) stages = kAutoStages;
-    if (stages > kStages) stages = kStages;
+  // stages: 0 automatic (kAutoStages, clamped to kStages: kBlocks CTAs a SM), else clamped to
+  // [kMinStages, kForcedStages] (more than kStages: fewer CTAs a SM)
+  static int run(const GemmNt& g, int splits, int stages, int promo, bool token_major, bool late_scales, bool pdl,
+                 cudaStream_t stream) {
+    if (stages == 0) stages = kAutoStages < kStages ? kAutoStages : kStages;
+    if (stages > kForcedStages) stages = kForcedStages;
     if (stages < kMinStages) stages = kMinStages;
     int dev = 0;
     if (cudaGetDevice(&dev) != cudaSuccess) return DSX_ECUDA;
@@ -415,14 +466,13 @@ struct Launcher {
     int max_clusters[kMaxSplits + 1];
     const int rc = prepare(dev, max_clusters);
     if (rc != DSX_OK) return rc;
-    const int mtiles = static_cast<int>((g.m + MN - 1) / MN);  // token tiles (M split) along the grid's z
+    const int mtiles = static_cast<int>((g.m + MN - 1) / MN);  // token tiles (M split) of the grid
     const int tiles = static_cast<int>((g.n + BM - 1) / BM) * mtiles;  // CTAs of one split
     const int kbt = static_cast<int>((g.k + kBK - 1) / kBK);
     if (splits <= 0) {
       // Automatic: as many K splits as keep every weight tile's cluster resident in one wave; with
-      // 64-row tiles at most two CTAs per SM on average (H200, M = 16: 7168x18432 39.1 us at 2 vs 40.0
-      // at 3 a SM, 7168x2048 8.3 vs 8.9; 4096x7168 the same at 2 and 3).
-      splits = (BM == 64 ? 2 * sm_count() : max_clusters[1]) / tiles;
+      // 64-row tiles auto_splits64 (at most 2).
+      splits = BM == 64 ? auto_splits64(tiles, kbt) : max_clusters[1] / tiles;
       if (splits > kMaxSplits) splits = kMaxSplits;
       if (splits > kbt) splits = kbt;
       while (splits > 1 && max_clusters[splits] < tiles) --splits;
@@ -433,9 +483,10 @@ struct Launcher {
     if (!encode_kmajor(&tw, g.b, g.n, g.k, BM, promo) || !encode_kmajor(&tx, g.a, g.m, g.k, MN, promo)) {
       return DSX_EINVAL;
     }
-    Params p{g.sa, g.sb, g.out, static_cast<int>(g.m), static_cast<int>(g.n), kbt, splits, stages, pdl ? 1 : 0};
+    Params p{g.sa, g.sb, g.out, static_cast<int>(g.m), static_cast<int>(g.n), kbt, splits, stages, pdl ? 1 : 0,
+             token_major ? 1 : 0, late_scales ? 1 : 0};
     cudaLaunchConfig_t lc = {};
-    lc.gridDim = dim3(splits, tiles / mtiles, mtiles);
+    lc.gridDim = token_major ? dim3(splits, mtiles, tiles / mtiles) : dim3(splits, tiles / mtiles, mtiles);
     lc.blockDim = dim3(kThreads, 1, 1);
     lc.dynamicSmemBytes = L::bytes(stages);  // the automatic 8 stages take what they took before
     lc.stream = stream;
@@ -464,23 +515,30 @@ struct Launcher {
 template <int MN, int BM>
 constexpr bool kCanOverlap = MN <= (BM == 128 ? 64 : 32);
 
+struct Knobs {
+  int splits, stages, promo, width;
+  bool overlap, token_major, late_scales;
+};
+
 template <int MN, int BM>
-int run_width(const GemmNt& g, int splits, int stages, int promo, bool overlap, bool pdl, cudaStream_t s) {
+int run_width(const GemmNt& g, const Knobs& k, bool pdl, cudaStream_t s) {
   if constexpr (kCanOverlap<MN, BM>) {
-    if (overlap) return Launcher<MN, BM, true>::run(g, splits, stages, promo, pdl, s);
+    if (k.overlap) {
+      return Launcher<MN, BM, true>::run(g, k.splits, k.stages, k.promo, k.token_major, k.late_scales, pdl, s);
+    }
   }
-  return Launcher<MN, BM, false>::run(g, splits, stages, promo, pdl, s);
+  return Launcher<MN, BM, false>::run(g, k.splits, k.stages, k.promo, k.token_major, k.late_scales, pdl, s);
 }
 
 // width: tokens per CTA (0: M rounded up to 16, 32, 64 or 128, one token tile; else M is split
 // over ceil(M / width) token tiles)
 template <int BM>
-int run_rows(const GemmNt& g, int splits, int stages, int promo, int width, bool overlap, bool pdl, cudaStream_t s) {
-  const int64_t w = width > 0 && width < g.m ? width : g.m;
-  if (w <= 16) return run_width<16, BM>(g, splits, stages, promo, overlap, pdl, s);
-  if (w <= 32) return run_width<32, BM>(g, splits, stages, promo, overlap, pdl, s);
-  if (w <= 64) return run_width<64, BM>(g, splits, stages, promo, overlap, pdl, s);
-  return run_width<128, BM>(g, splits, stages, promo, overlap, pdl, s);
+int run_rows(const GemmNt& g, const Knobs& k, bool pdl, cudaStream_t s) {
+  const int64_t w = k.width > 0 && k.width < g.m ? k.width : g.m;
+  if (w <= 16) return run_width<16, BM>(g, k, pdl, s);
+  if (w <= 32) return run_width<32, BM>(g, k, pdl, s);
+  if (w <= 64) return run_width<64, BM>(g, k, pdl, s);
+  return run_width<128, BM>(g, k, pdl, s);
 }
 
 // Weight rows per CTA when not forced: 64 (two or three CTAs a SM, each with its own pipeline) when
@@ -500,8 +558,10 @@ int auto_width(const GemmNt& g) {
 }
 
 int auto_rows(const GemmNt& g) {
-  const int64_t tiles64 = (g.n + 63) / 64, kbt = (g.k + kBK - 1) / kBK;
-  return tiles64 * (kbt < kMaxSplits ? kbt : kMaxSplits) >= 2 * static_cast<int64_t>(sm_count()) ? 64 : 128;
+  const int64_t tiles64 = (g.n + 63) / 64, tiles128 = (g.n + kRows - 1) / kRows, kbt = (g.k + kBK - 1) / kBK;
+  const int64_t sms = sm_count();
+  if (g.m > 32 && tiles128 <= sms) return 128;  // 64 tokens: four stages a CTA at 64 rows
+  return tiles64 * (kbt < kMaxSplits ? kbt : kMaxSplits) >= 2 * sms ? 64 : 128;
 }
 
 }  // namespace
@@ -532,29 +592,37 @@ bool small_supported(const GemmNt& g) {
 // knobs (the algo bits of gemm_fp8.h in parentheses): bits 0..3 the K split count S (16..19: cluster
 // size, 0 automatic), bits 4..7 the stage count (20..23: 0 automatic = 8, else 2..12, clamped to what
 // shared memory holds and to what the partial tile needs), bits 8..11 the weight rows per CTA (8..11:
-// 0 automatic, 1: 128, one CTA per SM; 2: 64, two or three CTAs per SM), bits 12..15 the wgmma
-// temporaries (12..15: 0 automatic = two where they fit, 1: one, 2: two), bits 16..19 the L2
-// promotion of the TMA loads (4..7: 0 automatic = 128 bytes, 1: 256 bytes, 2: 128 bytes, 3: none),
-// bits 24..27 the tokens per CTA (24..27: 0 automatic (auto_width), 1: 16, 2: 32, 3: 64, M split
+// 0 automatic, 1: 128, one CTA per SM; 2: 64, two or three CTAs per SM), bits 12..13 the wgmma
+// temporaries (12..13: 0 automatic = two where they fit, 1: one, 2: two), bits 14..15 when a K
+// step's scale products are read from shared memory (14..15: 0 automatic = 2; 1: after its wgmma
+// wait, the order before; 2: before it, under the tensor-core work; at 128 tokens with one
+// temporary always after: held across the wait they spilled), bits 16..17 the L2
+// promotion of the TMA loads (4..5: 0 automatic = 128 bytes, 1: 256 bytes, 2: 128 bytes, 3: none),
+// bits 18..19 the grid order (6..7: 0 automatic = 2; 1: weight tiles adjacent, grid (S, weight
+// tiles, token tiles); 2: the token tiles of one weight tile adjacent, grid (S, token tiles, weight
+// tiles)), bits 24..27 the tokens per CTA (24..27: 0 automatic (auto_width), 1: 16, 2: 32, 3: 64, M split
 // over the grid; 4: all of M).
 int small_run(const GemmNt& g, int knobs, bool pdl, cudaStream_t s) {
   if (!small_supported(g)) return DSX_EINVAL;
   const int splits = knobs & 15, stages = (knobs >> 4) & 15;  // algo bits 16..19 and 20..23
-  const int rows_knob = (knobs >> 8) & 15, temps_knob = (knobs >> 12) & 15;
-  const int width_knob = (knobs >> 24) & 15, promo = (knobs >> 16) & 15;
-  if (rows_knob > 2 || temps_knob > 2 || width_knob > 4 || promo > 3 || stages == 1 || stages > kMaxStages) {
+  const int rows_knob = (knobs >> 8) & 15, temps_knob = (knobs >> 12) & 3, scales_knob = (knobs >> 14) & 3;
+  const int width_knob = (knobs >> 24) & 15, promo = (knobs >> 16) & 3, order = (knobs >> 18) & 3;
+  if (rows_knob > 2 || temps_knob > 2 || scales_knob > 2 || width_knob > 4 || order > 2 || stages == 1 ||
+      stages > kMaxStages) {
     return DSX_EINVAL;
   }
   const int rows = rows_knob == 1 ? 128 : rows_knob == 2 ? 64 : auto_rows(g);
   // automatic: two temporaries where they fit (H200, same run, M = 16: 1-4% faster on the five
   // DeepSeek-V3 shapes; M = 64 at 128 rows: 4096x7168 and 7168x18432 2% faster, 7168x2048 2% slower),
   // 128-byte L2 promotion (1-6% faster than 256 on all 15 shapes of bench --small; none: within 1%
-  // of 128)
+  // of 128), token tiles adjacent in the grid (the CTAs that read one weight tile run side by side:
+  // ncu, 128x4096x7168 at 32 tokens a CTA, L2 hit sectors 2.51M -> 0.53M and L2 fabric sectors 0.97M
+  // -> 0.52M, CUTLASS swap-AB's counts; time the same or up to 1.5% less on the M = 128 shapes)
   const bool overlap = temps_knob != 1;
   const int width = width_knob == 0 ? auto_width(g) : width_knob == 4 ? 0 : 8 << width_knob;  // 16, 32, 64, all
   const int l2 = promo == 0 ? 2 : promo;
-  return rows == 64 ? run_rows<64>(g, splits, stages, l2, width, overlap, pdl, s)
-                    : run_rows<128>(g, splits, stages, l2, width, overlap, pdl, s);
+  const Knobs k{splits, stages, l2, width, overlap, order != 1, scales_knob == 1};
+  return rows == 64 ? run_rows<64>(g, k, pdl, s) : run_rows<128>(g, k, pdl, s);
 }
 
 }  // namespace dsx_cuda

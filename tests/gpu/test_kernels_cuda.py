@@ -26,8 +26,10 @@ SMALL = 6
 ROWS128, ROWS64 = 1 << 8, 2 << 8
 TEMPS1, TEMPS2 = 1 << 12, 2 << 12
 WIDTH16, WIDTH32, WIDTH64, WIDTH_ALL = 1 << 24, 2 << 24, 3 << 24, 4 << 24
-L2_128B, L2_NONE = 2 << 4, 3 << 4  # bits 4..7: the TMA loads' L2 promotion (0 automatic, 1: 256 bytes)
+L2_128B, L2_NONE = 2 << 4, 3 << 4  # bits 4..5: the TMA loads' L2 promotion (0 automatic, 1: 256 bytes)
 STAGES = 1 << 20  # bits 20..23: the stage count (0 automatic, else 2..12, clamped to what fits)
+WEIGHT_MAJOR, TOKEN_MAJOR = 1 << 6, 2 << 6  # bits 6..7: grid order (0 automatic = token tiles adjacent)
+SCALES_LATE, SCALES_EARLY = 1 << 14, 2 << 14  # bits 14..15: scales read after / before the wgmma wait
 # hand-written persistent kernel for large M: bits 8..11 = v, tile order in groups of 4v M tiles (0 default)
 LARGE = 7
 
@@ -109,8 +111,10 @@ def test_auto_choice_matches_forced_kernels_bitwise():
     """algo 0 runs swap-AB data-parallel when M <= 128 and its 128x32 tiles fill between half and all of
     the SMs (66..132 here); else the hand-written small-M kernel (6) while the 128-row weight tiles are
     no more than the SMs at M <= 32, or at M <= 64 with K >= 4096, or at M <= 64 while its 64-row tiles
-    fit one wave of three CTAs a SM (24576x1536: 384 <= 396), or at 64 < M <= 128 with K >= 4096 while
-    4 ceil(N/128) <= the SMs (two 64-token tiles: 2048x7168, 1024x4096); else pingpong at M <= 128
+    fit one wave of three CTAs a SM (24576x1536: 384 <= 396; 64-row tiles at M <= 32 when they fill
+    two CTAs a SM within 8 K splits, automatic S at most 2: 2 with K >= 4096, 1 on 7168x2048; 128-row
+    tiles at 32 < M <= 64 on 4096x7168), or at 64 < M <= 128 with K >= 4096 while 4 ceil(N/128) <= the
+    SMs (two 64-token tiles: 2048x7168, 1024x4096); else pingpong at M <= 128
     (swap-AB with 2-way split-K when that leaves fewer than 64 pingpong tiles and K >= 4096), cooperative
     stream-K above; from 1024 rows on the large-M kernel (7: 128x192 tiles when N % 192 == 0 or when
     K < 4096 and 256x128 tiles would fill the SMs, else 128x128; 128x192 in 2-CTA clusters when the M tiles
@@ -125,8 +129,9 @@ def test_auto_choice_matches_forced_kernels_bitwise():
                             (65, 7168, 2048, 3), (32, 7168, 2048, SMALL), (33, 7168, 2048, swap_dp),
                             (33, 4096, 4096, SMALL), (16, 24576, 1536, SMALL | ROWS64),
                             (64, 24576, 1536, SMALL | ROWS64), (65, 24576, 1536, 3), (128, 4096, 7168, swap_dp),
-                            (64, 7168, 4096, swap_dp), (64, 4096, 7168, SMALL | ROWS64),
-                            (16, 4096, 7168, SMALL | ROWS64), (1023, 256, 512, 1),
+                            (64, 7168, 4096, swap_dp), (64, 4096, 7168, SMALL | ROWS128),
+                            (16, 4096, 7168, SMALL | ROWS64 | 2 << 16), (16, 7168, 2048, SMALL | ROWS64 | 1 << 16),
+                            (1023, 256, 512, 1),
                             (1024, 384, 1024, LARGE | 6 << 12), (1152, 384, 1024, LARGE | 2 << 12),
                             (1024, 4736, 1024, LARGE | 6 << 12), (1152, 4736, 1024, LARGE | 2 << 12),
                             (1024, 1024, 1024, LARGE | 1 << 12),
@@ -246,7 +251,11 @@ def test_small_m_kernel_matches_float64_and_is_deterministic(m, n, k):
         assert np.array_equal(r128.view(np.uint16), r64.view(np.uint16)), f"splits {splits}: 64 vs 128 rows"
         for knobs in (TEMPS1, TEMPS2, ROWS64 | TEMPS2, WIDTH16, WIDTH32 | TEMPS2, WIDTH64 | TEMPS2,
                       ROWS64 | WIDTH16 | TEMPS2, L2_128B, L2_NONE | TEMPS2, WIDTH_ALL | TEMPS1 | 1 << 4,
-                      12 * STAGES, 2 * STAGES | TEMPS2, 3 * STAGES | ROWS64 | WIDTH_ALL):
+                      12 * STAGES, 2 * STAGES | TEMPS2, 3 * STAGES | ROWS64 | WIDTH_ALL,
+                      TOKEN_MAJOR | WIDTH32 | TEMPS2, WEIGHT_MAJOR | ROWS64 | WIDTH16, WEIGHT_MAJOR | WIDTH32 | TEMPS1,
+                      12 * STAGES | ROWS64 | TEMPS1, 12 * STAGES | ROWS64 | WIDTH_ALL | TOKEN_MAJOR,
+                      SCALES_LATE | TEMPS2, SCALES_LATE | TEMPS1 | ROWS64 | WIDTH32, SCALES_EARLY | TEMPS1,
+                      SCALES_EARLY | WIDTH_ALL | TEMPS1, SCALES_LATE | WIDTH_ALL):
             got = cuda.gemm_fp8_nt(a, sa, b, sb, algo=SMALL | knobs | splits << 16)
             assert np.array_equal(got.view(np.uint16), r128.view(np.uint16)), f"splits {splits}: knobs {knobs:#x}"
     if kb < 8:
@@ -268,8 +277,9 @@ def test_small_m_kernel_rejects_what_it_cannot_take():
         cuda.gemm_fp8_nt(a, sa, b, sb, algo=SMALL | 3 << 12)
     with pytest.raises(DsxError, match="invalid"):  # token widths 16, 32, 64, all
         cuda.gemm_fp8_nt(a, sa, b, sb, algo=SMALL | 5 << 24)
-    with pytest.raises(DsxError, match="invalid"):  # three L2 promotions
-        cuda.gemm_fp8_nt(a, sa, b, sb, algo=SMALL | 4 << 4)
+    for bad in (3 << 6, 3 << 14):  # two grid orders, two scale-read points
+        with pytest.raises(DsxError, match="invalid"):
+            cuda.gemm_fp8_nt(a, sa, b, sb, algo=SMALL | bad)
     for stages in (1, 13):  # 2..12 stages
         with pytest.raises(DsxError, match="invalid"):
             cuda.gemm_fp8_nt(a, sa, b, sb, algo=SMALL | stages * STAGES)

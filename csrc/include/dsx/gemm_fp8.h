@@ -31,9 +31,10 @@
  * kernel (6) when M <= 32, or M <= 64 with K >= 4096, while its 128-row weight tiles fit in one
  * wave (ceil(N/128) <= the SM count), or when M <= 64 and its 64-row tiles fit one wave of three
  * CTAs a SM where the 128-row ones do not (6's automatic R: 64 rows when ceil(N/64) * min(8,
- * ceil(K/128)) >= 2 * the SM count, else 128; automatic S at 64 rows: at most two CTAs a SM on
- * average), or when 64 < M <= 128 and K >= 4096 while 4 * ceil(N/128) <= the SM count (6 with
- * two 64-token tiles, T = 3 below); else a
+ * ceil(K/128)) >= 2 * the SM count and either M <= 32 or ceil(N/128) > the SM count, else 128;
+ * automatic S at 64 rows: at most 2; with K >= 4096 the most that keep at most two CTAs a SM on
+ * average, with K < 4096 the one whose CTA count is nearest the SM count), or when 64 < M <= 128
+ * and K >= 4096 while 4 * ceil(N/128) <= the SM count (6 with two 64-token tiles, T = 3 below); else a
  * CUTLASS sm90a block-wise kernel where its TMA alignment allows
  * (K % 16 == 0, N % 8 == 0, 16-byte aligned pointers): pingpong 64x128 tiles for M <= 128
  * (swapped operands with 2-way split-K when that leaves few tiles and K is long), cooperative
@@ -51,17 +52,23 @@
  * same per-block promotion order; K split over a thread-block cluster of S CTAs whose fp32 partials
  * are summed through distributed shared memory in split order 0..S-1 (no workspace, no atomics:
  * reproducible); bits 16..19 = S (0 automatic: the most that keep the grid resident in one wave,
- * at most 8 and at most ceil(K/128)); bits 20..23 = the stage count (0 automatic = 8, else 2..12,
- * at most what shared memory holds, at least what the fp32 partial tile needs); bits 8..11 = R (0 automatic, 1 = 128 rows, one CTA per SM,
+ * at most 8 and at most ceil(K/128); at 64 rows see above); bits 20..23 = the stage count (0
+ * automatic = 8, at most what shared memory holds at the CTAs a SM of R; else 2..12, at most what
+ * one CTA's shared memory holds (a count above the automatic one's limit runs fewer CTAs a SM), at
+ * least what the fp32 partial tile needs); bits 8..11 = R (0 automatic, 1 = 128 rows, one CTA per SM,
  * 2 = 64 rows, two (M > 64) or three CTAs per SM; under the same S both give the same bits);
  * bits 24..27 = T, tokens per CTA (0 automatic: 64 when M > 64 and 4 * ceil(N/128) <= the SM
  * count, else all of M; 1 = 16, 2 = 32, 3 = 64: M split over ceil(M / T) token tiles of the grid;
  * 4 = all of M);
- * bits 12..15 = the wgmma temporaries (0 automatic = 2, 1 = one: wgmma, wait, promote per K block;
+ * bits 12..13 = the wgmma temporaries (0 automatic = 2, 1 = one: wgmma, wait, promote per K block;
  * 2 = two alternating, K block i+1's wgmma issued before block i is promoted, where the registers
- * allow: T <= 64 with 128 rows, T <= 32 with 64 rows, else one); bits 4..7 = the L2 promotion of
- * the TMA loads (0 automatic = 2, 1 = 256 bytes, 2 = 128 bytes, 3 = none); under the same S
- * every R, T, stage count, temporaries and promotion give the same bits;
+ * allow: T <= 64 with 128 rows, T <= 32 with 64 rows, else one); bits 14..15 = when a K block's
+ * scale products are read (0 automatic = 2, 1 = after its wgmma wait, 2 = before it, except at
+ * T = 128 with one temporary); bits 4..5 = the L2 promotion of
+ * the TMA loads (0 automatic = 2, 1 = 256 bytes, 2 = 128 bytes, 3 = none); bits 6..7 = the grid
+ * order (0 automatic = 2, 1 = the weight tiles of one token tile adjacent, 2 = the token tiles of
+ * one weight tile adjacent); under the same S every R, T, stage count, temporaries, scale-read
+ * point, promotion and order give the same bits;
  * bit 28 = programmatic dependent launch (with 6 or 0 only: the kernel waits for the previous grid before
  * it touches global memory, so a GEMM can start its prologue under the previous kernel's tail).
  * 7 = the large-M kernel (no CUTLASS; same TMA alignment rules as the CUTLASS kernels, no
