@@ -112,15 +112,16 @@ bool use_cutlass(const GemmNt& g, Algo* a, int* err) {
 // dsx_cuda::large_run), or by algo 0 from kLargeMinRows rows on, where TMA alignment allows:
 // 128x192 tiles when N % 192 == 0, else 128x128 with two temporaries, one CTA each. H200, M = 4096
 // and 1024 on the three DeepSeek-V3 shapes, every variant, kOverlap and cuBLAS timed interleaved
-// (bench/gpu_kernels.py --large), since the wgmma descriptors are advanced by adding to their low
-// word in uniform registers (about 16% fewer instructions in the mainloop; before: see git history):
-//   24576x1536: 128x192, 0.80x kOverlap's time at M = 4096, 0.85x at 1024; its 2-CTA forms (B or A
-//   multicast) 1.00-1.02x the single-CTA time;
-//   7168x2048: 128x128, 0.87x kOverlap at 4096 (128x192 0.995x of it, 256x128 1.006x), 0.76x at 1024
-//   (128x192 1.06x of it; the rule before chose 128x192 pairs here: 1.09x);
-//   2048x7168: 128x128, 0.96x kOverlap at 4096 (before the descriptor change kOverlap was 0.94-0.95x
-//   ours, and the rule kept kOverlap for K >= 4096 over two waves), 0.87x at 1024; its 2-CTA forms
-//   1.02-1.03x the single-CTA time.
+// (bench/gpu_kernels.py --large, 4 runs in 2 device calls) since the wgmma descriptors are advanced by
+// adding to their low word in uniform registers (mainloop about 23% fewer SASS instructions; the
+// ratios before it are in git history), time ratios:
+//   24576x1536: 128x192, 0.80x kOverlap's time at M = 4096, 0.78-0.85x at 1024; its 2-CTA forms
+//   (B multicast 1.007-1.021x, A multicast 0.99-1.005x at 4096; 1.01-1.04x at 1024) no faster;
+//   7168x2048: 128x128, 0.87x kOverlap at 4096 (128x192 0.99-1.01x of it, 256x128 1.00-1.02x, 128x192
+//   pairs, the rule before, 1.01-1.02x), 0.76-0.78x at 1024 (128x192 1.05-1.06x, its pairs 1.07-1.10x);
+//   2048x7168: 128x128, 0.94-0.98x kOverlap at 4096 (kOverlap, the rule before for K >= 4096 over two
+//   waves, was 0.94-0.95x ours before the descriptor change; the 2-CTA forms and 128x192 0.94-1.03x
+//   of ours, no steady order: noise), 0.87-0.89x at 1024 (pairs 1.02-1.05x).
 constexpr int64_t kLargeMinRows = 1024;
 bool use_large(const GemmNt& g, Algo* a) {
   if (a->base == kLarge) return true;
