@@ -163,7 +163,7 @@ def test_large_m_kernel_matches_float64_and_is_deterministic(m, n, k):
     # the same arithmetic: tile orders, promotion overlapped (1) or not (3), 256-row tiles (4)
     # and the 2-CTA clusters sharing B by multicast (5: 128x128, 7: 256x128; a pair's second tile may lie
     # past M, or be the only one: M < 128) or sharing A (8: 128x128, pairs of N-adjacent tiles; the second
-    # may lie past N: N = 136, 256 + 128, 576 has 5 tiles)
+    # may lie past N: N = 384 and 576 have 3 and 5 tiles of 128)
     for algo in (LARGE, LARGE | 1 << 8, LARGE | 8 << 8, LARGE | 1 << 12, LARGE | 3 << 12, LARGE | 4 << 12,
                  LARGE | 4 << 12 | 1 << 8, LARGE | 5 << 12, LARGE | 5 << 12 | 1 << 8, LARGE | 7 << 12,
                  LARGE | 8 << 12, LARGE | 8 << 12 | 1 << 8):
