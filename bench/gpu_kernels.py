@@ -27,12 +27,14 @@ from gpu_timing import copy_gbs, interleaved, n_sets, ours_sampler, time_ours, t
 DENSE = [(m, n, k) for m in (4096, 128, 64, 16) for (n, k) in ((7168, 2048), (2048, 7168), (24576, 1536))]
 # CUTLASS scheduler knobs swept in the same run (algo bits, see include/dsx/gemm_fp8.h)
 # (coop = 1: cooperative 128x128 stream-K, clusters 1x2; ovl = 5: the same with the scale promotion
-# overlapped, auto's choice for long K over two waves; large = 7: the hand-written persistent kernel,
+# overlapped (auto chose it for long K over two waves before algo 7 overtook it); large = 7: the hand-written persistent kernel,
 # 128x128 tiles, promotion overlapped, tile order in groups of 16 M tiles (default; groups of 8 were
 # within noise), large_n192: 128x192 tiles, large_m256: 256x128 tiles; *_mc: the same tiles in 2-CTA
-# clusters, the B tile shared by TMA multicast: variants 5, 6, 7)
+# clusters, the B tile shared by TMA multicast: variants 5, 6, 7; *_mcA: 128x128 / 128x192 in 2-CTA clusters
+# of N-adjacent tiles, the A tile shared: variants 8, 9)
 TUNE_LARGE = {"auto": 0, "coop": 1, "ovl": 5, "large": 7, "large_n192": 7 | 2 << 12, "large_m256": 7 | 4 << 12,
-              "large_mc": 7 | 5 << 12, "large_n192_mc": 7 | 6 << 12, "large_m256_mc": 7 | 7 << 12}
+              "large_mc": 7 | 5 << 12, "large_n192_mc": 7 | 6 << 12, "large_m256_mc": 7 | 7 << 12,
+              "large_mcA": 7 | 8 << 12, "large_n192_mcA": 7 | 9 << 12}
 # small M: the CUTLASS kernels auto chose before (pingpong 3, swap-AB split-K 2) and the hand-written
 # kernel 6 (swap-AB, K split over a cluster of `s` CTAs; auto split count), with programmatic dependent
 # launch (bit 28: each launch of the graph may start while the previous one finishes) or without

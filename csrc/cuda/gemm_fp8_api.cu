@@ -36,7 +36,7 @@ bool decode(int algo, Algo* out) {
   out->tuning = Tuning{(algo >> 4) & 15, (algo >> 8) & 15, (algo >> 12) & 15, (algo >> 16) & 255,
                        (algo >> 24) & 15};
   return out->base <= kLastAlgo && (out->tuning.raster <= 2 || out->base == kSmall) &&
-         (out->tuning.decomposition <= 3 || out->base == kLarge || out->base == kSmall) &&  // kLarge: its variant, 0..7
+         (out->tuning.decomposition <= 3 || out->base == kLarge || out->base == kSmall) &&  // kLarge: its variant, 0..9
          (out->tuning.reduction <= 1 || out->base == kSmall) && (algo >> (kPdlBit + 1)) == 0 &&
          (!out->pdl || out->base == kSmall || out->base == kAuto) &&
          // algo 6: bits 4..5 L2 promotion, 6..7 grid order, 8..11 weight rows per CTA, 12..13 wgmma
@@ -110,37 +110,25 @@ bool use_cutlass(const GemmNt& g, Algo* a, int* err) {
 
 // The hand-written persistent kernel for large M (gemm_fp8_large.cu): forced (algo 7; knobs:
 // bits 8..11 = v, tile order in groups of 4v M tiles, 0 = default; bits 12..15 the variant, see
-// dsx_cuda::large_run), or by algo 0 from kLargeMinRows rows on, where TMA alignment allows, except
-// for a long K over at least two waves of 128x128 tiles (that stays on kOverlap). H200, M = 4096 and
-// 1024 on the three DeepSeek-V3 shapes, variants and cuBLAS timed interleaved (3 runs, then 2 with
-// the 2-CTA cluster variants):
-//   N % 192 == 0 (24576x1536): 128x192 tiles, 0.89-0.93x kOverlap's time at M = 4096, 0.85-0.87x at
-//   1024; in 2-CTA clusters (B multicast) where the 128-row M tiles pair up evenly: 0.976x the
-//   single-CTA 128x192 time at M = 4096, 0.981x at 1024 (one run);
-//   K < 4096 with 256x128 tiles >= SMs (7168x2048): 128x192 as above (the last N tile 64 columns
-//   wide), since the scales are read with ld.shared ahead of the wgmma wait: 0.97x the 256x128 time
-//   at M = 4096 (pairs 0.967, 0.966; single 0.973, 0.974; two interleaved runs; 1.036-1.046x
-//   cuBLAS), 0.98-0.99x at 1024 (before: 256x128, 0.94-0.95x kOverlap's time at 4096, 0.82x at 1024);
-//   else 128x128 with two temporaries (2048x7168 at M = 1024: 0.96-0.97x kOverlap; its cluster form
-//   1.02x slower there);
-//   K >= 4096 over >= 2 waves of 128x128 tiles (2048x7168 at M = 4096): kOverlap, which was
-//   0.91-0.94x the time of the 128x128 kernel there (its 1x2 cluster multicast halves A's L2 reads)
-//   and still 0.93x that of our 128x128 in 2-CTA clusters (B multicast; one run); with the scales
-//   read by ld.shared 0.94-0.95x that of 128x128 and of 128x192 (two runs; both pair forms 0.95x).
+// dsx_cuda::large_run), or by algo 0 from kLargeMinRows rows on, where TMA alignment allows:
+// 128x192 tiles when N % 192 == 0, else 128x128 with two temporaries, one CTA each. H200, M = 4096
+// and 1024 on the three DeepSeek-V3 shapes, every variant, kOverlap and cuBLAS timed interleaved
+// (bench/gpu_kernels.py --large, 4 runs in 2 device calls) since the wgmma descriptors are advanced by
+// adding to their low word in uniform registers (mainloop about 23% fewer SASS instructions; the
+// ratios before it are in git history), time ratios:
+//   24576x1536: 128x192, 0.80x kOverlap's time at M = 4096, 0.78-0.85x at 1024; its 2-CTA forms
+//   (B multicast 1.007-1.021x, A multicast 0.99-1.005x at 4096; 1.01-1.04x at 1024) no faster;
+//   7168x2048: 128x128, 0.87x kOverlap at 4096 (128x192 0.99-1.01x of it, 256x128 1.00-1.02x, 128x192
+//   pairs, the rule before, 1.01-1.02x), 0.76-0.78x at 1024 (128x192 1.05-1.06x, its pairs 1.07-1.10x);
+//   2048x7168: 128x128, 0.94-0.98x kOverlap at 4096 (kOverlap, the rule before for K >= 4096 over two
+//   waves, was 0.94-0.95x ours before the descriptor change; the 2-CTA forms and 128x192 0.94-1.03x
+//   of ours, no steady order: noise), 0.87-0.89x at 1024 (pairs 1.02-1.05x).
 constexpr int64_t kLargeMinRows = 1024;
-constexpr int64_t kLargeLongK = 4096;
 bool use_large(const GemmNt& g, Algo* a) {
   if (a->base == kLarge) return true;
   if (a->base != kAuto || g.m < kLargeMinRows || !dsx_cuda::large_supported(g)) return false;
-  const int64_t sms = dsx_cuda::sm_count();
-  const int64_t nt = (g.n + 127) / 128, mt = (g.m + 127) / 128;
-  if (g.k >= kLargeLongK && mt * nt >= 2 * sms) return false;  // kOverlap
-  int variant = 1;                                             // 128x128, two temporaries
-  if (g.n % 192 == 0 || (g.k < kLargeLongK && ((g.m + 255) / 256) * nt >= sms)) {
-    variant = mt % 2 == 0 ? 6 : 2;  // 128x192, in 2-CTA clusters where the M tiles pair up evenly
-  }
   a->base = kLarge;
-  a->tuning = Tuning{0, 0, variant, 0, 0};
+  a->tuning = Tuning{0, 0, g.n % 192 == 0 ? 2 : 1, 0, 0};  // 128x192 or 128x128 (two temporaries)
   return true;
 }
 

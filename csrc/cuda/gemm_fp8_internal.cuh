@@ -77,7 +77,9 @@ int small_run(const GemmNt& g, int knobs, bool pdl, cudaStream_t s);
 // BM x BN tiles, one CTA per SM walking them in a grouped order (`group` 128-row M tiles, 0 =
 // default), TMA producer + two consumer warpgroups, TMA-store epilogue overlapped with the next
 // tile. variant: 0 default, 1 = 128x128 with the promotion overlapped with the next K block's
-// wgmma, 2 = 128x192, 3 = 128x128, 4 = 256x128 (2..4 without that overlap). No workspace.
+// wgmma, 2 = 128x192, 3 = 128x128, 4 = 256x128 (2..4 without that overlap); 5..7 = 1, 2, 4 in 2-CTA
+// clusters of M-adjacent tiles (B multicast), 8, 9 = 1, 2 in clusters of N-adjacent tiles (A
+// multicast). No workspace.
 // large_supported: TMA alignment (as tma_compatible) and the index ranges.
 bool large_supported(const GemmNt& g);
 int large_run(const GemmNt& g, int variant, int group, cudaStream_t s);

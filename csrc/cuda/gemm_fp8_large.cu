@@ -22,7 +22,8 @@
 //     (cp.async.bulk.wait_group.read), so the stores themselves overlap the next mainloop.
 // Measured (H200, bench/gpu_kernels.py --large, interleaved with cuBLAS and algo 5): see the
 // automatic choice in gemm_fp8_api.cu (use_large). kCta = 2 (variants 5..7): the same tiles in
-// 2-CTA clusters sharing the B tile by TMA multicast (see the kernel); the grid is the number of
+// 2-CTA clusters sharing the B tile by TMA multicast (variants 8, 9: clusters of N-adjacent tiles
+// sharing the A tile; see the kernel); the grid is the number of
 // pairs resident at once (cudaOccupancyMaxActiveClusters: 66 on the H200, all 132 SMs). The
 // consumers' remote arrive and the producers' waits use the default (CTA-scope) semantics: with
 // .release.cluster / .acquire.cluster (changed together) the arrive compiled to a MEMBAR.ALL.GPU
@@ -100,27 +101,33 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
 }
 
 // One K block of 64 rows of a consumer warpgroup: 4 wgmma (K = 32 each) into t, one commit group.
+// a_lo, b_lo: the low words of the A and B descriptors (sw128_desc_lo of the tiles' addresses);
+// each 32-byte K slice adds 32 >> 4 to them (no per-wgmma rebuild of the descriptor from the
+// address: that cost about 8 integer and uniform instructions per wgmma).
 template <int BN>
-__device__ __forceinline__ void issue_block(float* t, uint32_t a_tile, uint32_t b_tile) {
+__device__ __forceinline__ void issue_block(float* t, uint32_t a_lo, uint32_t b_lo) {
 #pragma unroll
   for (int r = 0; r < BN / 2; ++r) fence_reg(t[r]);
   wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < kBK / 32; ++kk) {
-    wgmma_m64k32<BN>(t, sw128_desc(a_tile + kk * 32), sw128_desc(b_tile + kk * 32), kk > 0);
+    wgmma_m64k32<BN>(t, sw128_desc_of_lo(a_lo + kk * (32 >> 4)), sw128_desc_of_lo(b_lo + kk * (32 >> 4)), kk > 0);
   }
   wgmma_commit();
 }
 
 // kCta = 2: a cluster of two CTAs computes the two M-adjacent tiles of one N tile (a "unit"); each
 // CTA loads its own A tile and half of the shared B tile, multicast into both CTAs' stages, so the
-// B bytes read from L2 halve. A stage is refilled only when the consumers of both CTAs released
-// it: the empty barriers count the consumer warps of both CTAs.
-template <int BM, int BN, bool kOverlap, int kCta>
+// B bytes read from L2 halve. With kShareA the pair's tiles are instead the two N-adjacent tiles of
+// one M tile, sharing A the same way (each CTA loads its own B tile and BM/2 rows of A into both).
+// A stage is refilled only when the consumers of both CTAs released it: the empty barriers count
+// the consumer warps of both CTAs.
+template <int BM, int BN, bool kOverlap, int kCta, bool kShareA>
 __global__ void __launch_bounds__(kThreads, 1)
     large_gemm_kernel(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb,
                       const __grid_constant__ CUtensorMap tout, const Params p) {
   static_assert(kCta == 1 || kCta == 2, "single CTAs or pairs");
+  static_assert(!kShareA || kCta == 2, "A is shared within pairs only");
   using C = Cfg<BM, BN, kOverlap>;
   constexpr int kStages = C::kStages, kSub = C::kSub, kScaleLd = C::kScaleLd;
   constexpr int kAcc = BN / 2;  // accumulator registers per thread per 64-row block
@@ -153,10 +160,19 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncthreads();
   }
 
-  // Work units t = (M unit, N tile) in the grouped order; a unit is kCta M-adjacent tiles, this
-  // CTA's is tile kCta * unit + rank (a tile past M computes zeros and stores nothing).
+  // Work units t = (M unit, N unit) in the grouped order; a unit is kCta M-adjacent tiles (N-adjacent
+  // with kShareA), this CTA's is tile kCta * unit + rank (a tile past M or N computes zeros and
+  // stores nothing).
   const int tiles = p.tiles_m * p.tiles_n, nk = p.kbt;
   const int t0_ = blockIdx.x / kCta, dt = gridDim.x / kCta;
+  auto my_tile = [&](int t, int rank, int& mt, int& nt) {
+    tile_coords(t, p, mt, nt);
+    if constexpr (kShareA) {
+      nt = nt * kCta + rank;
+    } else {
+      mt = mt * kCta + rank;
+    }
+  };
   if (warp < 4) {
     setmaxnreg_dec<40>();
     if (warp == 0) {
@@ -166,18 +182,23 @@ __global__ void __launch_bounds__(kThreads, 1)
         const uint32_t rank = kCta > 1 ? cluster_rank() : 0;
         for (int t = t0_; t < tiles; t += dt) {
           int mt, nt;
-          tile_coords(t, p, mt, nt);
-          mt = mt * kCta + rank;
+          my_tile(t, static_cast<int>(rank), mt, nt);
 #pragma unroll 1
           for (int kb = 0; kb < nk; ++kb) {
             mbar_wait(empty(s), ph ^ 1);  // stage s free: its consumers (in both CTAs of a pair) released it
-            mbar_arrive_expect_tx(full(s), C::kStage);  // (with kCta = 2, half of B comes from the peer)
-            tma_load_2d(a_smem + s * C::kTileA, &ta, full(s), kb * kBK, mt * BM);
-            if constexpr (kCta > 1) {
+            mbar_arrive_expect_tx(full(s), C::kStage);  // (with kCta = 2, half of B (A) comes from the peer)
+            if constexpr (kShareA) {
+              constexpr int kPart = BM / kCta;  // this CTA's rows of the A tile, into both CTAs
+              tma_load_2d_multicast(a_smem + s * C::kTileA + rank * kPart * kBK, &ta, full(s), kb * kBK,
+                                    mt * BM + rank * kPart, static_cast<uint16_t>((1u << kCta) - 1));
+              tma_load_2d(b_smem + s * C::kTileB, &tb, full(s), kb * kBK, nt * BN);
+            } else if constexpr (kCta > 1) {
+              tma_load_2d(a_smem + s * C::kTileA, &ta, full(s), kb * kBK, mt * BM);
               constexpr int kPart = BN / kCta;  // this CTA's rows of the B tile, into both CTAs
               tma_load_2d_multicast(b_smem + s * C::kTileB + rank * kPart * kBK, &tb, full(s), kb * kBK,
                                     nt * BN + rank * kPart, static_cast<uint16_t>((1u << kCta) - 1));
             } else {
+              tma_load_2d(a_smem + s * C::kTileA, &ta, full(s), kb * kBK, mt * BM);
               tma_load_2d(b_smem + s * C::kTileB, &tb, full(s), kb * kBK, nt * BN);
             }
             if (++s == kStages) {
@@ -194,8 +215,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       uint32_t ph = 0;
       for (int t = t0_; t < tiles; t += dt) {
         int mt, nt;
-        tile_coords(t, p, mt, nt);
-        mt = mt * kCta + (kCta > 1 ? cluster_rank() : 0);
+        my_tile(t, kCta > 1 ? static_cast<int>(cluster_rank()) : 0, mt, nt);
         const float* src[4];  // this lane's token-scale rows (row 0 again past M: 0 bytes read)
         int bytes[4];
 #pragma unroll
@@ -252,8 +272,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       return cs;
     };
     // 64-row block h of this warpgroup's rows of stage cs: A rows (w * kSub + h) * 64
-    auto a_block = [&](int cs, int h) { return a_smem + cs * C::kTileA + (w * kSub + h) * 64 * kBK; };
-    auto b_tile = [&](int cs) { return b_smem + cs * C::kTileB; };
+    // (as descriptor low words: the ring's first tile's, plus the byte offset / 16). The warpgroup's
+    // row offset goes through a shuffle from lane 0 (the same value in every lane) so that ptxas
+    // knows it is warp-uniform and keeps the descriptors in uniform registers: built from the
+    // thread index, they were computed per thread and moved over by R2UR before every wgmma.
+    const uint32_t a_lo0 = sw128_desc_lo(a_smem) + __shfl_sync(0xffffffffu, w * kSub * (64 * kBK / 16), 0);
+    const uint32_t b_lo0 = sw128_desc_lo(b_smem);
+    auto a_block = [&](int cs, int h) { return a_lo0 + cs * (C::kTileA / 16) + h * (64 * kBK / 16); };
+    auto b_tile = [&](int cs) { return b_lo0 + cs * (C::kTileB / 16); };
     bool split = false;  // the tile's columns [64, BN) use the second block scale (BN = 192, odd 64-column offset)
     // acc[block h] += t * (sa * sb) for the K block held in stage cs; with `release` the stage is
     // given back once its scales are in registers (its wgmma reads completed before: wgmma_wait).
@@ -335,8 +361,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int rank = kCta > 1 ? static_cast<int>(cluster_rank()) : 0;
     for (int t = t0_; t < tiles; t += dt) {
       int mt, nt;
-      tile_coords(t, p, mt, nt);
-      mt = mt * kCta + rank;
+      my_tile(t, rank, mt, nt);
       // The first K block's wgmma goes first; the previous tile's epilogue runs under it.
       int c0 = next_stage();  // stage of the block pending in t0
       issue_block<BN>(t0, a_block(c0, 0), b_tile(c0));
@@ -393,10 +418,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 constexpr int kMaxDevices = 64;
 
-template <int BM, int BN, bool kOverlap, int kCta>
+template <int BM, int BN, bool kOverlap, int kCta, bool kShareA = false>
 int launch(const GemmNt& g, int group, cudaStream_t stream) {
   using C = Cfg<BM, BN, kOverlap>;
-  auto kernel = large_gemm_kernel<BM, BN, kOverlap, kCta>;
+  auto kernel = large_gemm_kernel<BM, BN, kOverlap, kCta, kShareA>;
   cudaLaunchConfig_t lc = {};
   cudaLaunchAttribute attr[1] = {};
   attr[0].id = cudaLaunchAttributeClusterDimension;
@@ -430,8 +455,9 @@ int launch(const GemmNt& g, int group, cudaStream_t stream) {
   const int slots = state[dev].load(std::memory_order_acquire);
   if (slots <= 0) return DSX_ECUDA;
   CUtensorMap ta, tb, tout;
-  if (!encode_2d_sw128(&ta, g.a, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, g.m, g.k, BM, kBK) ||
-      !encode_2d_sw128(&tb, g.b, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, g.n, g.k, BN / kCta, kBK) ||
+  constexpr int kBoxA = kShareA ? BM / kCta : BM, kBoxB = kShareA ? BN : BN / kCta;  // (multicast halves)
+  if (!encode_2d_sw128(&ta, g.a, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, g.m, g.k, kBoxA, kBK) ||
+      !encode_2d_sw128(&tb, g.b, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, g.n, g.k, kBoxB, kBK) ||
       !encode_2d_sw128(&tout, g.out, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, g.m, g.n, 64, 64)) {
     return DSX_EINVAL;
   }
@@ -442,10 +468,11 @@ int launch(const GemmNt& g, int group, cudaStream_t stream) {
   p.n = static_cast<int>(g.n);
   p.kbt = static_cast<int>((g.k + kBK - 1) / kBK);
   p.nbt = static_cast<int>((g.n + 127) / 128);
-  const int tiles_m = static_cast<int>((g.m + BM - 1) / BM);
-  p.tiles_m = (tiles_m + kCta - 1) / kCta;  // M units: tiles, or pairs of tiles
-  p.tiles_n = static_cast<int>((g.n + BN - 1) / BN);
-  p.group = (group > 0 ? group : kDefaultGroup) * 128 / (BM * kCta);  // in 128-row units
+  const int tiles_m = static_cast<int>((g.m + BM - 1) / BM), tiles_n = static_cast<int>((g.n + BN - 1) / BN);
+  constexpr int kCtaM = kShareA ? 1 : kCta, kCtaN = kShareA ? kCta : 1;  // tiles per unit along M, N
+  p.tiles_m = (tiles_m + kCtaM - 1) / kCtaM;  // M units: tiles, or pairs of tiles
+  p.tiles_n = (tiles_n + kCtaN - 1) / kCtaN;  // N units
+  p.group = (group > 0 ? group : kDefaultGroup) * 128 / (BM * kCtaM);  // in 128-row units
   if (p.group < 1) p.group = 1;
   if (p.group > p.tiles_m) p.group = p.tiles_m;
   const int64_t units = static_cast<int64_t>(p.tiles_m) * p.tiles_n;
@@ -479,6 +506,10 @@ int large_run(const GemmNt& g, int variant, int group, cudaStream_t stream) {
       return launch<128, 192, false, 2>(g, group, stream);
     case 7:
       return launch<256, 128, false, 2>(g, group, stream);
+    case 8:  // 2-CTA clusters of two N-adjacent tiles, A shared by multicast
+      return launch<128, 128, true, 2, true>(g, group, stream);
+    case 9:
+      return launch<128, 192, false, 2, true>(g, group, stream);
     default:
       return DSX_EINVAL;
   }

@@ -150,6 +150,15 @@ __device__ __forceinline__ uint64_t sw128_desc(uint32_t addr) {
          (static_cast<uint64_t>(1024 >> 4) << 32) | (static_cast<uint64_t>(1) << 62);
 }
 
+// sw128_desc in two halves, for kernels that build a descriptor once and advance it by adding to
+// its low word: sw128_desc(addr + off) == sw128_desc_of_lo(sw128_desc_lo(addr) + off / 16) for any
+// off that is a multiple of 16 with addr + off inside shared memory (the start-address field,
+// bits 0..13 of the low word, then never carries into the leading-byte offset at bit 16).
+__device__ __forceinline__ uint32_t sw128_desc_lo(uint32_t addr) { return ((addr & 0x3FFFF) >> 4) | (1u << 16); }
+__device__ __forceinline__ uint64_t sw128_desc_of_lo(uint32_t lo) {
+  return (static_cast<uint64_t>((1024 >> 4) | (1u << 30)) << 32) | lo;
+}
+
 // d[N/2] (+)= A(64x32, e4m3, smem) . B(Nx32, e4m3, smem)^T per thread of the warpgroup (the wgmma
 // accumulator fragment); accumulate = 0 overwrites d.
 __device__ __forceinline__ void wgmma_m64n128k32(float* d, uint64_t da, uint64_t db, int accumulate) {

@@ -116,10 +116,8 @@ def test_auto_choice_matches_forced_kernels_bitwise():
     tiles at 32 < M <= 64 on 4096x7168), or at 64 < M <= 128 with K >= 4096 while 4 ceil(N/128) <= the
     SMs (two 64-token tiles: 2048x7168, 1024x4096); else pingpong at M <= 128
     (swap-AB with 2-way split-K when that leaves fewer than 64 pingpong tiles and K >= 4096), cooperative
-    stream-K above; from 1024 rows on the large-M kernel (7: 128x192 tiles when N % 192 == 0 or when
-    K < 4096 and 256x128 tiles would fill the SMs, else 128x128; 128x192 in 2-CTA clusters when the M tiles
-    pair up evenly), except K >= 4096 over two waves of 128x128 tiles: cooperative stream-K with the
-    promotion overlapped (all deterministic)."""
+    stream-K above; from 1024 rows on the large-M kernel (7: 128x192 tiles when N % 192 == 0, else
+    128x128; one CTA each), long K over many waves included (all deterministic)."""
     rng = np.random.default_rng(9)
     swap_dp = 4 | 1 << 12
     small_w64 = SMALL | ROWS128 | WIDTH64 | TEMPS2 | L2_128B  # what algo 6 does by itself at these shapes
@@ -132,10 +130,10 @@ def test_auto_choice_matches_forced_kernels_bitwise():
                             (64, 7168, 4096, swap_dp), (64, 4096, 7168, SMALL | ROWS128),
                             (16, 4096, 7168, SMALL | ROWS64 | 2 << 16), (16, 7168, 2048, SMALL | ROWS64 | 1 << 16),
                             (1023, 256, 512, 1),
-                            (1024, 384, 1024, LARGE | 6 << 12), (1152, 384, 1024, LARGE | 2 << 12),
-                            (1024, 4736, 1024, LARGE | 6 << 12), (1152, 4736, 1024, LARGE | 2 << 12),
-                            (1024, 1024, 1024, LARGE | 1 << 12),
-                            (1100, 1280, 4096, LARGE | 1 << 12), (2048, 2176, 4096, 5), (1152, 3968, 4096, 5)):
+                            (1024, 384, 1024, LARGE | 2 << 12), (1152, 384, 1024, LARGE | 2 << 12),
+                            (1024, 4736, 1024, LARGE | 1 << 12), (1152, 4736, 1024, LARGE | 1 << 12),
+                            (1024, 1024, 1024, LARGE | 1 << 12), (1100, 1280, 4096, LARGE | 1 << 12),
+                            (2048, 2176, 4096, LARGE | 1 << 12), (1152, 3968, 4096, LARGE | 1 << 12)):
         a, sa, b, sb = make_gemm(rng, m, n, k)
         auto, want = cuda.gemm_fp8_nt(a, sa, b, sb), cuda.gemm_fp8_nt(a, sa, b, sb, algo=forced)
         assert np.array_equal(auto.view(np.uint16), want.view(np.uint16)), f"M={m} N={n} K={k}"
@@ -169,15 +167,17 @@ def test_large_m_kernel_matches_float64_and_is_deterministic(m, n, k):
     assert_gemm_close(got, a, sa, b, sb, f"large {(m, n, k)}")
     # the same arithmetic: tile orders, promotion overlapped (1) or not (3), 256-row tiles (4)
     # and the 2-CTA clusters sharing B by multicast (5: 128x128, 7: 256x128; a pair's second tile may lie
-    # past M, or be the only one: M < 128)
+    # past M, or be the only one: M < 128) or sharing A (8: 128x128, pairs of N-adjacent tiles; the second
+    # may lie past N: N = 384 and 576 have 3 and 5 tiles of 128)
     for algo in (LARGE, LARGE | 1 << 8, LARGE | 8 << 8, LARGE | 1 << 12, LARGE | 3 << 12, LARGE | 4 << 12,
-                 LARGE | 4 << 12 | 1 << 8, LARGE | 5 << 12, LARGE | 5 << 12 | 1 << 8, LARGE | 7 << 12):
+                 LARGE | 4 << 12 | 1 << 8, LARGE | 5 << 12, LARGE | 5 << 12 | 1 << 8, LARGE | 7 << 12,
+                 LARGE | 8 << 12, LARGE | 8 << 12 | 1 << 8):
         again = cuda.gemm_fp8_nt(a, sa, b, sb, algo=algo)
         assert np.array_equal(got.view(np.uint16), again.view(np.uint16)), f"algo {algo} {(m, n, k)}"
     # 192-wide tiles (a tile may straddle two 128-column scale blocks at either offset)
     wide = cuda.gemm_fp8_nt(a, sa, b, sb, algo=LARGE | 2 << 12)
     assert_gemm_close(wide, a, sa, b, sb, f"large BN=192 {(m, n, k)}")
-    for algo in (LARGE | 2 << 12 | 1 << 8, LARGE | 6 << 12):  # another tile order, pairs
+    for algo in (LARGE | 2 << 12 | 1 << 8, LARGE | 6 << 12, LARGE | 9 << 12):  # another tile order, pairs (B, A shared)
         again = cuda.gemm_fp8_nt(a, sa, b, sb, algo=algo)
         assert np.array_equal(wide.view(np.uint16), again.view(np.uint16)), f"algo {algo} {(m, n, k)}"
 
@@ -200,7 +200,8 @@ def test_large_m_kernel_agrees_with_cpu_kernel_and_fills_many_waves():
     # automatic choice may switch between them
     assert np.array_equal(wide.view(np.uint16), g.view(np.uint16))
     # the multicast pairs: 288 pairs of 128x128 (over two rounds of all resident clusters), bitwise
-    for algo, want in ((LARGE | 5 << 12, g), (LARGE | 7 << 12, g), (LARGE | 6 << 12, wide)):
+    for algo, want in ((LARGE | 5 << 12, g), (LARGE | 7 << 12, g), (LARGE | 6 << 12, wide), (LARGE | 8 << 12, g),
+                       (LARGE | 9 << 12, wide)):
         got = cuda.gemm_fp8_nt(a, sa, b, sb, algo=algo)
         assert np.array_equal(got.view(np.uint16), want.view(np.uint16)), algo
 
