@@ -232,7 +232,7 @@ def main() -> int:
     ap.add_argument("--profile", default="", help="NxKxM: only launch int4 per channel there 3 times (for ncu)")
     ap.add_argument("--sweep-list", default="", help='configs to sweep instead, e.g. "w8s4d1b2,w8s4d2b2c7"')
     ap.add_argument("--sweep-ms", default="", help="M values swept (default 1,16)")
-    ap.add_argument("--ms", default="", help="comma-separated M subset for int4 per channel, e.g. 1,16")
+    ap.add_argument("--ms", default="", help="comma-separated M for int4 per channel (any, e.g. 1,16,32; the other layouts keep their subset of these)")
     args = ap.parse_args()
     if args.profile:
         return profile(*(int(v) for v in args.profile.split("x")))
@@ -262,8 +262,9 @@ def main() -> int:
             for n, k in shapes:
                 pb = Problem(n, k, bits, group, rng)
                 ms = MS if (bits, group) == (4, -1) else MS_OTHER
-                if args.ms:
-                    ms = [v for v in ms if v in {int(t) for t in args.ms.split(",")}] or ms
+                if args.ms:  # int4 per channel: exactly these M (e.g. 32 too); other layouts: a subset
+                    want = [int(t) for t in args.ms.split(",")]
+                    ms = want if (bits, group) == (4, -1) else [v for v in ms if v in want] or ms
                 for m in ms:
                     try:
                         sweep = args.sweep and (bits, group) == (4, -1) and m in SWEEP_MS

@@ -581,8 +581,29 @@ int choose(int64_t m, int64_t n, int64_t k, int bits, int group, int algo, int s
       }
     }
   }
+  // More than 16 rows, int4 per channel, splits automatic: where 8 splits make 8 non-empty slices
+  // whose x fits whole in at most 128 KB and the blocks then loop over at least 4 tile groups each,
+  // take 8 splits, x whole (staged once per block, not again per tile group), 2 slots of 2 steps
+  // (fields given in `algo` are kept). Measured (H200, same run as HEAD's kernel, wo6):
+  // 36864 x 7168 M = 32 140.1 -> 103.7 us, M = 64 294.2 -> 197.6 us; with about 1.7 groups a
+  // block it lost (7168 x 2048 M = 64: 22.8 -> 24.6 us); 7168 x 18432 (x of 18 steps, not taken)
+  // was no faster at 8 splits with chunked x (c7 90.5 against auto's 70.9).
+  bool wide_x = false;
+  if (rows > 16 && bits == 4 && group == -1 && (algo & 0xF0) == 0) {
+    const int sp8 = kMaxSplits, per8 = (nsteps + sp8 - 1) / sp8;
+    const int c8 = chunk ? chunk : per8, s8 = stages ? stages : 2, b8 = box ? box : 2;
+    const int64_t x_whole = int64_t(rows) * (int64_t(per8) * step_k + kXPadElems) * 2;
+    const int64_t sm8 = smem_bytes(rows, bits, gmode, warps, s8, b8, c8, per8);
+    const int occ8 = sm8 <= kSmemPerBlock && s8 <= kMaxStages ? blocks_per_sm(warps, sm8, mt) : 0;
+    if (per8 >= 2 && per8 * (sp8 - 1) < nsteps && x_whole <= 128 * 1024 && occ8 > 0 && double(blocks_n) * sp8 >= 4.0 * occ8 * sms) {
+      splits = sp8, wide_x = true;
+      if (chunk == 0) chunk = per8;
+      if (stages == 0) stages = 2;
+      if (box == 0) box = 2;
+    }
+  }
   const int per_split = (nsteps + splits - 1) / splits;
-  fill(splits, &chunk, &stages, &box);
+  if (!wide_x) fill(splits, &chunk, &stages, &box);
   if (stages > kMaxStages) return DSX_EINVAL;
   const int64_t smem = smem_bytes(rows, bits, gmode, warps, stages, box, chunk, per_split);
   if (smem > kSmemPerBlock) return DSX_EINVAL;
