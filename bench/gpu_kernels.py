@@ -34,7 +34,9 @@ DENSE = [(m, n, k) for m in (4096, 128, 64, 16) for (n, k) in ((7168, 2048), (20
 # of N-adjacent tiles, the A tile shared: variants 8, 9)
 TUNE_LARGE = {"auto": 0, "coop": 1, "ovl": 5, "large": 7, "large_n192": 7 | 2 << 12, "large_m256": 7 | 4 << 12,
               "large_mc": 7 | 5 << 12, "large_n192_mc": 7 | 6 << 12, "large_m256_mc": 7 | 7 << 12,
-              "large_mcA": 7 | 8 << 12, "large_n192_mcA": 7 | 9 << 12}
+              "large_mcA": 7 | 8 << 12, "large_n192_mcA": 7 | 9 << 12, "large_early": 7 | 10 << 12}
+# large_early: 128x128 with each K block's scale products formed one block ahead (variant 10; "large" is
+# variant 0 = 1, the same tiles and bits)
 # small M: the CUTLASS kernels auto chose before (pingpong 3, swap-AB split-K 2) and the hand-written
 # kernel 6 (swap-AB, K split over a cluster of `s` CTAs; auto split count), with programmatic dependent
 # launch (bit 28: each launch of the graph may start while the previous one finishes) or without
@@ -60,7 +62,10 @@ TUNE_SMALL = {"auto": 0, "auto_pdl": PDL, "pingpong": 3, "swapAB_dp": 4 | 1 << 1
               "small_w32_t1": 6 | R128 | W32 | T1, "small_w32_t1_st10": 6 | R128 | W32 | T1 | ST10,
               "small64_s1_st12": 6 | R64 | 1 << 16 | ST12, "small64_s2_st12": 6 | R64 | 2 << 16 | ST12,
               "small64_s2_l256": 6 | R64 | 2 << 16 | L256, "small_late": 6 | R128 | LATE, "small64_late": 6 | R64 | LATE,
-              "small_w32_late": 6 | R128 | W32 | LATE, "small_t1_late": 6 | R128 | T1 | LATE}
+              "small_w32_late": 6 | R128 | W32 | LATE, "small_t1_late": 6 | R128 | T1 | LATE, "small6": 6}
+# --focus: the shapes and variants of one question, each shape several times (they move +-5% within a run)
+FOCUS = {(4096, 2048, 7168): ("large", "large_early"), (1024, 2048, 7168): ("large", "large_early"),
+         (128, 4096, 7168): ("small6", "swapAB_dp")}
 # the fixed cost of one launch in a graph: one K block, two weight tiles (kernel 6: one CTA per tile)
 LAUNCH_PROBE = (16, 256, 128)
 
@@ -106,7 +111,7 @@ def torch_blockwise_call(a, sa, b, sb):
     return None
 
 
-def bench_dense(m, n, k, rng):
+def bench_dense(m, n, k, rng, only=None):
     kb, nb = K.cdiv(k, 128), K.cdiv(n, 128)
     per_set = m * k + n * k + 4 * (m * kb + nb * kb)
     sets = [(fp8_bytes(rng, (m, k)), rng.uniform(5e-3, 2e-2, (m, kb)).astype(np.float32),
@@ -118,6 +123,8 @@ def bench_dense(m, n, k, rng):
     variants = TUNE_LARGE if m >= 1024 else {
         name: algo for name, algo in TUNE_SMALL.items()
         if not (algo & 15) == 6 or (algo >> 16 & 15) <= min(8, kb)}
+    if only is not None:  # (auto always: the headline figure)
+        variants = {name: algo for name, algo in variants.items() if name == "auto" or name in only}
     samplers, modes = {}, {}
     for name, algo in variants.items():
         ws = cuda.empty((max(1, cuda.gemm_workspace_bytes(m, n, k, algo)),), np.uint8)
@@ -257,12 +264,17 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="fewer shapes")
     ap.add_argument("--small", action="store_true", help="only the dense GEMM at M = 128, 64, 16 (5 shapes each)")
     ap.add_argument("--large", action="store_true", help="only the dense GEMM at M = 4096 and 1024 (3 shapes each)")
+    ap.add_argument("--focus", type=int, default=0, metavar="R",
+                    help="only FOCUS's shapes and variants, each shape R times")
     args = ap.parse_args()
     if not cuda.available():
         print("no CUDA device: nothing to benchmark")
         return 1
     rng = np.random.default_rng(0)
-    if args.large:  # M = 4096, then M = 1024 (where algo 0 may switch kernels)
+    if args.focus:
+        jobs = [(lambda m, n, k, rng, only=only: bench_dense(m, n, k, rng, only), shape)
+                for _ in range(args.focus) for shape, only in FOCUS.items()]
+    elif args.large:  # M = 4096, then M = 1024 (where algo 0 may switch kernels)
         jobs = [(bench_dense, spec) for spec in DENSE[:3] + [(1024, n, k) for _, n, k in DENSE[:3]]]
     elif args.small:
         jobs = [(bench_dense, (m, n, k)) for m in (128, 64, 16) for n, k in SMALL_SHAPES]

@@ -36,7 +36,7 @@ bool decode(int algo, Algo* out) {
   out->tuning = Tuning{(algo >> 4) & 15, (algo >> 8) & 15, (algo >> 12) & 15, (algo >> 16) & 255,
                        (algo >> 24) & 15};
   return out->base <= kLastAlgo && (out->tuning.raster <= 2 || out->base == kSmall) &&
-         (out->tuning.decomposition <= 3 || out->base == kLarge || out->base == kSmall) &&  // kLarge: its variant, 0..9
+         (out->tuning.decomposition <= 3 || out->base == kLarge || out->base == kSmall) &&  // kLarge: its variant, 0..10
          (out->tuning.reduction <= 1 || out->base == kSmall) && (algo >> (kPdlBit + 1)) == 0 &&
          (!out->pdl || out->base == kSmall || out->base == kAuto) &&
          // algo 6: bits 4..5 L2 promotion, 6..7 grid order, 8..11 weight rows per CTA, 12..13 wgmma
@@ -111,7 +111,7 @@ bool use_cutlass(const GemmNt& g, Algo* a, int* err) {
 // The hand-written persistent kernel for large M (gemm_fp8_large.cu): forced (algo 7; knobs:
 // bits 8..11 = v, tile order in groups of 4v M tiles, 0 = default; bits 12..15 the variant, see
 // dsx_cuda::large_run), or by algo 0 from kLargeMinRows rows on, where TMA alignment allows:
-// 128x192 tiles when N % 192 == 0, else 128x128 with two temporaries, one CTA each. H200, M = 4096
+// 128x192 tiles when N % 192 == 0, else 128x128 with two temporaries (variant 10), one CTA each. H200, M = 4096
 // and 1024 on the three DeepSeek-V3 shapes, every variant, kOverlap and cuBLAS timed interleaved
 // (bench/gpu_kernels.py --large, 4 runs in 2 device calls) since the wgmma descriptors are advanced by
 // adding to their low word in uniform registers (mainloop about 23% fewer SASS instructions; the
@@ -128,7 +128,11 @@ bool use_large(const GemmNt& g, Algo* a) {
   if (a->base == kLarge) return true;
   if (a->base != kAuto || g.m < kLargeMinRows || !dsx_cuda::large_supported(g)) return false;
   a->base = kLarge;
-  a->tuning = Tuning{0, 0, g.n % 192 == 0 ? 2 : 1, 0, 0};  // 128x192 or 128x128 (two temporaries)
+  // 128x192, or 128x128 with two temporaries and each K block's scale products formed one block
+  // ahead (variant 10, bitwise variant 1's output). H200, one device call, variant 1 and 10 timed
+  // interleaved (bench/gpu_kernels.py --focus 3, then --large): 4096x2048x7168 0.972, 0.979, 0.969,
+  // 0.967x variant 1's time; 4096x7168x2048 0.990x, 1024x7168x2048 0.993x, 1024x2048x7168 0.972x.
+  a->tuning = Tuning{0, 0, g.n % 192 == 0 ? 2 : 10, 0, 0};
   return true;
 }
 

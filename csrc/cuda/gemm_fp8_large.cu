@@ -122,12 +122,13 @@ __device__ __forceinline__ void issue_block(float* t, uint32_t a_lo, uint32_t b_
 // one M tile, sharing A the same way (each CTA loads its own B tile and BM/2 rows of A into both).
 // A stage is refilled only when the consumers of both CTAs released it: the empty barriers count
 // the consumer warps of both CTAs.
-template <int BM, int BN, bool kOverlap, int kCta, bool kShareA>
+template <int BM, int BN, bool kOverlap, int kCta, bool kShareA, bool kEarly>
 __global__ void __launch_bounds__(kThreads, 1)
     large_gemm_kernel(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb,
                       const __grid_constant__ CUtensorMap tout, const Params p) {
   static_assert(kCta == 1 || kCta == 2, "single CTAs or pairs");
   static_assert(!kShareA || kCta == 2, "A is shared within pairs only");
+  static_assert(!kEarly || (kOverlap && BN == 128), "early scale products: two temporaries, one block scale");
   using C = Cfg<BM, BN, kOverlap>;
   constexpr int kStages = C::kStages, kSub = C::kSub, kScaleLd = C::kScaleLd;
   constexpr int kAcc = BN / 2;  // accumulator registers per thread per 64-row block
@@ -288,12 +289,28 @@ __global__ void __launch_bounds__(kThreads, 1)
     // compiled to LD.E, and the FMUL after them stalled on the long scoreboard: 6% of the consumer's
     // stall samples) before the wait for the block's wgmma (pend: wgmma groups left in flight, 0 or 1),
     // so that their latency hides under it.
-    auto promote = [&](float* t, int cs, int h, bool release, int pend) {
+    // With kEarly (128x128) the products sa * sb of a stage are formed right after its full-barrier
+    // wait, one K block ahead of its promotion (sc: lo, hi), so that neither the ld.shared nor the
+    // multiply sits between the wgmma of the next block (ncu: short-scoreboard stalls, about 30
+    // cycles a K block, with the loads placed just before the next block's last wgmma).
+    auto early_scales = [&](int cs, float* sc) {
+      const uint32_t slot = scales_u32 + cs * kScaleLd * 4;
+      const int row = w * kSub * 64 + r_lo;
+      const float sb0 = ld_shared_f32(slot + 4 * BM);
+      const float sa_lo = ld_shared_f32(slot + 4 * row), sa_hi = ld_shared_f32(slot + 4 * (row + 8));
+      sc[0] = sa_lo * sb0;
+      sc[1] = sa_hi * sb0;
+    };
+    auto promote = [&](float* t, int cs, int h, bool release, int pend, const float* sc = nullptr) {
       const uint32_t slot = scales_u32 + cs * kScaleLd * 4;
       const int row = (w * kSub + h) * 64 + r_lo;
-      const float sb0 = ld_shared_f32(slot + 4 * BM);
-      const float sb1 = BN == 128 ? sb0 : ld_shared_f32(slot + 4 * (BM + 1));  // (BN = 128: never split)
-      const float sa_lo = ld_shared_f32(slot + 4 * row), sa_hi = ld_shared_f32(slot + 4 * (row + 8));
+      float sb0 = 0.f, sb1 = 0.f, sa_lo = 0.f, sa_hi = 0.f;
+      if constexpr (!kEarly) {
+        sb0 = ld_shared_f32(slot + 4 * BM);
+        sb1 = BN == 128 ? sb0 : ld_shared_f32(slot + 4 * (BM + 1));  // (BN = 128: never split)
+        sa_lo = ld_shared_f32(slot + 4 * row);
+        sa_hi = ld_shared_f32(slot + 4 * (row + 8));
+      }
       if (pend) {
         wgmma_wait<1>();
       } else {
@@ -309,7 +326,16 @@ __global__ void __launch_bounds__(kThreads, 1)
           if (lane == 0) mbar_arrive(empty(cs));
         }
       }
-      const float lo0 = sa_lo * sb0, h0 = sa_hi * sb0, lo1 = sa_lo * sb1, h1 = sa_hi * sb1;
+      float lo0, h0, lo1, h1;
+      if constexpr (kEarly) {
+        lo0 = lo1 = sc[0];
+        h0 = h1 = sc[1];
+      } else {
+        lo0 = sa_lo * sb0;
+        h0 = sa_hi * sb0;
+        lo1 = sa_lo * sb1;
+        h1 = sa_hi * sb1;
+      }
       const float lom = split ? lo1 : lo0, hm = split ? h1 : h0;
       float* a = acc + h * kAcc;
 #pragma unroll
@@ -358,12 +384,18 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     };
     int prev_mt = -1, prev_nt = 0;  // the previous tile, its epilogue still to run
+    // kEarly: the K-block count held in a register (else ptxas reloads it from the constant bank,
+    // LDC + ISETP, every iteration)
+    int nk_r = nk;
+    if constexpr (kEarly) asm volatile("" : "+r"(nk_r));
     const int rank = kCta > 1 ? static_cast<int>(cluster_rank()) : 0;
     for (int t = t0_; t < tiles; t += dt) {
       int mt, nt;
       my_tile(t, rank, mt, nt);
       // The first K block's wgmma goes first; the previous tile's epilogue runs under it.
       int c0 = next_stage();  // stage of the block pending in t0
+      float sc0[2], sc1[2];       // kEarly: the scale products of the blocks in t0, t1
+      if constexpr (kEarly) early_scales(c0, sc0);
       issue_block<BN>(t0, a_block(c0, 0), b_tile(c0));
       if (prev_mt >= 0) epilogue(prev_mt, prev_nt);
       prev_mt = mt;
@@ -379,21 +411,24 @@ __global__ void __launch_bounds__(kThreads, 1)
         // The loop keeps one shape of in-flight state (t0 pending at its head) so that ptxas can
         // prove which accumulators are free (else it serializes every wgmma: C7514).
         int kb = 1;
-        for (; kb + 1 < nk; kb += 2) {
+        for (; kb + 1 < nk_r; kb += 2) {
           const int c1 = next_stage();
+          if constexpr (kEarly) early_scales(c1, sc1);
           issue_block<BN>(t1, a_block(c1, 0), b_tile(c1));
-          promote(t0, c0, 0, true, 1);
+          promote(t0, c0, 0, true, 1, sc0);
           c0 = next_stage();
+          if constexpr (kEarly) early_scales(c0, sc0);
           issue_block<BN>(t0, a_block(c0, 0), b_tile(c0));
-          promote(t1, c1, 0, true, 1);
+          promote(t1, c1, 0, true, 1, sc1);
         }
-        if (kb < nk) {
+        if (kb < nk_r) {
           const int c1 = next_stage();
+          if constexpr (kEarly) early_scales(c1, sc1);
           issue_block<BN>(t1, a_block(c1, 0), b_tile(c1));
-          promote(t0, c0, 0, true, 1);
-          promote(t1, c1, 0, true, 0);
+          promote(t0, c0, 0, true, 1, sc0);
+          promote(t1, c1, 0, true, 0, sc1);
         } else {
-          promote(t0, c0, 0, true, 0);
+          promote(t0, c0, 0, true, 0, sc0);
         }
       } else {
         for (int kb = 0;;) {
@@ -418,10 +453,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 constexpr int kMaxDevices = 64;
 
-template <int BM, int BN, bool kOverlap, int kCta, bool kShareA = false>
+template <int BM, int BN, bool kOverlap, int kCta, bool kShareA = false, bool kEarly = false>
 int launch(const GemmNt& g, int group, cudaStream_t stream) {
   using C = Cfg<BM, BN, kOverlap>;
-  auto kernel = large_gemm_kernel<BM, BN, kOverlap, kCta, kShareA>;
+  auto kernel = large_gemm_kernel<BM, BN, kOverlap, kCta, kShareA, kEarly>;
   cudaLaunchConfig_t lc = {};
   cudaLaunchAttribute attr[1] = {};
   attr[0].id = cudaLaunchAttributeClusterDimension;
@@ -510,6 +545,8 @@ int large_run(const GemmNt& g, int variant, int group, cudaStream_t stream) {
       return launch<128, 128, true, 2, true>(g, group, stream);
     case 9:
       return launch<128, 192, false, 2, true>(g, group, stream);
+    case 10:  // variant 1, each block's scale products formed one block ahead (same bits)
+      return launch<128, 128, true, 1, false, true>(g, group, stream);
     default:
       return DSX_EINVAL;
   }

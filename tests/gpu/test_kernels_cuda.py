@@ -168,10 +168,11 @@ def test_large_m_kernel_matches_float64_and_is_deterministic(m, n, k):
     # the same arithmetic: tile orders, promotion overlapped (1) or not (3), 256-row tiles (4)
     # and the 2-CTA clusters sharing B by multicast (5: 128x128, 7: 256x128; a pair's second tile may lie
     # past M, or be the only one: M < 128) or sharing A (8: 128x128, pairs of N-adjacent tiles; the second
-    # may lie past N: N = 384 and 576 have 3 and 5 tiles of 128)
+    # may lie past N: N = 384 and 576 have 3 and 5 tiles of 128), and 1 with the scale products formed one
+    # K block ahead (10)
     for algo in (LARGE, LARGE | 1 << 8, LARGE | 8 << 8, LARGE | 1 << 12, LARGE | 3 << 12, LARGE | 4 << 12,
                  LARGE | 4 << 12 | 1 << 8, LARGE | 5 << 12, LARGE | 5 << 12 | 1 << 8, LARGE | 7 << 12,
-                 LARGE | 8 << 12, LARGE | 8 << 12 | 1 << 8):
+                 LARGE | 8 << 12, LARGE | 8 << 12 | 1 << 8, LARGE | 10 << 12, LARGE | 10 << 12 | 8 << 8):
         again = cuda.gemm_fp8_nt(a, sa, b, sb, algo=algo)
         assert np.array_equal(got.view(np.uint16), again.view(np.uint16)), f"algo {algo} {(m, n, k)}"
     # 192-wide tiles (a tile may straddle two 128-column scale blocks at either offset)
@@ -201,7 +202,7 @@ def test_large_m_kernel_agrees_with_cpu_kernel_and_fills_many_waves():
     assert np.array_equal(wide.view(np.uint16), g.view(np.uint16))
     # the multicast pairs: 288 pairs of 128x128 (over two rounds of all resident clusters), bitwise
     for algo, want in ((LARGE | 5 << 12, g), (LARGE | 7 << 12, g), (LARGE | 6 << 12, wide), (LARGE | 8 << 12, g),
-                       (LARGE | 9 << 12, wide)):
+                       (LARGE | 9 << 12, wide), (LARGE | 10 << 12, g)):
         got = cuda.gemm_fp8_nt(a, sa, b, sb, algo=algo)
         assert np.array_equal(got.view(np.uint16), want.view(np.uint16)), algo
 

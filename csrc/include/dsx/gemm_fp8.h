@@ -39,7 +39,7 @@
  * (K % 16 == 0, N % 8 == 0, 16-byte aligned pointers): pingpong 64x128 tiles for M <= 128
  * (swapped operands with 2-way split-K when that leaves few tiles and K is long), cooperative
  * 128x128 stream-K above; from M >= 1024 the large-M kernel (7): 128x192 tiles when N % 192 == 0,
- * else 128x128 (variants 2 and 1, one CTA each); else the simple kernel. Forcing one (DSX_EINVAL
+ * else 128x128 (variants 2 and 10, one CTA each); else the simple kernel. Forcing one (DSX_EINVAL
  * if the shape cannot take it): 1 = cooperative stream-K, 2 = simple, 3 = pingpong, 4 = swapped operands
  * (out^T = W . A^T, 128x32 tiles, stream-K),
  * 5 = 1 with each K block's promotion (acc += P * s) run under the next block's tensor-core work
@@ -82,7 +82,9 @@
  * and multicasts it into both CTAs' stages, halving B's L2 reads; a stage is refilled once the
  * consumers of both CTAs released it; the grid is the number of clusters that are resident at
  * once): bitwise the output of 1, 2, 4; 8, 9 = the tiles of 1, 2 computed by 2-CTA clusters of
- * two N-adjacent tiles of one M tile (A shared the same way): bitwise the output of 1, 2.
+ * two N-adjacent tiles of one M tile (A shared the same way): bitwise the output of 1, 2;
+ * 10 = 1 with each K block's scale products formed right after its stage's full-barrier wait, one
+ * block ahead of its promotion (bitwise the output of 1).
  * The grouped GEMM has one CUTLASS kernel (1, 3, 4, 5, 7 all select it).
  * Benchmarking knobs of the CUTLASS tile scheduler
  * (0 = its default): bits 4..7 raster order (1 along M, 2 along N), bits 8..11 swizzle
