@@ -144,20 +144,18 @@ __device__ __forceinline__ void wgmma_wait() {
 __device__ __forceinline__ void fence_reg(float& r) { asm volatile("" : "+f"(r)::"memory"); }
 
 // K-major operand tile with 128-byte rows in the 128B-swizzle layout TMA writes (8-row groups of
-// 1024 bytes): the wgmma shared-memory descriptor. `addr` is 1024-byte aligned plus k*32.
-__device__ __forceinline__ uint64_t sw128_desc(uint32_t addr) {
-  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(1) << 16) |
-         (static_cast<uint64_t>(1024 >> 4) << 32) | (static_cast<uint64_t>(1) << 62);
-}
-
-// sw128_desc in two halves, for kernels that build a descriptor once and advance it by adding to
-// its low word: sw128_desc(addr + off) == sw128_desc_of_lo(sw128_desc_lo(addr) + off / 16) for any
-// off that is a multiple of 16 with addr + off inside shared memory (the start-address field,
-// bits 0..13 of the low word, then never carries into the leading-byte offset at bit 16).
+// 1024 bytes): the wgmma shared-memory descriptor, in two halves. The low word holds the start
+// address >> 4 (bits 0..13) and the leading-byte offset 1 (bit 16); the high word the stride 1024 >> 4
+// and the 128B swizzle mode (bit 62 of the descriptor). Kernels that build a descriptor once may
+// advance it by adding to its low word: sw128_desc(addr + off) == sw128_desc_of_lo(sw128_desc_lo(addr)
+// + off / 16) for any off that is a multiple of 16 with addr + off inside shared memory (the
+// start-address field then never carries into bit 16).
 __device__ __forceinline__ uint32_t sw128_desc_lo(uint32_t addr) { return ((addr & 0x3FFFF) >> 4) | (1u << 16); }
 __device__ __forceinline__ uint64_t sw128_desc_of_lo(uint32_t lo) {
   return (static_cast<uint64_t>((1024 >> 4) | (1u << 30)) << 32) | lo;
 }
+// The descriptor of the tile at `addr` (1024-byte aligned plus k*32).
+__device__ __forceinline__ uint64_t sw128_desc(uint32_t addr) { return sw128_desc_of_lo(sw128_desc_lo(addr)); }
 
 // d[N/2] (+)= A(64x32, e4m3, smem) . B(Nx32, e4m3, smem)^T per thread of the warpgroup (the wgmma
 // accumulator fragment); accumulate = 0 overwrites d.
