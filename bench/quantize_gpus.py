@@ -1,7 +1,8 @@
 """dsx quantize on 1 and N GPUs vs the CPU path and `cp`, side by side, on a real-dimension checkpoint.
 
 For each device configuration: seconds, GB/s of input, the ratio to `cp` + sync of the same shards
-(measured in the same run), and whether the output is byte-identical to the CPU path's.
+(measured in the same run), and whether the output is byte-identical to the CPU path's. "cuda x1,
+1 worker" is one worker process on one GPU (the engine's rule before it ran several per GPU).
 
     python bench/quantize_gpus.py --workdir /tmp/qg [--layers 3 --experts 32] [--type weight_only_int4]
 """
@@ -38,16 +39,17 @@ def main() -> None:
     ap.add_argument("--experts", type=int, default=32)
     ap.add_argument("--type", default="weight_only_int4")
     ap.add_argument("--gpus", type=int, default=None, help="largest GPU count to try (default: all)")
+    ap.add_argument("--shard-mb", type=int, default=2048, help="source shard size of the generated checkpoint")
     a = ap.parse_args()
     from ds_export.native import cuda
 
     n_gpu = cuda.device_count() if cuda.available() else 0
     n_gpu = min(n_gpu, a.gpus or n_gpu)
-    src = a.workdir / f"real-l{a.layers}-e{a.experts}"
+    src = a.workdir / f"real-l{a.layers}-e{a.experts}-s{a.shard_mb}"
     if not (src / "model.safetensors.index.json").exists():
         shutil.rmtree(src, ignore_errors=True)
         t = _run([sys.executable, "-m", "ds_export.cli.app", "tiny", str(src), "--real-dims", "--layers",
-                  str(a.layers), "--experts", str(a.experts), "--shard-mb", "2048", "-q"])
+                  str(a.layers), "--experts", str(a.experts), "--shard-mb", str(a.shard_mb), "-q"])
         print(f"generated {src} in {t:.0f} s")
     shards = sorted(src.glob("*.safetensors"))
     size = sum(p.stat().st_size for p in shards)
@@ -60,8 +62,9 @@ def main() -> None:
     cp_dir.mkdir(parents=True)
     t_cp = _run(["cp", *map(str, shards), str(cp_dir)])
     shutil.rmtree(cp_dir)
-    configs = [("cpu", [])] + [(f"cuda x{g}", ["--device", "cuda", "--gpus", ",".join(map(str, range(g)))])
-                               for g in range(1, n_gpu + 1)]
+    configs = [("cpu", [])] + ([("cuda x1, 1 worker", ["--device", "cuda", "--gpus", "0", "--workers", "1"])]
+                               if n_gpu else [])
+    configs += [(f"cuda x{g}", ["--device", "cuda", "--gpus", ",".join(map(str, range(g)))]) for g in range(1, n_gpu + 1)]
     ref = None
     for label, extra in configs:
         out = a.workdir / "out"
@@ -72,10 +75,10 @@ def main() -> None:
         ref = ref or h
         rows.append((label, t, h == ref))
         shutil.rmtree(out)
-    print(f"\n{'config':10} {'seconds':>8} {'GB/s in':>8} {'x cp':>6} {'identical to cpu':>17}")
-    print(f"{'cp':10} {t_cp:8.2f} {size / t_cp / 1e9:8.2f} {1.0:6.2f} {'-':>17}")
+    print(f"\n{'config':18} {'seconds':>8} {'GB/s in':>8} {'x cp':>6} {'identical to cpu':>17}")
+    print(f"{'cp':18} {t_cp:8.2f} {size / t_cp / 1e9:8.2f} {1.0:6.2f} {'-':>17}")
     for label, t, same in rows:
-        print(f"{label:10} {t:8.2f} {size / t / 1e9:8.2f} {t / t_cp:6.2f} {'yes' if same else 'NO':>17}")
+        print(f"{label:18} {t:8.2f} {size / t / 1e9:8.2f} {t / t_cp:6.2f} {'yes' if same else 'NO':>17}")
 
 
 if __name__ == "__main__":

@@ -291,3 +291,16 @@ def test_mtp_only_on_a_partial_download(tiny_fp8, tmp_path):
     out = _quantize(src, tmp_path / "o2", "--type", "a8w8_fp8", "--mtp-only")
     assert out.names() and all(n.startswith("model.layers.3.") for n in out.names())
     assert len(Checkpoint.open(src, partial=True).missing_shards) == len(set(ck.weight_map.values()) - mtp_files)
+
+
+@pytest.mark.parametrize("gpus,workers,cores,shards,want", [
+    ((0,), None, 16, 8, [0, 0, 0, 0]),        # one GPU, 16 cores: 4 workers share it
+    ((0,), None, 2, 8, [0]),                  # few cores: one worker per GPU
+    ((0, 1), None, 32, 8, [0, 1] * 4),        # round robin, 4 a GPU
+    ((0, 1), None, 32, 3, [0, 1, 0]),         # never more workers than shards...
+    ((0, 1), None, 32, 1, [0, 1]),            # ...nor fewer than one a GPU
+    ((0, 1), 1, 32, 8, [0, 1]),               # --workers below the GPU count: one a GPU
+    ((3,), 6, 4, 8, [3] * 6),                 # --workers sets the total
+])
+def test_gpu_worker_assignment(gpus, workers, cores, shards, want):
+    assert engine.gpu_workers(gpus, workers, cores, shards) == want

@@ -29,7 +29,7 @@ def quantize(
     memory_mb: Annotated[int, typer.Option("--memory-mb", help="Scratch memory for row chunks, over all workers (MiB).")] = 768,
     device: Device = "cpu",
     gpus: Annotated[str | None, typer.Option("--gpus", help="With --device cuda: GPU indices, e.g. 0,1 (default: all "
-                                             "visible). One worker per GPU; output identical to the CPU path.")] = None,
+                                             "visible). Up to 4 worker processes per GPU (--workers sets the total); output identical to the CPU path.")] = None,
     dry_run: DryRun = False,
     force: Force = False,
     json: Json = False,

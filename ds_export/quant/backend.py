@@ -3,7 +3,7 @@
 Both backends give bit-identical results (the CUDA kernels are tested against
 the CPU ones byte for byte), so the output of `dsx quantize` does not depend on
 the device or on the number of GPUs. A CudaBackend belongs to one worker process
-(the engine spawns one per GPU); its converter's streams and buffers live on
+(the engine spawns one or more per GPU); its converter's streams and buffers live on
 that GPU.
 """
 
@@ -43,14 +43,14 @@ class CudaBackend(CpuBackend):
 
     name = "cuda"
 
-    def __init__(self, device: int):
-        super().__init__()
+    def __init__(self, device: int, staging_threads: int = 8):
+        super().__init__(staging_threads)  # the CPU kernels this backend still runs get as many threads
         from ds_export.native import cuda
         from ds_export.native.cuda_quant import CudaConverter
 
         cuda.set_device(device)
         self.device = device
-        self.conv = CudaConverter()
+        self.conv = CudaConverter(staging_threads=staging_threads)
 
     def dequant(self, w_fp8, scale_inv, block, out_dtype, rows):
         return self.conv.fp8_dequant_rows(w_fp8, scale_inv, block, rows, out_dtype)

@@ -4,7 +4,11 @@ On CPU: one process; `workers` threads each convert a whole output shard (the
 C++ kernels and file I/O release the GIL), and each kernel call uses
 cores / workers OpenMP threads, so memory stays that of one interpreter and is
 bounded by `memory_budget`, split over the workers as row-chunk sizes.
-With GPUs: one spawned worker process per GPU, each with its own converter.
+With GPUs: spawned worker processes, each bound to one GPU with its own converter
+(streams, pinned buffers) and each converting a whole shard at a time; by default
+several per GPU (`gpu_workers`), so one worker's file reads, staging copies, hashing
+and writes overlap the others' and the GPU's work: the per-chunk GPU arithmetic is
+a small part of a shard's time, the host side is most of it.
 
 Resume: `dsx-manifest.json` names the plan digest and every finished shard
 with its sha256. A rerun of the same plan re-verifies those shards, skips
@@ -50,7 +54,24 @@ class Options:
     verify_existing: bool = True  # re-hash finished shards before skipping them
     num_nodes: int = 1
     node_rank: int = 0
-    gpus: tuple[int, ...] = ()  # --device cuda: one worker process per GPU, each with its own converter
+    gpus: tuple[int, ...] = ()  # --device cuda: worker processes bound to these GPUs (gpu_workers)
+
+
+GPU_WORKERS_PER_GPU = 4  # host-bound work: more per GPU stops paying once the cores are busy
+
+
+def gpu_workers(gpus: tuple[int, ...] | list[int], workers: int | None, cores: int, shards: int) -> list[int]:
+    """The GPU each worker process binds, round robin over `gpus`.
+
+    `workers` (--workers) sets the total; at least one per GPU. By default up to
+    GPU_WORKERS_PER_GPU per GPU, one per 4 cores (each worker's staging copies use
+    several threads), never more than the shards to convert (nor fewer than one per GPU).
+    """
+    g = len(gpus)
+    if workers is None:
+        workers = min(g * GPU_WORKERS_PER_GPU, max(g, cores // 4), max(g, shards))
+    n = max(g, workers)
+    return [gpus[i % g] for i in range(n)]
 
 
 def node_from_env(num_nodes: int | None, node_rank: int | None) -> tuple[int, int]:
@@ -170,10 +191,10 @@ class _WriteBehind:
 _local = threading.local()  # a GPU worker process: its checkpoint, backend and progress queue
 
 
-def _gpu_worker_init(root: str, partial: bool, ids, progress) -> None:
-    """One process per GPU (spawned): opens the source itself and binds its GPU."""
+def _gpu_worker_init(root: str, partial: bool, ids, threads: int, progress) -> None:
+    """A GPU worker process (spawned): opens the source itself and binds the GPU it takes from `ids`."""
     _local.ck = Checkpoint.open(root, partial=partial)
-    _local.backend = CudaBackend(ids.get())
+    _local.backend = CudaBackend(ids.get(), staging_threads=threads)
     _local.progress = progress
 
 
@@ -243,14 +264,15 @@ def run(ck: Checkpoint, plan: Plan, out: str | os.PathLike, opts: Options = Opti
         (out / (s.file + PARTIAL_SUFFIX)).unlink(missing_ok=True)
     _check_space(out, sum(s.bytes_out for s in todo))
     cores = os.cpu_count() or 1
-    workers = len(opts.gpus) if opts.gpus else max(1, min(opts.workers or cores, len(todo) or 1))
+    gpu_ids = gpu_workers(opts.gpus, opts.workers, cores, len(todo)) if opts.gpus else []
+    workers = len(gpu_ids) if opts.gpus else max(1, min(opts.workers or cores, len(todo) or 1))
     threads = max(1, cores // workers)
     # Per worker: the chunk being converted, its float32 scratch and two chunks queued for writing.
     chunk_bytes = max(4 << 20, opts.memory_budget // (4 * workers))
     reporter.start(sum(s.bytes_in for s in todo), len(mine), len(done))
     todo.sort(key=lambda s: -s.bytes_in)  # big shards first: better balance
     if opts.gpus:
-        _run_gpu_processes(ck, out, todo, chunk_bytes, opts.gpus, manifest, reporter, on_shard)
+        _run_gpu_processes(ck, out, todo, chunk_bytes, gpu_ids, threads, manifest, reporter, on_shard)
     else:
         with ThreadPoolExecutor(max_workers=workers) as pool:
             futs = [pool.submit(_write_shard, ck, out, s, chunk_bytes, threads, reporter) for s in todo]
@@ -283,23 +305,24 @@ def _collect(futs, manifest: Manifest, reporter: Reporter, on_shard) -> None:
         raise
 
 
-def _run_gpu_processes(ck: Checkpoint, out: Path, todo: list[OutShard], chunk_bytes: int, gpus, manifest: Manifest,
-                       reporter: Reporter, on_shard) -> None:
-    """One spawned worker process per GPU, each taking whole shards as it frees up (balanced by bytes:
-    the largest shards go first). Output bytes do not depend on which GPU wrote a shard."""
+def _run_gpu_processes(ck: Checkpoint, out: Path, todo: list[OutShard], chunk_bytes: int, gpu_ids: list[int],
+                       threads: int, manifest: Manifest, reporter: Reporter, on_shard) -> None:
+    """One spawned worker process per entry of `gpu_ids` (bound to that GPU), each taking whole shards as
+    it frees up (balanced by bytes: the largest shards go first). Output bytes do not depend on which
+    worker or GPU wrote a shard."""
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
 
     ctx = mp.get_context("spawn")
     ids, progress = ctx.Queue(), ctx.Queue()
-    for g in gpus:
+    for g in gpu_ids:
         ids.put(g)
     stop = threading.Event()
     drainer = threading.Thread(target=_drain, args=(progress, reporter, stop), daemon=True)
     drainer.start()
     try:
-        with ProcessPoolExecutor(max_workers=len(gpus), mp_context=ctx, initializer=_gpu_worker_init,
-                                 initargs=(str(ck.root), bool(ck.missing_shards), ids, progress)) as pool:
+        with ProcessPoolExecutor(max_workers=len(gpu_ids), mp_context=ctx, initializer=_gpu_worker_init,
+                                 initargs=(str(ck.root), bool(ck.missing_shards), ids, threads, progress)) as pool:
             futs = [pool.submit(_write_shard_gpu, out, s, chunk_bytes) for s in todo]
             _collect(futs, manifest, reporter, on_shard)
     finally:

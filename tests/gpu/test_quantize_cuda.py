@@ -36,6 +36,10 @@ def test_cuda_output_is_byte_identical(tiny, tmp_path, args):
         assert main(["quantize", str(src), "--out", str(cpu), "-q", *args]) == 0
         assert main(["quantize", str(src), "--out", str(gpu), "-q", "--device", "cuda", "--gpus", "0", *args]) == 0
         assert _files(cpu) == _files(gpu)
+        shared = tmp_path / f"shared-{src.name}"  # three worker processes on one GPU
+        assert main(["quantize", str(src), "--out", str(shared), "-q", "--device", "cuda", "--gpus", "0",
+                     "--workers", "3", *args]) == 0
+        assert _files(cpu) == _files(shared)
         if cuda.device_count() > 1:
             multi = tmp_path / f"multi-{src.name}"
             assert main(["quantize", str(src), "--out", str(multi), "-q", "--device", "cuda", *args]) == 0
