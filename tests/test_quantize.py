@@ -304,3 +304,63 @@ def test_mtp_only_on_a_partial_download(tiny_fp8, tmp_path):
 ])
 def test_gpu_worker_assignment(gpus, workers, cores, shards, want):
     assert engine.gpu_workers(gpus, workers, cores, shards) == want
+
+
+class CpuStandInGpu(engine.CpuBackend):
+    """What a GPU worker process converts with, on the CPU: runs engine's GPU worker-process path in CI.
+    Leaves a mark (gpu id, pid) in $DSX_TEST_GPU_MARKS so the test sees which processes did the work."""
+
+    def __init__(self, gpu: int, threads: int):
+        super().__init__(threads)
+        import os
+        from pathlib import Path
+
+        Path(os.environ["DSX_TEST_GPU_MARKS"], f"{gpu}-{os.getpid()}").touch()
+
+
+class DyingGpu(CpuStandInGpu):
+    """Planted fault: the worker process dies (as on a GPU fault or the OOM killer) in its first conversion."""
+
+    def fp8_to_weight_only(self, *a, **k):
+        import os
+
+        os._exit(3)
+
+
+def _gpu_path(ck, out, backend, workers, gpus=(0, 1)):
+    p = plan_mod.build(ck, plan_mod.load_recipe("a8w8_fp8_wint4", None, arch=None, group_size=None, mtp_type=None))
+    return engine.run(ck, p, out, engine.Options(gpus=gpus, workers=workers, gpu_backend=backend))
+
+
+def test_gpu_worker_processes_write_the_cpu_bytes(tiny_fp8, tmp_path, monkeypatch):
+    """The multi-process path of --device cuda (spawned workers, progress queue, manifest), on the CPU."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    monkeypatch.setenv("DSX_TEST_GPU_MARKS", str(marks))
+    ck = Checkpoint.open(tiny_fp8)
+    res = _gpu_path(ck, tmp_path / "g", CpuStandInGpu, 3)
+    assert res["complete"] and res["workers"] == 3 and res["device"] == "cuda:0,1"
+    seen = [m.name.split("-") for m in marks.iterdir()]
+    assert sorted(g for g, _ in seen) == ["0", "0", "1"] and len({pid for _, pid in seen}) == 3
+    _quantize(tiny_fp8, tmp_path / "c", "--type", "a8w8_fp8_wint4")
+    for f in sorted((tmp_path / "c").iterdir()):
+        if f.name != "dsx-manifest.json":
+            assert sha256_file(f) == sha256_file(tmp_path / "g" / f.name), f.name
+
+
+def test_a_dead_gpu_worker_is_one_clear_error_and_resumable(tiny_fp8, tmp_path, monkeypatch):
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    monkeypatch.setenv("DSX_TEST_GPU_MARKS", str(marks))
+    ck = Checkpoint.open(tiny_fp8)
+    with pytest.raises(DsxError) as e:
+        _gpu_path(ck, tmp_path / "g", DyingGpu, 2)
+    assert "GPU worker process died" in str(e.value) and "--workers" in e.value.hint
+    assert not Manifest.load(tmp_path / "g").complete
+    assert not (tmp_path / "g" / "model.safetensors.index.json").exists()  # does not look complete
+    res = _gpu_path(ck, tmp_path / "g", CpuStandInGpu, 2)
+    assert res["complete"]
+    _quantize(tiny_fp8, tmp_path / "c", "--type", "a8w8_fp8_wint4")
+    for f in sorted((tmp_path / "c").iterdir()):
+        if f.name != "dsx-manifest.json":
+            assert sha256_file(f) == sha256_file(tmp_path / "g" / f.name), f.name

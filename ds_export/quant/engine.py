@@ -55,6 +55,9 @@ class Options:
     num_nodes: int = 1
     node_rank: int = 0
     gpus: tuple[int, ...] = ()  # --device cuda: worker processes bound to these GPUs (gpu_workers)
+    # What a GPU worker process converts with: called there as gpu_backend(gpu, staging_threads). A
+    # module-level class (spawned processes import it); tests pass a CPU stand-in to run this path in CI.
+    gpu_backend: Callable = CudaBackend
 
 
 GPU_WORKERS_PER_GPU = 4  # host-bound work: more per GPU stops paying once the cores are busy
@@ -191,10 +194,10 @@ class _WriteBehind:
 _local = threading.local()  # a GPU worker process: its checkpoint, backend and progress queue
 
 
-def _gpu_worker_init(root: str, partial: bool, ids, threads: int, progress) -> None:
+def _gpu_worker_init(root: str, partial: bool, ids, threads: int, progress, make_backend) -> None:
     """A GPU worker process (spawned): opens the source itself and binds the GPU it takes from `ids`."""
     _local.ck = Checkpoint.open(root, partial=partial)
-    _local.backend = CudaBackend(ids.get(), staging_threads=threads)
+    _local.backend = make_backend(ids.get(), threads)
     _local.progress = progress
 
 
@@ -272,7 +275,8 @@ def run(ck: Checkpoint, plan: Plan, out: str | os.PathLike, opts: Options = Opti
     reporter.start(sum(s.bytes_in for s in todo), len(mine), len(done))
     todo.sort(key=lambda s: -s.bytes_in)  # big shards first: better balance
     if opts.gpus:
-        _run_gpu_processes(ck, out, todo, chunk_bytes, gpu_ids, threads, manifest, reporter, on_shard)
+        _run_gpu_processes(ck, out, todo, chunk_bytes, gpu_ids, threads, opts.gpu_backend, manifest, reporter,
+                           on_shard)
     else:
         with ThreadPoolExecutor(max_workers=workers) as pool:
             futs = [pool.submit(_write_shard, ck, out, s, chunk_bytes, threads, reporter) for s in todo]
@@ -306,12 +310,13 @@ def _collect(futs, manifest: Manifest, reporter: Reporter, on_shard) -> None:
 
 
 def _run_gpu_processes(ck: Checkpoint, out: Path, todo: list[OutShard], chunk_bytes: int, gpu_ids: list[int],
-                       threads: int, manifest: Manifest, reporter: Reporter, on_shard) -> None:
+                       threads: int, make_backend, manifest: Manifest, reporter: Reporter, on_shard) -> None:
     """One spawned worker process per entry of `gpu_ids` (bound to that GPU), each taking whole shards as
     it frees up (balanced by bytes: the largest shards go first). Output bytes do not depend on which
     worker or GPU wrote a shard."""
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
 
     ctx = mp.get_context("spawn")
     ids, progress = ctx.Queue(), ctx.Queue()
@@ -322,9 +327,16 @@ def _run_gpu_processes(ck: Checkpoint, out: Path, todo: list[OutShard], chunk_by
     drainer.start()
     try:
         with ProcessPoolExecutor(max_workers=len(gpu_ids), mp_context=ctx, initializer=_gpu_worker_init,
-                                 initargs=(str(ck.root), bool(ck.missing_shards), ids, threads, progress)) as pool:
+                                 initargs=(str(ck.root), bool(ck.missing_shards), ids, threads, progress,
+                                           make_backend)) as pool:
             futs = [pool.submit(_write_shard_gpu, out, s, chunk_bytes) for s in todo]
             _collect(futs, manifest, reporter, on_shard)
+    except BrokenProcessPool:
+        raise DsxError(f"a GPU worker process died while converting ({len(gpu_ids)} workers on GPU(s) "
+                       f"{','.join(map(str, sorted(set(gpu_ids))))}); {len(manifest.files)} finished shard(s) are "
+                       "kept and the output is not published",
+                       hint="rerun the same command to resume; if memory ran out (dmesg, nvidia-smi), pass fewer "
+                            "--workers") from None
     finally:
         stop.set()
         drainer.join()
