@@ -29,7 +29,7 @@
 // Measured (bench/gpu_mla_decode.py, H200, B 64-128, T 4096-8192): 16 rows 0.92-1.05 of copy
 // bandwidth (cache bytes over the read + write copy rate), 32 rows 0.84-0.97; 128 and 256 rows
 // 583-653 TFLOP/s (0.78-0.87 of the bf16 matmul rate measured in the same run; 397-472 with the
-// cp.async wgmma version before, 1.30-1.57x; 237-246 with the mma.sync tiles before that).
+// cp.async wgmma version before, 1.30-1.58x; 237-246 with the mma.sync tiles before that).
 // The end sums the partial row sums in a fixed order (deterministic). One split: normalised bf16
 // out + lse. Several: fp32 partials + lse to the workspace, then mla_combine merges them in
 // split order.
