@@ -28,8 +28,8 @@
 // three warpgroups with wgmma, one page per step through three page buffers (see wg_role below).
 // Measured (bench/gpu_mla_decode.py, H200, B 64-128, T 4096-8192): 16 rows 0.92-1.05 of copy
 // bandwidth (cache bytes over the read + write copy rate), 32 rows 0.84-0.97; 128 and 256 rows
-// 451-482 TFLOP/s (0.58-0.62 of the bf16 matmul rate measured in the same run; 237-246 with
-// the mma.sync tiles before).
+// 583-653 TFLOP/s (0.78-0.87 of the bf16 matmul rate measured in the same run; 397-472 with the
+// cp.async wgmma version before, 1.30-1.58x; 237-246 with the mma.sync tiles before that).
 // The end sums the partial row sums in a fixed order (deterministic). One split: normalised bf16
 // out + lse. Several: fp32 partials + lse to the workspace, then mla_combine merges them in
 // split order.
@@ -629,15 +629,27 @@ constexpr int smem_bytes() {
 //    (31 k-steps, 124 registers), dims 496-575 in shared memory. Page j: S = Q K^T (64 x 64: 31
 //    wgmma m64n64k16 with A from registers, 5 with A from shared memory), the online softmax in
 //    registers (a row's 64 scores sit in one lane quad), then bf16 P into the rope block of page
-//    j's buffer (S no longer needs it) and alpha per row; then on to page j + 1, so S of page j + 1
-//    runs while warpgroups 1 and 2 do P V of page j and the tensor cores see both.
+//    j's buffer (S no longer needs it) and alpha per row; then on to page j + 1. The softmax works
+//    in log2 units (scale * log2 e folded into the scores, p = 2^(s - m) by ex2.approx) and masks
+//    only pages that are not fully visible.
 //  - Warpgroups 1 and 2 (P V and loads; 160 registers): O = alpha O + P V for latent columns
 //    [256 (w - 1), 256 w) (64 x 256 fp32, 128 registers a thread); A = P, B = V (the first 512 dims
-//    of the page buffer, MN-major). After P V of page j both refill that buffer with page j + 3 by
-//    cp.async (warpgroup 1: dims 0-255 and the rope dims, warpgroup 2: dims 256-511), completing on
-//    the buffer's mbarrier; a named barrier between them first ends P V (P lives in the rope block).
-// mbarriers per page buffer: full (page landed: 256 cp.async arrivals), p_full (P and alpha
-// written: 128 arrivals). Row sums and maxima stay in warpgroup 0's registers.
+//    of the page buffer, MN-major). A warp skips O *= alpha when alpha is 1 for all its rows (the
+//    running max did not move: the common case). P V of page j waits until the scores of page j + 1
+//    are done (s_done), so it runs on the tensor cores while warpgroup 0 does the softmax of page
+//    j + 1 instead of competing with its S (measured: the order matters only with the skip above).
+//    After P V of page j the buffer is refilled with page j + 3 (DSX_MLA_WG_LOADS):
+//      2 (default) TMA multicast in CTA pairs (clusters of 2 along the row tiles, which read the
+//        same pages): every P V warp of both CTAs arrives on the buffer's `empty` mbarrier of both
+//        CTAs; one thread per CTA then issues 5 (rank 0) or 4 (rank 1) 64-dim blocks of the page
+//        into both CTAs' buffers. A page crosses from L2 once per pair, not once per CTA.
+//      1 TMA per CTA (one thread, all 9 blocks); 0 cp.async by the P V warpgroups (the fallback
+//        where the driver's tensor-map encoder is missing).
+//    TMA copies whole pages: the V rows past the sequence's end (the last page) are zeroed in shared
+//    memory before P V (unused slots may hold NaN; their scores are masked anyway).
+// mbarriers per page buffer: full (page landed: expect_tx, or 256 cp.async arrivals), p_full (P
+// and alpha written: 128 arrivals), empty (buffer free: 8 P V warps, x 2 CTAs with pairs), s_done
+// (S of the page done: 128). Row sums and maxima stay in warpgroup 0's registers.
 constexpr int kWThreads = 384;
 
 // cp.async of chunks [C0, C0 + N) of each token of a page (whole 64-dim blocks).
@@ -655,22 +667,43 @@ __device__ __forceinline__ void wg_load_chunks(const __nv_bfloat16* kv, int page
   }
 }
 
-template <int ROLE>
-__device__ __forceinline__ void wg_role(const Params& p);
+// How the page buffers are filled (LM): 0 cp.async by the P V warpgroups; 1 TMA, one thread of
+// warpgroup 1 issues the 9 blocks of a page; 2 TMA multicast in CTA pairs (clusters of 2: the two
+// row tiles x, x ^ 1 of one sequence and split, which read the same pages): each CTA issues 5 or 4
+// of the 9 blocks into both CTAs' buffers, so each page crosses from L2 once per pair.
+#ifndef DSX_MLA_SKIP1
+#define DSX_MLA_SKIP1 1  // 1: a P V warp skips O *= alpha when alpha is 1 for all its rows
+#endif
+#ifndef DSX_MLA_SMX
+#define DSX_MLA_SMX 1  // 1: softmax in log2 units (scale * log2 e folded), no masking on fully visible pages
+#endif
+#ifndef DSX_MLA_PVLAG
+#define DSX_MLA_PVLAG 1  // P V of page j starts once the scores of page j + 1 are done (1) or issued (2)
+#endif
+#ifndef DSX_MLA_WG_LOADS
+#define DSX_MLA_WG_LOADS 2  // the default; 0 and 1 stay buildable for same-run comparisons (alt builds)
+#endif
 
-__global__ void __launch_bounds__(kWThreads, 1) mla_decode_wgmma_kernel(Params p) {
+template <int ROLE, int LM>
+__device__ __forceinline__ void wg_role(const Params& p, const CUtensorMap* tmap);
+
+template <int LM>
+__global__ void __launch_bounds__(kWThreads, 1) mla_decode_wgmma_kernel(const Params p,
+                                                                        const __grid_constant__ CUtensorMap tmap) {
   // Each warpgroup's role is one branch, its register budget set first (184 + 2 x 160 = 3 x 168).
   if (threadIdx.x < 128) {
     setmaxnreg_inc<184>();
-    wg_role<0>(p);
+    wg_role<0, LM>(p, &tmap);
   } else {
     setmaxnreg_dec<160>();
-    wg_role<1>(p);
+    wg_role<1, LM>(p, &tmap);
   }
+  // A CTA pair exits together: no multicast write or remote arrive may reach a CTA that has left.
+  if constexpr (LM == 2) dsx_cuda::sm90::cluster_sync();
 }
 
-template <int ROLE>
-__device__ __forceinline__ void wg_role(const Params& p) {
+template <int ROLE, int LM>
+__device__ __forceinline__ void wg_role(const Params& p, const CUtensorMap* tmap) {
   using PL = PlanWG;
   extern __shared__ __align__(1024) unsigned char wsmem[];
   unsigned char* smem = wsmem;
@@ -688,11 +721,18 @@ __device__ __forceinline__ void wg_role(const Params& p) {
 
   if (tid == 128) {
     for (int k = 0; k < 3; ++k) {
-      mbar_init(bars + 8 * k, 256);
-      mbar_init(bars + 24 + 8 * k, 128);
+      mbar_init(bars + 8 * k, LM == 0 ? 256 : 1);            // full: cp.async arrivals, or the expect_tx arrive
+      mbar_init(bars + 24 + 8 * k, 128);                     // p_full
+      mbar_init(bars + 48 + 8 * k, LM == 2 ? 16 : 8);        // empty: one arrive per P V warp (of both CTAs)
+      mbar_init(bars + 72 + 8 * k, 128);                     // s_done (DSX_MLA_PVLAG)
+    }
+    if constexpr (LM != 0) {
+      dsx_cuda::sm90::mbar_init_fence();
+      dsx_cuda::sm90::tma_prefetch_map(tmap);
     }
   }
-  named_sync<1, kWThreads>();  // mbarriers initialised
+  if constexpr (LM == 2) dsx_cuda::sm90::cluster_sync();  // both CTAs' mbarriers initialised
+  else named_sync<1, kWThreads>();                         // mbarriers initialised
 
   if constexpr (ROLE == 0) {
     const uint32_t sQR = base + PL::kOffQR, sQ31 = base + PL::kOffQ31;
@@ -726,6 +766,7 @@ __device__ __forceinline__ void wg_role(const Params& p) {
     const int lim0 = (ok0 ? min(len - p.s_q + (row0 + r0) / p.heads, t_end - 1) : -1) - 2 * c4;
     const int lim1 = (ok1 ? min(len - p.s_q + (row0 + r1) / p.heads, t_end - 1) : -1) - 2 * c4;
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+    const float sl2 = DSX_MLA_SMX ? p.scale * 1.4426950408889634f : p.scale;  // scores in log2 units with SMX
     // this thread's P word (row r0, tokens 2 c4, 2 c4 + 1) in a swizzled block: block i of 8 tokens at
     // pw ^ (i << 4); row r1 = r0 + 8 at + 1024 (same swizzle, r1 & 7 == r0 & 7)
     const uint32_t pw = r0 * 128 + (g << 4) + c4 * 4;
@@ -745,16 +786,27 @@ __device__ __forceinline__ void wg_role(const Params& p) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) wgmma_ss_n64(s, dq + i * 2, dk + (8 * kKBBytes + i * 32) / 16, 1);
       wgmma_commit();
+      if (DSX_MLA_PVLAG == 2) mbar_arrive(bars + 72 + 8 * buf);
       wgmma_wait<0>();
       fence_regs(s);
+      if (DSX_MLA_PVLAG == 1) mbar_arrive(bars + 72 + 8 * buf);
       // s[4i + e]: row e < 2 ? r0 : r1, token t0 + 8i + 2 c4 + (e & 1)
       float mx[2] = {-INFINITY, -INFINITY};
+#if DSX_MLA_SMX
+      if (t0 + kPage - 7 <= min(lim0, lim1)) {  // every token of the page visible to both rows
+#pragma unroll
+        for (int i = 0; i < 32; ++i) {
+          s[i] *= sl2;
+          mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
+        }
+      } else
+#endif
 #pragma unroll
       for (int i = 0; i < 8; ++i)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int tp = t0 + 8 * i + (e & 1);
-          const float v = (tp <= (e < 2 ? lim0 : lim1)) ? s[4 * i + e] * p.scale : -INFINITY;
+          const float v = (tp <= (e < 2 ? lim0 : lim1)) ? s[4 * i + e] * sl2 : -INFINITY;
           s[4 * i + e] = v;
           mx[e >> 1] = fmaxf(mx[e >> 1], v);
         }
@@ -764,7 +816,8 @@ __device__ __forceinline__ void wg_role(const Params& p) {
         mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
         const float m_new = fmaxf(m_run[h], mx[h]);
         const float bse = m_new == -INFINITY ? 0.f : m_new;  // a row with nothing visible yet stays at 0
-        const float alpha = __expf(m_run[h] - bse);
+        // alpha 1 while nothing is visible (O and l are still 0), so a P V warp may skip the rescale
+        const float alpha = m_new == -INFINITY ? 1.f : DSX_MLA_SMX ? ex2_approx(m_run[h] - bse) : __expf(m_run[h] - bse);
         if (c4 == 0) st_shared_f32(sAl + (buf * kWRows + (h ? r1 : r0)) * 4, alpha);
         l_run[h] *= alpha;
         m_run[h] = m_new;
@@ -772,8 +825,13 @@ __device__ __forceinline__ void wg_role(const Params& p) {
       }
 #pragma unroll
       for (int i = 0; i < 8; ++i) {  // P into the rope block (K-major over tokens, swizzled): A of P V
+#if DSX_MLA_SMX
+        const float p0 = ex2_approx(s[4 * i] - mx[0]), p1 = ex2_approx(s[4 * i + 1] - mx[0]);
+        const float p2 = ex2_approx(s[4 * i + 2] - mx[1]), p3 = ex2_approx(s[4 * i + 3] - mx[1]);
+#else
         const float p0 = __expf(s[4 * i] - mx[0]), p1 = __expf(s[4 * i + 1] - mx[0]);
         const float p2 = __expf(s[4 * i + 2] - mx[1]), p3 = __expf(s[4 * i + 3] - mx[1]);
+#endif
         l_run[0] += p0 + p1;
         l_run[1] += p2 + p3;
         st_shared_u32(sRope + (pw ^ (i << 4)), pack_bf16(p0, p1));
@@ -799,7 +857,8 @@ __device__ __forceinline__ void wg_role(const Params& p) {
       for (int h = 0; h < 2; ++h) {
         const int rg = row0 + (h ? r1 : r0);
         if (rg >= p.rows) continue;
-        const float v = l_run[h] > 0.f ? m_run[h] + logf(l_run[h]) : -INFINITY;
+        const float m_nat = DSX_MLA_SMX ? m_run[h] * 0.69314718055994531f : m_run[h];  // log2 units -> natural
+        const float v = l_run[h] > 0.f ? m_nat + logf(l_run[h]) : -INFINITY;
         if (p.splits > 1) p.ws_lse[((int64_t)b * p.splits + split) * p.rows + rg] = v;
         else p.lse[(int64_t)b * p.rows + rg] = v;
       }
@@ -812,13 +871,26 @@ __device__ __forceinline__ void wg_role(const Params& p) {
     auto load = [&](int pg, int buf) {
       const int t = t_begin + pg * kPage, page = pages[t / kPage];
       const uint32_t dst = sK + buf * kTileBytes;
-      if (part == 0) {
-        wg_load_chunks<0, 32>(p.kv, page, t, t_end, dst, wtid);
-        wg_load_chunks<64, 8>(p.kv, page, t, t_end, dst, wtid);
-      } else {
-        wg_load_chunks<32, 32>(p.kv, page, t, t_end, dst, wtid);
+      if constexpr (LM == 0) {
+        if (part == 0) {
+          wg_load_chunks<0, 32>(p.kv, page, t, t_end, dst, wtid);
+          wg_load_chunks<64, 8>(p.kv, page, t, t_end, dst, wtid);
+        } else {
+          wg_load_chunks<32, 32>(p.kv, page, t, t_end, dst, wtid);
+        }
+        cp_async_mbar_arrive_noinc(bars + 8 * buf);
+      } else if (tid == 128) {  // whole pages (the tail past t_end is zeroed after landing, see below)
+        mbar_arrive_expect_tx(bars + 8 * buf, kTileBytes);
+        if constexpr (LM == 1) {
+#pragma unroll 1
+          for (int k = 0; k < kDim / 64; ++k) tma_load_3d(dst + k * kKBBytes, tmap, bars + 8 * buf, 64 * k, 0, page);
+        } else {
+          const int k0 = (blockIdx.x & 1) ? 5 : 0, k1 = (blockIdx.x & 1) ? 9 : 5;
+#pragma unroll 1
+          for (int k = k0; k < k1; ++k)
+            tma_load_3d_mc(dst + k * kKBBytes, tmap, bars + 8 * buf, 64 * k, 0, page, (uint16_t)3);
+        }
       }
-      cp_async_mbar_arrive_noinc(bars + 8 * buf);
     };
     for (int s0 = 0; s0 < 3 && s0 < n_pg; ++s0) load(s0, s0);
     float acc[128];
@@ -829,12 +901,28 @@ __device__ __forceinline__ void wg_role(const Params& p) {
       const uint32_t par = (j / 3) & 1, sKj = sK + buf * kTileBytes;
       mbar_wait(bars + 24 + 8 * buf, par);  // P and alpha of page j (so S of page j is done)
       mbar_wait(bars + 8 * buf, par);       // page j landed (V)
+      if constexpr (LM != 0) {
+        const int valid = t_end - (t_begin + j * kPage);
+        if (valid < kPage) {  // the sequence's last page: zero this warpgroup's V rows past its end (may hold NaN)
+          for (int i = wtid; i < (kPage - valid) * 32; i += 128) {
+            const int r = valid + (i >> 5), blk = part * 4 + ((i >> 3) & 3);
+            *reinterpret_cast<uint4*>(smem + PL::kOffK + buf * kTileBytes + blk * kKBBytes + r * 128 + (i & 7) * 16) =
+                make_uint4(0u, 0u, 0u, 0u);
+          }
+          fence_proxy_async();
+          if (part == 0) named_sync<4, 128>();
+          else named_sync<5, 128>();
+        }
+      }
       fence_proxy_async();
       const float a0 = ld_shared_f32(sAl + (buf * kWRows + r0) * 4), a1 = ld_shared_f32(sAl + (buf * kWRows + r1) * 4);
+      if (!DSX_MLA_SKIP1 || !__all_sync(0xffffffffu, a0 == 1.f && a1 == 1.f)) {  // x 1 changes no bit
 #pragma unroll
-      for (int i = 0; i < 32; ++i) {
-        acc[4 * i] *= a0; acc[4 * i + 1] *= a0; acc[4 * i + 2] *= a1; acc[4 * i + 3] *= a1;
+        for (int i = 0; i < 32; ++i) {
+          acc[4 * i] *= a0; acc[4 * i + 1] *= a0; acc[4 * i + 2] *= a1; acc[4 * i + 3] *= a1;
+        }
       }
+      if (DSX_MLA_PVLAG && j + 1 < n_pg) mbar_wait(bars + 72 + 8 * ((j + 1) % 3), ((j + 1) / 3) & 1);
       const uint32_t sV = sKj + part * 4 * kKBBytes, sP = sKj + 8 * kKBBytes;  // columns [256 part, +256)
       wgmma_fence();
 #pragma unroll
@@ -844,8 +932,19 @@ __device__ __forceinline__ void wg_role(const Params& p) {
       wgmma_wait<0>();
       fence_regs(acc);
       if (j + 3 < n_pg) {  // refill with page j + 3, once both P V warpgroups are done with P
-        named_sync<3, 256>();
-        load(j + 3, buf);
+        if constexpr (LM == 0) {
+          named_sync<3, 256>();
+          load(j + 3, buf);
+        } else {  // each P V warp (of both CTAs of a pair) gives the buffer back; one thread refills it
+          if (lane == 0) {
+            mbar_arrive(bars + 48 + 8 * buf);
+            if constexpr (LM == 2) dsx_cuda::sm90::mbar_arrive_rank(bars + 48 + 8 * buf, (blockIdx.x & 1) ^ 1);
+          }
+          if (tid == 128) {
+            mbar_wait(bars + 48 + 8 * buf, par);
+            load(j + 3, buf);
+          }
+        }
       }
     }
     named_sync<1, kWThreads>();  // sL published
@@ -905,12 +1004,58 @@ cudaError_t launch(const Params& p, int row_tiles, int batch, cudaStream_t strea
   return cudaGetLastError();
 }
 
-cudaError_t launch_wgmma(const Params& p, int row_tiles, int batch, cudaStream_t stream) {
-  static const cudaError_t attr = cudaFuncSetAttribute(mla_decode_wgmma_kernel,
+static PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+// The cache as a 3-D tensor (576 dims, 64 tokens, num_pages); a box is one 64-dim block of a page,
+// [64 tokens][128 B] with the 128-byte swizzle: the k-block-major layout of wswz.
+static bool encode_kv_map(CUtensorMap* map, const void* kv, int64_t num_pages) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+  if (!encode || num_pages < 1 || num_pages > ((int64_t)1 << 31) - 1) return false;
+  const cuuint64_t dims[3] = {(cuuint64_t)kDim, (cuuint64_t)kPage, (cuuint64_t)num_pages};
+  const cuuint64_t strides[2] = {(cuuint64_t)kRowBytes, (cuuint64_t)kPage * kRowBytes};
+  const cuuint32_t box[3] = {64, (cuuint32_t)kPage, 1};
+  const cuuint32_t elem[3] = {1, 1, 1};
+  return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void*>(kv), dims, strides, box, elem,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+template <int LM>
+cudaError_t launch_wgmma_lm(const Params& p, const CUtensorMap& map, int row_tiles, int batch, cudaStream_t stream) {
+  static const cudaError_t attr = cudaFuncSetAttribute(mla_decode_wgmma_kernel<LM>,
                                                        cudaFuncAttributeMaxDynamicSharedMemorySize, PlanWG::kAlloc);
   if (attr != cudaSuccess) return attr;
-  mla_decode_wgmma_kernel<<<dim3(row_tiles, p.splits, batch), kWThreads, PlanWG::kAlloc, stream>>>(p);
-  return cudaGetLastError();
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(LM == 2 ? (row_tiles + 1) & ~1 : row_tiles, p.splits, batch);  // pairs: an odd count gets a
+  cfg.blockDim = dim3(kWThreads);                                                    // padding tile (no rows)
+  cfg.dynamicSmemBytes = PlanWG::kAlloc;
+  cfg.stream = stream;
+  cudaLaunchAttribute attrs[1];
+  attrs[0].id = cudaLaunchAttributeClusterDimension;
+  attrs[0].val.clusterDim.x = LM == 2 ? 2 : 1;
+  attrs[0].val.clusterDim.y = 1;
+  attrs[0].val.clusterDim.z = 1;
+  cfg.attrs = attrs;
+  cfg.numAttrs = LM == 2 ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, mla_decode_wgmma_kernel<LM>, p, map);
+}
+
+cudaError_t launch_wgmma(const Params& p, int64_t num_pages, int row_tiles, int batch, cudaStream_t stream) {
+  CUtensorMap map{};
+  if (DSX_MLA_WG_LOADS == 0 || !encode_kv_map(&map, p.kv, num_pages))  // no driver entry: cp.async
+    return launch_wgmma_lm<0>(p, map, row_tiles, batch, stream);
+  if (DSX_MLA_WG_LOADS == 1) return launch_wgmma_lm<1>(p, map, row_tiles, batch, stream);
+  return launch_wgmma_lm<2>(p, map, row_tiles, batch, stream);
 }
 
 int row_tile_mt(int rows) { return rows >= 64 ? 4 : (rows + 15) / 16; }
@@ -990,7 +1135,7 @@ extern "C" int dsx_mla_decode_paged_bf16_cuda(const void* q, const void* kv_cach
   const int mt = row_tile_mt(p.rows), row_tiles = (p.rows + 16 * mt - 1) / (16 * mt);
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   cudaError_t err;
-  if (p.rows > kWRows) err = launch_wgmma(p, row_tiles, (int)batch, s);  // 64-row tiles, as mt = 4
+  if (p.rows > kWRows) err = launch_wgmma(p, num_pages, row_tiles, (int)batch, s);  // 64-row tiles, as mt = 4
   else switch (mt) {
     case 1: err = launch<1>(p, row_tiles, (int)batch, s); break;
     case 2: err = launch<2>(p, row_tiles, (int)batch, s); break;

@@ -132,9 +132,9 @@ struct PlanWG {
   static constexpr int kOffQR = kOffK + 3 * kTileBytes;         // Q rope dims 512-575 (128-byte swizzle)
   static constexpr int kOffQ31 = kOffQR + kKBBytes;             // Q dims 496-511 (32-byte swizzle, 2 KB)
   static constexpr int kOffAlpha = kOffQ31 + kWRows * 32;       // per-row rescale, one set per page buffer
-  static constexpr int kOffBar = kOffAlpha + 3 * kWRows * 4;    // mbarriers: full[3], p_full[3]
+  static constexpr int kOffBar = kOffAlpha + 3 * kWRows * 4;    // mbarriers: full[3], p_full[3], empty[3], s_done[3]
   static constexpr int kOffL = kOffQR;                          // final row sums (the Q rope block, at the end)
-  static constexpr int kBytes = kOffBar + 6 * 8;
+  static constexpr int kBytes = kOffBar + 12 * 8;
   // No alignment slack fits: the kernel requires (and checks) a 1024-byte aligned dynamic shared base.
   static constexpr int kAlloc = kBytes;
   static_assert(kAlloc <= kMaxSmem, "wgmma plan exceeds 227 KB");
@@ -242,6 +242,35 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
       "mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 done, [%0], %1;\n"
       "@!done bra MBAR_SPIN;\n}\n" ::"r"(bar), "r"(parity) : "memory");
 }
+// Arrives and adds `bytes` to the transactions the current phase waits for (TMA completes them).
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+// TMA: box (x, y, z) of a 3-D tensor map into shared memory at dst, completing on bar (this CTA).
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int x, int y, int z) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], "
+      "[%2];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(x), "r"(y), "r"(z)
+      : "memory");
+}
+// The same into the same shared-memory offset of every CTA of the cluster in `mask`, each completing
+// on its own mbarrier at bar's offset.
+__device__ __forceinline__ void tma_load_3d_mc(uint32_t dst, const CUtensorMap* map, uint32_t bar, int x, int y, int z,
+                                               uint16_t mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
+      " [%0], [%1, {%3, %4, %5}], [%2], %6;\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(x), "r"(y), "r"(z), "h"(mask)
+      : "memory");
+}
+
+__device__ __forceinline__ float ex2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 template <int N>
 __device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N)); }
 template <int N>

@@ -31,7 +31,10 @@ GPU_CASES = CASES + [(5, 1, 128, [64, 1, 4096, 333, 1000]), (3, 2, 48, [2, 640, 
                      # wgmma path (> 64 rows, 64-row tiles): H 128 x S_q 1..2, ragged, shorter than a page,
                      # partial last tiles (72 = 64 + 8, 200 = 3 x 64 + 8 rows)
                      (3, 2, 128, [5, 700, 4099]), (2, 1, 128, [40, 4096]), (1, 1, 72, [300]),
-                     (2, 2, 100, [130, 64])]
+                     (2, 2, 100, [130, 64]),
+                     # TMA-multicast CTA pairs: 3 row tiles (150 rows: the pair's second CTA has no rows),
+                     # one-page caches (a full page, two tokens), 256 rows over many pages
+                     (2, 3, 50, [700, 65]), (2, 2, 128, [64, 2]), (1, 4, 64, [8192])]
 
 
 @pytest.mark.parametrize("b,s_q,h,lens", GPU_CASES)
@@ -52,4 +55,13 @@ def test_cuda_is_deterministic_with_splits():
     q, kv, pt, cl, scale = make_case(4, 2, 16, [3000, 70, 4000, 2])
     a = M.mla_decode_cuda(q, kv, pt, cl, scale, num_splits=7)
     b = M.mla_decode_cuda(q, kv, pt, cl, scale, num_splits=7)
+    assert np.array_equal(a[0].view(np.uint16), b[0].view(np.uint16)) and np.array_equal(a[1], b[1])
+
+
+@pytest.mark.parametrize("splits", [0, 3])
+def test_cuda_wgmma_path_is_deterministic(splits):
+    # more than 64 rows: the wgmma CTAs (TMA-multicast pairs), ragged lengths, a partial last page
+    q, kv, pt, cl, scale = make_case(3, 2, 128, [3000, 70, 4001])
+    a = M.mla_decode_cuda(q, kv, pt, cl, scale, num_splits=splits)
+    b = M.mla_decode_cuda(q, kv, pt, cl, scale, num_splits=splits)
     assert np.array_equal(a[0].view(np.uint16), b[0].view(np.uint16)) and np.array_equal(a[1], b[1])

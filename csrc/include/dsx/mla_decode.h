@@ -35,10 +35,14 @@
  * the dims [0, 144), [144, 288), [288, 432), [432, 576); with more rows one warp accumulates
  * all 576 dims of a score. With more than 64 rows (S_q * H > 64: 128 heads per rank) a CTA of
  * three warpgroups takes 64 rows and whole 64-token pages through three page buffers: scores by
- * bf16 wgmma (fp32 accumulation) in one warpgroup with the fp32 online softmax, P rounded to bf16,
- * and P V by wgmma in the two others (256 output columns each), so the scores of page j+1 overlap
- * P V of page j; each row sum is accumulated per lane in token order and combined over the lane
- * quad in a fixed order. num_splits = 0 picks the split
+ * bf16 wgmma (fp32 accumulation) in one warpgroup with the fp32 online softmax (in log2 units:
+ * scores times softmax_scale * log2(e), p = 2^(s - m), lse converted back to natural log), P
+ * rounded to bf16, and P V by wgmma in the two others (256 output columns each); P V of page j
+ * starts once the scores of page j+1 are done, so it fills the tensor cores while the softmax of
+ * page j+1 runs. Pages arrive by TMA (whole pages; slots past the sequence's end are zeroed in
+ * shared memory before P V); the two 64-row CTAs of one sequence form a cluster and each loads
+ * half of every page into both (multicast). Each row sum is accumulated per lane in token order
+ * and combined over the lane quad in a fixed order. num_splits = 0 picks the split
  * count from the SM count; with more than one split the partials (fp32 out and lse per split)
  * go to the caller's workspace and a second kernel merges them in split order. Summation
  * orders are fixed: the result is deterministic for given sizes and num_splits.
