@@ -227,6 +227,23 @@ def test_whole_x_rule_up_to_8_rows():
         assert np.array_equal(a.view(np.uint16), b.view(np.uint16)), f"auto vs {w:#x}: bits differ"
 
 
+@pytest.mark.parametrize("m", [1, 4, 8])
+def test_short_slice_rule_up_to_8_rows(m):
+    """Int4 per channel up to 8 rows: where the split score leaves slices of <= 2 steps, auto takes
+    the most splits whose slices hold >= 8 steps while the grid keeps a block for 3/4 of the SMs
+    (7168 x 2048: 16 steps, 56 blocks of 8 warps a slice: 2 splits). Right against float64, and the
+    same bits as 2 splits with other ring / x fields, one step at a time, one tile group a block."""
+    n, k = 7168, 2048
+    cfg = G.cuda_config(m, n, k, 4, -1)
+    assert (cfg["warps"], cfg["splits"]) == (8, 2), cfg
+    x, q, s, wd = make(m, n, k, 4, -1, seed=13)
+    a = G.gemm_weight_only_cuda(x, q, s, 4, -1, 90)
+    check_bound(a, x, wd, f"short-slice rule, m {m}")
+    for w in (word(8, 2, 3, 2, 2) | ONE_STEP, word(8, 2, 0, 1, 2) | ONE_GROUP, word(4, 2, 1, 3, 1)):
+        b = run_raw(x, q, s, 4, -1, w)
+        assert np.array_equal(a.view(np.uint16), b.view(np.uint16)), f"auto vs {w:#x}: bits differ"
+
+
 @pytest.mark.parametrize("m,n,k", [(17, 16896, 2048), (32, 16896, 2048), (40, 16896, 2048), (64, 8576, 2048),
                                    (100, 16896, 2048), (32, 16896, 7232), (64, 8576, 7232), (64, 7168, 2048),
                                    (32, 1024, 2048)])
