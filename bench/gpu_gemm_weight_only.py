@@ -24,7 +24,10 @@ With --sweep, int4 per channel at M = 1 and 16 is also timed over (warps, splits
 slots, steps per slot; x chunk at M = 16) so the automatic choice can be tuned; the best is
 printed beside the automatic one. --sweep-list "w8s4d1b2,w8s2d2b4,..." replaces that list
 (and --sweep-ms 1,4,8 the M values swept): any words, ring slots 1 included (one slot refilled
-early, M <= 8), packed here directly (algo_word refuses one slot).
+early, M <= 8), packed here directly (algo_word refuses one slot); a trailing "+HEX" adds those
+algo bits (w8s4d1b4+1000000: PDL). With --sweep-libs a.so,b.so (other builds of the entry, e.g.
+diagnostic ones made by bench/wo_alt_lib.sh) every swept word is timed on them too, same inputs,
+same run ("w0s0d0b0" is the automatic config).
 With --alt-lib LIB (a shared library exporting dsx_wo_gemm_bf16_nt_cuda, e.g. the previous
 kernel built alone: bench/wo_alt_lib.sh), that build is timed on the same inputs in the same
 run ("alt us" and its ratio to torch), so two kernels compare without run-to-run drift.
@@ -108,6 +111,12 @@ class Problem:
 
 DIAG = {}  # "fn": dsx_wo_gemm_bf16_nt_cuda of a build with -DDSX_WO_NOMATH (--diag-lib)
 ALT = {}   # "fn": the same entry of another build (--alt-lib: e.g. the previous kernel), timed beside ours
+SWEEP_LIBS = {}  # name -> the same entry of other builds (--sweep-libs): each swept word timed there too
+
+
+def _ok(rc: int) -> None:
+    if rc:
+        raise RuntimeError(f"rc {rc}")
 
 
 def load_entry(path: str):
@@ -158,15 +167,25 @@ def bench_row(pb: Problem, m: int, rng, sweep: bool, anchors: dict) -> dict:
            "us_nomath": us_nomath and round(us_nomath, 2), "us_alt": us_alt and round(us_alt, 2)}
     if sweep:
         best = ("auto", us)
-        for w, s, c, d, b in SWEEP_LIST or (SWEEP + (SWEEP_M16 if m == 16 else [])):
-            key = f"w{w}_s{s}_d{d}_b{b}" + (f"_c{c}" if c else "")
+        for w, s, c, d, b, *fl in SWEEP_LIST or (SWEEP + (SWEEP_M16 if m == 16 else [])):
+            extra = fl[0] if fl else 0
+            key = f"w{w}_s{s}_d{d}_b{b}" + (f"_c{c}" if c else "") + (f"_x{extra:x}" if extra else "")
             try:
-                t, _ = time_graph(calls(w | s << 4 | c << 8 | d << 16 | b << 20))
+                t, _ = time_graph(calls(w | s << 4 | c << 8 | d << 16 | b << 20 | extra))
             except Exception as exc:  # a config that does not fit (shared memory) is skipped
                 row[f"us_{key}"] = repr(exc)[:60]
                 continue
             row[f"us_{key}"] = round(t, 2)
             best = min(best, (key, t), key=lambda b: b[1])
+            for name, f in SWEEP_LIBS.items():  # the same word on another build (diagnostic builds)
+                algo = w | s << 4 | c << 8 | d << 16 | b << 20 | extra
+                try:
+                    row[f"us_{key}@{name}"] = round(time_graph(
+                        [lambda st, i=i, f=f, algo=algo: _ok(f(dx[i].ptr, pb.dq[i].ptr, pb.ds[i].ptr, out.ptr, m,
+                                                               pb.n, pb.k, pb.bits, pb.group, 90, algo, st.handle))
+                         for i in range(pb.sets)])[0], 2)
+                except Exception as exc:
+                    row[f"us_{key}@{name}"] = repr(exc)[:60]
         row.update(best=best[0], best_us=round(best[1], 2))
     akey = (pb.n, pb.k, m)
     if torch is not None and akey not in anchors and (pb.bits, pb.group) == (4, -1):
@@ -207,16 +226,17 @@ def table(rows, copy_tbps) -> str:
     return "\n".join(lines)
 
 
-def profile(n: int, k: int, m: int) -> int:
-    """Three plain launches (automatic config) on rotating weight sets: a target for ncu."""
+def profile(n: int, k: int, m: int, algo: int = 0) -> int:
+    """Three plain launches (automatic config, or the word `algo`) on rotating weight sets: a target for ncu."""
     rng = np.random.default_rng(0)
     pb = Problem(n, k, 4, -1, rng)
     x = cuda.to_device(rng.standard_normal((m, k)).astype(np.float32).astype(G.BF16).view(np.uint16))
     out = cuda.empty((m, n), np.uint16)
     for i in range(3):
-        G.gemm_weight_only_cuda_device(x, pb.dq[i % pb.sets], pb.ds[i % pb.sets], out, bits=4, group_size=-1)
+        _ok(G._cuda_fns()[0](x.ptr, pb.dq[i % pb.sets].ptr, pb.ds[i % pb.sets].ptr, out.ptr, m, n, k, 4, -1, 90,
+                             algo, None))
     cuda.synchronize()
-    print(json.dumps({"profiled": [n, k, m], "config": G.cuda_config(m, n, k, 4, -1)}))
+    print(json.dumps({"profiled": [n, k, m, hex(algo)], "config": G.cuda_config(m, n, k, 4, -1, algo & 0x7FFFFFF)}))
     return 0
 
 
@@ -229,24 +249,32 @@ def main() -> int:
     ap.add_argument("--diag-lib", default="", help="a libdsx build with -DDSX_WO_NOMATH: adds a 'nomath' column")
     ap.add_argument("--alt-lib", default="",
                     help="another build of dsx_wo_gemm_bf16_nt_cuda (e.g. the previous kernel): adds 'alt us' + ratio")
-    ap.add_argument("--profile", default="", help="NxKxM: only launch int4 per channel there 3 times (for ncu)")
-    ap.add_argument("--sweep-list", default="", help='configs to sweep instead, e.g. "w8s4d1b2,w8s4d2b2c7"')
+    ap.add_argument("--profile", default="",
+                    help="NxKxM: only launch int4 per channel there 3 times (for ncu)")
+    ap.add_argument("--profile-algo", default="0", help="the algo word --profile launches (e.g. 0x80f0288)")
+    ap.add_argument("--sweep-list", default="",
+                    help='configs to sweep instead, e.g. "w8s4d1b2,w8s4d2b2c7,w8s4d1b4+1000000" (+HEX: more algo bits)')
+    ap.add_argument("--sweep-libs", default="",
+                    help="other builds (e.g. wo_alt_lib.sh . nomath.so -DDSX_WO_NOMATH): every swept word timed there too")
     ap.add_argument("--sweep-ms", default="", help="M values swept (default 1,16)")
     ap.add_argument("--ms", default="", help="comma-separated M for int4 per channel (any, e.g. 1,16,32; the other layouts keep their subset of these)")
     args = ap.parse_args()
     if args.profile:
-        return profile(*(int(v) for v in args.profile.split("x")))
+        return profile(*(int(v) for v in args.profile.split("x")), int(args.profile_algo, 0))
     if args.sweep_list:
         import re
         for t in args.sweep_list.split(","):
-            w, sp, d, b, c = re.fullmatch(r"w(\d+)s(\d+)d(\d+)b(\d+)(?:c(\d+))?", t.strip()).groups()
-            SWEEP_LIST.append((int(w), int(sp), int(c or 0), int(d), int(b)))
+            w, sp, d, b, c, x = re.fullmatch(r"w(\d+)s(\d+)d(\d+)b(\d+)(?:c(\d+))?(?:\+([0-9a-fA-F]+))?",
+                                             t.strip()).groups()
+            SWEEP_LIST.append((int(w), int(sp), int(c or 0), int(d), int(b), int(x or "0", 16)))
     if args.sweep_ms:
         SWEEP_MS[:] = [int(v) for v in args.sweep_ms.split(",")]
     if args.diag_lib:
         DIAG["fn"] = load_entry(args.diag_lib)
     if args.alt_lib:
         ALT["fn"] = load_entry(args.alt_lib)
+    for lib in filter(None, args.sweep_libs.split(",")):
+        SWEEP_LIBS[Path(lib).stem] = load_entry(lib)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)

@@ -545,18 +545,36 @@ int choose(int64_t m, int64_t n, int64_t k, int bits, int group, int algo, int s
       if (score > best + 1e-9) best = score, splits = sp;
     }
     if (splits == 0) splits = 1;
+    // Up to 8 rows, int4 per channel: where the score leaves slices of at most 2 steps (a block's
+    // fixed costs then outweigh its stream), the most splits whose slices hold at least 8 steps,
+    // if the grid still has a block for 3/4 of the SMs (measured, H200, same run: 7168 x 2048
+    // M = 1, 8 splits 8.49 us, 2 splits 7.83; M = 8 9.46 against 9.28).
+    if (rows <= 8 && bits == 4 && group == -1 && (nsteps + splits - 1) / splits <= 2) {
+      for (int sp = splits / 2; sp >= 1; sp /= 2) {
+        if (nsteps / sp >= 8) {
+          if (4 * blocks_n * sp >= 3 * int64_t(sms)) splits = sp;
+          break;
+        }
+      }
+    }
     // 9..16 rows: where x would come in chunks but twice the splits hold it whole, and the
     // blocks then loop over at least 2 tile groups each, take twice the splits: a persistent
     // block stages whole x once, chunks again for every tile group (measured: 36864 x 7168,
     // M = 16, 86.6 us at 4 splits, 77.3 us at 8).
+    // Up to 8 rows, int4 per channel: the same without the tile-group condition: chunked x
+    // costs a block-wide barrier a chunk, and the one-slot rings wait on it (measured, H200,
+    // same run as the previous rule: 7168 x 18432 M = 8, 4 splits with x in chunks of 11 steps
+    // 35.4 us against 33.2 at 8 splits with x whole; wo5 saw 35.7 against 33.6 in two runs).
     const int sp2 = 2 * splits, per2 = (nsteps + sp2 - 1) / sp2;
     int c1, s1, b1, c2, s2, b2;
     fill(splits, &c1, &s1, &b1);
     fill(sp2, &c2, &s2, &b2);
-    if (rows > 8 && rows <= 16 && sp2 <= kMaxSplits && per2 >= 2 && c1 < (nsteps + splits - 1) / splits && c2 >= per2) {
+    const bool low_rows = rows <= 8 && bits == 4 && group == -1;
+    if ((low_rows || (rows > 8 && rows <= 16)) && sp2 <= kMaxSplits && per2 >= 2 &&
+        c1 < (nsteps + splits - 1) / splits && c2 >= per2) {
       const int64_t sm2 = smem_bytes(rows, bits, gmode, warps, s2, b2, c2, per2);
       const int occ2 = sm2 <= kSmemPerBlock ? blocks_per_sm(warps, sm2, mt) : 0;
-      if (occ2 > 0 && double(blocks_n) * sp2 >= 2.0 * occ2 * sms) splits = sp2;
+      if (occ2 > 0 && (low_rows || double(blocks_n) * sp2 >= 2.0 * occ2 * sms)) splits = sp2;
     }
     // Up to 16 rows, where the slices have an odd number of steps (each then ends in a slot
     // of one step, a copy of its own) or differ in length, one split fewer that cuts the steps

@@ -206,6 +206,44 @@ def test_decode_sizes_match_cpu(m, n, k, bits, group):
     assert (diff <= 2.0**-7 * np.abs(cpu) + 1e-3 * np.abs(cpu).max()).all(), f"cuda vs cpu: max diff {diff.max()}"
 
 
+def test_whole_x_rule_up_to_8_rows():
+    """Int4 per channel up to 8 rows: where x would come in chunks at the chosen split but twice the
+    splits hold it whole, auto takes twice the splits (7168 x 18432: 144 steps; from 6 rows on,
+    4 splits would stage x in chunks). Up to 8 rows on that shape x is then always staged whole;
+    at 8 rows: right against float64, and the same bits as 8 splits with x in chunks of 3 steps,
+    2 slots of 2 steps one step at a time, one tile group a block (only splits moves the bits)."""
+    n, k = 7168, 18432
+    for m in range(1, 9):
+        cfg = G.cuda_config(m, n, k, 4, -1)
+        per = -(-144 // cfg["splits"])
+        assert cfg["chunk"] >= per, f"m {m}: x in chunks {cfg}"
+        if m >= 6:  # (4 splits would chunk x: 6 rows x 36 steps x 256 bytes > 48 KB)
+            assert cfg["splits"] == 8 and cfg["chunk"] == 18, f"m {m}: {cfg}"
+    x, q, s, wd = make(8, n, k, 4, -1, seed=12)
+    a = G.gemm_weight_only_cuda(x, q, s, 4, -1, 90)
+    check_bound(a, x, wd, "whole x rule, m 8")
+    for w in (word(8, 8, 3, 1, 4), word(8, 8, 0, 2, 2) | ONE_STEP, word(8, 8, 0, 1, 4) | ONE_GROUP):
+        b = run_raw(x, q, s, 4, -1, w)
+        assert np.array_equal(a.view(np.uint16), b.view(np.uint16)), f"auto vs {w:#x}: bits differ"
+
+
+@pytest.mark.parametrize("m", [1, 4, 8])
+def test_short_slice_rule_up_to_8_rows(m):
+    """Int4 per channel up to 8 rows: where the split score leaves slices of <= 2 steps, auto takes
+    the most splits whose slices hold >= 8 steps while the grid keeps a block for 3/4 of the SMs
+    (7168 x 2048: 16 steps, 56 blocks of 8 warps a slice: 2 splits). Right against float64, and the
+    same bits as 2 splits with other ring / x fields, one step at a time, one tile group a block."""
+    n, k = 7168, 2048
+    cfg = G.cuda_config(m, n, k, 4, -1)
+    assert (cfg["warps"], cfg["splits"]) == (8, 2), cfg
+    x, q, s, wd = make(m, n, k, 4, -1, seed=13)
+    a = G.gemm_weight_only_cuda(x, q, s, 4, -1, 90)
+    check_bound(a, x, wd, f"short-slice rule, m {m}")
+    for w in (word(8, 2, 3, 2, 2) | ONE_STEP, word(8, 2, 0, 1, 2) | ONE_GROUP, word(4, 2, 1, 3, 1)):
+        b = run_raw(x, q, s, 4, -1, w)
+        assert np.array_equal(a.view(np.uint16), b.view(np.uint16)), f"auto vs {w:#x}: bits differ"
+
+
 @pytest.mark.parametrize("m,n,k", [(17, 16896, 2048), (32, 16896, 2048), (40, 16896, 2048), (64, 8576, 2048),
                                    (100, 16896, 2048), (32, 16896, 7232), (64, 8576, 7232), (64, 7168, 2048),
                                    (32, 1024, 2048)])
