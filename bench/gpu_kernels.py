@@ -34,15 +34,15 @@ DENSE = [(m, n, k) for m in (4096, 128, 64, 16) for (n, k) in ((7168, 2048), (20
 # of N-adjacent tiles, the A tile shared: variants 8, 9)
 TUNE_LARGE = {"auto": 0, "coop": 1, "ovl": 5, "large": 7, "large_n192": 7 | 2 << 12, "large_m256": 7 | 4 << 12,
               "large_mc": 7 | 5 << 12, "large_n192_mc": 7 | 6 << 12, "large_m256_mc": 7 | 7 << 12,
-              "large_mcA": 7 | 8 << 12, "large_n192_mcA": 7 | 9 << 12, "large_early": 7 | 10 << 12}
-# large_early: 128x128 with each K block's scale products formed one block ahead (variant 10; "large" is
-# variant 0 = 1, the same tiles and bits)
+              "large_mcA": 7 | 8 << 12, "large_n192_mcA": 7 | 9 << 12, "large_v1": 7 | 1 << 12}
+# large: variant 0 = 10, 128x128 with each K block's scale products formed one block ahead (auto's 128x128);
+# large_v1: variant 1, the order before (the same tiles and bits)
 # small M: the CUTLASS kernels auto chose before (pingpong 3, swap-AB split-K 2) and the hand-written
 # kernel 6 (swap-AB, K split over a cluster of `s` CTAs; auto split count), with programmatic dependent
 # launch (bit 28: each launch of the graph may start while the previous one finishes) or without
 SMALL_SHAPES = ((7168, 2048), (2048, 7168), (24576, 1536), (4096, 7168), (7168, 18432))
 PDL = 1 << 28
-# kernel 6's weight rows per CTA (algo bits 8..11): 1 = 128 rows, one CTA per SM; 2 = 64 rows, 2-3 CTAs per SM
+# kernel 6's weight rows per CTA (algo bits 8..9): 1 = 128 rows, one CTA per SM; 2 = 64 rows, 2-3 CTAs per SM
 R128, R64 = 1 << 8, 2 << 8
 # kernel 6's other knobs (their automatic values: two alternating wgmma temporaries where they fit, 64 tokens
 # per CTA at M > 64 when 4 ceil(N/128) <= SMs, 128-byte L2 promotion, token tiles adjacent in the grid): T1 = one
@@ -51,6 +51,8 @@ R128, R64 = 1 << 8, 2 << 8
 # stages instead of 8 (bits 20..23; at 64 rows a forced count above what three CTAs a SM hold runs fewer a SM)
 T1, L256, W32, WALL, WMAJ = 1 << 12, 1 << 4, 2 << 24, 4 << 24, 1 << 6
 LATE = 1 << 14  # a K step's scale products read after its wgmma wait (the order before; now before the wait)
+OLD = 1 << 10  # the consumer loop's form before (bits 10..11 = 1: stage by division, per-thread descriptors)
+SBI = 3 << 14  # a K step's scale products read before the next step's issue (two temporaries; automatic: before the wait)
 ST10, ST12 = 10 << 20, 12 << 20
 TUNE_SMALL = {"auto": 0, "auto_pdl": PDL, "pingpong": 3, "swapAB_dp": 4 | 1 << 12, "swapAB_splitK2": 4 | 2 << 12 | 2 << 16,
               "small": 6 | R128, "small_pdl": 6 | R128 | PDL, "small_s1": 6 | R128 | 1 << 16,
@@ -58,14 +60,18 @@ TUNE_SMALL = {"auto": 0, "auto_pdl": PDL, "pingpong": 3, "swapAB_dp": 4 | 1 << 1
               "small64": 6 | R64, "small64_pdl": 6 | R64 | PDL, "small64_s1": 6 | R64 | 1 << 16,
               "small64_s2": 6 | R64 | 2 << 16, "small64_s4": 6 | R64 | 4 << 16,
               "small_wall": 6 | R128 | WALL, "small_w32": 6 | R128 | W32, "small_st12": 6 | R128 | ST12,
-              "small_wmaj": 6 | R128 | WMAJ, "small_t1": 6 | R128 | T1, "small_w32_st10": 6 | R128 | W32 | ST10,
-              "small_w32_t1": 6 | R128 | W32 | T1, "small_w32_t1_st10": 6 | R128 | W32 | T1 | ST10,
-              "small64_s1_st12": 6 | R64 | 1 << 16 | ST12, "small64_s2_st12": 6 | R64 | 2 << 16 | ST12,
-              "small64_s2_l256": 6 | R64 | 2 << 16 | L256, "small_late": 6 | R128 | LATE, "small64_late": 6 | R64 | LATE,
-              "small_w32_late": 6 | R128 | W32 | LATE, "small_t1_late": 6 | R128 | T1 | LATE, "small6": 6}
+              "small_wmaj": 6 | R128 | WMAJ, "small_t1": 6 | R128 | T1, "small_w32_t1": 6 | R128 | W32 | T1, "small6": 6,
+              "small6_old": 6 | OLD, "small_old": 6 | R128 | OLD, "small64_old": 6 | R64 | OLD,
+              "small_w32_old": 6 | R128 | W32 | OLD, "small_t1_old": 6 | R128 | T1 | OLD,
+              "small6_sbi": 6 | SBI, "small_w32_sbi": 6 | R128 | W32 | SBI}
 # --focus: the shapes and variants of one question, each shape several times (they move +-5% within a run)
-FOCUS = {(4096, 2048, 7168): ("large", "large_early"), (1024, 2048, 7168): ("large", "large_early"),
-         (128, 4096, 7168): ("small6", "swapAB_dp")}
+# (the three M <= 128 shapes that were short of 1.5x cuBLAS, and 64x7168x2048: auto (algo 6 in the consumer loop's
+# uniform form), the form before, the scale reads before the next issue, 32 tokens a CTA, the CUTLASS kernel auto
+# ran at 128x4096x7168 and 64x7168x2048, the K splits that fill the SMs at 16x7168x2048, PDL)
+FOCUS = {(128, 4096, 7168): ("small6_old", "small6_sbi", "small_w32", "swapAB_dp", "auto_pdl"),
+         (16, 4096, 7168): ("small6_old", "small6_sbi", "auto_pdl"),
+         (16, 7168, 2048): ("small6_old", "small6_sbi", "small64_s2", "small_s2", "auto_pdl"),
+         (64, 7168, 2048): ("small6_old", "small_w32_sbi", "swapAB_dp", "small", "auto_pdl")}
 # the fixed cost of one launch in a graph: one K block, two weight tiles (kernel 6: one CTA per tile)
 LAUNCH_PROBE = (16, 256, 128)
 

@@ -39,10 +39,10 @@ bool decode(int algo, Algo* out) {
          (out->tuning.decomposition <= 3 || out->base == kLarge || out->base == kSmall) &&  // kLarge: its variant, 0..10
          (out->tuning.reduction <= 1 || out->base == kSmall) && (algo >> (kPdlBit + 1)) == 0 &&
          (!out->pdl || out->base == kSmall || out->base == kAuto) &&
-         // algo 6: bits 4..5 L2 promotion, 6..7 grid order, 8..11 weight rows per CTA, 12..13 wgmma
-         // temporaries, 14..15 when the scales are read, 24..27 tokens per CTA
+         // algo 6: bits 4..5 L2 promotion, 6..7 grid order, 8..9 weight rows per CTA, 10..11 the consumer
+         // loop's form, 12..13 wgmma temporaries, 14..15 when the scales are read, 24..27 tokens per CTA
          (out->base != kSmall ||
-          (out->tuning.swizzle <= 2 && (out->tuning.decomposition & 3) <= 2 && (out->tuning.decomposition >> 2) <= 2 &&
+          ((out->tuning.swizzle & 3) <= 2 && (out->tuning.swizzle >> 2) <= 2 && (out->tuning.decomposition & 3) <= 2 &&
            (out->tuning.raster >> 2) <= 2 && out->tuning.reduction <= 4));
 }
 
@@ -65,7 +65,7 @@ constexpr int64_t kOverlapMinRows = 1024;
 
 // Swap-AB without K splits (data-parallel 128x32 tiles) when its tiles fill between half and all
 // of the SMs in one wave: H200, against what algo 0 ran before (pingpong or the small-M kernel),
-// 128x4096x7168 16.3 vs 20.1 us, 64x7168x2048 8.5 vs 9.0, 64x7168x18432 38.8 vs 41.7; with more
+// 128x4096x7168 16.3 vs 20.1 us (the small-M kernel takes it back since: use_small), 64x7168x2048 8.5 vs 9.0, 64x7168x18432 38.8 vs 41.7; with more
 // tiles than SMs it was slower (128x7168x2048 12.5 vs 9.6, 128x7168x18432 66.6 vs 49.8), with
 // fewer than half the SMs the small-M kernel or split-K won (64x2048x7168, 64x4096x7168).
 bool swap_dp_auto(const GemmNt& g) {
@@ -78,10 +78,14 @@ bool swap_dp_auto(const GemmNt& g) {
 // True when the hand-written small-M kernel runs: forced, or chosen by algo 0 (decode-sized M,
 // see dsx_cuda::small_auto: at most one 128-row weight tile per SM, and M <= 32, or M <= 64 with
 // K >= 4096; or M <= 64 with more 128-row tiles than SMs but 64-row tiles that fit one wave), unless
-// swap-AB data-parallel fills the SMs better (swap_dp_auto).
+// swap-AB data-parallel fills the SMs better (swap_dp_auto); at 64 < M <= 128 (two 64-token tiles,
+// K >= 4096) and at 32 < M <= 64 with K < 4096 where two 32-token tiles fill half to all of the SMs
+// (dsx_cuda::small_before_swap_dp) before swap-AB data-parallel: H200, same run, three rounds,
+// 128x4096x7168 15.54 / 15.41 / 15.31 us against 16.81 / 16.55 / 16.30 (since the consumer loop's
+// uniform form; 17.0-17.3 before); 64x7168x2048 see w32_auto in gemm_fp8_small.cu.
 bool use_small(const GemmNt& g, const Algo& a) {
   if (a.base == kSmall) return true;
-  return a.base == kAuto && !swap_dp_auto(g) && dsx_cuda::small_auto(g);
+  return a.base == kAuto && (dsx_cuda::small_before_swap_dp(g) || !swap_dp_auto(g)) && dsx_cuda::small_auto(g);
 }
 
 // True when a CUTLASS kernel should run; resolves kAuto to the CUTLASS kernel it picks in
@@ -202,9 +206,10 @@ extern "C" int dsx_gemm_fp8_nt_cuda(const uint8_t* a, const float* sa, const uin
   if (!a || !sa || !b || !sb || !out) return DSX_EINVAL;
   const GemmNt g{a, sa, b, sb, out, m, n, k};
   const auto s = static_cast<cudaStream_t>(stream);
-  // kSmall's knobs: bits 16..23 K splits (cluster size, 0 automatic), bits 8..11 weight rows per CTA
-  // (0 automatic, 1: 128, 2: 64), bits 12..13 wgmma temporaries (0 automatic, 1, 2), bits 14..15 scale reads
-  // (0 automatic, 1: after the wgmma wait, 2: before it), bits 24..27
+  // kSmall's knobs: bits 16..23 K splits (cluster size, 0 automatic), bits 8..9 weight rows per CTA
+  // (0 automatic, 1: 128, 2: 64), bits 10..11 the consumer loop's form (0 automatic, 1: the form before,
+  // 2: stage counters, uniform descriptors, ld.shared scales), bits 12..13 wgmma temporaries (0 automatic, 1, 2), bits 14..15 scale reads
+  // (0 automatic = 2, 1: after the wgmma wait, 2: before it, 3: before the next K step's issue), bits 24..27
   // tokens per CTA (0 automatic, 1: 16, 2: 32, 3: 64, 4: all), bits 4..5 L2 promotion (0 automatic, 1: 256 B, 2: 128 B,
   // 3: none), bits 6..7 grid order (0 automatic, 1: weight tiles adjacent, 2: token tiles adjacent), bit 28 PDL
   if (use_small(g, al)) {

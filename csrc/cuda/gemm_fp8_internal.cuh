@@ -71,6 +71,8 @@ int cutlass_grouped_run(const GemmNt& g, const int32_t* offsets, int64_t experts
 constexpr int64_t kSmallMaxRows = 128;
 bool small_supported(const GemmNt& g);
 bool small_auto(const GemmNt& g);
+// algo 0 prefers the small-M kernel to swap-AB data-parallel here (where small_auto also holds)
+bool small_before_swap_dp(const GemmNt& g);
 int small_run(const GemmNt& g, int knobs, bool pdl, cudaStream_t s);
 
 // ---- hand-written persistent sm_90a kernel for large M (gemm_fp8_large.cu) ----

@@ -526,8 +526,10 @@ bool large_supported(const GemmNt& g) {
 int large_run(const GemmNt& g, int variant, int group, cudaStream_t stream) {
   if (!large_supported(g) || group < 0) return DSX_EINVAL;
   switch (variant) {
-    case 0:
-    case 1:
+    case 0:   // the default: variant 10's form (auto's 128x128)
+    case 10:  // variant 1, each block's scale products formed one block ahead (same bits)
+      return launch<128, 128, true, 1, false, true>(g, group, stream);
+    case 1:  // the order before variant 10 (the same bits)
       return launch<128, 128, true, 1>(g, group, stream);
     case 2:
       return launch<128, 192, false, 1>(g, group, stream);
@@ -545,8 +547,6 @@ int large_run(const GemmNt& g, int variant, int group, cudaStream_t stream) {
       return launch<128, 128, true, 2, true>(g, group, stream);
     case 9:
       return launch<128, 192, false, 2, true>(g, group, stream);
-    case 10:  // variant 1, each block's scale products formed one block ahead (same bits)
-      return launch<128, 128, true, 1, false, true>(g, group, stream);
     default:
       return DSX_EINVAL;
   }

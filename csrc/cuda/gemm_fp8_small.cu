@@ -43,8 +43,19 @@
 // empty-barrier arrival per consumer warp instead of per thread (within 1% on all 15 shapes).
 // The grid puts the token tiles of one weight tile side by side (knob: the other order): the same
 // time, but L2 hit and fabric sectors down to CUTLASS swap-AB's (ncu, 128x4096x7168, 32 tokens a
-// CTA). With those equal, 32 tokens a CTA (CUTLASS swap-AB's tiles and grid) still takes 22 us
-// against CUTLASS's 16.4: the L2 traffic was not the cause.
+// CTA). With those equal, 32 tokens a CTA (CUTLASS swap-AB's tiles and grid) still took 22 us
+// against CUTLASS's 16.4: the L2 traffic was not the cause. The consumer loop was: the stage and
+// parity came from divisions by the runtime stage count, the wgmma descriptors were rebuilt per
+// thread from the thread index and moved to uniform registers (R2UR) before every wgmma, and the
+// scales were read through a generic pointer (LD.E). The uniform form (loop-form knob, automatic)
+// counts the stage along, keeps the descriptors in uniform registers and reads the scales with
+// ld.shared: H200, bench --small, same run, 128x4096x7168 at 32 tokens a CTA 16.3 us against 20.4
+// before (CUTLASS swap-AB 16.3), at 64 tokens 16.0 against 16.6 (--focus, 4 rounds: 15.9-16.1 against
+// 16.6-16.9); all 15 --small shapes 1.5-15% faster (ncu, 64 tokens: the loop's stalls are then
+// mostly the full-barrier waits, i.e. the data; the first one, the pipeline fill, about 12%).
+// Tried and dropped: an L2 prefetch (cp.async.bulk.prefetch.tensor) of the CTA's weight tiles past
+// the ring's first fill, issued once that fill is: 7-24% slower on 128x4096x7168, 16x4096x7168 and
+// 16x7168x2048 (three rounds each).
 #include "gemm_fp8_internal.cuh"
 #include "sm90_ptx.cuh"
 
@@ -84,12 +95,19 @@ struct Params {
   int splits, stages;
   int pdl;
   int token_major;  // grid (S, token tiles, weight tiles): the CTAs that share a weight tile are adjacent
-  int late_scales;  // scale products read after the wgmma wait (the order before; same bits)
+  int scale_point;  // a K step's scale products read 0: before its wgmma wait, 1: after it (the order
+                    // before), 2: before the next step's issue (two temporaries; else 0); same bits
 };
 
 // ---------------------------------------------------------------- PTX helpers
 // (mbarrier, TMA, cp.async, wgmma fences and descriptors: sm90_ptx.cuh)
 using namespace sm90;
+
+__device__ __forceinline__ float2 ld_shared_f32x2(uint32_t addr) {
+  float2 v;
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(addr) : "memory");
+  return v;
+}
 
 // (sm90::cluster_sync without .aligned: here every warp reaches it converged)
 __device__ __forceinline__ void cluster_sync() {
@@ -164,7 +182,7 @@ struct Layout {
 
 // kOverlap: two temporaries alternate, so that the wgmma of K step i+1 is issued before step i is
 // promoted (the same promotions in the same order: the bits of the one-temporary loop).
-template <int MN, int BM, bool kOverlap>
+template <int MN, int BM, bool kOverlap, bool kUni>
 __global__ void __launch_bounds__(Config<MN, BM>::kThreads, Config<MN, BM>::kBlocks)
     small_gemm_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtensorMap tx, const Params p) {
   using L = Layout<MN, BM>;
@@ -232,37 +250,81 @@ __global__ void __launch_bounds__(Config<MN, BM>::kThreads, Config<MN, BM>::kBlo
     const int cw = warp / 4, wl = warp % 4;
 #pragma unroll
     for (int r = 0; r < MN / 2; ++r) acc[r] = 0.f;
-    // K step i: wait for its stage, issue its 4 wgmma into t (one commit group)
+    // K step i: wait for its stage, issue its 4 wgmma into t (one commit group).
+    // kUni: the stage and its parity are counted along (no division by the runtime stage count), the
+    // wgmma descriptors are the low words of the ring's first tiles plus stage and K offsets, with the
+    // warpgroup's row offset passed through a shuffle from lane 0 so that ptxas keeps them in uniform
+    // registers (built from the thread index they were computed per thread and moved over by R2UR
+    // before every wgmma), and the scales are read with ld.shared (a generic pointer gave LD.E).
+    // Without kUni: the form before (same arithmetic, same bits).
+    int s_iss = 0, s_pro = 0;  // kUni: the stage of the next K step to issue / to promote
+    uint32_t ph_iss = 0;       // kUni: the full-barrier parity of the next K step to issue
+    const uint32_t w_lo0 = sw128_desc_lo(w_smem) + __shfl_sync(0xffffffffu, cw * (64 * kBK / 16), 0);
+    const uint32_t x_lo0 = sw128_desc_lo(x_smem);
+    const uint32_t sc_u32 = smem_u32(scales);
     auto issue = [&](float* t, int i) {
-      const int s = i % stages;
-      mbar_wait(full(s), (i / stages) & 1);
+      if constexpr (kUni) {
+        const int s = s_iss;
+        mbar_wait(full(s), ph_iss);
+        const int s1 = s + 1 < stages ? s + 1 : 0;
+        ph_iss ^= s1 == 0 ? 1u : 0u;
+        s_iss = s1;
 #pragma unroll
-      for (int r = 0; r < MN / 2; ++r) fence_reg(t[r]);
-      wgmma_fence();
-      const uint32_t wa = w_smem + s * L::kW + cw * 64 * kBK, xa = x_smem + s * L::kX;
+        for (int r = 0; r < MN / 2; ++r) fence_reg(t[r]);
+        wgmma_fence();
+        const uint32_t wl_ = w_lo0 + s * (L::kW / 16), xl_ = x_lo0 + s * (L::kX / 16);
 #pragma unroll
-      for (int kk = 0; kk < kBK / 32; ++kk) {
-        wgmma_tile<MN>(t, sw128_desc(wa + kk * 32), sw128_desc(xa + kk * 32), kk > 0);
+        for (int kk = 0; kk < kBK / 32; ++kk) {
+          wgmma_tile<MN>(t, sw128_desc_of_lo(wl_ + kk * (32 / 16)), sw128_desc_of_lo(xl_ + kk * (32 / 16)), kk > 0);
+        }
+        wgmma_commit();
+      } else {
+        const int s = i % stages;
+        mbar_wait(full(s), (i / stages) & 1);
+#pragma unroll
+        for (int r = 0; r < MN / 2; ++r) fence_reg(t[r]);
+        wgmma_fence();
+        const uint32_t wa = w_smem + s * L::kW + cw * 64 * kBK, xa = x_smem + s * L::kX;
+#pragma unroll
+        for (int kk = 0; kk < kBK / 32; ++kk) {
+          wgmma_tile<MN>(t, sw128_desc(wa + kk * 32), sw128_desc(xa + kk * 32), kk > 0);
+        }
+        wgmma_commit();
       }
-      wgmma_commit();
     };
     // K step i's scale products sa * sb into sc (its stage's full barrier was waited for in issue):
     // read before the wgmma wait, so that the shared-memory latency runs under the tensor-core work
     auto load_scales = [&](float* sc, int i) {
-      const float* slot = scales + (i % stages) * (L::kScale / 4);
-      const float sbv = slot[MN];
+      if constexpr (kUni) {
+        const uint32_t slot = sc_u32 + s_pro * L::kScale;
+        const float sbv = ld_shared_f32(slot + 4 * MN);
 #pragma unroll
-      for (int j = 0; j < MN / 8; ++j) {
-        const float2 v = *reinterpret_cast<const float2*>(slot + 8 * j + 2 * (lane % 4));
-        sc[2 * j] = v.x * sbv;
-        sc[2 * j + 1] = v.y * sbv;
+        for (int j = 0; j < MN / 8; ++j) {
+          const float2 v = ld_shared_f32x2(slot + 4 * (8 * j + 2 * (lane % 4)));
+          sc[2 * j] = v.x * sbv;
+          sc[2 * j + 1] = v.y * sbv;
+        }
+      } else {
+        const float* slot = scales + (i % stages) * (L::kScale / 4);
+        const float sbv = slot[MN];
+#pragma unroll
+        for (int j = 0; j < MN / 8; ++j) {
+          const float2 v = *reinterpret_cast<const float2*>(slot + 8 * j + 2 * (lane % 4));
+          sc[2 * j] = v.x * sbv;
+          sc[2 * j + 1] = v.y * sbv;
+        }
       }
     };
     // K step i's wgmma has completed into t: the stage given back, then acc += t * sc
     auto promote = [&](float* t, const float* sc, int i) {
 #pragma unroll
       for (int r = 0; r < MN / 2; ++r) fence_reg(t[r]);
-      mbar_arrive(empty(i % stages));
+      if constexpr (kUni) {
+        mbar_arrive(empty(s_pro));
+        s_pro = s_pro + 1 < stages ? s_pro + 1 : 0;
+      } else {
+        mbar_arrive(empty(i % stages));
+      }
 #pragma unroll
       for (int j = 0; j < MN / 8; ++j) {
         acc[4 * j + 0] = fmaf(t[4 * j + 0], sc[2 * j], acc[4 * j + 0]);
@@ -278,7 +340,20 @@ __global__ void __launch_bounds__(Config<MN, BM>::kThreads, Config<MN, BM>::kBlo
       float t1[MN / 2];
       issue(t0, 0);
       int i = 1;
-      if (p.late_scales) {
+      if (p.scale_point == 2) {
+        // the products of step i - 1 (its stage waited for in the issue before) read before step i's
+        // barrier wait: their latency under that wait when the data is late
+        for (; i + 1 < nk; i += 2) {
+          load_scales(sc, i - 1);
+          issue(t1, i);
+          wgmma_wait<1>();
+          promote(t0, sc, i - 1);
+          load_scales(sc, i);
+          issue(t0, i + 1);
+          wgmma_wait<1>();
+          promote(t1, sc, i);
+        }
+      } else if (p.scale_point == 1) {
         for (; i + 1 < nk; i += 2) {
           issue(t1, i);
           wgmma_wait<1>();
@@ -316,7 +391,7 @@ __global__ void __launch_bounds__(Config<MN, BM>::kThreads, Config<MN, BM>::kBlo
       }
     } else {
       // (at 128 tokens the scale products are read after the wait: held across it, they spilled)
-      const bool late = MN == 128 || p.late_scales;
+      const bool late = MN == 128 || p.scale_point == 1;
       for (int i = 0; i < nk; ++i) {
         issue(t0, i);
         if (!late) load_scales(sc, i);
@@ -403,7 +478,7 @@ int auto_splits64(int tiles, int kbt) {
   return s < 1 ? 1 : s > 2 ? 2 : s;
 }
 
-template <int MN, int BM, bool kOverlap>
+template <int MN, int BM, bool kOverlap, bool kUni>
 struct Launcher {
   using L = Layout<MN, BM>;
   static constexpr int kThreads = Config<MN, BM>::kThreads;
@@ -423,7 +498,7 @@ struct Launcher {
     static int clusters[kMaxDevices][kMaxSplits + 1];
     if (dev < 0 || dev >= kMaxDevices) return DSX_ECUDA;
     if (state[dev].load(std::memory_order_acquire) == 0) {
-      auto kernel = small_gemm_kernel<MN, BM, kOverlap>;
+      auto kernel = small_gemm_kernel<MN, BM, kOverlap, kUni>;
       bool ok = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemMax) == cudaSuccess;
       int per_sm = 0;
       ok = ok && cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, kSmem) == cudaSuccess;
@@ -455,7 +530,7 @@ struct Launcher {
 
   // stages: 0 automatic (kAutoStages, clamped to kStages: kBlocks CTAs a SM), else clamped to
   // [kMinStages, kForcedStages] (more than kStages: fewer CTAs a SM)
-  static int run(const GemmNt& g, int splits, int stages, int promo, bool token_major, bool late_scales, bool pdl,
+  static int run(const GemmNt& g, int splits, int stages, int promo, bool token_major, int scale_point, bool pdl,
                  cudaStream_t stream) {
     if (stages == 0) stages = kAutoStages < kStages ? kAutoStages : kStages;
     if (stages > kForcedStages) stages = kForcedStages;
@@ -484,7 +559,7 @@ struct Launcher {
       return DSX_EINVAL;
     }
     Params p{g.sa, g.sb, g.out, static_cast<int>(g.m), static_cast<int>(g.n), kbt, splits, stages, pdl ? 1 : 0,
-             token_major ? 1 : 0, late_scales ? 1 : 0};
+             token_major ? 1 : 0, scale_point};
     cudaLaunchConfig_t lc = {};
     lc.gridDim = token_major ? dim3(splits, mtiles, tiles / mtiles) : dim3(splits, tiles / mtiles, mtiles);
     lc.blockDim = dim3(kThreads, 1, 1);
@@ -506,7 +581,7 @@ struct Launcher {
     }
     lc.attrs = attr;
     lc.numAttrs = na;
-    return cuda_rc(cudaLaunchKernelEx(&lc, small_gemm_kernel<MN, BM, kOverlap>, tw, tx, p));
+    return cuda_rc(cudaLaunchKernelEx(&lc, small_gemm_kernel<MN, BM, kOverlap, kUni>, tw, tx, p));
   }
 };
 
@@ -517,17 +592,22 @@ constexpr bool kCanOverlap = MN <= (BM == 128 ? 64 : 32);
 
 struct Knobs {
   int splits, stages, promo, width;
-  bool overlap, token_major, late_scales;
+  int scale_point;
+  bool overlap, token_major, uni;
 };
+
+template <int MN, int BM, bool kOverlap>
+int run_form(const GemmNt& g, const Knobs& k, bool pdl, cudaStream_t s) {
+  if (k.uni) return Launcher<MN, BM, kOverlap, true>::run(g, k.splits, k.stages, k.promo, k.token_major, k.scale_point, pdl, s);
+  return Launcher<MN, BM, kOverlap, false>::run(g, k.splits, k.stages, k.promo, k.token_major, k.scale_point, pdl, s);
+}
 
 template <int MN, int BM>
 int run_width(const GemmNt& g, const Knobs& k, bool pdl, cudaStream_t s) {
   if constexpr (kCanOverlap<MN, BM>) {
-    if (k.overlap) {
-      return Launcher<MN, BM, true>::run(g, k.splits, k.stages, k.promo, k.token_major, k.late_scales, pdl, s);
-    }
+    if (k.overlap) return run_form<MN, BM, true>(g, k, pdl, s);
   }
-  return Launcher<MN, BM, false>::run(g, k.splits, k.stages, k.promo, k.token_major, k.late_scales, pdl, s);
+  return run_form<MN, BM, false>(g, k, pdl, s);
 }
 
 // width: tokens per CTA (0: M rounded up to 16, 32, 64 or 128, one token tile; else M is split
@@ -552,8 +632,19 @@ int run_rows(const GemmNt& g, const Knobs& k, bool pdl, cudaStream_t s) {
 // leave room for two K splits in one wave, else all of M. H200 (same run), M = 128 at 64 tokens
 // against 128: 4096x7168 17.7 / 19.6 us, 2048x7168 13.6 / 13.9, 7168x2048 11.3 / 11.8; slower where
 // one K split is left (7168x18432 67.6 / 56.2) or two waves (24576x1536 28.7 / 25.7).
+// At 32 < M <= 64 with K < 4096, two 32-token tiles (two temporaries) where that grid of 128-row
+// tiles fills between half and all of the SMs (w32_auto; swap-AB data-parallel's tiles and grid):
+// H200, same run, 64x7168x2048 7.73 us against swap-AB data-parallel's 8.55 and the one 64-token
+// tile's 8.88; the next call, 4 rounds, 7.59-7.66 against 8.50-8.53 (64x7168x18432, K >= 4096: 40.8
+// against 39.4, not taken).
+bool w32_auto(const GemmNt& g) {
+  const int64_t tiles = (g.n + kRows - 1) / kRows * ((g.m + 31) / 32), sms = sm_count();
+  return g.m > 32 && g.m <= 64 && g.k < 4096 && 2 * tiles >= sms && tiles <= sms;
+}
+
 int auto_width(const GemmNt& g) {
   const int64_t tiles128 = (g.n + kRows - 1) / kRows;
+  if (w32_auto(g)) return 32;
   return g.m > 64 && 4 * tiles128 <= sm_count() ? 64 : 0;
 }
 
@@ -575,14 +666,18 @@ bool small_auto(const GemmNt& g) {
   // 64-row ones fit one: 24576x1536 at M = 16 / 64 13.9 / 15.1 us against pingpong 16.2 / 15.6.
   // M > 64 (split into two 64-token tiles, auto_width) with K >= 4096 where two token tiles and at
   // least two K splits fit one wave: 128x2048x7168 13.6 us against swap-AB split-K 14.8 (H200, same
-  // run); 128x4096x7168 (17.7 against 16.4) stays on swap-AB data-parallel (swap_dp_auto, first).
+  // run); 128x4096x7168 too since the consumer loop's uniform form (15.3-15.5 us against swap-AB
+  // data-parallel's 16.3-16.8; gemm_fp8_api.cu takes this kernel before it at M > 64).
   if (!small_supported(g)) return false;
   const int64_t sms = sm_count(), tiles128 = (g.n + kRows - 1) / kRows;
+  if (w32_auto(g)) return true;
   if (g.m > 64) return g.k >= 4096 && auto_width(g) == 64;
   if (tiles128 <= sms) return g.m <= 32 || g.k >= 4096;
   constexpr int kBlocks64 = Config<64, 64>::kBlocks;  // CTAs a SM at M <= 64 with 64-row tiles
   return auto_rows(g) == 64 && (g.n + 63) / 64 <= kBlocks64 * sms;
 }
+
+bool small_before_swap_dp(const GemmNt& g) { return g.m > 64 || w32_auto(g); }
 
 bool small_supported(const GemmNt& g) {
   return g.m >= 1 && g.m <= kSmallMaxRows && g.n >= 1 && tma_compatible(g) && g.n <= (int64_t{1} << 30) &&
@@ -591,12 +686,15 @@ bool small_supported(const GemmNt& g) {
 
 // knobs (the algo bits of gemm_fp8.h in parentheses): bits 0..3 the K split count S (16..19: cluster
 // size, 0 automatic), bits 4..7 the stage count (20..23: 0 automatic = 8, else 2..12, clamped to what
-// shared memory holds and to what the partial tile needs), bits 8..11 the weight rows per CTA (8..11:
-// 0 automatic, 1: 128, one CTA per SM; 2: 64, two or three CTAs per SM), bits 12..13 the wgmma
+// shared memory holds and to what the partial tile needs), bits 8..9 the weight rows per CTA (8..9:
+// 0 automatic, 1: 128, one CTA per SM; 2: 64, two or three CTAs per SM), bits 10..11 the consumer
+// loop's form (10..11: 0 automatic = 2; 1: the form before; 2: stage counters, wgmma descriptors in
+// uniform registers, scales by ld.shared (kUni)), bits 12..13 the wgmma
 // temporaries (12..13: 0 automatic = two where they fit, 1: one, 2: two), bits 14..15 when a K
 // step's scale products are read from shared memory (14..15: 0 automatic = 2; 1: after its wgmma
-// wait, the order before; 2: before it, under the tensor-core work; at 128 tokens with one
-// temporary always after: held across the wait they spilled), bits 16..17 the L2
+// wait, the order before; 2: before it, under the tensor-core work; 3: with two temporaries before
+// the next K step's issue (its barrier wait), else 2; at 128 tokens with one temporary always
+// after: held across the wait they spilled), bits 16..17 the L2
 // promotion of the TMA loads (4..5: 0 automatic = 128 bytes, 1: 256 bytes, 2: 128 bytes, 3: none),
 // bits 18..19 the grid order (6..7: 0 automatic = 2; 1: weight tiles adjacent, grid (S, weight
 // tiles, token tiles); 2: the token tiles of one weight tile adjacent, grid (S, token tiles, weight
@@ -605,9 +703,9 @@ bool small_supported(const GemmNt& g) {
 int small_run(const GemmNt& g, int knobs, bool pdl, cudaStream_t s) {
   if (!small_supported(g)) return DSX_EINVAL;
   const int splits = knobs & 15, stages = (knobs >> 4) & 15;  // algo bits 16..19 and 20..23
-  const int rows_knob = (knobs >> 8) & 15, temps_knob = (knobs >> 12) & 3, scales_knob = (knobs >> 14) & 3;
+  const int rows_knob = (knobs >> 8) & 3, form_knob = (knobs >> 10) & 3, temps_knob = (knobs >> 12) & 3, scales_knob = (knobs >> 14) & 3;
   const int width_knob = (knobs >> 24) & 15, promo = (knobs >> 16) & 3, order = (knobs >> 18) & 3;
-  if (rows_knob > 2 || temps_knob > 2 || scales_knob > 2 || width_knob > 4 || order > 2 || stages == 1 ||
+  if (rows_knob > 2 || form_knob > 2 || temps_knob > 2 || width_knob > 4 || order > 2 || stages == 1 ||
       stages > kMaxStages) {
     return DSX_EINVAL;
   }
@@ -621,7 +719,12 @@ int small_run(const GemmNt& g, int knobs, bool pdl, cudaStream_t s) {
   const bool overlap = temps_knob != 1;
   const int width = width_knob == 0 ? auto_width(g) : width_knob == 4 ? 0 : 8 << width_knob;  // 16, 32, 64, all
   const int l2 = promo == 0 ? 2 : promo;
-  const Knobs k{splits, stages, l2, width, overlap, order != 1, scales_knob == 1};
+  // scale products: automatic = 2, before the wgmma wait. 3 (before the next K step's issue) measured
+  // within noise of it (H200, 128x4096x7168, 16x4096x7168, 16x7168x2048: one call 0.3-2% faster in 3
+  // rounds each, the next call 4 rounds each -0.8..+1%: 128x4096x7168 0.1-0.6% slower; bench --small
+  // within +-0.7% on the other shapes), so not automatic
+  const int scale_point = scales_knob == 1 ? 1 : scales_knob == 3 ? 2 : 0;
+  const Knobs k{splits, stages, l2, width, scale_point, overlap, order != 1, form_knob != 1};
   return rows == 64 ? run_rows<64>(g, k, pdl, s) : run_rows<128>(g, k, pdl, s);
 }
 

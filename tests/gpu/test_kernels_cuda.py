@@ -18,7 +18,7 @@ from ds_export.native import kernels as K
 pytestmark = pytest.mark.skipif(not cuda.available(), reason="no CUDA device")
 
 FP8, BF16 = ml_dtypes.float8_e4m3fn, ml_dtypes.bfloat16
-# hand-written swap-AB kernel for M <= 128: bits 16..23 K splits (cluster size, 0 automatic), bits 8..11
+# hand-written swap-AB kernel for M <= 128: bits 16..23 K splits (cluster size, 0 automatic), bits 8..9
 # weight rows per CTA (0 automatic, 1: 128, 2: 64), bits 12..15 wgmma temporaries (0 automatic, 1 one, 2 two
 # where they fit), bits 24..27 tokens per CTA (0 automatic, 1: 16, 2: 32, 3: 64: M split over the grid, 4: all of M),
 # bit 28 PDL
@@ -29,8 +29,13 @@ WIDTH16, WIDTH32, WIDTH64, WIDTH_ALL = 1 << 24, 2 << 24, 3 << 24, 4 << 24
 L2_128B, L2_NONE = 2 << 4, 3 << 4  # bits 4..5: the TMA loads' L2 promotion (0 automatic, 1: 256 bytes)
 STAGES = 1 << 20  # bits 20..23: the stage count (0 automatic, else 2..12, clamped to what fits)
 WEIGHT_MAJOR, TOKEN_MAJOR = 1 << 6, 2 << 6  # bits 6..7: grid order (0 automatic = token tiles adjacent)
-SCALES_LATE, SCALES_EARLY = 1 << 14, 2 << 14  # bits 14..15: scales read after / before the wgmma wait
-# hand-written persistent kernel for large M: bits 8..11 = v, tile order in groups of 4v M tiles (0 default)
+# bits 14..15: scales read after / before the wgmma wait / before the next K step's issue (two temporaries)
+SCALES_LATE, SCALES_EARLY, SCALES_ISSUE = 1 << 14, 2 << 14, 3 << 14
+# bits 10..11: the consumer loop's form (0 automatic = 2; 1: the form before; 2: stage counters, uniform
+# wgmma descriptors, ld.shared scales)
+FORM_OLD, FORM_UNI = 1 << 10, 2 << 10
+# hand-written persistent kernel for large M: bits 8..11 = v, tile order in groups of 4v M tiles (0 default);
+# bits 12..15 the variant (0 = 10: 128x128, scale products one K block ahead; 1: the order before, same bits)
 LARGE = 7
 
 # (M, N, K, path the automatic choice must take)
@@ -108,25 +113,30 @@ def test_dense_gemm_agrees_with_cpu_kernel_and_is_deterministic():
 
 
 def test_auto_choice_matches_forced_kernels_bitwise():
-    """algo 0 runs swap-AB data-parallel when M <= 128 and its 128x32 tiles fill between half and all of
-    the SMs (66..132 here); else the hand-written small-M kernel (6) while the 128-row weight tiles are
+    """algo 0 runs the hand-written small-M kernel (6) with two 64-token tiles at 64 < M <= 128 with K >= 4096
+    while 4 ceil(N/128) <= the SMs (2048x7168, 1024x4096, 4096x7168), with two 32-token tiles at 32 < M <= 64
+    with K < 4096 while 2 ceil(N/128) fills half to all of the SMs (7168x2048); else swap-AB data-parallel when
+    M <= 128 and its 128x32 tiles fill between half and all of the SMs (66..132 here; 128x4096x2048);
+    else the hand-written small-M kernel (6) while the 128-row weight tiles are
     no more than the SMs at M <= 32, or at M <= 64 with K >= 4096, or at M <= 64 while its 64-row tiles
     fit one wave of three CTAs a SM (24576x1536: 384 <= 396; 64-row tiles at M <= 32 when they fill
     two CTAs a SM within 8 K splits, automatic S at most 2: 2 with K >= 4096, 1 on 7168x2048; 128-row
-    tiles at 32 < M <= 64 on 4096x7168), or at 64 < M <= 128 with K >= 4096 while 4 ceil(N/128) <= the
-    SMs (two 64-token tiles: 2048x7168, 1024x4096); else pingpong at M <= 128
+    tiles at 32 < M <= 64 on 4096x7168); else pingpong at M <= 128
     (swap-AB with 2-way split-K when that leaves fewer than 64 pingpong tiles and K >= 4096), cooperative
     stream-K above; from 1024 rows on the large-M kernel (7: 128x192 tiles when N % 192 == 0, else
     128x128; one CTA each), long K over many waves included (all deterministic)."""
     rng = np.random.default_rng(9)
     swap_dp = 4 | 1 << 12
     small_w64 = SMALL | ROWS128 | WIDTH64 | TEMPS2 | L2_128B  # what algo 6 does by itself at these shapes
+    small_w32 = SMALL | ROWS128 | WIDTH32 | TEMPS2 | 1 << 16
     for m, n, k, forced in ((128, 512, 1024, 3), (129, 512, 1024, 1), (64, 2048, 7168, SMALL | ROWS128),
                             (16, 2048, 7168, SMALL), (128, 2048, 7168, small_w64), (100, 2048, 7168, small_w64),
                             (128, 1024, 4096, small_w64), (128, 7168, 2048, 3),
-                            (65, 7168, 2048, 3), (32, 7168, 2048, SMALL), (33, 7168, 2048, swap_dp),
+                            (65, 7168, 2048, 3), (32, 7168, 2048, SMALL), (33, 7168, 2048, small_w32),
+                            (64, 7168, 2048, small_w32),
                             (33, 4096, 4096, SMALL), (16, 24576, 1536, SMALL | ROWS64),
-                            (64, 24576, 1536, SMALL | ROWS64), (65, 24576, 1536, 3), (128, 4096, 7168, swap_dp),
+                            (64, 24576, 1536, SMALL | ROWS64), (65, 24576, 1536, 3), (128, 4096, 7168, small_w64),
+                            (96, 4096, 7168, small_w64), (128, 4096, 2048, swap_dp),
                             (64, 7168, 4096, swap_dp), (64, 4096, 7168, SMALL | ROWS128),
                             (16, 4096, 7168, SMALL | ROWS64 | 2 << 16), (16, 7168, 2048, SMALL | ROWS64 | 1 << 16),
                             (1023, 256, 512, 1),
@@ -168,8 +178,8 @@ def test_large_m_kernel_matches_float64_and_is_deterministic(m, n, k):
     # the same arithmetic: tile orders, promotion overlapped (1) or not (3), 256-row tiles (4)
     # and the 2-CTA clusters sharing B by multicast (5: 128x128, 7: 256x128; a pair's second tile may lie
     # past M, or be the only one: M < 128) or sharing A (8: 128x128, pairs of N-adjacent tiles; the second
-    # may lie past N: N = 384 and 576 have 3 and 5 tiles of 128), and 1 with the scale products formed one
-    # K block ahead (10)
+    # may lie past N: N = 384 and 576 have 3 and 5 tiles of 128), and 1 (the scale products formed after the
+    # wgmma wait) against the default 0 = 10 (formed one K block ahead)
     for algo in (LARGE, LARGE | 1 << 8, LARGE | 8 << 8, LARGE | 1 << 12, LARGE | 3 << 12, LARGE | 4 << 12,
                  LARGE | 4 << 12 | 1 << 8, LARGE | 5 << 12, LARGE | 5 << 12 | 1 << 8, LARGE | 7 << 12,
                  LARGE | 8 << 12, LARGE | 8 << 12 | 1 << 8, LARGE | 10 << 12, LARGE | 10 << 12 | 8 << 8):
@@ -234,7 +244,8 @@ def test_small_m_kernel_matches_float64_and_is_deterministic(m, n, k):
     bitwise the 128-row CTAs' output under the same split count (same wgmma rows, same order), and so
     do one or two alternating wgmma temporaries (same promotions in the same order), M split over
     token tiles of 16, 32 or 64 (ragged last tile; the same products per output element), the TMA
-    loads' L2 promotion and the stage count (2..12, the partial tile's minimum at 128 tokens)."""
+    loads' L2 promotion, the stage count (2..12, the partial tile's minimum at 128 tokens) and the consumer
+    loop's form (the stage counters wrap at odd stage counts)."""
     rng = np.random.default_rng(m * 3 + n + k)
     a, sa, b, sb = make_gemm(rng, m, n, k)
     kb = K.cdiv(k, 128)
@@ -257,7 +268,13 @@ def test_small_m_kernel_matches_float64_and_is_deterministic(m, n, k):
                       TOKEN_MAJOR | WIDTH32 | TEMPS2, WEIGHT_MAJOR | ROWS64 | WIDTH16, WEIGHT_MAJOR | WIDTH32 | TEMPS1,
                       12 * STAGES | ROWS64 | TEMPS1, 12 * STAGES | ROWS64 | WIDTH_ALL | TOKEN_MAJOR,
                       SCALES_LATE | TEMPS2, SCALES_LATE | TEMPS1 | ROWS64 | WIDTH32, SCALES_EARLY | TEMPS1,
-                      SCALES_EARLY | WIDTH_ALL | TEMPS1, SCALES_LATE | WIDTH_ALL):
+                      SCALES_EARLY | WIDTH_ALL | TEMPS1, SCALES_LATE | WIDTH_ALL, FORM_OLD, FORM_OLD | TEMPS1,
+                      FORM_OLD | ROWS64 | WIDTH16 | TEMPS2, FORM_OLD | SCALES_LATE | WIDTH_ALL,
+                      FORM_OLD | 3 * STAGES | WIDTH32, FORM_UNI | 3 * STAGES | ROWS64 | WIDTH16,
+                      FORM_UNI | 5 * STAGES | WIDTH_ALL | TEMPS1, FORM_UNI | SCALES_LATE | TEMPS2,
+                      FORM_UNI | 2 * STAGES | ROWS64 | WIDTH16, FORM_OLD | 2 * STAGES | WIDTH_ALL | TEMPS1,
+                      SCALES_ISSUE, SCALES_ISSUE | ROWS64 | WIDTH16 | 3 * STAGES, SCALES_ISSUE | FORM_OLD | WIDTH32,
+                      SCALES_ISSUE | TEMPS1 | WIDTH_ALL):
             got = cuda.gemm_fp8_nt(a, sa, b, sb, algo=SMALL | knobs | splits << 16)
             assert np.array_equal(got.view(np.uint16), r128.view(np.uint16)), f"splits {splits}: knobs {knobs:#x}"
     if kb < 8:
@@ -279,7 +296,7 @@ def test_small_m_kernel_rejects_what_it_cannot_take():
         cuda.gemm_fp8_nt(a, sa, b, sb, algo=SMALL | 3 << 12)
     with pytest.raises(DsxError, match="invalid"):  # token widths 16, 32, 64, all
         cuda.gemm_fp8_nt(a, sa, b, sb, algo=SMALL | 5 << 24)
-    for bad in (3 << 6, 3 << 14):  # two grid orders, two scale-read points
+    for bad in (3 << 6, 3 << 10):  # two grid orders, two loop forms
         with pytest.raises(DsxError, match="invalid"):
             cuda.gemm_fp8_nt(a, sa, b, sb, algo=SMALL | bad)
     for stages in (1, 13):  # 2..12 stages

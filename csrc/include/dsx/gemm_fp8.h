@@ -26,15 +26,17 @@
  * CUDA entry points take device pointers, run asynchronously on `stream` (a cudaStream_t
  * passed as void*, NULL = legacy default stream), allocate nothing, and are CUDA-graph
  * capturable when given their workspace. Query the workspace size first (it may be 0).
- * `algo`: 0 = automatic: swapped operands without K splits (4, data-parallel) when M <= 128 and
+ * `algo`: 0 = automatic: the hand-written small-M kernel (6) when 64 < M <= 128 and K >= 4096 while
+ * 4 * ceil(N/128) <= the SM count (two 64-token tiles, T = 3 below), or when 32 < M <= 64 and K < 4096
+ * while its two 32-token tiles of 128 rows, 2 * ceil(N/128) CTAs, fill between half and all of the
+ * SMs (T = 2); else swapped operands without K splits (4, data-parallel) when M <= 128 and
  * its 128x32 tiles fill between half and all of the SMs in one wave; else the hand-written small-M
  * kernel (6) when M <= 32, or M <= 64 with K >= 4096, while its 128-row weight tiles fit in one
  * wave (ceil(N/128) <= the SM count), or when M <= 64 and its 64-row tiles fit one wave of three
  * CTAs a SM where the 128-row ones do not (6's automatic R: 64 rows when ceil(N/64) * min(8,
  * ceil(K/128)) >= 2 * the SM count and either M <= 32 or ceil(N/128) > the SM count, else 128;
  * automatic S at 64 rows: at most 2; with K >= 4096 the most that keep at most two CTAs a SM on
- * average, with K < 4096 the one whose CTA count is nearest the SM count), or when 64 < M <= 128
- * and K >= 4096 while 4 * ceil(N/128) <= the SM count (6 with two 64-token tiles, T = 3 below); else a
+ * average, with K < 4096 the one whose CTA count is nearest the SM count); else a
  * CUTLASS sm90a block-wise kernel where its TMA alignment allows
  * (K % 16 == 0, N % 8 == 0, 16-byte aligned pointers): pingpong 64x128 tiles for M <= 128
  * (swapped operands with 2-way split-K when that leaves few tiles and K is long), cooperative
@@ -52,20 +54,23 @@
  * at most 8 and at most ceil(K/128); at 64 rows see above); bits 20..23 = the stage count (0
  * automatic = 8, at most what shared memory holds at the CTAs a SM of R; else 2..12, at most what
  * one CTA's shared memory holds (a count above the automatic one's limit runs fewer CTAs a SM), at
- * least what the fp32 partial tile needs); bits 8..11 = R (0 automatic, 1 = 128 rows, one CTA per SM,
+ * least what the fp32 partial tile needs); bits 8..9 = R (0 automatic, 1 = 128 rows, one CTA per SM,
  * 2 = 64 rows, two (M > 64) or three CTAs per SM; under the same S both give the same bits);
+ * bits 10..11 = the consumer loop's form (0 automatic = 2; 1 = the form before: stage and parity by
+ * division, wgmma descriptors built per thread, scales read through a generic pointer; 2 = stage
+ * counters, descriptors in uniform registers, scales by ld.shared; the same arithmetic);
  * bits 24..27 = T, tokens per CTA (0 automatic: 64 when M > 64 and 4 * ceil(N/128) <= the SM
- * count, else all of M; 1 = 16, 2 = 32, 3 = 64: M split over ceil(M / T) token tiles of the grid;
+ * count, 32 where algo 0 takes 6 with T = 2 (see above), else all of M; 1 = 16, 2 = 32, 3 = 64: M split over ceil(M / T) token tiles of the grid;
  * 4 = all of M);
  * bits 12..13 = the wgmma temporaries (0 automatic = 2, 1 = one: wgmma, wait, promote per K block;
  * 2 = two alternating, K block i+1's wgmma issued before block i is promoted, where the registers
  * allow: T <= 64 with 128 rows, T <= 32 with 64 rows, else one); bits 14..15 = when a K block's
  * scale products are read (0 automatic = 2, 1 = after its wgmma wait, 2 = before it, except at
- * T = 128 with one temporary); bits 4..5 = the L2 promotion of
+ * T = 128 with one temporary; 3 = with two temporaries before the next K block's issue, else 2); bits 4..5 = the L2 promotion of
  * the TMA loads (0 automatic = 2, 1 = 256 bytes, 2 = 128 bytes, 3 = none); bits 6..7 = the grid
  * order (0 automatic = 2, 1 = the weight tiles of one token tile adjacent, 2 = the token tiles of
- * one weight tile adjacent); under the same S every R, T, stage count, temporaries, scale-read
- * point, promotion and order give the same bits;
+ * one weight tile adjacent); under the same S every R, T, stage count, loop form, temporaries,
+ * scale-read point, promotion and order give the same bits;
  * bit 28 = programmatic dependent launch (with 6 or 0 only: the kernel waits for the previous grid before
  * it touches global memory, so a GEMM can start its prologue under the previous kernel's tail).
  * 7 = the large-M kernel (no CUTLASS; same TMA alignment rules as the CUTLASS kernels, no
@@ -74,8 +79,8 @@
  * warpgroups (BM/2 rows each, in 64-row wgmma blocks) issuing wgmma per K block into a temporary,
  * the same per-block promotion order as above, a bf16 TMA-store epilogue that overlaps the next
  * tile; every tile computed by one CTA in a fixed order (bitwise reproducible, independent of the
- * tile order knob). Bits 12..15 the variant: 0 or 1 = 128x128 with two alternating temporaries
- * (block k promoted while block k+1's wgmma runs), 3 = 128x128 with one, 4 = 256x128 with one
+ * tile order knob). Bits 12..15 the variant: 0 = 10 (the default), 1 = 128x128 with two alternating
+ * temporaries (block k promoted while block k+1's wgmma runs), 3 = 128x128 with one, 4 = 256x128 with one
  * (3 and 4 bitwise the output of 1), 2 = 128x192 with one (a tile may straddle two 128-column
  * scale blocks: each column takes its own block's scale); 5, 6, 7 = the tiles of 1, 2, 4 computed
  * by 2-CTA clusters (two M-adjacent tiles of one N tile; each CTA loads half of the shared B tile
