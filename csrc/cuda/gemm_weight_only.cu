@@ -46,6 +46,7 @@
 
 #include "dsx.h"
 #include "gemm_weight_only.cuh"
+#include "sm90_ptx.cuh"
 
 namespace cg = cooperative_groups;
 
@@ -635,17 +636,7 @@ int choose(int64_t m, int64_t n, int64_t k, int bits, int group, int algo, int s
 
 constexpr int kMaxDevices = 64;
 
-PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess)
-      return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
-  }();
-  return fn;
-}
+using dsx_cuda::tensor_map_encoder;  // (sm90_ptx.cuh)
 
 // The weights' tensor maps (see Params): rows of 2K bytes (8-byte elements), N/4 (int4) or
 // N/2 (int8) of them; a box of `steps` steps of one warp.

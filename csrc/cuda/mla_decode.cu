@@ -1004,17 +1004,7 @@ cudaError_t launch(const Params& p, int row_tiles, int batch, cudaStream_t strea
   return cudaGetLastError();
 }
 
-static PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess)
-      return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
-  }();
-  return fn;
-}
+using dsx_cuda::tensor_map_encoder;  // (sm90_ptx.cuh)
 
 // The cache as a 3-D tensor (576 dims, 64 tokens, num_pages); a box is one 64-dim block of a page,
 // [64 tokens][128 B] with the 128-byte swizzle: the k-block-major layout of wswz.
