@@ -103,12 +103,6 @@ struct Params {
 // (mbarrier, TMA, cp.async, wgmma fences and descriptors: sm90_ptx.cuh)
 using namespace sm90;
 
-__device__ __forceinline__ float2 ld_shared_f32x2(uint32_t addr) {
-  float2 v;
-  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(addr) : "memory");
-  return v;
-}
-
 // (sm90::cluster_sync without .aligned: here every warp reaches it converged)
 __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");

@@ -888,7 +888,7 @@ __device__ __forceinline__ void wg_role(const Params& p, const CUtensorMap* tmap
           const int k0 = (blockIdx.x & 1) ? 5 : 0, k1 = (blockIdx.x & 1) ? 9 : 5;
 #pragma unroll 1
           for (int k = k0; k < k1; ++k)
-            tma_load_3d_mc(dst + k * kKBBytes, tmap, bars + 8 * buf, 64 * k, 0, page, (uint16_t)3);
+            tma_load_3d_multicast(dst + k * kKBBytes, tmap, bars + 8 * buf, 64 * k, 0, page, (uint16_t)3);
         }
       }
     };

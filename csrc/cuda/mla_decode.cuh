@@ -10,6 +10,9 @@
 namespace dsx_mla {
 
 using dsx_cuda::sm90::ld_shared_f32;
+using dsx_cuda::sm90::mbar_arrive_expect_tx;
+using dsx_cuda::sm90::tma_load_3d;
+using dsx_cuda::sm90::tma_load_3d_multicast;
 using dsx_cuda::sm90::st_shared_f32;
 using dsx_cuda::sm90::st_shared_u32;
 
@@ -241,28 +244,6 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
       "MBAR_SPIN:\n"
       "mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 done, [%0], %1;\n"
       "@!done bra MBAR_SPIN;\n}\n" ::"r"(bar), "r"(parity) : "memory");
-}
-// Arrives and adds `bytes` to the transactions the current phase waits for (TMA completes them).
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-// TMA: box (x, y, z) of a 3-D tensor map into shared memory at dst, completing on bar (this CTA).
-__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int x, int y, int z) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], "
-      "[%2];\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(x), "r"(y), "r"(z)
-      : "memory");
-}
-// The same into the same shared-memory offset of every CTA of the cluster in `mask`, each completing
-// on its own mbarrier at bar's offset.
-__device__ __forceinline__ void tma_load_3d_mc(uint32_t dst, const CUtensorMap* map, uint32_t bar, int x, int y, int z,
-                                               uint16_t mask) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
-      " [%0], [%1, {%3, %4, %5}], [%2], %6;\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(x), "r"(y), "r"(z), "h"(mask)
-      : "memory");
 }
 
 __device__ __forceinline__ float ex2_approx(float x) {
