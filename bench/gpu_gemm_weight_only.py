@@ -136,14 +136,14 @@ def bench_row(pb: Problem, m: int, rng, sweep: bool, anchors: dict) -> dict:
 
     run = G._cuda_fns()[0]
 
-    def launch(i, algo, st):  # the C entry: takes algo bits 24, 25 too
-        rc = run(dx[i].ptr, pb.dq[i].ptr, pb.ds[i].ptr, out.ptr, m, pb.n, pb.k, pb.bits, pb.group, 90, algo,
-                 st.handle if st else None)
+    def launch(i, algo, st, fn):  # the C entry (ours or another build's): takes algo bits 24, 25 too
+        rc = fn(dx[i].ptr, pb.dq[i].ptr, pb.ds[i].ptr, out.ptr, m, pb.n, pb.k, pb.bits, pb.group, 90, algo,
+                st.handle if st else None)
         if rc:
             raise RuntimeError(f"rc {rc} for algo {algo:#x}")
 
-    def calls(algo):
-        return [lambda st, i=i: launch(i, algo, st) for i in range(pb.sets)]
+    def calls(algo, fn=run):
+        return [lambda st, i=i: launch(i, algo, st, fn) for i in range(pb.sets)]
 
     us, mode = time_graph(calls(0))
     us_pdl, mode_pdl = time_graph(calls(PDL))
@@ -151,14 +151,10 @@ def bench_row(pb: Problem, m: int, rng, sweep: bool, anchors: dict) -> dict:
     us_1grp = time_graph(calls(ONE_GROUP))[0] if m <= 16 else None
     us_nomath = None
     if DIAG and m in (1, 16):  # the same launch without the arithmetic: the weight stream alone
-        f = DIAG["fn"]
-        us_nomath = time_graph([lambda st, i=i: f(dx[i].ptr, pb.dq[i].ptr, pb.ds[i].ptr, out.ptr, m, pb.n, pb.k,
-                                                   pb.bits, pb.group, 90, 0, st.handle) for i in range(pb.sets)])[0]
+        us_nomath = time_graph(calls(0, DIAG["fn"]))[0]
     us_alt = None
     if ALT:  # another build's kernel (its automatic config), same inputs, same run
-        f = ALT["fn"]
-        us_alt = time_graph([lambda st, i=i: f(dx[i].ptr, pb.dq[i].ptr, pb.ds[i].ptr, out.ptr, m, pb.n, pb.k,
-                                                pb.bits, pb.group, 90, 0, st.handle) for i in range(pb.sets)])[0]
+        us_alt = time_graph(calls(0, ALT["fn"]))[0]
     cfg = G.cuda_config(m, pb.n, pb.k, pb.bits, pb.group)
     row = {"kernel": "gemm_weight_only", "layout": f"int{pb.bits} g{pb.group}", "M": m, "N": pb.n, "K": pb.k,
            "sets": pb.sets, "mode": mode, "config": cfg, "us": round(us, 2),
@@ -170,20 +166,17 @@ def bench_row(pb: Problem, m: int, rng, sweep: bool, anchors: dict) -> dict:
         for w, s, c, d, b, *fl in SWEEP_LIST or (SWEEP + (SWEEP_M16 if m == 16 else [])):
             extra = fl[0] if fl else 0
             key = f"w{w}_s{s}_d{d}_b{b}" + (f"_c{c}" if c else "") + (f"_x{extra:x}" if extra else "")
+            algo = w | s << 4 | c << 8 | d << 16 | b << 20 | extra
             try:
-                t, _ = time_graph(calls(w | s << 4 | c << 8 | d << 16 | b << 20 | extra))
+                t, _ = time_graph(calls(algo))
             except Exception as exc:  # a config that does not fit (shared memory) is skipped
                 row[f"us_{key}"] = repr(exc)[:60]
                 continue
             row[f"us_{key}"] = round(t, 2)
             best = min(best, (key, t), key=lambda b: b[1])
             for name, f in SWEEP_LIBS.items():  # the same word on another build (diagnostic builds)
-                algo = w | s << 4 | c << 8 | d << 16 | b << 20 | extra
                 try:
-                    row[f"us_{key}@{name}"] = round(time_graph(
-                        [lambda st, i=i, f=f, algo=algo: _ok(f(dx[i].ptr, pb.dq[i].ptr, pb.ds[i].ptr, out.ptr, m,
-                                                               pb.n, pb.k, pb.bits, pb.group, 90, algo, st.handle))
-                         for i in range(pb.sets)])[0], 2)
+                    row[f"us_{key}@{name}"] = round(time_graph(calls(algo, f))[0], 2)
                 except Exception as exc:
                     row[f"us_{key}@{name}"] = repr(exc)[:60]
         row.update(best=best[0], best_us=round(best[1], 2))
