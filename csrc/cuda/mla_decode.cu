@@ -36,7 +36,9 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
 
 #include "dsx.h"
 #include "mla_decode.cuh"
@@ -1040,12 +1042,58 @@ cudaError_t launch_wgmma_lm(const Params& p, const CUtensorMap& map, int row_til
   return cudaLaunchKernelEx(&cfg, mla_decode_wgmma_kernel<LM>, p, map);
 }
 
+// Can this device co-schedule the 2-CTA clusters of load mode 2 at this kernel's shared memory? (A
+// partitioned GPU or a context limited to a few SMs may not.) Asked once per device, before any launch,
+// so that a refusal never reaches a stream that is being captured into a graph.
+static bool pairs_schedulable() {
+  static std::atomic<int> known[64];  // per device: 0 not asked yet, 1 yes, 2 no
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
+  int k = known[dev].load(std::memory_order_relaxed);
+  if (k == 0) {
+    int clusters = 0;
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(2, 1, 1);
+    cfg.blockDim = dim3(kWThreads);
+    cfg.dynamicSmemBytes = PlanWG::kAlloc;
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = 2;
+    attr.val.clusterDim.y = 1;
+    attr.val.clusterDim.z = 1;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    const bool ok = cudaFuncSetAttribute(mla_decode_wgmma_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         PlanWG::kAlloc) == cudaSuccess &&
+                    cudaOccupancyMaxActiveClusters(&clusters, mla_decode_wgmma_kernel<2>, &cfg) == cudaSuccess &&
+                    clusters > 0;
+    if (!ok) (void)cudaGetLastError();  // the query's error is not the caller's
+    k = ok ? 1 : 2;
+    known[dev].store(k, std::memory_order_relaxed);
+  }
+  return k == 1;
+}
+
+// The load mode of a call: DSX_MLA_WG_LOADS (compile time, default 2), lowered to 1 when pairs cannot be
+// scheduled and to 0 when there is no tensor-map encoder. The environment variable DSX_MLA_LOADS=0|1|2
+// (diagnostics and tests) caps it further; every mode gives the same bits.
+static int load_mode(bool have_map) {
+  int lm = DSX_MLA_WG_LOADS;
+  if (const char* e = std::getenv("DSX_MLA_LOADS"))
+    if (e[0] >= '0' && e[0] <= '2' && e[1] == 0) lm = std::min(lm, e[0] - '0');
+  if (!have_map) return 0;
+  if (lm == 2 && !pairs_schedulable()) lm = 1;
+  return lm;
+}
+
 cudaError_t launch_wgmma(const Params& p, int64_t num_pages, int row_tiles, int batch, cudaStream_t stream) {
   CUtensorMap map{};
-  if (DSX_MLA_WG_LOADS == 0 || !encode_kv_map(&map, p.kv, num_pages))  // no driver entry: cp.async
-    return launch_wgmma_lm<0>(p, map, row_tiles, batch, stream);
-  if (DSX_MLA_WG_LOADS == 1) return launch_wgmma_lm<1>(p, map, row_tiles, batch, stream);
-  return launch_wgmma_lm<2>(p, map, row_tiles, batch, stream);
+  const bool have_map = DSX_MLA_WG_LOADS != 0 && encode_kv_map(&map, p.kv, num_pages);  // no driver entry: cp.async
+  switch (load_mode(have_map)) {
+    case 0: return launch_wgmma_lm<0>(p, map, row_tiles, batch, stream);
+    case 1: return launch_wgmma_lm<1>(p, map, row_tiles, batch, stream);
+    default: return launch_wgmma_lm<2>(p, map, row_tiles, batch, stream);
+  }
 }
 
 int row_tile_mt(int rows) { return rows >= 64 ? 4 : (rows + 15) / 16; }

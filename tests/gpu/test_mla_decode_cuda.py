@@ -65,3 +65,16 @@ def test_cuda_wgmma_path_is_deterministic(splits):
     a = M.mla_decode_cuda(q, kv, pt, cl, scale, num_splits=splits)
     b = M.mla_decode_cuda(q, kv, pt, cl, scale, num_splits=splits)
     assert np.array_equal(a[0].view(np.uint16), b[0].view(np.uint16)) and np.array_equal(a[1], b[1])
+
+
+@pytest.mark.parametrize("mode", ["1", "0"])
+def test_cuda_wgmma_load_modes_give_the_same_bits(mode, monkeypatch):
+    # the fallbacks of the TMA-multicast pairs (no pair scheduling: TMA per CTA; no tensor-map encoder:
+    # cp.async), forced through DSX_MLA_LOADS: same bits as the default, and still right
+    q, kv, pt, cl, scale = make_case(3, 2, 128, [3000, 70, 4001])
+    want = M.mla_decode_cuda(q, kv, pt, cl, scale, num_splits=3)
+    monkeypatch.setenv("DSX_MLA_LOADS", mode)
+    got = M.mla_decode_cuda(q, kv, pt, cl, scale, num_splits=3)
+    assert np.array_equal(want[0].view(np.uint16), got[0].view(np.uint16)) and np.array_equal(want[1], got[1])
+    ref, ref_lse = reference(q, kv, pt, cl, scale)
+    assert within(got[0], got[1], ref, ref_lse)[0]

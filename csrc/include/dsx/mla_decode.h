@@ -41,7 +41,10 @@
  * starts once the scores of page j+1 are done, so it fills the tensor cores while the softmax of
  * page j+1 runs. Pages arrive by TMA (whole pages; slots past the sequence's end are zeroed in
  * shared memory before P V); the two 64-row CTAs of one sequence form a cluster and each loads
- * half of every page into both (multicast). Each row sum is accumulated per lane in token order
+ * half of every page into both (multicast); where the device cannot schedule such pairs (asked
+ * once per device), each CTA loads its own pages by TMA, and without the driver's tensor-map entry
+ * point the P V warpgroups load them by cp.async. The three give the same bits; the environment
+ * variable DSX_MLA_LOADS=1 or 0 forces the latter two (diagnostics, tests). Each row sum is accumulated per lane in token order
  * and combined over the lane quad in a fixed order. num_splits = 0 picks the split
  * count from the SM count; with more than one split the partials (fp32 out and lse per split)
  * go to the caller's workspace and a second kernel merges them in split order. Summation
