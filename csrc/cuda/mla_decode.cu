@@ -734,7 +734,7 @@ __device__ __forceinline__ void wg_role(const Params& p, const CUtensorMap* tmap
     }
   }
   if constexpr (LM == 2) dsx_cuda::sm90::cluster_sync();  // both CTAs' mbarriers initialised
-  else named_sync<1, kWThreads>();                         // mbarriers initialised
+  else named_bar_sync(1, kWThreads);                     // mbarriers initialised
 
   if constexpr (ROLE == 0) {
     const uint32_t sQR = base + PL::kOffQR, sQ31 = base + PL::kOffQ31;
@@ -762,8 +762,8 @@ __device__ __forceinline__ void wg_role(const Params& p, const CUtensorMap* tmap
       }
     }
     cp_async_wait<0>();
-    fence_proxy_async();
-    named_sync<2, 128>();  // the Q blocks in shared memory landed (warpgroup 0 only)
+    fence_async_smem();
+    named_bar_sync(2, 128);  // the Q blocks in shared memory landed (warpgroup 0 only)
     // last visible cache position of rows r0, r1 (also below t_end; -1: padding row), minus 2 c4
     const int lim0 = (ok0 ? min(len - p.s_q + (row0 + r0) / p.heads, t_end - 1) : -1) - 2 * c4;
     const int lim1 = (ok1 ? min(len - p.s_q + (row0 + r1) / p.heads, t_end - 1) : -1) - 2 * c4;
@@ -778,7 +778,7 @@ __device__ __forceinline__ void wg_role(const Params& p, const CUtensorMap* tmap
     for (int t0 = t_begin; t0 < t_end; t0 += kPage) {
       const uint32_t sKj = sK + buf * kTileBytes, sRope = sKj + 8 * kKBBytes;
       mbar_wait(bars + 8 * buf, par);
-      fence_proxy_async();
+      fence_async_smem();
       float s[32];
       const uint64_t dk = sw128_desc(sKj, 16, 1024), dq = sw128_desc(sQR, 16, 1024);  // + offset / 16 per k-step
       wgmma_fence();
@@ -839,7 +839,7 @@ __device__ __forceinline__ void wg_role(const Params& p, const CUtensorMap* tmap
         st_shared_u32(sRope + (pw ^ (i << 4)), pack_bf16(p0, p1));
         st_shared_u32(sRope + (pw ^ (i << 4)) + 1024, pack_bf16(p2, p3));
       }
-      fence_proxy_async();
+      fence_async_smem();
       mbar_arrive(bars + 24 + 8 * buf);
       if (++buf == 3) {
         buf = 0;
@@ -865,7 +865,7 @@ __device__ __forceinline__ void wg_role(const Params& p, const CUtensorMap* tmap
         else p.lse[(int64_t)b * p.rows + rg] = v;
       }
     }
-    named_sync<1, kWThreads>();  // sL published
+    named_bar_sync(1, kWThreads);  // sL published
   } else {
     const int part = (tid >> 7) - 1;
     const int n_pg = (t_end - t_begin + kPage - 1) / kPage;
@@ -880,7 +880,7 @@ __device__ __forceinline__ void wg_role(const Params& p, const CUtensorMap* tmap
         } else {
           wg_load_chunks<32, 32>(p.kv, page, t, t_end, dst, wtid);
         }
-        cp_async_mbar_arrive_noinc(bars + 8 * buf);
+        cp_async_arrive_noinc(bars + 8 * buf);
       } else if (tid == 128) {  // whole pages (the tail past t_end is zeroed after landing, see below)
         mbar_arrive_expect_tx(bars + 8 * buf, kTileBytes);
         if constexpr (LM == 1) {
@@ -911,12 +911,12 @@ __device__ __forceinline__ void wg_role(const Params& p, const CUtensorMap* tmap
             *reinterpret_cast<uint4*>(smem + PL::kOffK + buf * kTileBytes + blk * kKBBytes + r * 128 + (i & 7) * 16) =
                 make_uint4(0u, 0u, 0u, 0u);
           }
-          fence_proxy_async();
-          if (part == 0) named_sync<4, 128>();
-          else named_sync<5, 128>();
+          fence_async_smem();
+          if (part == 0) named_bar_sync(4, 128);
+          else named_bar_sync(5, 128);
         }
       }
-      fence_proxy_async();
+      fence_async_smem();
       const float a0 = ld_shared_f32(sAl + (buf * kWRows + r0) * 4), a1 = ld_shared_f32(sAl + (buf * kWRows + r1) * 4);
       if (!DSX_MLA_SKIP1 || !__all_sync(0xffffffffu, a0 == 1.f && a1 == 1.f)) {  // x 1 changes no bit
 #pragma unroll
@@ -935,7 +935,7 @@ __device__ __forceinline__ void wg_role(const Params& p, const CUtensorMap* tmap
       fence_regs(acc);
       if (j + 3 < n_pg) {  // refill with page j + 3, once both P V warpgroups are done with P
         if constexpr (LM == 0) {
-          named_sync<3, 256>();
+          named_bar_sync(3, 256);
           load(j + 3, buf);
         } else {  // each P V warp (of both CTAs of a pair) gives the buffer back; one thread refills it
           if (lane == 0) {
@@ -949,7 +949,7 @@ __device__ __forceinline__ void wg_role(const Params& p, const CUtensorMap* tmap
         }
       }
     }
-    named_sync<1, kWThreads>();  // sL published
+    named_bar_sync(1, kWThreads);  // sL published
     const float* sL = reinterpret_cast<const float*>(smem + PL::kOffL);
     const bool split_out = p.splits > 1;
 #pragma unroll

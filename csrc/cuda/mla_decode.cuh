@@ -1,5 +1,5 @@
-// Device helpers of the MLA decode kernel (mla_decode.cu): PTX wrappers and the shared
-// memory plan. Layout contract: include/dsx/mla_decode.h.
+// Device helpers of the MLA decode kernel (mla_decode.cu): its own PTX wrappers (the shared ones
+// come from sm90_ptx.cuh) and the shared memory plan. Layout contract: include/dsx/mla_decode.h.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -9,12 +9,24 @@
 
 namespace dsx_mla {
 
+using dsx_cuda::sm90::cp_async_arrive_noinc;
+using dsx_cuda::sm90::fence_async_smem;
 using dsx_cuda::sm90::ld_shared_f32;
+using dsx_cuda::sm90::mbar_arrive;
 using dsx_cuda::sm90::mbar_arrive_expect_tx;
-using dsx_cuda::sm90::tma_load_3d;
-using dsx_cuda::sm90::tma_load_3d_multicast;
+using dsx_cuda::sm90::mbar_init;
+using dsx_cuda::sm90::mbar_wait;
+using dsx_cuda::sm90::named_bar_sync;
+using dsx_cuda::sm90::setmaxnreg_dec;
+using dsx_cuda::sm90::setmaxnreg_inc;
+using dsx_cuda::sm90::smem_u32;
 using dsx_cuda::sm90::st_shared_f32;
 using dsx_cuda::sm90::st_shared_u32;
+using dsx_cuda::sm90::tma_load_3d;
+using dsx_cuda::sm90::tma_load_3d_multicast;
+using dsx_cuda::sm90::wgmma_commit;
+using dsx_cuda::sm90::wgmma_fence;
+using dsx_cuda::sm90::wgmma_wait;
 
 constexpr int kPage = 64, kLat = 512, kDim = 576;
 constexpr int kChunks = kDim / 8;                  // 16-byte chunks per token row (72)
@@ -84,10 +96,6 @@ struct PlanKS {
   static_assert(kLPR * kRows == kThreads && kTPL * kLPR == kStageT && kTPL % 2 == 0, "softmax lanes");
   static_assert(kBytes <= kMaxSmem, "shared memory plan exceeds 227 KB");
 };
-
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
 
 // 16-byte async copy; src_bytes = 0 fills the destination with zeros (reads nothing).
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
@@ -159,12 +167,6 @@ __device__ __forceinline__ uint64_t sw32_desc(uint32_t addr, uint32_t sbo) {
   return (uint64_t)((addr & 0x3FFFF) >> 4) | (1ull << 16) | ((uint64_t)(sbo >> 4) << 32) | (3ull << 62);
 }
 
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
-// Orders the thread's generic-proxy shared-memory writes before later async-proxy (wgmma) reads.
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 // Keeps the compiler from moving accesses of r across a wgmma wait.
 template <int N>
 __device__ __forceinline__ void fence_regs(float (&r)[N]) {
@@ -227,24 +229,6 @@ __device__ __forceinline__ void wgmma_ss_n256_tb(float (&d)[128], uint64_t da, u
 
 
 
-__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-// Arrives on bar once all of this thread's earlier cp.async have landed (counts toward the expected count).
-__device__ __forceinline__ void cp_async_mbar_arrive_noinc(uint32_t bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-}
-// Spins until the phase with the given parity has completed.
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  asm volatile(
-      "{\n.reg .pred done;\n"
-      "MBAR_SPIN:\n"
-      "mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra MBAR_SPIN;\n}\n" ::"r"(bar), "r"(parity) : "memory");
-}
 
 __device__ __forceinline__ float ex2_approx(float x) {
   float y;
@@ -252,12 +236,6 @@ __device__ __forceinline__ float ex2_approx(float x) {
   return y;
 }
 
-template <int N>
-__device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N)); }
-template <int N>
-__device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }
-template <int ID, int N>
-__device__ __forceinline__ void named_sync() { asm volatile("bar.sync %0, %1;\n" ::"n"(ID), "n"(N) : "memory"); }
 
 // d (64x64) += A (64x16 from registers) * B (64x16 tokens, K-major, smem)^T
 __device__ __forceinline__ void wgmma_rs_n64(float (&d)[32], const uint32_t (&a)[4], uint64_t db, int scale_d) {
