@@ -949,24 +949,46 @@ __device__ __forceinline__ void wg_role(const Params& p, const CUtensorMap* tmap
         }
       }
     }
-    named_bar_sync(1, kWThreads);  // sL published
+    named_bar_sync(1, kWThreads);  // sL published; every wgmma read of the page buffers has been waited for
     const float* sL = reinterpret_cast<const float*>(smem + PL::kOffL);
     const bool split_out = p.splits > 1;
+    // O leaves through shared memory (the page buffers, free now; this warpgroup's 64 x 256 tile at part *
+    // 64 KB): row r's 16-byte chunk x at x ^ (r & 7), then each warp stores whole row pieces (512 B of bf16,
+    // 1 KB of fp32 partials) with 16-byte stores, instead of 4- or 8-byte pieces of 8 rows at once.
+    const uint32_t sO = sK + part * (kWRows * 256 * 4);
+    constexpr int kCh = 256 * 2 / 16;  // bf16 chunks per row piece (fp32: twice as many)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int r = h ? r1 : r0, rg = row0 + r;
-      if (rg >= p.rows) continue;
+      const int r = h ? r1 : r0;
       const float l = sL[r], inv = l > 0.f ? 1.f / l : 0.f;
-      const int64_t orow = split_out ? ((int64_t)b * p.splits + split) * p.rows + rg : (int64_t)b * p.rows + rg;
 #pragma unroll
       for (int i = 0; i < 32; ++i) {
-        const int col = part * 256 + i * 8 + 2 * c4;
         const float v0 = acc[4 * i + 2 * h] * inv, v1 = acc[4 * i + 2 * h + 1] * inv;
-        if (split_out) {
-          *reinterpret_cast<float2*>(p.ws_o + orow * kLat + col) = make_float2(v0, v1);
-        } else {
-          *reinterpret_cast<uint32_t*>(p.out + orow * kLat + col) = pack_bf16(v0, v1);
+        if (split_out) {  // columns 8 i + 2 c4 (+1): chunk 2 i + c4 / 2, bytes 8 (c4 & 1)
+          st_shared_u32x2(sO + r * (2 * kCh * 16) + (((2 * i + (c4 >> 1)) ^ (r & 7)) << 4) + (c4 & 1) * 8,
+                          __float_as_uint(v0), __float_as_uint(v1));
+        } else {  // chunk i, bytes 4 c4
+          st_shared_u32(sO + r * (kCh * 16) + ((i ^ (r & 7)) << 4) + c4 * 4, pack_bf16(v0, v1));
         }
+      }
+    }
+    named_bar_sync(4 + part, 128);  // this warpgroup's tile is in shared memory
+    if (split_out) {
+      float* dst = p.ws_o + (((int64_t)b * p.splits + split) * p.rows + row0) * kLat + part * 256;
+#pragma unroll 4
+      for (int k = wtid; k < kWRows * 2 * kCh; k += 128) {  // a warp: half a row piece
+        const int r = k / (2 * kCh), x = k % (2 * kCh);
+        if (row0 + r >= p.rows) break;  // rows only grow with k
+        *reinterpret_cast<uint4*>(dst + (int64_t)r * kLat + x * 4) =
+            ld_shared_u32x4(sO + r * (2 * kCh * 16) + ((x ^ (r & 7)) << 4));
+      }
+    } else {
+      __nv_bfloat16* dst = p.out + ((int64_t)b * p.rows + row0) * kLat + part * 256;
+#pragma unroll 4
+      for (int k = wtid; k < kWRows * kCh; k += 128) {  // a warp: one row piece
+        const int r = k / kCh, x = k % kCh;
+        if (row0 + r >= p.rows) break;
+        *reinterpret_cast<uint4*>(dst + (int64_t)r * kLat + x * 8) = ld_shared_u32x4(sO + r * (kCh * 16) + ((x ^ (r & 7)) << 4));
       }
     }
   }
@@ -1152,6 +1174,9 @@ extern "C" int dsx_mla_decode_paged_bf16_cuda(const void* q, const void* kv_cach
     return DSX_EINVAL;
   if (batch == 0) return DSX_OK;
   if (!q || !kv_cache || !page_table || !cache_lens || !out || !lse) return DSX_EINVAL;
+  const auto misaligned = [](const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) != 0; };
+  if (misaligned(q) || misaligned(kv_cache) || misaligned(out) || (need > 0 && misaligned(workspace)))
+    return DSX_EINVAL;  // 16-byte copies and stores
   if (need > 0 && (!workspace || workspace_bytes < need)) return DSX_EINVAL;
   Params p{};
   p.q = static_cast<const __nv_bfloat16*>(q);

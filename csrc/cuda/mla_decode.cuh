@@ -12,6 +12,7 @@ namespace dsx_mla {
 using dsx_cuda::sm90::cp_async_arrive_noinc;
 using dsx_cuda::sm90::fence_async_smem;
 using dsx_cuda::sm90::ld_shared_f32;
+using dsx_cuda::sm90::ld_shared_u32x4;
 using dsx_cuda::sm90::mbar_arrive;
 using dsx_cuda::sm90::mbar_arrive_expect_tx;
 using dsx_cuda::sm90::mbar_init;
@@ -22,6 +23,7 @@ using dsx_cuda::sm90::setmaxnreg_inc;
 using dsx_cuda::sm90::smem_u32;
 using dsx_cuda::sm90::st_shared_f32;
 using dsx_cuda::sm90::st_shared_u32;
+using dsx_cuda::sm90::st_shared_u32x2;
 using dsx_cuda::sm90::tma_load_3d;
 using dsx_cuda::sm90::tma_load_3d_multicast;
 using dsx_cuda::sm90::wgmma_commit;

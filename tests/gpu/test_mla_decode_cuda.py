@@ -78,3 +78,23 @@ def test_cuda_wgmma_load_modes_give_the_same_bits(mode, monkeypatch):
     assert np.array_equal(want[0].view(np.uint16), got[0].view(np.uint16)) and np.array_equal(want[1], got[1])
     ref, ref_lse = reference(q, kv, pt, cl, scale)
     assert within(got[0], got[1], ref, ref_lse)[0]
+
+
+def test_cuda_refuses_misaligned_pointers():
+    # the kernels copy and store 16-byte pieces: an output 2 bytes off its allocation is refused, not written
+    from ds_export.native import cuda as C
+
+    q, kv, pt, cl, scale = make_case(2, 1, 128, [300, 70])
+    b, s_q, h = q.shape[:3]
+    run, _ = M._cuda_fns()
+    dq, dkv, dpt, dcl = (C.to_device(np.ascontiguousarray(x).view(np.uint16) if x.dtype.itemsize == 2 else x)
+                         for x in (q, kv, pt, cl))
+    out = C.empty((b * s_q * h * 512 + 8,), np.uint16).fill_bytes(0x7F)
+    lse = C.empty((b, s_q, h), np.float32)
+    rc = run(dq.ptr, dkv.ptr, dpt.ptr, dcl.ptr, out.ptr + 2, lse.ptr, b, s_q, h, kv.shape[0], pt.shape[1], scale, 1,
+             None, 0, None)
+    assert rc == -1  # DSX_EINVAL
+    assert (out.numpy() == 0x7F7F).all()
+    rc = run(dq.ptr, dkv.ptr, dpt.ptr, dcl.ptr, out.ptr, lse.ptr, b, s_q, h, kv.shape[0], pt.shape[1], scale, 1,
+             None, 0, None)
+    assert rc == 0

@@ -24,7 +24,8 @@
  * Returns DSX_EINVAL for bad sizes, a length outside [S_q, 64 * max_pages] or a used page
  * id outside [0, num_pages).
  *
- * CUDA (_cuda): device pointers, asynchronous on `stream`, no allocation (graph capturable).
+ * CUDA (_cuda): device pointers (q, kv_cache, out and the workspace 16-byte aligned, else
+ * DSX_EINVAL), asynchronous on `stream`, no allocation (graph capturable).
  * One CTA per SM streams the pages of one sequence (with num_splits > 1, split s of sequence b
  * takes the s-th of `splits` equal page-aligned chunks of its own ceil(len_b / 64) pages) for a
  * tile of up to 64 query rows (rows = (s, h) flattened; more rows take more tiles, whose CTAs
@@ -44,11 +45,12 @@
  * half of every page into both (multicast); where the device cannot schedule such pairs (asked
  * once per device), each CTA loads its own pages by TMA, and without the driver's tensor-map entry
  * point the P V warpgroups load them by cp.async. The three give the same bits; the environment
- * variable DSX_MLA_LOADS=1 or 0 forces the latter two (diagnostics, tests). Each row sum is accumulated per lane in token order
- * and combined over the lane quad in a fixed order. num_splits = 0 picks the split
- * count from the SM count; with more than one split the partials (fp32 out and lse per split)
- * go to the caller's workspace and a second kernel merges them in split order. Summation
- * orders are fixed: the result is deterministic for given sizes and num_splits.
+ * variable DSX_MLA_LOADS=1 or 0 forces the latter two (diagnostics, tests). The output tile
+ * leaves through shared memory, in whole 16-byte pieces of rows. Each row sum is accumulated
+ * per lane in token order and combined over the lane quad in a fixed order. num_splits = 0
+ * picks the split count from the SM count; with more than one split the partials (fp32 out and
+ * lse per split) go to the caller's workspace and a second kernel merges them in split order.
+ * Summation orders are fixed: the result is deterministic for given sizes and num_splits.
  * dsx_mla_decode_workspace_cuda gives the bytes needed and the split count chosen.
  * The kernel cannot report bad data: lengths are clamped to [0, 64 * max_pages] and
  * page ids are trusted (validate them on the host, as the Python entry does).
