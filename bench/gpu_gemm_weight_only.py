@@ -19,7 +19,8 @@ Each row is also timed with programmatic dependent launch (algo bit 24: each lau
 graph starts, and fetches its first weights, while the one before it ends, as consecutive
 layers of a served model would; "PDL us", its own ratio) and, at M <= 16, one step at a time
 (algo bit 25, "1step us": the schedule before step pairing, same bits) and one tile group a
-block (algo bit 26, "1grp us": no persistent blocks, same bits).
+block (algo bit 26, "1grp us": no persistent blocks, same bits); int4 per channel at M <= 8 also
+with the balanced grid (algo bit 27 with the automatic fields, "bal us").
 With --sweep, int4 per channel at M = 1 and 16 is also timed over (warps, splits, ring
 slots, steps per slot; x chunk at M = 16) so the automatic choice can be tuned; the best is
 printed beside the automatic one. --sweep-list "w8s4d1b2,w8s2d2b4,..." replaces that list
@@ -64,6 +65,7 @@ SWEEP_LIST = []  # --sweep-list: replaces SWEEP / SWEEP_M16
 PDL = 1 << 24       # algo bit: programmatic dependent launch (launches overlap: serving)
 ONE_STEP = 1 << 25  # algo bit: one step at a time (the pre-pairing schedule; same bits)
 ONE_GROUP = 1 << 26  # algo bit: one tile group a block (no persistent blocks; same bits)
+BAL = 1 << 27  # algo bit: balanced persistent grid (int4 per channel, M <= 8; its own cut points)
 
 try:
     import torch
@@ -149,6 +151,9 @@ def bench_row(pb: Problem, m: int, rng, sweep: bool, anchors: dict) -> dict:
     us_pdl, mode_pdl = time_graph(calls(PDL))
     us_one = time_graph(calls(ONE_STEP))[0] if m <= 16 else None
     us_1grp = time_graph(calls(ONE_GROUP))[0] if m <= 16 else None
+    us_bal = None
+    if m <= 8 and (pb.bits, pb.group) == (4, -1):  # the balanced grid with the automatic fields
+        us_bal = time_graph(calls(BAL))[0]
     us_nomath = None
     if DIAG and m in (1, 16):  # the same launch without the arithmetic: the weight stream alone
         us_nomath = time_graph(calls(0, DIAG["fn"]))[0]
@@ -160,7 +165,8 @@ def bench_row(pb: Problem, m: int, rng, sweep: bool, anchors: dict) -> dict:
            "sets": pb.sets, "mode": mode, "config": cfg, "us": round(us, 2),
            "weight_GBps": round(pb.weight_bytes / us / 1e3, 1), "us_pdl": round(us_pdl, 2), "mode_pdl": mode_pdl,
            "us_one_step": us_one and round(us_one, 2), "us_one_group": us_1grp and round(us_1grp, 2),
-           "us_nomath": us_nomath and round(us_nomath, 2), "us_alt": us_alt and round(us_alt, 2)}
+           "us_nomath": us_nomath and round(us_nomath, 2), "us_alt": us_alt and round(us_alt, 2),
+           "us_bal": us_bal and round(us_bal, 2)}
     if sweep:
         best = ("auto", us)
         for w, s, c, d, b, *fl in SWEEP_LIST or (SWEEP + (SWEEP_M16 if m == 16 else [])):
@@ -200,9 +206,45 @@ def bench_row(pb: Problem, m: int, rng, sweep: bool, anchors: dict) -> dict:
     return row
 
 
+def ab_row(pb: Problem, m: int, rng, words: list, rounds: int) -> dict:
+    """--ab: int4 per channel at M, the automatic config, each word of `words` ((name, algo)), the
+    --alt-lib build's automatic config and torch, all timed interleaved (gpu_timing.interleaved:
+    rounds of a few replays each, the order rotating), so that the clock's sag under load does not
+    favour whichever runs first. {name: median us} plus the configs."""
+    x = rng.standard_normal((m, pb.k)).astype(np.float32).astype(G.BF16)
+    dx = [cuda.to_device(x.view(np.uint16)) for _ in range(pb.sets)]
+    out = cuda.empty((m, pb.n), np.uint16)
+    run = G._cuda_fns()[0]
+
+    def calls(algo, fn=run):
+        def one(st, i, algo=algo, fn=fn):
+            _ok(fn(dx[i].ptr, pb.dq[i].ptr, pb.ds[i].ptr, out.ptr, m, pb.n, pb.k, pb.bits, pb.group, 90, algo,
+                   st.handle if st else None))
+        return [lambda st, i=i: one(st, i) for i in range(pb.sets)]
+
+    samplers = {"auto": gpu_timing.ours_sampler(calls(0))[0]}
+    for name, algo in words:
+        try:
+            samplers[name] = gpu_timing.ours_sampler(calls(algo))[0]
+        except Exception as exc:  # a word that does not fit is reported, not timed
+            print(json.dumps({"N": pb.n, "K": pb.k, "M": m, "word": name, "error": repr(exc)[:80]}))
+    if ALT:
+        samplers["alt"] = gpu_timing.ours_sampler(calls(0, ALT["fn"]))[0]
+    if torch is not None:
+        tw = pb.torch_weights()
+        tx = torch.from_numpy(x.view(np.int16)).cuda().view(torch.bfloat16)
+        samplers["torch"] = gpu_timing.torch_sampler([lambda w=w: tx @ w.t() for w in tw])
+    t = gpu_timing.interleaved(samplers, rounds=rounds)
+    row = {"N": pb.n, "K": pb.k, "M": m, "config": G.cuda_config(m, pb.n, pb.k, pb.bits, pb.group)}
+    row.update({f"us_{k}": round(v, 2) for k, v in t.items()})
+    if "torch" in t:
+        row.update({f"x_{k}": round(t["torch"] / v, 3) for k, v in t.items() if k != "torch"})
+    return row
+
+
 def table(rows, copy_tbps) -> str:
     head = (f"{'layout':<10}{'M':>4}{'N':>7}{'K':>7}{'us':>9}{'GB/s':>8}{'%copy':>7}{'torch us':>10}{'ratio':>7}"
-            f"{'PDL us':>9}{'ratio':>7}{'1step us':>9}{'1grp us':>9}{'nomath':>8}{'alt us':>9}{'ratio':>7}"
+            f"{'PDL us':>9}{'ratio':>7}{'1step us':>9}{'1grp us':>9}{'bal us':>9}{'nomath':>8}{'alt us':>9}{'ratio':>7}"
             f"  {'config (w s c d b)':<22}best")
     lines = [head, "-" * len(head)]
     for r in rows:
@@ -213,7 +255,7 @@ def table(rows, copy_tbps) -> str:
         lines.append(f"{r['layout']:<10}{r['M']:>4}{r['N']:>7}{r['K']:>7}{r['us']:>9}{r['weight_GBps']:>8}{pct:>7}"
                      f"{r.get('anchor_us', '-'):>10}{r.get('ratio', '-'):>7}"
                      f"{r['us_pdl']:>9}{r.get('ratio_pdl', '-'):>7}"
-                     f"{r['us_one_step'] or '-':>9}{r.get('us_one_group') or '-':>9}{r['us_nomath'] or '-':>8}"
+                     f"{r['us_one_step'] or '-':>9}{r.get('us_one_group') or '-':>9}{r.get('us_bal') or '-':>9}{r['us_nomath'] or '-':>8}"
                      f"{r.get('us_alt') or '-':>9}{r.get('ratio_alt', '-'):>7}"
                      f"  {cfg:<22}{best}")
     return "\n".join(lines)
@@ -250,13 +292,16 @@ def main() -> int:
     ap.add_argument("--sweep-libs", default="",
                     help="other builds (e.g. wo_alt_lib.sh . nomath.so -DDSX_WO_NOMATH): every swept word timed there too")
     ap.add_argument("--sweep-ms", default="", help="M values swept (default 1,16)")
+    ap.add_argument("--ab", default="",
+                    help='int4 per channel: time auto, these words (as --sweep-list), --alt-lib and torch interleaved')
+    ap.add_argument("--ab-rounds", type=int, default=8, help="rounds of --ab's interleaved timing")
     ap.add_argument("--ms", default="", help="comma-separated M for int4 per channel (any, e.g. 1,16,32; the other layouts keep their subset of these)")
     args = ap.parse_args()
     if args.profile:
         return profile(*(int(v) for v in args.profile.split("x")), int(args.profile_algo, 0))
-    if args.sweep_list:
+    if args.sweep_list or args.ab:
         import re
-        for t in args.sweep_list.split(","):
+        for t in (args.sweep_list or args.ab).split(","):
             w, sp, d, b, c, x = re.fullmatch(r"w(\d+)s(\d+)d(\d+)b(\d+)(?:c(\d+))?(?:\+([0-9a-fA-F]+))?",
                                              t.strip()).groups()
             SWEEP_LIST.append((int(w), int(sp), int(c or 0), int(d), int(b), int(x or "0", 16)))
@@ -277,6 +322,22 @@ def main() -> int:
     if args.shapes:
         shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     rows, failed, anchors = [], 0, {}
+    if args.ab:  # interleaved comparison only (int4 per channel)
+        words = [(f"w{w}s{sp}d{d}b{b}" + (f"c{c}" if c else "") + (f"+{x:x}" if x else ""),
+                  w | sp << 4 | c << 8 | d << 16 | b << 20 | x) for w, sp, c, d, b, x in SWEEP_LIST]
+        SWEEP_LIST.clear()
+        with open(out / "bench_ab.jsonl", "w") as log:
+            for n, k in shapes:
+                pb = Problem(n, k, 4, -1, rng)
+                for m in ([int(t) for t in args.ms.split(",")] if args.ms else [1, 8]):
+                    row = ab_row(pb, m, rng, words, args.ab_rounds)
+                    log.write(json.dumps(row) + "\n")
+                    print(json.dumps(row), flush=True)
+                pb.free_torch()
+                del pb
+                if torch is not None:
+                    torch.cuda.empty_cache()
+        return 0
     layouts = LAYOUTS[:1] if args.quick else LAYOUTS
     with open(out / "bench_gemm_weight_only.jsonl", "w") as log:
         for bits, group in layouts:

@@ -10,8 +10,9 @@ tmp=$(mktemp -d)
 if [ "$rev" = . ]; then
   mkdir -p "$tmp/csrc"; cp -r csrc/include csrc/cuda "$tmp/csrc/"
 else
+  # (sm90_ptx.cuh: the shared PTX helpers the kernel includes since 87365bb; absent before)
   for f in csrc/cuda/gemm_weight_only.cu csrc/cuda/gemm_weight_only.cuh csrc/include/dsx.h \
-           $(git ls-tree --name-only "$rev" csrc/include/dsx/); do
+           $(git ls-tree --name-only "$rev" csrc/include/dsx/ csrc/cuda/sm90_ptx.cuh); do
     mkdir -p "$tmp/$(dirname "$f")"
     git show "$rev:$f" > "$tmp/$f"
   done

@@ -1,8 +1,8 @@
 """The CUDA weight-only GEMM without a GPU: it compiles for sm_90a, and its data mapping is right.
 
 1. csrc/cuda/gemm_weight_only.cu compiles with the local nvcc for sm_90a (skipped
-   without nvcc): all 25 kernel instances (20 + the five M <= 8 one-slot ones), no
-   register spills.
+   without nvcc): all 25 kernel instances (20 + the five M <= 8 one-slot ones) and the two of
+   the balanced grid (algo bit 27: int4 per channel, M <= 8, one slot or more), no register spills.
 2. A numpy model of what each lane of the kernel does (which 16 bytes it loads, which bits
    make which bf16 value, which x element in shared memory it pairs them with, which scale
    and partial sum they go to, the int4 group-64 word exchange between lanes) reproduces
@@ -52,7 +52,10 @@ def test_compiles_for_sm90a_without_spills(tmp_path):
     assert names == want, f"kernel instances: got {sorted(names)}"
     early = {re.search(r"wo_gemm_kernelILi(\d)ELi(\d)ELi(\d)ELb1", b).groups() for b in blocks if "ELb1" in b.split("\n")[0]}
     assert early == {w for w in want if w[1] == "1"}, f"one-slot instances: got {sorted(early)}"
-    for b in blocks:
+    bal = [b for b in log.split("Compiling entry function")[1:] if "wo_gemm_bal_kernel" in b.split("\n")[0]]
+    bal_names = {re.search(r"wo_gemm_bal_kernelILi(\d)ELi(\d)ELi(\d)ELb(\d)", b).groups() for b in bal}
+    assert bal_names == {("4", "1", "0", "0"), ("4", "1", "0", "1")}, f"balanced-grid instances: got {sorted(bal_names)}"
+    for b in blocks + bal:
         assert "0 bytes spill stores" in b and "0 bytes spill loads" in b, f"spills in {b[:200]}"
         regs = int(re.search(r"Used (\d+) registers", b).group(1))
         assert regs <= 255
@@ -256,7 +259,7 @@ def test_device_entry_checks_before_launch(case, match):
     elif case == "k_not_64":
         args["x"] = _fake_device_array((m, 200), np.uint16)
     elif case == "bad_algo":
-        kw["algo"] = 1 << 27  # no such bit
+        kw["algo"] = 1 << 30  # no such bit
     with pytest.raises(DsxError, match=match):
         G.gemm_weight_only_cuda_device(*args.values(), **kw)
     with pytest.raises(DsxError, match="warps must be"):
@@ -268,7 +271,9 @@ def test_device_entry_checks_before_launch(case, match):
     G.check_algo(1 << 16)
     assert G.algo_word(8, 2, pdl=True) == 8 | 2 << 4 | 1 << 24
     G.check_algo(1 << 24 | 1 << 25 | 1 << 26)  # PDL and the two measurement bits are well-formed
+    assert G.algo_word(8, 4, balanced=True) == 8 | 4 << 4 | 1 << 27  # the balanced grid
+    G.check_algo(1 << 27)
     with pytest.raises(DsxError, match="algo"):
-        G.check_algo(1 << 27)
+        G.check_algo(1 << 30)  # no such bit
     with pytest.raises(DsxError, match="algo"):
         G.check_algo(9 << 4)  # 9 splits

@@ -48,9 +48,10 @@ def make(m, n, k, bits, group, seed=0):
     return x, q, s, wo.dequantize_native(q, s, bits, group, 90, k).astype(np.float64)
 
 
-def check_bound(out, x, wd, what, exact_frac=0.9):
+def check_bound(out, x, wd, what, exact_frac=0.9, pre=None):
+    """pre: (ref, mag) = reference(x, wd), when many outputs are checked against the same inputs."""
     x64, got = x.astype(np.float64), out.astype(np.float64)
-    ref, mag = x64 @ wd.T, np.abs(x64) @ np.abs(wd).T
+    ref, mag = pre if pre is not None else reference(x, wd)
     assert np.isfinite(got).all(), f"{what}: unwritten (NaN-poisoned) or non-finite outputs"
     e = (x.shape[1] / 8 + 16) * 2.0**-22 * mag
     bad = np.abs(got - ref) > 2.0**-8 * (np.abs(ref) + e) + e
@@ -59,9 +60,15 @@ def check_bound(out, x, wd, what, exact_frac=0.9):
     assert exact.mean() >= exact_frac, f"{what}: only {exact.mean():.1%} correctly rounded"
 
 
+def reference(x, wd):
+    x64 = x.astype(np.float64)
+    return x64 @ wd.T, np.abs(x64) @ np.abs(wd).T
+
+
 PDL = 1 << 24      # algo bit: programmatic dependent launch
 ONE_STEP = 1 << 25  # algo bit: one step at a time (no step pairing)
 ONE_GROUP = 1 << 26  # algo bit: one tile group a block (no persistent blocks)
+BAL = 1 << 27  # algo bit: balanced persistent grid (int4 per channel, M <= 8; its own order)
 
 
 def word(warps, splits, chunk, stages, box):
@@ -220,11 +227,19 @@ def test_whole_x_rule_up_to_8_rows():
         if m >= 6:  # (4 splits would chunk x: 6 rows x 36 steps x 256 bytes > 48 KB)
             assert cfg["splits"] == 8 and cfg["chunk"] == 18, f"m {m}: {cfg}"
     x, q, s, wd = make(8, n, k, 4, -1, seed=12)
+    pre = reference(x, wd)
     a = G.gemm_weight_only_cuda(x, q, s, 4, -1, 90)
-    check_bound(a, x, wd, "whole x rule, m 8")
+    check_bound(a, x, wd, "whole x rule, m 8", pre=pre)
+    # (8 rows: the 56 tile groups may exceed the resident clusters of 8, and auto then takes the
+    # balanced grid (bit 27) at the same fields: its bits, which differ from the plain kernel's
+    # only in tiles cut between warps)
+    bal = run_raw(x, q, s, 4, -1, word(8, 8, 0, 1, 4) | BAL)
+    plain = run_raw(x, q, s, 4, -1, word(8, 8, 0, 1, 4))
+    assert np.array_equal(a.view(np.uint16), bal.view(np.uint16)) or \
+        np.array_equal(a.view(np.uint16), plain.view(np.uint16)), "auto: neither the plain nor the balanced bits"
     for w in (word(8, 8, 3, 1, 4), word(8, 8, 0, 2, 2) | ONE_STEP, word(8, 8, 0, 1, 4) | ONE_GROUP):
         b = run_raw(x, q, s, 4, -1, w)
-        assert np.array_equal(a.view(np.uint16), b.view(np.uint16)), f"auto vs {w:#x}: bits differ"
+        assert np.array_equal(plain.view(np.uint16), b.view(np.uint16)), f"plain vs {w:#x}: bits differ"
 
 
 @pytest.mark.parametrize("m", [1, 4, 8])
@@ -369,7 +384,7 @@ def test_config_and_bad_algo():
     with pytest.raises(DsxError, match="algo"):
         G.gemm_weight_only_cuda(x, q, s, 8, -1, 90, algo=3)  # 3 warps
     with pytest.raises(DsxError, match="algo"):
-        G.gemm_weight_only_cuda(x, q, s, 8, -1, 90, algo=1 << 27)  # no such bit
+        G.gemm_weight_only_cuda(x, q, s, 8, -1, 90, algo=1 << 27)  # the balanced grid: int4 per channel only
     one_slot = G.algo_word(stages=1)  # one ring slot a warp: M <= 8 only, the same bits
     assert np.array_equal(G.gemm_weight_only_cuda(x, q, s, 8, -1, 90, algo=one_slot).view(np.uint16),
                           G.gemm_weight_only_cuda(x, q, s, 8, -1, 90).view(np.uint16))
@@ -382,10 +397,77 @@ def test_config_and_bad_algo():
     v = [ctypes.c_int() for _ in range(5)]
     cfg_fn = G._cuda_fns()[1]
     assert cfg_fn(1, 64, 64, 8, -1, PDL | ONE_STEP | ONE_GROUP, *[ctypes.byref(i) for i in v]) == 0
-    assert cfg_fn(1, 64, 64, 8, -1, 1 << 27, *[ctypes.byref(i) for i in v]) != 0  # no such bit
+    assert cfg_fn(1, 64, 64, 8, -1, 1 << 27, *[ctypes.byref(i) for i in v]) != 0  # balanced grid: not int8
     assert cfg_fn(1, 64, 1024, 8, -1, 9 << 4, *[ctypes.byref(i) for i in v]) != 0  # 9 splits
     assert cfg_fn(8, 64, 1024, 4, -1, word(8, 2, 0, 1, 2), *[ctypes.byref(i) for i in v]) == 0  # one slot: M <= 8
     assert v[3].value == 1 and v[4].value == 2
     assert cfg_fn(9, 64, 1024, 4, -1, word(8, 2, 0, 1, 2), *[ctypes.byref(i) for i in v]) != 0
     with pytest.raises(DsxError, match="arch"):
         G.gemm_weight_only_cuda(x, q, s, 8, -1, 70)
+
+
+# The balanced grid (bit 27): clusters own runs of 16-channel tiles, each block's warps equal runs
+# of (tile, K step) units; a tile cut by a run boundary is summed from two pieces (lower + upper).
+# 18496 channels = 1156 tiles: more than 8 tiles a cluster for any resident count, and no multiple
+# of the warps, so runs cut tiles; K = 1088 (int4: 8.5 steps, a half step at the end) and 576.
+@pytest.mark.parametrize("m", [1, 8])
+@pytest.mark.parametrize("k", [1088, 576])
+def test_balanced_grid_right_and_reproducible(m, k):
+    n = 18496
+    x, q, s, wd = make(m, n, k, 4, -1, seed=21)
+    pre = reference(x, wd)
+    for splits in (1, 3, 4, 7):
+        for w in (word(8, splits, 0, 1, 4), word(8, splits, 0, 2, 2), word(4, splits, 0, 1, 2)):
+            a = run_raw(x, q, s, 4, -1, w | BAL)
+            check_bound(a, x, wd, f"balanced m {m} k {k} word {w:#x}", pre=pre)
+            b = run_raw(x, q, s, 4, -1, w | BAL)  # run to run: the same bits
+            assert np.array_equal(a.view(np.uint16), b.view(np.uint16)), f"{w:#x}: not reproducible"
+            c = run_raw(x, q, s, 4, -1, w | BAL | ONE_STEP | PDL)  # pairing and PDL do not move the bits
+            assert np.array_equal(a.view(np.uint16), c.view(np.uint16)), f"{w:#x}: one step / PDL differ"
+            # uncut tiles have the plain kernel's bits (same split); cut ones differ by a few fp32
+            # ulps before the bf16 rounding, which almost never moves the bf16
+            plain = run_raw(x, q, s, 4, -1, w)
+            same = (a.view(np.uint16) == plain.view(np.uint16)).mean()
+            assert same >= 0.99, f"{w:#x}: only {same:.2%} equal to the plain kernel"
+
+
+def test_balanced_grid_ragged_small_and_refusals():
+    """Forced on shapes with few tiles (fewer than warps a cluster, an empty slice at 8 splits of 4.5
+    steps, N of 4 tiles): still right; refused where it does not apply."""
+    for m, n, k in ((1, 64, 576), (5, 448, 576), (8, 3008, 7232), (2, 1024, 64)):
+        x, q, s, wd = make(m, n, k, 4, -1, seed=22)
+        for splits in (1, 2, 5, 8):
+            for w in (word(8, splits, 0, 1, 4), word(2, splits, 0, 2, 1)):
+                a = run_raw(x, q, s, 4, -1, w | BAL)
+                check_bound(a, x, wd, f"balanced small m {m} n {n} k {k} {w:#x}")
+    v = [ctypes.c_int() for _ in range(5)]
+    cfg_fn = G._cuda_fns()[1]
+    assert cfg_fn(8, 18496, 1088, 4, -1, BAL, *[ctypes.byref(i) for i in v]) == 0
+    for m, bits, group, algo in ((9, 4, -1, BAL), (1, 8, -1, BAL), (1, 4, 128, BAL), (1, 4, 64, BAL),
+                                 (1, 4, -1, BAL | ONE_GROUP), (8, 4, -1, BAL | word(8, 1, 2, 1, 4))):
+        assert cfg_fn(m, 18496, 1088, bits, group, algo, *[ctypes.byref(i) for i in v]) != 0, (m, bits, group, algo)
+
+
+@pytest.mark.parametrize("m", [1, 8])
+def test_auto_takes_balanced_grid_where_groups_loop(m):
+    """36864 x 7168 (288 tile groups of 8 warps: more than any GPU of <= 132 SMs holds clusters of 4
+    at once): auto takes the balanced grid: the same bits as its own fields with bit 27 given (and
+    with bits 24, 25), >= 99% the plain kernel's bits, and right against the CPU kernel."""
+    n, k = 36864, 7168
+    rng = np.random.default_rng([23, m])
+    q = rng.integers(-128, 128, (n // 2, k), dtype=np.int8)
+    s = rng.uniform(0.004, 0.012, n).astype(np.float32).astype(BF16)
+    x = rng.standard_normal((m, k)).astype(BF16)
+    cfg = G.cuda_config(m, n, k, 4, -1)
+    a = run_raw(x, q, s, 4, -1, 0)
+    w = word(cfg["warps"], cfg["splits"], cfg["chunk"], cfg["stages"], cfg["box"])
+    for extra in (BAL, BAL | PDL | ONE_STEP, PDL):
+        b = run_raw(x, q, s, 4, -1, w | extra if extra != PDL else PDL)
+        assert np.array_equal(a.view(np.uint16), b.view(np.uint16)), f"auto vs {w | extra:#x}: bits differ"
+    plain = run_raw(x, q, s, 4, -1, w)
+    same = (a.view(np.uint16) == plain.view(np.uint16)).mean()
+    assert same >= 0.99, f"only {same:.2%} equal to the plain kernel"
+    cpu = G.gemm_weight_only(x, q, s, 4, -1, 90).astype(np.float64)
+    diff = np.abs(a.astype(np.float64) - cpu)
+    assert np.isfinite(a.astype(np.float64)).all()
+    assert (diff <= 2.0**-7 * np.abs(cpu) + 1e-3 * np.abs(cpu).max()).all(), f"cuda vs cpu: max diff {diff.max()}"

@@ -51,6 +51,23 @@
  * instead of persistent blocks) are for measurements; neither changes the output bits, nor does
  * bit 24. Returns 0, DSX_EINVAL
  * or DSX_ECUDA (launch failure, or no driver entry point for the TMA descriptor).
+ *
+ * Bit 27 (int4 per channel, M <= 8, persistent blocks; x staged whole, so an x chunk field below
+ * the slice is refused): the balanced grid. G clusters are launched: as many as the GPU holds at
+ * once with this configuration (its shared memory includes the partial tiles of ceil(N/16 / G)
+ * tiles), at most N/16. Cluster c owns the 16-channel tiles [N/16 * c / G, N/16 * (c + 1) / G)
+ * (T of them, floor division); each of its blocks (K slice r of L steps, as above) deals its
+ * T * L (tile, step) units, tile-major with steps in increasing k, to its first W = min(warps,
+ * T * L) warps in contiguous runs: warp w takes units [T L w / W, T L (w + 1) / W) (floor
+ * division). Accumulation order: each run's part of a tile (a piece) is a chain of step partials
+ * P joined in increasing k exactly as above (acc = acc + P from 0); a tile that run boundaries
+ * cut gets its pieces added in k order, ((first + second) + third) ..., in fp32, and is then
+ * multiplied by s(n); every other tile's slice partial is the one above, bit for bit. The slices'
+ * partials are summed in slice order as above. Bits then depend on (M, N, K, the algo word) and
+ * the GPU's resident cluster count (fixed for a GPU model): bits 24 and 25 do not move them; the
+ * warps, splits, ring and box fields may (they move G or the runs). No atomics, no workspace;
+ * reproducible run to run. The automatic choice (algo 0) takes bit 27 only where choose() in
+ * gemm_weight_only.cu says (measured); its output bits are then these.
  */
 #ifndef DSX_GEMM_WEIGHT_ONLY_H_
 #define DSX_GEMM_WEIGHT_ONLY_H_
