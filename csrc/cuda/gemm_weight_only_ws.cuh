@@ -362,6 +362,8 @@ int ws_choose(int rows, int64_t n, int64_t k, int bits, int group, int algo, int
 // 46.89 -> 36.25 / 38.03 / 45.97 (at 16 rows x whole is 74 KB: one block an SM, hence the small
 // gain there); 2048 x 7168 10.87 / 11.24 / 11.68 -> 10.60 / 11.07 / 11.55. The ring of 4 slots of
 // 1 step (bit 28's own default) was slower than 2 x 2 everywhere (36864 x 7168 M = 16 72.81).
+// Next run, all six DeepSeek-V3 shapes: the same within 1% on those three, and 3-5% faster on
+// 7168 x 2048, 24576 x 1536 and 4096 x 7168 (docs/benchmarks.md, tenth session).
 bool ws_auto_rule(int rows, int64_t n, int64_t k, int bits, int group, int algo, int sms, Config* cfg) {
   if (rows <= 8 || rows > 16 || bits != 4 || group != -1 || (algo & 0xFFFFFF) != 0 || (algo & kWsAlgoBit)) return false;
   return ws_choose(rows, n, k, bits, group, algo | kWsAlgoBit | 2 << 16 | 2 << 20, sms, cfg) == DSX_OK;

@@ -61,8 +61,8 @@
  * that would stage x in chunks: then 8 splits), and the arithmetic is the same: for equal splits
  * the output has the same bits as without it. Automatic (algo 0, or only bits 24..26): int4
  * per channel at 9..16 rows takes bit 28 with 2 slots of 2 steps where x fits whole (measured,
- * H200, against the kernel without it: 1-13% faster on 36864 x 7168, 7168 x 18432 and 2048 x 7168
- * at M = 9, 12, 16; gemm_weight_only_ws.cuh has the figures). Bits 27 and 28 together: DSX_EINVAL.
+ * H200, against the kernel without it: 1-13% faster on six DeepSeek-V3 shapes at M = 9, 12, 16;
+ * gemm_weight_only_ws.cuh has the figures). Bits 27 and 28 together: DSX_EINVAL.
  * Returns 0, DSX_EINVAL
  * or DSX_ECUDA (launch failure, or no driver entry point for the TMA descriptor).
  *
