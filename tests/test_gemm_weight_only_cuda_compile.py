@@ -273,7 +273,32 @@ def test_device_entry_checks_before_launch(case, match):
     G.check_algo(1 << 24 | 1 << 25 | 1 << 26)  # PDL and the two measurement bits are well-formed
     assert G.algo_word(8, 4, balanced=True) == 8 | 4 << 4 | 1 << 27  # the balanced grid
     G.check_algo(1 << 27)
+    assert G.algo_word(8, 4, 0, 2, 2, warp_specialized=True) == 8 | 4 << 4 | 2 << 16 | 2 << 20 | 1 << 28
+    G.check_algo(1 << 28 | 1 << 24)  # the warp-specialized path (with PDL)
+    with pytest.raises(DsxError, match="algo"):
+        G.check_algo(1 << 29)  # no such bit
     with pytest.raises(DsxError, match="algo"):
         G.check_algo(1 << 30)  # no such bit
     with pytest.raises(DsxError, match="algo"):
         G.check_algo(9 << 4)  # 9 splits
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
+def test_warp_specialized_instances_compile_without_spills(tmp_path):
+    """Algo bit 28's kernel (gemm_weight_only_ws.cuh, up to 16 rows: mt 1 and 2 of every layout)
+    at its register cap (3 blocks of 9 warps an SM; 2 for int4 group 64 at 16 rows): 0 spills."""
+    cmd = [NVCC, "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "--expt-relaxed-constexpr", "-O3",
+           "-DNDEBUG", "-Xcompiler", "-fPIC", "-Xptxas", "-v", f"-I{CSRC / 'include'}", "-c", str(UNIT),
+           "-o", str(tmp_path / "wo.o")]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    log = res.stdout + res.stderr
+    assert res.returncode == 0, f"nvcc failed:\n{log[-4000:]}"
+    blocks = [b for b in log.split("Compiling entry function")[1:] if "wo_gemm_ws_kernel" in b.split("\n")[0]]
+    names = {re.search(r"wo_gemm_ws_kernelILi(\d)ELi(\d)ELi(\d)", b).groups() for b in blocks}
+    want = {(b, mt, gm) for b, gms in (("8", "01"), ("4", "012")) for gm in gms for mt in "12"}
+    assert names == want, f"warp-specialized instances: got {sorted(names)}"
+    for b in blocks:
+        assert "0 bytes spill stores" in b and "0 bytes spill loads" in b, f"spills in {b[:200]}"
+        regs = int(re.search(r"Used (\d+) registers", b).group(1))
+        limit = 96 if "ILi4ELi2ELi2E" in b.split("\n")[0] else 72
+        assert regs <= limit, f"{regs} registers (more than {limit}) in {b[:120]}"

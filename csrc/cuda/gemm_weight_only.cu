@@ -1215,13 +1215,18 @@ int device_sms(int* sms) {
 
 }  // namespace
 
+// Algo bit 28: the warp-specialized path (one producer warp fills a ring shared by the block).
+#include "gemm_weight_only_ws.cuh"
+
 extern "C" int dsx_wo_gemm_config_cuda(int64_t m, int64_t n, int64_t k, int bits, int group_size,
                                        int algo, int* warps, int* splits, int* chunk, int* stages, int* box) {
   if (!valid_args(m, n, k, bits, group_size, 90) || !warps || !splits || !chunk || !stages || !box) return DSX_EINVAL;
   int sms = 0;
   if (device_sms(&sms) != DSX_OK) return DSX_ECUDA;
   Config cfg;
-  const int rc = choose(m, n, k, bits, group_size, algo, sms, &cfg);
+  bool ws = false;  // algo bit 28: gemm_weight_only_ws.cuh
+  const int rc = ws_resolve(static_cast<int>(std::min<int64_t>(std::max<int64_t>(m, 1), kMaxRows)), n, k, bits,
+                            group_size, algo, sms, &cfg, &ws);
   if (rc != DSX_OK) return rc;
   *warps = cfg.warps, *splits = cfg.splits, *chunk = cfg.chunk, *stages = cfg.stages, *box = cfg.box;
   return DSX_OK;
@@ -1241,9 +1246,19 @@ extern "C" int dsx_wo_gemm_bf16_nt_cuda(const void* x, const void* qweight, cons
   for (int64_t m0 = 0; m0 < m; m0 += kMaxRows) {
     const int rows = static_cast<int>(std::min<int64_t>(kMaxRows, m - m0));
     Config cfg;
-    const int rc = choose(rows, n, k, bits, group_size, algo, sms, &cfg);
+    bool ws = false;  // algo bit 28: gemm_weight_only_ws.cuh
+    const int rc = ws_resolve(rows, n, k, bits, group_size, algo, sms, &cfg, &ws);
     if (rc != DSX_OK) return rc;
     Params p;
+    if (ws) {
+      p.x = static_cast<const uint16_t*>(x) + m0 * k;
+      p.scale = static_cast<const uint16_t*>(scale);
+      p.out = static_cast<uint16_t*>(out) + m0 * n;
+      p.m = rows, p.n = static_cast<int>(n), p.k = static_cast<int>(k), p.group = group_size;
+      const int wrc = ws_launch(p, qweight, n, k, bits, gmode, cfg, static_cast<cudaStream_t>(stream));
+      if (wrc != DSX_OK) return wrc;
+      continue;
+    }
     if (!encode_weight_map(&p.wmap, qweight, n, k, bits, cfg.box) || !encode_weight_map(&p.wmap1, qweight, n, k, bits, 1))
       return DSX_ECUDA;
     p.x = static_cast<const uint16_t*>(x) + m0 * k;

@@ -49,7 +49,21 @@
  * main loop is done (so weights and scales must not be written by an earlier kernel still running).
  * Bits 25 (one K step at a time instead of two interleaved chains) and 26 (one tile group per block
  * instead of persistent blocks) are for measurements; neither changes the output bits, nor does
- * bit 24. Returns 0, DSX_EINVAL
+ * bit 24.
+ * Bit 28 (launches of up to 16 rows): the warp-specialized kernel
+ * (gemm_weight_only_ws.cuh): one producer warp a block issues the weights' tensor copies into a
+ * ring shared by the block's warps (bits 16..19: its slots, automatic 4; bits 20..23: steps
+ * per slot, automatic 1; a slot holds those steps of all warps), and x is staged whole (an
+ * automatic chunk becomes the slice; a given chunk must hold it, else DSX_EINVAL; where the
+ * whole slice does not fit with chunk and ring fields automatic, and for launches of more
+ * than 16 rows, the existing kernel runs, its ring automatic).
+ * Warps and splits resolve as without the bit (but for splits and chunk both automatic where
+ * that would stage x in chunks: then 8 splits), and the arithmetic is the same: for equal splits
+ * the output has the same bits as without it. Automatic (algo 0, or only bits 24..26): int4
+ * per channel at 9..16 rows takes bit 28 with 2 slots of 2 steps where x fits whole (measured,
+ * H200, against the kernel without it: 1-13% faster on six DeepSeek-V3 shapes at M = 9, 12, 16;
+ * gemm_weight_only_ws.cuh has the figures). Bits 27 and 28 together: DSX_EINVAL.
+ * Returns 0, DSX_EINVAL
  * or DSX_ECUDA (launch failure, or no driver entry point for the TMA descriptor).
  *
  * Bit 27 (int4 per channel, M <= 8, persistent blocks; x staged whole, so an x chunk field below

@@ -1,0 +1,466 @@
+// Weight-only GEMM, warp-specialized path (algo bit 28; included by gemm_weight_only.cu after its
+// host helpers, inside its anonymous namespace's reach: it uses Params, Config, ensure_smem,
+// resident_groups and smem_bytes from there).
+//
+// The same arithmetic as wo_gemm_kernel (each consumer warp owns 16 output channels, unpacks
+// Paddle's bytes in registers and runs the same step_q / step_int4_g64 on them, with the same
+// x layout in shared memory, the same per-step partials joined in increasing k and the same
+// cluster reduction in slice order: for a given split the output bits are those of the
+// existing path), but the weights reach shared memory differently: one producer warp (the
+// block's last; lane 0 issues) fills ONE ring shared by the block's `warps` consumer warps.
+// A ring slot holds `box` steps of all the block's channels (box x warps KB, one tensor copy
+// for the whole block: rows of 4 (int4) or 8 (int8) channel groups a warp, warp after warp),
+// completing on the slot's `full` mbarrier; each consumer warp, once it has read the slot,
+// arrives on the slot's `empty` mbarrier (count = consumer warps), and the producer refills
+// the slot when all have. So the consumers issue no copies and never wait for a refill
+// decision; the producer runs up to `stages` slots ahead of the slowest consumer warp, across
+// tile groups too (persistent blocks).
+// The producer warp also takes part in the cluster barriers of each tile group's reduction
+// (barrier.cluster counts every thread): it joins group u's barriers only once its next wait
+// would depend on the consumers having passed them (the slot to refill was last filled with a
+// later group's steps), so it never blocks the consumers and is never blocked by them.
+#pragma once
+
+namespace {
+
+constexpr int kWsScaleRow = 16 + 32 * kMaxWarps;  // bytes of one block-wide scale row copy (lead + 16 * warps bf16)
+
+// A block ring slot: `box` steps of all `warps` warps (1 KB each), then (group scales) up to two
+// scale rows a step.
+__host__ __device__ constexpr int ws_slot_bytes(int gmode, int box, int warps) {
+  return (box * (warps * kWBytes + (gmode ? 2 * kWsScaleRow : 0)) + 127) / 128 * 128;
+}
+// full[stages] then empty[stages] mbarriers.
+__host__ __device__ constexpr int ws_barrier_bytes(int stages) { return (2 * stages * 8 + 127) / 128 * 128; }
+
+__device__ __forceinline__ void ws_mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void ws_consumer_sync(int threads) {  // the consumer warps only (named barrier 1)
+  asm volatile("bar.sync 1, %0;" ::"r"(threads) : "memory");
+}
+__device__ __forceinline__ void ws_cluster_sync_release() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+// The block's tensor maps (Params::wmap: `box` steps x all warps' rows; wmap1: one step).
+template <int BITS, int MT, int GMODE>
+__global__ void __launch_bounds__((kMaxWarps + 1) * 32, MT == 2 && GMODE == 2 ? 2 : 3) wo_gemm_ws_kernel(const __grid_constant__ Params p) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  constexpr int kStepK = BITS == 8 ? 64 : 128;
+  constexpr int kRowStep = BITS == 8 ? 128 : 256;  // bytes of one step in one channel-group row
+  constexpr int kElemStep = kRowStep / 8;          // the same in tensor-map elements
+  constexpr int kPieces = kStepK / 8;
+  constexpr int kIpc = kPieces / 4;
+  constexpr int kRowsPerWarp = BITS == 8 ? 8 : 4;  // channel-group rows of one warp's 16 channels
+  const int lane = threadIdx.x & 31, nwarps = (blockDim.x >> 5) - 1;  // consumer warps
+  const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x >> 5), 0);
+  const int g = lane >> 2, c = lane & 3;
+  const int splits = gridDim.x, rank = blockIdx.x;
+  const int kt = p.k / 64;
+  const int nsteps_all = BITS == 8 ? kt : (kt + 1) / 2;
+  const int s_begin = static_cast<int>(static_cast<int64_t>(nsteps_all) * rank / splits);
+  const int s_end = static_cast<int>(static_cast<int64_t>(nsteps_all) * (rank + 1) / splits);
+  const int nst = p.stages, box = p.box;
+  const int slot_sz = ws_slot_bytes(GMODE, box, nwarps);
+  const int ld = p.chunk * kStepK + kXPadElems;
+  const int nloc = s_end - s_begin;
+  const int ustride = gridDim.y;
+
+  // Shared memory: [full, empty barriers][ring][x slice][partial tile].
+  const uint32_t full0 = dsx_wo::smem_addr(smem), empty0 = full0 + 8 * nst;
+  const uint8_t* ring = smem + ws_barrier_bytes(nst);
+  uint16_t* xbuf = reinterpret_cast<uint16_t*>(smem + ws_barrier_bytes(nst) + nst * slot_sz);
+  auto part_of = [&]() {
+    return reinterpret_cast<float*>(smem + ws_barrier_bytes(p.stages) + p.stages * ws_slot_bytes(GMODE, p.box, nwarps) +
+                                    2 * p.m * (p.chunk * kStepK + kXPadElems));
+  };
+  auto ngroups = [&]() { return GMODE == 2 ? kt : p.group > 0 ? (p.k + p.group - 1) / p.group : 1; };
+  auto lead = [&]() { return static_cast<uint32_t>(reinterpret_cast<uintptr_t>(p.scale) & 15); };
+
+  if (threadIdx.x == 0) {
+    dsx_wo::prefetch_tmap(&p.wmap);
+    for (int i = 0; i < nst; ++i) {
+      dsx_wo::mbar_init(full0 + 8 * i, 1);
+      dsx_wo::mbar_init(empty0 + 8 * i, nwarps);
+    }
+  }
+  dsx_wo::fence_barrier_init();
+  __syncthreads();
+
+  // Tile groups of this block: blockIdx.y, + gridDim.y, ... (every block of a cluster the same).
+  const int my_groups = static_cast<int>(blockIdx.y) < p.groups ? (p.groups - 1 - blockIdx.y) / ustride + 1 : 0;
+
+  if (warp == nwarps) {  // ---------------------------------------------------------- producer
+    const int fpg = (nloc + box - 1) / box;  // ring fills per tile group
+    int joined = 0;                          // tile groups whose cluster barriers this warp has passed
+    auto join = [&]() {                      // the two cluster barriers of one group's reduction
+      if (splits > 1) {
+        ws_cluster_sync_release();
+        dsx_wo::cluster_arrive_relaxed();
+        dsx_wo::cluster_wait();
+      }
+      ++joined;
+    };
+    int f = 0, slot = 0;
+    if (fpg > 0) {
+      for (int o = 0; o < my_groups; ++o) {
+        const int u = blockIdx.y + o * ustride;
+        const int n_blk = u * 16 * nwarps;
+        const int row0 = BITS == 8 ? n_blk / 2 : n_blk / 4;
+        const int nch = min(16 * nwarps, p.n - n_blk);
+        const uint32_t srow = (lead() + 2 * nch + 15) & ~15u;
+        for (int first = s_begin; first < s_end; first += box, ++f) {
+          if (f >= nst) {
+            // The slot was last filled by fill f - nst: its consumption may need the consumers to
+            // have passed the reductions of the groups before that fill's group.
+            while (joined < (f - nst) / fpg) join();
+            dsx_wo::mbar_wait(empty0 + 8 * slot, static_cast<uint32_t>((f / nst - 1) & 1));
+          }
+          if (lane == 0) {
+            const int len = min(box, s_end - first);
+            uint32_t bytes = len * nwarps * kWBytes;
+            if (GMODE == 1) bytes += len * srow;
+            if (GMODE == 2)
+              for (int j = 0; j < len; ++j) bytes += srow * (2 * (first + j) + 1 < ngroups() ? 2u : 1u);
+            const uint32_t bar = full0 + 8 * slot, dst = dsx_wo::smem_addr(ring) + slot * slot_sz;
+            const uint64_t policy = dsx_wo::l2_evict_first();
+            dsx_wo::mbar_arrive_expect_tx(bar, bytes);
+            if (len == box) {
+              dsx_wo::tma_load_2d(dst, &p.wmap, first * kElemStep, row0, bar, policy);
+            } else {
+              for (int j = 0; j < len; ++j)
+                dsx_wo::tma_load_2d(dst + j * nwarps * kWBytes, &p.wmap1, (first + j) * kElemStep, row0, bar, policy);
+            }
+            if (GMODE != 0) {
+              for (int j = 0; j < len; ++j) {
+                const int step = first + j;
+                for (int i = 0; i < 2; ++i) {
+                  const int grp = GMODE == 1 ? (i == 0 ? step * kStepK / p.group : -1)
+                                             : (i == 0 ? 2 * step : (2 * step + 1 < ngroups() ? 2 * step + 1 : -1));
+                  if (grp < 0) break;
+                  const uint8_t* src =
+                      reinterpret_cast<const uint8_t*>(p.scale + static_cast<int64_t>(grp) * p.n + n_blk) - lead();
+                  dsx_wo::bulk_g2s(dst + box * nwarps * kWBytes + (2 * j + i) * kWsScaleRow, src, srow, bar, policy);
+                }
+              }
+            }
+          }
+          __syncwarp();
+          if (++slot == nst) slot = 0;
+        }
+      }
+    }
+    while (joined < my_groups) join();
+    return;
+  }
+
+  // ---------------------------------------------------------------------------- consumers
+  const int cthreads = 32 * nwarps;
+  constexpr int kRowGap = BITS == 8 ? 4 : 2;
+  const int wrow = BITS == 8 ? g >> 1 : g >> 2;
+  const int win = BITS == 8 ? (g & 1) * 64 + 16 * c : (g & 3) * 32 + (c >> 1) * 128 + (c & 1) * 16;
+  auto read_scale = [&](const uint8_t* sl, int j, int i) -> uint32_t {
+    const uint8_t* b = sl + box * nwarps * kWBytes + (2 * j + i) * kWsScaleRow + lead() + 2 * (16 * warp + g);
+    return static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(b)) |
+           static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(b + 16)) << 16;
+  };
+  // x: the block's whole K slice, staged once (ws_choose requires that it fits), pieces permuted
+  // as in the existing path (gemm_weight_only.cuh).
+  {
+    dsx_wo::pdl_wait();  // x may come from the previous kernel (the producer does not read it)
+    const int per_row = nloc * kPieces, k0 = s_begin * kStepK;
+    for (int i = threadIdx.x; i < p.m * per_row; i += cthreads) {
+      const int row = i / per_row, rem = i - row * per_row;
+      const int st = rem / kPieces, q = rem % kPieces;
+      const int kk = k0 + rem * 8;
+      const bool in = kk < p.k;  // the int4 half step past K reads zeros
+      dsx_wo::cp_async16(xbuf + row * ld + st * kStepK + ((q % kIpc) * 4 + q / kIpc) * 8,
+                         in ? p.x + static_cast<int64_t>(row) * p.k + kk : p.x, in ? 16 : 0);
+    }
+    dsx_wo::cp_async_commit();
+    dsx_wo::cp_async_wait<0>();
+    ws_consumer_sync(cthreads);
+  }
+  int xo[MT];
+#pragma unroll
+  for (int t = 0; t < MT; ++t)
+    xo[t] = min(8 * t + g, p.m - 1) * ld + (BITS == 4 && GMODE == 2 ? 8 * (c & 1) + 4 * (c >> 1) : 8 * c);
+  constexpr bool kPair = MT == 1 ? !(BITS == 4 && GMODE == 2) : MT == 2 && BITS == 4 && GMODE == 0;
+  const bool pair = kPair && p.pair != 0;
+  int slot = 0;
+  uint32_t parity = 0;
+  for (int o = 0; o < my_groups; ++o) {
+    const int u = blockIdx.y + o * ustride;
+    const int n_blk = u * 16 * nwarps, n0 = n_blk + warp * 16;
+    const bool active = n0 < p.n;  // warp-uniform
+    float acc[MT][4];
+#pragma unroll
+    for (int t = 0; t < MT; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.f;
+    // Slot by slot (a group's slots start at s_begin + a multiple of box, as the producer fills them).
+    for (int first = s_begin; first < s_end; first += box) {
+      dsx_wo::mbar_wait(full0 + 8 * slot, parity);
+      const int slot_len = min(box, s_end - first);
+      if (active) {
+        // A full slot (one copy): warp w's rows at w * box KB, rows box * kRowStep apart, steps
+        // kRowStep apart; a short one (a copy a step): steps warps KB apart, warp w's rows at
+        // w KB inside each, kRowStep apart.
+        const uint8_t* sl = ring + slot * slot_sz;
+        const bool fullslot = slot_len == box;
+        const int rstride = fullslot ? box * kRowStep : kRowStep;
+        const int jstride = fullslot ? kRowStep : nwarps * kWBytes;
+        const int rgap = kRowGap * rstride;
+        const uint8_t* wbase = sl + (warp * kRowsPerWarp + wrow) * rstride + win;
+        for (int j = 0; j < slot_len;) {
+          const uint16_t* xs = xbuf + (first + j - s_begin) * kStepK;
+          if (kPair && pair && j + 1 < slot_len) {
+            Stage st[2];
+#pragma unroll
+            for (int n = 0; n < 2; ++n) {
+              const uint8_t* wp = wbase + (j + n) * jstride;
+              st[n].w[0] = dsx_wo::lds128(wp);
+              st[n].w[1] = dsx_wo::lds128(wp + rgap);
+              if (GMODE == 1) st[n].s[0] = read_scale(sl, j + n, 0);
+            }
+#ifndef DSX_WO_NOMATH
+            if (BITS == 8) {
+              dsx_wo::step_q<8, MT, GMODE, 2>(acc, st, xs, xo);
+            } else {
+              dsx_wo::step_q<4, MT, GMODE, 2>(acc, st, xs, xo);
+            }
+#else  // diagnostic build: the weight stream alone, wrong results
+            acc[0][0] += __uint_as_float((st[0].w[0].x ^ st[1].w[1].y) & 1u) + __uint_as_float(xs[0] & 1u);
+#endif
+            j += 2;
+          } else {
+            Stage st[1];
+            const uint8_t* wp = wbase + j * jstride;
+            st[0].w[0] = dsx_wo::lds128(wp);
+            st[0].w[1] = dsx_wo::lds128(wp + rgap);
+            if (GMODE == 1) st[0].s[0] = read_scale(sl, j, 0);
+            if (GMODE == 2) {
+              const int step = first + j;
+              st[0].s[0] = read_scale(sl, j, 0);
+              st[0].s[1] = 2 * step + 1 < ngroups() ? read_scale(sl, j, 1) : 0u;
+            }
+#ifndef DSX_WO_NOMATH
+            if (BITS == 8) {
+              dsx_wo::step_q<8, MT, GMODE, 1>(acc, st, xs, xo);
+            } else if (GMODE == 2) {
+              dsx_wo::step_int4_g64<MT>(acc, st[0], xs, xo, c);
+            } else {
+              dsx_wo::step_q<4, MT, GMODE, 1>(acc, st, xs, xo);
+            }
+#else
+            acc[0][0] += __uint_as_float((st[0].w[0].x ^ st[0].w[1].y) & 1u) + __uint_as_float(xs[0] & 1u);
+#endif
+            j += 1;
+          }
+        }
+      }
+      // The slot is read by this warp: one arrival on its empty barrier.
+      __syncwarp();
+      if (lane == 0) ws_mbar_arrive(empty0 + 8 * slot);
+      if (++slot == nst) slot = 0, parity ^= 1u;
+    }
+    if (o + 1 == my_groups) dsx_wo::pdl_launch_dependents();
+
+    float* part = part_of();
+    const int width = 16 * nwarps, total = p.m * width;
+    if (active) {
+      float s_lo = 1.f, s_hi = 1.f;
+      if (GMODE == 0) {
+        s_lo = bf16_bits_to_f32(__ldg(p.scale + n0 + g));
+        s_hi = bf16_bits_to_f32(__ldg(p.scale + n0 + g + 8));
+      }
+#pragma unroll
+      for (int t = 0; t < MT; ++t)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int tok = 8 * t + 2 * c + (i & 1), ch = warp * 16 + g + 8 * (i >> 1);
+          if (tok < p.m) part[tok * width + ch] = GMODE == 0 ? acc[t][i] * (i < 2 ? s_lo : s_hi) : acc[t][i];
+        }
+    }
+    if (splits == 1) {
+      ws_consumer_sync(cthreads);
+      for (int e = threadIdx.x; e < total; e += cthreads) {
+        const int tok = e / width, n = n_blk + (e - tok * width);
+        if (n < p.n) p.out[static_cast<int64_t>(tok) * p.n + n] = dsx_wo::f32_to_bf16_rne(part[e]);
+      }
+      ws_consumer_sync(cthreads);
+      continue;
+    }
+    ws_cluster_sync_release();  // every slice's partial tile is written (the producer joins too)
+    cg::cluster_group cluster = cg::this_cluster();
+    const float* src[kMaxSplits];
+#pragma unroll
+    for (int r = 0; r < kMaxSplits; ++r) src[r] = r < splits ? cluster.map_shared_rank(part, r) : nullptr;
+    const int e0 = static_cast<int>(static_cast<int64_t>(total) * rank / splits);
+    const int e1 = static_cast<int>(static_cast<int64_t>(total) * (rank + 1) / splits);
+    for (int e = e0 + threadIdx.x; e < e1; e += cthreads) {
+      const int tok = e / width, n = n_blk + (e - tok * width);
+      if (n >= p.n) continue;
+      float v = src[0][e];
+#pragma unroll
+      for (int r = 1; r < kMaxSplits; ++r)
+        if (r < splits) v += src[r][e];  // slice order: deterministic
+      p.out[static_cast<int64_t>(tok) * p.n + n] = dsx_wo::f32_to_bf16_rne(v);
+    }
+    dsx_wo::cluster_arrive_relaxed();
+    dsx_wo::cluster_wait();
+  }
+}
+
+// ------------------------------------------------------------------ host side (bit 28)
+
+constexpr int kWsAlgoBit = 1 << 28;
+constexpr int kWsNoFit = 1;  // (ws_choose: x whole does not fit, every field automatic)
+
+// The warp-specialized configuration for a launch of `rows` (<= 16) rows: the split, chunk and
+// warps that choose() gives the word without bit 28 and without its ring fields (so, at equal
+// splits, the same slices: the same bits; with splits and chunk automatic, 8 splits where
+// choose() would stage x in chunks), and the block ring's own slots / steps per slot (algo bits
+// 16..19 / 20..23; automatic: 4 slots of 1 step).
+int ws_choose(int rows, int64_t n, int64_t k, int bits, int group, int algo, int sms, Config* cfg) {
+  if (rows > 16) return DSX_EINVAL;
+  const int stages = (algo >> 16) & 15, box = (algo >> 20) & 15;
+  const int fields = algo & ~(kWsAlgoBit | 0xFF0000);
+  int rc = choose(rows, n, k, bits, group, fields, sms, cfg);
+  if (rc != DSX_OK) return rc;
+  const int nsteps = static_cast<int>(bits == 8 ? k / 64 : (k / 64 + 1) / 2);
+  // Splits and chunk automatic: where choose() would stage x in chunks, 8 splits (x whole here).
+  if ((fields & 0xFFF0) == 0 && cfg->splits < kMaxSplits && cfg->chunk < (nsteps + cfg->splits - 1) / cfg->splits &&
+      (nsteps + kMaxSplits - 1) / kMaxSplits >= 2) {
+    rc = choose(rows, n, k, bits, group, fields | kMaxSplits << 4, sms, cfg);
+    if (rc != DSX_OK) return rc;
+  }
+  cfg->bal = false, cfg->grid_y = 0;  // (choose's automatic balanced grid at <= 8 rows: not this kernel)
+  cfg->stages = stages ? stages : 4;
+  cfg->box = box ? box : 1;
+  if (cfg->box > kMaxBox) return DSX_EINVAL;
+  const int gmode = gmode_of(bits, group);
+  const int per_split = (nsteps + cfg->splits - 1) / cfg->splits;
+  // x is staged whole (one buffer, no chunk loop): an automatic chunk becomes the slice, a given
+  // one must hold it.
+  const bool auto_chunk = ((algo >> 8) & 255) == 0;
+  if (auto_chunk) cfg->chunk = per_split;
+  if (cfg->chunk < per_split) return DSX_EINVAL;
+  const int64_t smem = ws_barrier_bytes(cfg->stages) + int64_t(cfg->stages) * ws_slot_bytes(gmode, cfg->box, cfg->warps) +
+                       smem_bytes(rows, bits, gmode, cfg->warps, 0, cfg->box, cfg->chunk, per_split);
+  if (smem > kSmemPerBlock) return auto_chunk && (algo & 0xFF0000) == 0 ? kWsNoFit : DSX_EINVAL;
+  cfg->smem = static_cast<int>(smem);
+  return DSX_OK;
+}
+
+// Automatic choice, 9..16 rows, int4 per channel, every tuning field automatic (bits 24..26 may
+// be set): the warp-specialized path with 2 slots of 2 steps (its split as ws_choose's: choose()'s,
+// or 8 where choose() would stage x in chunks), if that fits; else choose()'s own configuration.
+// Measured (H200, 2026-12-01, bench/gpu_gemm_weight_only.py --ab, interleaved in one run, us,
+// HEAD's kernel built alone (--alt-lib) -> this rule; torch bf16 matmul in the same run):
+// 36864 x 7168 M = 9 / 12 / 16 64.98 / 71.34 / 74.04 -> 62.17 / 66.84 / 68.93 (torch 138.7 /
+// 139.1 / 140.1: 2.23x / 2.08x / 2.03x, was 2.14x / 1.95x / 1.89x); 7168 x 18432 41.25 / 43.79 /
+// 46.89 -> 36.25 / 38.03 / 45.97 (at 16 rows x whole is 74 KB: one block an SM, hence the small
+// gain there); 2048 x 7168 10.87 / 11.24 / 11.68 -> 10.60 / 11.07 / 11.55. The ring of 4 slots of
+// 1 step (bit 28's own default) was slower than 2 x 2 everywhere (36864 x 7168 M = 16 72.81).
+// Next run, all six DeepSeek-V3 shapes: the same within 1% on those three, and 3-5% faster on
+// 7168 x 2048, 24576 x 1536 and 4096 x 7168 (docs/benchmarks.md, tenth session).
+bool ws_auto_rule(int rows, int64_t n, int64_t k, int bits, int group, int algo, int sms, Config* cfg) {
+  if (rows <= 8 || rows > 16 || bits != 4 || group != -1 || (algo & 0xFFFFFF) != 0 || (algo & kWsAlgoBit)) return false;
+  return ws_choose(rows, n, k, bits, group, algo | kWsAlgoBit | 2 << 16 | 2 << 20, sms, cfg) == DSX_OK;
+}
+
+// The configuration of one launch of `rows` rows, and whether it takes the warp-specialized
+// path: bit 28 up to 16 rows, unless x staged whole does not fit with every ring field and the
+// chunk automatic (then, as above 16 rows, the existing path with its own automatic ring); or
+// the automatic rule above.
+int ws_resolve(int rows, int64_t n, int64_t k, int bits, int group, int algo, int sms, Config* cfg, bool* ws) {
+  *ws = false;
+  if ((algo & kWsAlgoBit) && (algo & (1 << 27))) return DSX_EINVAL;  // (bit 27's grid is another kernel)
+  if ((*ws = ws_auto_rule(rows, n, k, bits, group, algo, sms, cfg))) return DSX_OK;
+  *ws = (algo & kWsAlgoBit) && rows <= 16;
+  if (*ws) {
+    const int rc = ws_choose(rows, n, k, bits, group, algo, sms, cfg);
+    if (rc != kWsNoFit) return rc;
+    *ws = false;
+  }
+  return choose(rows, n, k, bits, group, algo & ~(kWsAlgoBit | ((algo & kWsAlgoBit) ? 0xFF0000 : 0)), sms, cfg);
+}
+
+// The block's weight tensor maps: rows of 2K bytes (8-byte elements); a box of `steps` steps of
+// all `warps` warps' channel-group rows.
+bool ws_encode_map(CUtensorMap* map, const void* q, int64_t n, int64_t k, int bits, int steps, int warps) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+  if (!encode) return false;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(2 * k / 8), static_cast<cuuint64_t>(bits == 8 ? n / 2 : n / 4)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(2 * k)};
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>((bits == 8 ? 16 : 32) * steps),
+                             static_cast<cuuint32_t>((bits == 8 ? 8 : 4) * warps)};
+  const cuuint32_t elem[2] = {1, 1};
+  return encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT64, 2, const_cast<void*>(q), dims, strides, box, elem,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+template <int BITS, int MT, int GMODE>
+std::atomic<int>* ws_smem_allowed() {
+  static std::atomic<int> set[kMaxDevices];
+  return set;
+}
+
+template <int BITS, int MT, int GMODE>
+cudaError_t ws_launch_inst(const Params& p, const Config& cfg, cudaStream_t stream) {
+  auto kernel = wo_gemm_ws_kernel<BITS, MT, GMODE>;
+  const cudaError_t se = ensure_smem(kernel, cfg.smem, ws_smem_allowed<BITS, MT, GMODE>());
+  if (se != cudaSuccess) return se;
+  cudaLaunchConfig_t lc = {};
+  lc.gridDim = dim3(cfg.splits, cfg.blocks_n, 1);
+  lc.blockDim = dim3(32 * (cfg.warps + 1), 1, 1);
+  int dev = 0;
+  if (cfg.persist && cudaGetDevice(&dev) == cudaSuccess) {
+    Config q = cfg;
+    q.warps = cfg.warps + 1;  // (the occupancy query's block size; the cache keys on the kernel too)
+    const int resident = resident_groups(reinterpret_cast<const void*>(kernel), q, dev);
+    if (resident > 0 && resident < cfg.blocks_n) lc.gridDim.y = resident;
+  }
+  lc.dynamicSmemBytes = cfg.smem;
+  lc.stream = stream;
+  cudaLaunchAttribute attr[2];
+  unsigned n_attr = 0;
+  if (cfg.splits > 1) {
+    attr[n_attr].id = cudaLaunchAttributeClusterDimension;
+    attr[n_attr].val.clusterDim.x = cfg.splits;
+    attr[n_attr].val.clusterDim.y = 1;
+    attr[n_attr].val.clusterDim.z = 1;
+    ++n_attr;
+  }
+  if (cfg.pdl) {
+    attr[n_attr].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n_attr].val.programmaticStreamSerializationAllowed = 1;
+    ++n_attr;
+  }
+  lc.attrs = attr;
+  lc.numAttrs = n_attr;
+  return cudaLaunchKernelEx(&lc, kernel, p);
+}
+
+// One launch of <= 16 rows on the warp-specialized path (p's pointers and sizes already set).
+int ws_launch(Params& p, const void* qweight, int64_t n, int64_t k, int bits, int gmode, const Config& cfg,
+              cudaStream_t stream) {
+  if (!ws_encode_map(&p.wmap, qweight, n, k, bits, cfg.box, cfg.warps) ||
+      !ws_encode_map(&p.wmap1, qweight, n, k, bits, 1, cfg.warps))
+    return DSX_ECUDA;
+  p.chunk = cfg.chunk, p.stages = cfg.stages, p.box = cfg.box, p.pair = cfg.pair ? 1 : 0;
+  p.groups = cfg.blocks_n;
+  auto by_mt = [&](auto bg) {
+    constexpr int B = decltype(bg)::kBits, G = decltype(bg)::kGmode;
+    return cfg.mt == 1 ? ws_launch_inst<B, 1, G>(p, cfg, stream) : ws_launch_inst<B, 2, G>(p, cfg, stream);
+  };
+  cudaError_t e;
+  if (bits == 8)
+    e = gmode == 0 ? by_mt(Layout<8, 0>{}) : by_mt(Layout<8, 1>{});
+  else
+    e = gmode == 0 ? by_mt(Layout<4, 0>{}) : gmode == 1 ? by_mt(Layout<4, 1>{}) : by_mt(Layout<4, 2>{});
+  return e == cudaSuccess ? DSX_OK : DSX_ECUDA;
+}
+
+}  // namespace

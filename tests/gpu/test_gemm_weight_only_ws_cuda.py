@@ -1,0 +1,170 @@
+"""CUDA weight-only GEMM, warp-specialized path (algo bit 28, csrc/cuda/gemm_weight_only_ws.cuh).
+
+GPU machine only (skipped where no CUDA device is visible). Every output is checked against
+float64 within the header's bound (check_bound of test_gemm_weight_only_cuda.py), and against
+the existing path at the same split: the header promises the same bits (the same per-step
+partials joined in increasing k, the same slice-order reduction), so auto may switch between
+the two freely. The output buffer is poisoned (NaN) first, so an unwritten element fails.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ds_export.errors import DsxError
+from ds_export.native import cuda
+from ds_export.native import gemm_weight_only as G
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_gemm_weight_only_cuda import ONE_GROUP, ONE_STEP, PDL, check_bound, make, run_raw, word  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not cuda.available(), reason="no CUDA device")
+
+WS = 1 << 28  # algo bit: warp-specialized path
+LAYOUTS = [(4, -1), (4, 128), (4, 64), (8, -1), (8, 128)]
+
+
+def same(a, b) -> bool:
+    return np.array_equal(a.view(np.uint16), b.view(np.uint16))
+
+
+@pytest.mark.parametrize("bits,group", LAYOUTS)
+def test_same_bits_as_existing_path_every_split(bits, group):
+    """N = 320: 2.5 blocks of 128 channels (the last block's upper warps are past N); K = 2112:
+    16.5 int4 steps (a half step at the end), 33 int8 steps, so the slices of 1..8 splits are
+    ragged and end in short ring slots for most boxes. M 9..16 (and not multiples of 8), and
+    one M <= 8. For each split: right, reproducible, and the same bits as the existing path,
+    whatever the block ring (slots, steps per slot), the warps, one step at a time or two."""
+    n, k = 320, 2112
+    for m in (9, 12, 16, 5):
+        x, q, s, wd = make(m, n, k, bits, group, seed=11)
+        for splits in range(1, 9):
+            ref = run_raw(x, q, s, bits, group, word(8, splits, 0, 0, 0))
+            check_bound(ref, x, wd, f"existing m {m} splits {splits}")
+            for warps, stages, box in ((8, 0, 0), (8, 2, 2), (8, 3, 4), (8, 1, 8), (4, 5, 3), (2, 2, 1)):
+                algo = word(warps, splits, 0, stages, box) | WS
+                a = run_raw(x, q, s, bits, group, algo)
+                check_bound(a, x, wd, f"ws m {m} algo {algo:#x}")
+                assert same(a, ref), f"m {m} algo {algo:#x}: bits differ from the existing path"
+            algo = word(8, splits, 0, 2, 2) | WS
+            b = run_raw(x, q, s, bits, group, algo | ONE_STEP | ONE_GROUP)
+            assert same(b, ref), f"m {m} algo {algo:#x}: one step / one group differs"
+            c = run_raw(x, q, s, bits, group, algo)
+            assert same(c, ref), f"m {m} algo {algo:#x}: not reproducible"
+
+
+@pytest.mark.parametrize("m", [10, 16])
+@pytest.mark.parametrize("bits,group", [(4, -1), (4, 64), (8, 128)])
+def test_persistent_blocks_many_tile_groups(bits, group, m):
+    """N = 23104: 181 tile groups of 128 channels (the last one half empty). A ring of 10 slots
+    of 2 steps (one block an SM) keeps fewer blocks resident than there are groups, so each
+    persistent block loops over groups, its producer running ahead into the next group while
+    the consumers reduce (and joining each group's cluster barriers). Right, and the same bits
+    as the existing path, as one group a block, and with programmatic dependent launch."""
+    n, k = 23104, 576
+    x, q, s, wd = make(m, n, k, bits, group, seed=12)
+    for splits in (1, 2, 3, 5):
+        ref = run_raw(x, q, s, bits, group, word(8, splits, 0, 0, 0))
+        for stages, box in ((10, 2), (4, 1)):
+            algo = word(8, splits, 0, stages, box) | WS
+            a = run_raw(x, q, s, bits, group, algo)
+            check_bound(a, x, wd, f"ws persistent m {m} algo {algo:#x}")
+            assert same(a, ref), f"algo {algo:#x}: bits differ from the existing path"
+            assert same(run_raw(x, q, s, bits, group, algo | ONE_GROUP), ref), f"algo {algo:#x}: one group differs"
+            assert same(run_raw(x, q, s, bits, group, algo | PDL), ref), f"algo {algo:#x}: PDL differs"
+
+
+def ws_config(m, n, k, bits, group, algo):
+    """(warps, splits, chunk, stages, box) of the C config entry (any algo word, bit 28 too)."""
+    v = [ctypes.c_int() for _ in range(5)]
+    assert G._cuda_fns()[1](m, n, k, bits, group, algo, *[ctypes.byref(i) for i in v]) == 0
+    return tuple(i.value for i in v)
+
+
+@pytest.mark.parametrize("m", [1, 8, 9, 13, 16])
+@pytest.mark.parametrize("n,k,bits,group", [(2048, 7168, 4, -1), (4096, 7168, 4, 128), (1536, 1536, 8, -1)])
+def test_automatic_fields_on_decode_shapes(m, n, k, bits, group):
+    """Bit 28 with every field automatic: x whole, the ring 4 x 1, and the same bits as the
+    existing path at the split it resolves to (int4 per channel at 9..16 rows: as auto itself,
+    which takes this path); right against float64."""
+    warps, splits, chunk, stages, box = ws_config(m, n, k, bits, group, WS)
+    nsteps = k // 64 if bits == 8 else (k // 64 + 1) // 2
+    assert chunk == -(-nsteps // splits) and (stages, box) == (4, 1), (warps, splits, chunk, stages, box)
+    x, q, s, wd = make(m, n, k, bits, group, seed=13)
+    a = run_raw(x, q, s, bits, group, WS)
+    check_bound(a, x, wd, f"ws auto {(m, n, k, bits, group)}")
+    assert same(a, run_raw(x, q, s, bits, group, word(warps, splits, 0, 0, 0))), "bits differ from the existing path"
+    if bits == 4 and group == -1 and 9 <= m <= 16:
+        assert same(a, G.gemm_weight_only_cuda(x, q, s, bits, group, 90)), "bits differ from auto"
+
+
+def test_more_than_16_rows_ignore_the_bit():
+    """Launches of more than 16 rows take the existing path (same bits with and without the bit);
+    M = 80 is one launch of 64 rows (existing) and one of 16 (warp-specialized)."""
+    n, k = 384, 1088
+    for m in (17, 80):
+        x, q, s, wd = make(m, n, k, 4, -1, seed=14)
+        a = run_raw(x, q, s, 4, -1, word(8, 4, 0, 0, 0) | WS)
+        check_bound(a, x, wd, f"m {m}")
+        assert same(a, run_raw(x, q, s, 4, -1, word(8, 4, 0, 0, 0)))
+
+
+def test_given_chunk_must_hold_the_slice():
+    """x is staged whole on this path: a chunk shorter than the slice is refused (DSX_EINVAL)."""
+    m, n, k = 16, 256, 2048  # 16 int4 steps: 8 a slice at 2 splits
+    x, q, s, _ = make(m, n, k, 4, -1, seed=15)
+    dx, dq, ds = cuda.to_device(x.view(np.uint16)), cuda.to_device(q), cuda.to_device(s.view(np.uint16))
+    out = cuda.empty((m, n), np.uint16)
+    run = G._cuda_fns()[0]
+    assert run(dx.ptr, dq.ptr, ds.ptr, out.ptr, m, n, k, 4, -1, 90, word(8, 2, 4, 0, 0) | WS, None) == -1
+    assert run(dx.ptr, dq.ptr, ds.ptr, out.ptr, m, n, k, 4, -1, 90, word(8, 2, 8, 0, 0) | WS, None) == 0
+    cuda.synchronize()
+
+
+@pytest.mark.parametrize("m", [9, 12, 16])
+@pytest.mark.parametrize("n,k", [(4096, 7168), (1024, 18432)])
+def test_automatic_rule_9_to_16_rows(m, n, k):
+    """Int4 per channel, 9..16 rows, every field automatic: auto takes this path, x staged whole
+    with 2 slots of 2 steps, at the existing choice's split (4096 x 7168), or at 8 splits where
+    the existing choice would stage x in chunks (1024 x 18432: 144 steps, 18 a slice at 8 splits,
+    74 KB of x at 16 rows; the existing path would take chunks of a few steps). Right against
+    float64, and the same bits as the existing path and as bit 28 given explicitly at that split."""
+    cfg = G.cuda_config(m, n, k, 4, -1)
+    nsteps = (k // 64 + 1) // 2
+    per = -(-nsteps // cfg["splits"])
+    assert (cfg["stages"], cfg["box"], cfg["chunk"]) == (2, 2, per), cfg
+    if k == 18432:
+        assert (cfg["splits"], cfg["chunk"]) == (8, 18), cfg
+    x, q, s, wd = make(m, n, k, 4, -1, seed=16)
+    a = G.gemm_weight_only_cuda(x, q, s, 4, -1, 90)
+    check_bound(a, x, wd, f"auto {cfg} m {m}")
+    assert same(a, run_raw(x, q, s, 4, -1, word(8, cfg["splits"], 0, 0, 0))), "bits differ from the existing path"
+    assert same(a, run_raw(x, q, s, 4, -1, word(8, cfg["splits"], 0, 4, 1) | WS)), "bits differ from bit 28"
+
+
+def test_not_with_the_balanced_grid():
+    """Bits 27 and 28 are two kernels: together, DSX_EINVAL (config entry and launch)."""
+    v = [ctypes.c_int() for _ in range(5)]
+    assert G._cuda_fns()[1](4, 2048, 7168, 4, -1, WS | 1 << 27, *[ctypes.byref(i) for i in v]) != 0
+    x, q, s, _ = make(4, 256, 1024, 4, -1, seed=17)
+    with pytest.raises(DsxError, match="invalid"):
+        G.gemm_weight_only_cuda(x, q, s, 4, -1, 90, algo=WS | 1 << 27)
+
+
+def test_up_to_8_rows_where_auto_takes_the_balanced_grid():
+    """36864 x 1024 int4 per channel at M = 4: 288 tile groups, more than the clusters resident,
+    so the automatic choice takes the balanced grid (bit 27); bit 28 with the automatic fields
+    keeps choose()'s warps and split but runs its own kernel (x whole, the ring 4 x 1): right,
+    and the same bits as the plain kernel at that split."""
+    m, n, k = 4, 36864, 1024
+    warps, splits, chunk, stages, box = ws_config(m, n, k, 4, -1, WS)
+    assert chunk == -(-8 // splits) and (stages, box) == (4, 1), (warps, splits, chunk, stages, box)
+    x, q, s, wd = make(m, n, k, 4, -1, seed=18)
+    a = run_raw(x, q, s, 4, -1, WS)
+    check_bound(a, x, wd, "ws auto m 4 n 36864")
+    assert same(a, run_raw(x, q, s, 4, -1, word(warps, splits, 0, 0, 0))), "bits differ from the plain kernel"
