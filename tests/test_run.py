@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ds_export.cli.app import main
-from ds_export.errors import UsageError
+from ds_export.errors import DsxError, UsageError
 from ds_export.models import deepseek_v3 as ds
 from ds_export.run import pipeline
 from ds_export.run.recipe import load
@@ -121,6 +121,41 @@ def test_tiny_recipe_runs_end_to_end_and_resumes(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "step 1/1: generate" in out and "final report" in out and "16 tokens" in out
     assert main(["run", "recipes/tiny.yaml", "--from-step", "verify", "--until-step", "quantize"]) == 2
+    _speculation_faults_are_caught(wd, capsys)
+
+
+def _speculation_faults_are_caught(wd: Path, capsys) -> None:
+    """Planted faults in speculative decoding fail the generate step: (1) an accept step that keeps
+    every draft (the tiny draft is random, so most are wrong by far more than a near-tie); (2)
+    check_speculative_greedy on a sequence with one token swapped for the base model's worst."""
+    import numpy as np
+
+    from ds_export.export import runtime
+    from ds_export.native import kernels
+    from ds_export.tiny_tokenizer import encode
+
+    real = kernels.mtp_accept_greedy
+
+    def keep_all(draft, target, num_draft):
+        acc, cnt = real(draft, target, num_draft)
+        k = draft.shape[1]
+        acc[:, :k], acc[:, k] = draft, target[:, k]
+        return acc, np.full_like(cnt, k + 1)
+
+    kernels.mtp_accept_greedy = keep_all
+    try:
+        assert main(["run", "recipes/tiny.yaml", "--workdir", str(wd), "--from-step", "generate"]) == 1
+    finally:
+        kernels.mtp_accept_greedy = real
+    assert "speculative decoding changed the greedy output: sequence 0, token" in capsys.readouterr().err
+    prompt = [encode("DeepSeek")]
+    plain, _ = runtime.generate_any(wd / "export", prompt, 8)
+    toks = plain["tokens"][0]
+    assert runtime.check_speculative_greedy(wd / "export", prompt, [toks], [toks]) == []
+    _, lg = runtime.generate_any(wd / "export", [prompt[0] + toks[:5]], 1, dump_logits=True)
+    bad = toks[:5] + [int(lg["base_logits"][0, -1].argmin())] + toks[6:]
+    with pytest.raises(DsxError, match="sequence 0, token 5: plain decoding gave"):
+        runtime.check_speculative_greedy(wd / "export", prompt, [bad], [toks])
 
 
 def test_tiny_tp2_recipe_runs_on_two_ranks(tmp_path, capsys):

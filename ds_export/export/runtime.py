@@ -7,7 +7,11 @@ the longest prefix of drafts that equal the base model's own argmax, plus its
 bonus token (the MTP accept kernel from csrc/). The draft program sees, at
 position t, token t+1 and the base hidden state of position t; it catches up
 on the committed positions after every verification, then chains K drafts on
-its own hidden output. Greedy output is the same with and without speculation.
+its own hidden output. Greedy output is the same with and without speculation up to
+near-ties: a verification step runs 1 + K tokens where plain decoding runs one, so the base
+model's float sums differ in the last bits, and with FP8 activations such a difference can flip
+one activation's rounding; where the top two logits are that close the two runs may pick
+different tokens (`check_speculative_greedy` tells such a tie from a real inconsistency).
 
 A tensor-parallel export (tensor_parallel_degree N > 1) runs as N processes, one per rank, under
 `python -m paddle.distributed.launch --nproc_per_node N` (gloo on CPU, NCCL on GPUs): each loads
@@ -190,6 +194,48 @@ def generate_any(export_dir: str | Path, prompts: list[list[int]], max_new_token
         out = json.loads((t / "result.json").read_text())
         logits = dict(np.load(t / "logits.npz")) if dump_logits else {}
     return dict(out, ranks=tp), logits
+
+
+# A divergence between speculative and plain greedy output counts as a near-tie when, given the
+# common prefix, both tokens' base logits lie within this fraction of the logits' range (max - min)
+# of the top one. Measured on the tiny recipe (a8w8 FP8 activations, float32): verification steps
+# move later logits by up to 0.12 (range ~5) once one activation's FP8 rounding flips, ~1e-6 before.
+TIE_FRACTION = 0.03
+
+
+def check_speculative_greedy(export_dir: str | Path, prompts: list[list[int]], spec: list[list[int]],
+                             plain: list[list[int]], *, tie_fraction: float = TIE_FRACTION) -> list[dict]:
+    """Check that speculative output `spec` is the base model's greedy output, as `plain` is, up to
+    near-ties. At each divergence (first, then again after continuing plain decoding from the
+    speculative prefix) both tokens must be within tie_fraction of the logits' range of the top
+    logit, given the common prefix (one prefill); else DsxError. Returns the ties found."""
+    d = Path(export_dir)
+    ties = []
+    for b, prompt in enumerate(prompts):
+        want, got = list(plain[b]), list(spec[b])
+        n = len(got)
+        while want != got:
+            i = next((j for j, (x, y) in enumerate(zip(want, got)) if x != y), min(len(want), len(got)))
+            if i >= n:
+                break
+            _, lg = generate_any(d, [prompt + got[:i]], 1, dump_logits=True)
+            row = lg["base_logits"][0, -1].astype(np.float64)
+            top, span = float(row.max()), float(row.max() - row.min())
+            a, s = int(want[i]), int(got[i])
+            worst = max(top - row[a], top - row[s])
+            tie = dict(sequence=b, position=i, plain=a, speculative=s, margin=float(abs(row[a] - row[s])),
+                       below_top=float(worst), tolerance=tie_fraction * span)
+            if worst > tie_fraction * span:
+                raise DsxError(
+                    f"speculative decoding changed the greedy output: sequence {b}, token {i}: plain decoding gave "
+                    f"{a}, speculation {s}, and one of them is {worst:.4g} below the base model's top logit "
+                    f"(a near-tie is within {tie_fraction * span:.4g}): the export or the draft is inconsistent",
+                    hint="re-export (dsx export --speculate --force) and rerun; if it persists, report it with the recipe")
+            ties.append(tie)
+            # Continue plain decoding from the speculative prefix: the rest must agree again (or tie again).
+            rest, _ = generate_any(d, [prompt + got[: i + 1]], n - i - 1) if i + 1 < n else ({"tokens": [[]]}, {})
+            want = got[: i + 1] + rest["tokens"][0]
+    return ties
 
 
 def _pad(rows: list[list[int]]) -> np.ndarray:
