@@ -54,7 +54,8 @@ LATE = 1 << 14  # a K step's scale products read after its wgmma wait (the order
 OLD = 1 << 10  # the consumer loop's form before (bits 10..11 = 1: stage by division, per-thread descriptors)
 SBI = 3 << 14  # a K step's scale products read before the next step's issue (two temporaries; automatic: before the wait)
 UNI = 2 << 10  # the uniform form without the scales one step ahead (automatic: ahead, where two temporaries run)
-SMEMOUT = 1 << 29  # the output through the fp32 tile in shared memory (the form before; automatic: from the registers at S <= 2)
+# the output through the fp32 tile in shared memory (the form before; automatic: from the registers at S <= 2)
+SMEMOUT = 1 << 29
 ST10, ST12 = 10 << 20, 12 << 20
 TUNE_SMALL = {"auto": 0, "auto_pdl": PDL, "pingpong": 3, "swapAB_dp": 4 | 1 << 12, "swapAB_splitK2": 4 | 2 << 12 | 2 << 16,
               "small": 6 | R128, "small_pdl": 6 | R128 | PDL, "small_s1": 6 | R128 | 1 << 16,
@@ -279,7 +280,7 @@ def main() -> int:
     ap.add_argument("--focus", type=int, default=0, metavar="R",
                     help="only FOCUS's shapes and variants, each shape R times")
     ap.add_argument("--only", default=None, metavar="NAMES",
-                    help="with --small or --focus: time only these comma-separated variants (auto always, and the anchor)")
+                    help="with --small or --focus: time only these comma-separated variants (and auto, the anchor)")
     args = ap.parse_args()
     only = set(args.only.split(",")) if args.only else None
     if only is not None and not only <= set(TUNE_SMALL):
