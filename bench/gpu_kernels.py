@@ -53,6 +53,9 @@ T1, L256, W32, WALL, WMAJ = 1 << 12, 1 << 4, 2 << 24, 4 << 24, 1 << 6
 LATE = 1 << 14  # a K step's scale products read after its wgmma wait (the order before; now before the wait)
 OLD = 1 << 10  # the consumer loop's form before (bits 10..11 = 1: stage by division, per-thread descriptors)
 SBI = 3 << 14  # a K step's scale products read before the next step's issue (two temporaries; automatic: before the wait)
+UNI = 2 << 10  # the uniform form without the scales one step ahead (automatic: ahead, where two temporaries run)
+# the output through the fp32 tile in shared memory (the form before; automatic: from the registers at S <= 2)
+SMEMOUT = 1 << 29
 ST10, ST12 = 10 << 20, 12 << 20
 TUNE_SMALL = {"auto": 0, "auto_pdl": PDL, "pingpong": 3, "swapAB_dp": 4 | 1 << 12, "swapAB_splitK2": 4 | 2 << 12 | 2 << 16,
               "small": 6 | R128, "small_pdl": 6 | R128 | PDL, "small_s1": 6 | R128 | 1 << 16,
@@ -63,15 +66,19 @@ TUNE_SMALL = {"auto": 0, "auto_pdl": PDL, "pingpong": 3, "swapAB_dp": 4 | 1 << 1
               "small_wmaj": 6 | R128 | WMAJ, "small_t1": 6 | R128 | T1, "small_w32_t1": 6 | R128 | W32 | T1, "small6": 6,
               "small6_old": 6 | OLD, "small_old": 6 | R128 | OLD, "small64_old": 6 | R64 | OLD,
               "small_w32_old": 6 | R128 | W32 | OLD, "small_t1_old": 6 | R128 | T1 | OLD,
-              "small6_sbi": 6 | SBI, "small_w32_sbi": 6 | R128 | W32 | SBI}
+              "small6_sbi": 6 | SBI, "small_w32_sbi": 6 | R128 | W32 | SBI,
+              "small6_prev": 6 | UNI | SMEMOUT, "small6_ahead": 6 | SMEMOUT, "small6_regout": 6 | UNI,
+              "small64_wall": 6 | R64 | WALL}
 # --focus: the shapes and variants of one question, each shape several times (they move +-5% within a run)
-# (the three M <= 128 shapes that were short of 1.5x cuBLAS, and 64x7168x2048: auto (algo 6 in the consumer loop's
-# uniform form), the form before, the scale reads before the next issue, 32 tokens a CTA, the CUTLASS kernel auto
-# ran at 128x4096x7168 and 64x7168x2048, the K splits that fill the SMs at 16x7168x2048, PDL)
-FOCUS = {(128, 4096, 7168): ("small6_old", "small6_sbi", "small_w32", "swapAB_dp", "auto_pdl"),
-         (16, 4096, 7168): ("small6_old", "small6_sbi", "auto_pdl"),
-         (16, 7168, 2048): ("small6_old", "small6_sbi", "small64_s2", "small_s2", "auto_pdl"),
-         (64, 7168, 2048): ("small6_old", "small_w32_sbi", "swapAB_dp", "small", "auto_pdl")}
+# (the three M <= 128 shapes at or short of 1.5x cuBLAS, and 64x7168x2048: auto (algo 6, uniform loop form), the
+# scales one step ahead and the output from the registers (both automatic now), the form before (prev: neither),
+# each alone, PDL)
+_FOCUS_V = ("small6_prev", "small6_ahead", "small6_regout", "auto_pdl")
+# (at 128x4096x7168 also one 128-token tile a CTA of 64 rows: 2% faster than the 64-token tiles before the scales
+# ahead, one call)
+FOCUS = {(128, 4096, 7168): _FOCUS_V + ("small64_wall",), (16, 4096, 7168): _FOCUS_V,
+         (16, 7168, 2048): _FOCUS_V,
+         (64, 7168, 2048): _FOCUS_V}
 # the fixed cost of one launch in a graph: one K block, two weight tiles (kernel 6: one CTA per tile)
 LAUNCH_PROBE = (16, 256, 128)
 
@@ -272,19 +279,25 @@ def main() -> int:
     ap.add_argument("--large", action="store_true", help="only the dense GEMM at M = 4096 and 1024 (3 shapes each)")
     ap.add_argument("--focus", type=int, default=0, metavar="R",
                     help="only FOCUS's shapes and variants, each shape R times")
+    ap.add_argument("--only", default=None, metavar="NAMES",
+                    help="with --small or --focus: time only these comma-separated variants (and auto, the anchor)")
     args = ap.parse_args()
+    only = set(args.only.split(",")) if args.only else None
+    if only is not None and not only <= set(TUNE_SMALL):
+        ap.error(f"--only: unknown variants {sorted(only - set(TUNE_SMALL))}")
     if not cuda.available():
         print("no CUDA device: nothing to benchmark")
         return 1
     rng = np.random.default_rng(0)
     if args.focus:
-        jobs = [(lambda m, n, k, rng, only=only: bench_dense(m, n, k, rng, only), shape)
-                for _ in range(args.focus) for shape, only in FOCUS.items()]
+        jobs = [(lambda m, n, k, rng, names=names: bench_dense(m, n, k, rng, names if only is None else only), shape)
+                for _ in range(args.focus) for shape, names in FOCUS.items()]
     elif args.large:  # M = 4096, then M = 1024 (where algo 0 may switch kernels)
         jobs = [(bench_dense, spec) for spec in DENSE[:3] + [(1024, n, k) for _, n, k in DENSE[:3]]]
     elif args.small:
-        jobs = [(bench_dense, (m, n, k)) for m in (128, 64, 16) for n, k in SMALL_SHAPES]
-        jobs.append((bench_dense, LAUNCH_PROBE))
+        jobs = [(lambda m, n, k, rng: bench_dense(m, n, k, rng, only), (m, n, k)) for m in (128, 64, 16)
+                for n, k in SMALL_SHAPES]
+        jobs.append((lambda m, n, k, rng: bench_dense(m, n, k, rng, only), LAUNCH_PROBE))
     else:
         jobs = [(bench_dense, spec) for spec in (DENSE[:3] if args.quick else DENSE)]
         jobs += [(bench_grouped, spec) for spec in ((16, 256, 4096, 7168), (16, 256, 7168, 2048))]

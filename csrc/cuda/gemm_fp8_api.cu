@@ -37,12 +37,13 @@ bool decode(int algo, Algo* out) {
                        (algo >> 24) & 15};
   return out->base <= kLastAlgo && (out->tuning.raster <= 2 || out->base == kSmall) &&
          (out->tuning.decomposition <= 3 || out->base == kLarge || out->base == kSmall) &&  // kLarge: its variant, 0..10
-         (out->tuning.reduction <= 1 || out->base == kSmall) && (algo >> (kPdlBit + 1)) == 0 &&
+         (out->tuning.reduction <= 1 || out->base == kSmall) &&
+         ((algo >> (kPdlBit + 1)) == 0 || out->base == kSmall) &&  // algo 6: bits 29..30 its output path
          (!out->pdl || out->base == kSmall || out->base == kAuto) &&
          // algo 6: bits 4..5 L2 promotion, 6..7 grid order, 8..9 weight rows per CTA, 10..11 the consumer
-         // loop's form, 12..13 wgmma temporaries, 14..15 when the scales are read, 24..27 tokens per CTA
+         // loop's form (0..3), 12..13 wgmma temporaries, 14..15 when the scales are read, 24..27 tokens per CTA
          (out->base != kSmall ||
-          ((out->tuning.swizzle & 3) <= 2 && (out->tuning.swizzle >> 2) <= 2 && (out->tuning.decomposition & 3) <= 2 &&
+          ((out->tuning.swizzle & 3) <= 2 && (out->tuning.decomposition & 3) <= 2 &&
            (out->tuning.raster >> 2) <= 2 && out->tuning.reduction <= 4));
 }
 
@@ -208,13 +209,16 @@ extern "C" int dsx_gemm_fp8_nt_cuda(const uint8_t* a, const float* sa, const uin
   const auto s = static_cast<cudaStream_t>(stream);
   // kSmall's knobs: bits 16..23 K splits (cluster size, 0 automatic), bits 8..9 weight rows per CTA
   // (0 automatic, 1: 128, 2: 64), bits 10..11 the consumer loop's form (0 automatic, 1: the form before,
-  // 2: stage counters, uniform descriptors, ld.shared scales), bits 12..13 wgmma temporaries (0 automatic, 1, 2), bits 14..15 scale reads
+  // 2: stage counters, uniform descriptors, ld.shared scales, 3: 2 with the scales one step ahead), bits 12..13 wgmma temporaries (0 automatic, 1, 2), bits 14..15 scale reads
   // (0 automatic = 2, 1: after the wgmma wait, 2: before it, 3: before the next K step's issue), bits 24..27
   // tokens per CTA (0 automatic, 1: 16, 2: 32, 3: 64, 4: all), bits 4..5 L2 promotion (0 automatic, 1: 256 B, 2: 128 B,
-  // 3: none), bits 6..7 grid order (0 automatic, 1: weight tiles adjacent, 2: token tiles adjacent), bit 28 PDL
+  // 3: none), bits 6..7 grid order (0 automatic, 1: weight tiles adjacent, 2: token tiles adjacent), bit 28 PDL,
+  // bits 29..30 the output path (0 automatic = 2, 1: through the fp32 tile in shared memory, the form before, 2: from
+  // the registers at S <= 2; 3 refused by small_run)
   if (use_small(g, al)) {
     const int knobs = al.base == kSmall ? al.tuning.splits | al.tuning.swizzle << 8 | al.tuning.decomposition << 12 |
-                                              al.tuning.raster << 16 | al.tuning.reduction << 24
+                                              al.tuning.raster << 16 | al.tuning.reduction << 24 |
+                                              ((algo >> (kPdlBit + 1)) & 3) << 28
                                         : 0;
     return dsx_cuda::small_run(g, knobs, al.pdl, s);
   }

@@ -56,6 +56,22 @@
 // Tried and dropped: an L2 prefetch (cp.async.bulk.prefetch.tensor) of the CTA's weight tiles past
 // the ring's first fill, issued once that fill is: 7-24% slower on 128x4096x7168, 16x4096x7168 and
 // 16x7168x2048 (three rounds each).
+// Scales one step ahead (loop form 3, automatic where two temporaries run): in the uniform loop ptxas
+// placed the scale loads of the step being promoted right after the wgmma wait, so the products'
+// FMULs waited on them (short scoreboard, ~10% of the loop's samples) before the promotion could give
+// the stage back; reading a step's scales right after its barrier wait, into its temporary's own
+// register set, and forming the products at its promotion leaves no load to wait for (ncu,
+// 128x4096x7168: short-scoreboard samples 544 -> 230, cycles per issued instruction 7.78 -> 7.05).
+// H200, bench --focus, 4 rounds, same run, against the uniform form: 128x4096x7168 16.06-16.29 us
+// against 16.75-17.12, 64x7168x2048 8.02-8.07 against 8.50-8.51, 16x7168x2048 7.08-7.18 against
+// 7.19-7.32, 16x4096x7168 11.32-11.65 against 11.45-11.72.
+// The output from the registers (bits 29..30, automatic at S <= 2): at S = 1 the consumers round and
+// store their own sums (no shared-memory tile, no CTA barrier); at S = 2 each CTA sends the other the
+// half of its partial sums that the other stores (distributed shared-memory stores, not loads) and adds
+// what it received. Measured (same call, S = 1, against the shared-memory tile, with the fill below):
+// 16x7168x2048 0.42 us less, 64x7168x2048 0.27 us less in 4 of 4 rounds.
+// Tried and dropped: the TMA thread setting up the barriers and issuing the ring's first fill before
+// the CTA barrier (the others waiting there): 0.6-1.1 us slower on all four focus shapes, 4 of 4 rounds.
 #include "gemm_fp8_internal.cuh"
 #include "sm90_ptx.cuh"
 
@@ -97,6 +113,9 @@ struct Params {
   int token_major;  // grid (S, token tiles, weight tiles): the CTAs that share a weight tile are adjacent
   int scale_point;  // a K step's scale products read 0: before its wgmma wait, 1: after it (the order
                     // before), 2: before the next step's issue (two temporaries; else 0); same bits
+  int reg_out;      // S <= 2: the output rounded and stored from the accumulator registers (S = 2: each CTA
+                    // sends the half of its partial tile that the other stores through distributed shared
+                    // memory); 0: through the fp32 partial tile in shared memory (the form before); same bits
 };
 
 // ---------------------------------------------------------------- PTX helpers
@@ -115,6 +134,18 @@ __device__ __forceinline__ float4 ld_cluster_f4(uint32_t local_addr, uint32_t ra
                : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
                : "r"(remote)
                : "memory");
+  return v;
+}
+
+__device__ __forceinline__ void st_cluster_f4(uint32_t local_addr, uint32_t rank, float4 v) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local_addr), "r"(rank));
+  asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(remote), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w)
+               : "memory");
+}
+__device__ __forceinline__ float4 ld_shared_f4(uint32_t addr) {
+  float4 v;
+  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(addr) : "memory");
   return v;
 }
 
@@ -176,7 +207,10 @@ struct Layout {
 
 // kOverlap: two temporaries alternate, so that the wgmma of K step i+1 is issued before step i is
 // promoted (the same promotions in the same order: the bits of the one-temporary loop).
-template <int MN, int BM, bool kOverlap, bool kUni>
+// kAhead (with kOverlap and kUni): each K step's scales are read right after its stage's barrier wait,
+// into the register set of its temporary, and multiplied at its promotion one step later (no scale
+// load waited for between the wgmma of a step; the same products, the same bits).
+template <int MN, int BM, bool kOverlap, bool kUni, bool kAhead>
 __global__ void __launch_bounds__(Config<MN, BM>::kThreads, Config<MN, BM>::kBlocks)
     small_gemm_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtensorMap tx, const Params p) {
   using L = Layout<MN, BM>;
@@ -214,6 +248,22 @@ __global__ void __launch_bounds__(Config<MN, BM>::kThreads, Config<MN, BM>::kBlo
   asm volatile("griddepcontrol.wait;" ::: "memory");
 
   float acc[MN / 2];
+  // reg_out: accumulator group j of a consumer thread (tokens c = 8j + 2 (lane % 4) and c + 1, weight rows
+  // r and r + 8) rounded to bf16 and stored; two adjacent weight rows of one token paired with the
+  // neighbouring row's lane (lane ^ 4) into one 4-byte store (N is a multiple of 8)
+  auto store_group = [&](int j, const float* v) {
+    const int r = (warp / 4) * 64 + (warp % 4) * 16 + lane / 4, c = 8 * j + 2 * (lane % 4);
+    const bool odd = (lane / 4) & 1;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float vc = v[2 * h], vc1 = v[2 * h + 1];
+      const float got = __shfl_xor_sync(0xffffffffu, odd ? vc : vc1, 4);
+      // even row: rows (r, r + 1) of token c; odd row: rows (r - 1, r) of token c + 1
+      const int tok = m0 + (odd ? c + 1 : c), row = tile * BM + r + 8 * h - (odd ? 1 : 0);
+      const __nv_bfloat162 pr = odd ? __floats2bfloat162_rn(got, vc1) : __floats2bfloat162_rn(vc, got);
+      if (tok < p.m && row < p.n) *reinterpret_cast<__nv_bfloat162*>(p.out + static_cast<size_t>(tok) * p.n + row) = pr;
+    }
+  };
   if (warp == kConsumerWarps) {  // TMA producer
     if (lane == 0) {
       for (int i = 0; i < nk; ++i) {
@@ -328,7 +378,54 @@ __global__ void __launch_bounds__(Config<MN, BM>::kThreads, Config<MN, BM>::kBlo
       }
     };
     float t0[MN / 2], sc[MN / 4];
-    if constexpr (kOverlap) {
+    if constexpr (kAhead) {
+      static_assert(kOverlap && kUni, "scales ahead: two temporaries, the uniform form");
+      // K step i's raw scales (token scales v, weight block scale sbv) from the stage of the K step just
+      // issued (its barrier waited for: s_iss was advanced past it)
+      auto load_raw = [&](float* v, float& sbv) {
+        const int s = s_iss > 0 ? s_iss - 1 : stages - 1;
+        const uint32_t slot = sc_u32 + s * L::kScale;
+        sbv = ld_shared_f32(slot + 4 * MN);
+#pragma unroll
+        for (int j = 0; j < MN / 8; ++j) {
+          const float2 x = ld_shared_f32x2(slot + 4 * (8 * j + 2 * (lane % 4)));
+          v[2 * j] = x.x;
+          v[2 * j + 1] = x.y;
+        }
+      };
+      // the products v * sbv formed here, one step after their loads (load_scales' products)
+      auto promote_raw = [&](float* t, const float* v, float sbv) {
+        float q[MN / 4];
+#pragma unroll
+        for (int j = 0; j < MN / 4; ++j) q[j] = v[j] * sbv;
+        promote(t, q, 0);
+      };
+      float t1[MN / 2], va[MN / 4], vb[MN / 4], sba, sbb;
+      issue(t0, 0);
+      load_raw(va, sba);
+      int i = 1;
+      for (; i + 1 < nk; i += 2) {
+        issue(t1, i);
+        load_raw(vb, sbb);
+        wgmma_wait<1>();
+        promote_raw(t0, va, sba);
+        issue(t0, i + 1);
+        load_raw(va, sba);
+        wgmma_wait<1>();
+        promote_raw(t1, vb, sbb);
+      }
+      if (i < nk) {
+        issue(t1, i);
+        load_raw(vb, sbb);
+        wgmma_wait<1>();
+        promote_raw(t0, va, sba);
+        wgmma_wait<0>();
+        promote_raw(t1, vb, sbb);
+      } else {
+        wgmma_wait<0>();
+        promote_raw(t0, va, sba);
+      }
+    } else if constexpr (kOverlap) {
       // t0 pending at the loop head, t1 issued before t0 is promoted (one shape of in-flight state
       // at the back-edge, so that ptxas sees which accumulators are free; nk >= 1)
       float t1[MN / 2];
@@ -394,24 +491,64 @@ __global__ void __launch_bounds__(Config<MN, BM>::kThreads, Config<MN, BM>::kBlo
         promote(t0, sc, i);
       }
     }
-    // Every consumer warp is done with the stage buffers: the front becomes the fp32 partial tile
-    // red[token][weight row].
-    asm volatile("bar.sync 1, %0;" ::"n"(32 * kConsumerWarps) : "memory");
-    float* red = reinterpret_cast<float*>(smem);
-    const int r = cw * 64 + wl * 16 + lane / 4;
+    if (p.reg_out && p.splits == 1) {  // no K split: the output straight from the registers
 #pragma unroll
-    for (int j = 0; j < MN / 8; ++j) {
-      const int c = 8 * j + 2 * (lane % 4);
-      red[c * kRedLd + r] = acc[4 * j + 0];
-      red[(c + 1) * kRedLd + r] = acc[4 * j + 1];
-      red[c * kRedLd + r + 8] = acc[4 * j + 2];
-      red[(c + 1) * kRedLd + r + 8] = acc[4 * j + 3];
+      for (int j = 0; j < MN / 8; ++j) store_group(j, acc + 4 * j);
+      return;
+    }
+    if (!p.reg_out) {  // (two K splits with reg_out: exchanged below)
+      // Every consumer warp is done with the stage buffers: the front becomes the fp32 partial tile
+      // red[token][weight row].
+      asm volatile("bar.sync 1, %0;" ::"n"(32 * kConsumerWarps) : "memory");
+      float* red = reinterpret_cast<float*>(smem);
+      const int r = cw * 64 + wl * 16 + lane / 4;
+#pragma unroll
+      for (int j = 0; j < MN / 8; ++j) {
+        const int c = 8 * j + 2 * (lane % 4);
+        red[c * kRedLd + r] = acc[4 * j + 0];
+        red[(c + 1) * kRedLd + r] = acc[4 * j + 1];
+        red[c * kRedLd + r + 8] = acc[4 * j + 2];
+        red[(c + 1) * kRedLd + r + 8] = acc[4 * j + 3];
+      }
     }
   }
 
+  const int S = p.splits;
+  if (p.reg_out) {
+    // S = 1: the consumers stored the output. S = 2: once both CTAs are done with their stage buffers,
+    // each consumer thread sends the accumulator groups j of the other CTA's half (rank r stores groups
+    // [r, r + 1) * MN / 16) into that CTA's front, at the same slot of the same thread, and after the
+    // second cluster barrier adds what it received to its own: p0 + p1 (one addition, commutative: the
+    // bits of the split-order reduction below).
+    if (S == 1) return;
+    constexpr int kHalf = MN / 16, kConsumerThreads = 32 * kConsumerWarps;
+    cluster_sync();
+    const uint32_t me = cluster_rank(), xb = smem_u32(smem) + 16u * tid;
+    // (the groups are walked with constant indices and chosen by rank: acc stays in registers)
+    if (warp < kConsumerWarps) {
+#pragma unroll
+      for (int j = 0; j < MN / 8; ++j) {
+        if ((j < kHalf) == (me == 1)) {
+          st_cluster_f4(xb + 16u * kConsumerThreads * (j % kHalf), me ^ 1,
+                        make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]));
+        }
+      }
+    }
+    cluster_sync();
+    if (warp < kConsumerWarps) {
+#pragma unroll
+      for (int j = 0; j < MN / 8; ++j) {
+        if ((j < kHalf) == (me == 0)) {
+          const float4 u = ld_shared_f4(xb + 16u * kConsumerThreads * (j % kHalf));
+          const float v[4] = {acc[4 * j] + u.x, acc[4 * j + 1] + u.y, acc[4 * j + 2] + u.z, acc[4 * j + 3] + u.w};
+          store_group(j, v);
+        }
+      }
+    }
+    return;
+  }
   // Reduction over the cluster's K splits in split order, bf16 out; CTA `rank` writes its share
   // of the tile's (token, 4 weight rows) items.
-  const int S = p.splits;
   if (S > 1) {
     cluster_sync();
   } else {
@@ -472,7 +609,7 @@ int auto_splits64(int tiles, int kbt) {
   return s < 1 ? 1 : s > 2 ? 2 : s;
 }
 
-template <int MN, int BM, bool kOverlap, bool kUni>
+template <int MN, int BM, bool kOverlap, bool kUni, bool kAhead>
 struct Launcher {
   using L = Layout<MN, BM>;
   static constexpr int kThreads = Config<MN, BM>::kThreads;
@@ -492,7 +629,7 @@ struct Launcher {
     static int clusters[kMaxDevices][kMaxSplits + 1];
     if (dev < 0 || dev >= kMaxDevices) return DSX_ECUDA;
     if (state[dev].load(std::memory_order_acquire) == 0) {
-      auto kernel = small_gemm_kernel<MN, BM, kOverlap, kUni>;
+      auto kernel = small_gemm_kernel<MN, BM, kOverlap, kUni, kAhead>;
       bool ok = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemMax) == cudaSuccess;
       int per_sm = 0;
       ok = ok && cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, kSmem) == cudaSuccess;
@@ -524,8 +661,8 @@ struct Launcher {
 
   // stages: 0 automatic (kAutoStages, clamped to kStages: kBlocks CTAs a SM), else clamped to
   // [kMinStages, kForcedStages] (more than kStages: fewer CTAs a SM)
-  static int run(const GemmNt& g, int splits, int stages, int promo, bool token_major, int scale_point, bool pdl,
-                 cudaStream_t stream) {
+  static int run(const GemmNt& g, int splits, int stages, int promo, bool token_major, int scale_point, bool reg_out,
+                 bool pdl, cudaStream_t stream) {
     if (stages == 0) stages = kAutoStages < kStages ? kAutoStages : kStages;
     if (stages > kForcedStages) stages = kForcedStages;
     if (stages < kMinStages) stages = kMinStages;
@@ -553,7 +690,7 @@ struct Launcher {
       return DSX_EINVAL;
     }
     Params p{g.sa, g.sb, g.out, static_cast<int>(g.m), static_cast<int>(g.n), kbt, splits, stages, pdl ? 1 : 0,
-             token_major ? 1 : 0, scale_point};
+             token_major ? 1 : 0, scale_point, reg_out && splits <= 2 ? 1 : 0};
     cudaLaunchConfig_t lc = {};
     lc.gridDim = token_major ? dim3(splits, mtiles, tiles / mtiles) : dim3(splits, tiles / mtiles, mtiles);
     lc.blockDim = dim3(kThreads, 1, 1);
@@ -575,7 +712,7 @@ struct Launcher {
     }
     lc.attrs = attr;
     lc.numAttrs = na;
-    return cuda_rc(cudaLaunchKernelEx(&lc, small_gemm_kernel<MN, BM, kOverlap, kUni>, tw, tx, p));
+    return cuda_rc(cudaLaunchKernelEx(&lc, small_gemm_kernel<MN, BM, kOverlap, kUni, kAhead>, tw, tx, p));
   }
 };
 
@@ -587,13 +724,23 @@ constexpr bool kCanOverlap = MN <= (BM == 128 ? 64 : 32);
 struct Knobs {
   int splits, stages, promo, width;
   int scale_point;
-  bool overlap, token_major, uni;
+  bool overlap, token_major, uni, ahead, reg_out;
 };
 
 template <int MN, int BM, bool kOverlap>
 int run_form(const GemmNt& g, const Knobs& k, bool pdl, cudaStream_t s) {
-  if (k.uni) return Launcher<MN, BM, kOverlap, true>::run(g, k.splits, k.stages, k.promo, k.token_major, k.scale_point, pdl, s);
-  return Launcher<MN, BM, kOverlap, false>::run(g, k.splits, k.stages, k.promo, k.token_major, k.scale_point, pdl, s);
+  if constexpr (kOverlap) {  // the scales one step ahead: two temporaries only (else the uniform form)
+    if (k.uni && k.ahead) {
+      return Launcher<MN, BM, true, true, true>::run(g, k.splits, k.stages, k.promo, k.token_major, k.scale_point,
+                                                     k.reg_out, pdl, s);
+    }
+  }
+  if (k.uni) {
+    return Launcher<MN, BM, kOverlap, true, false>::run(g, k.splits, k.stages, k.promo, k.token_major, k.scale_point,
+                                                        k.reg_out, pdl, s);
+  }
+  return Launcher<MN, BM, kOverlap, false, false>::run(g, k.splits, k.stages, k.promo, k.token_major, k.scale_point,
+                                                       k.reg_out, pdl, s);
 }
 
 template <int MN, int BM>
@@ -682,8 +829,10 @@ bool small_supported(const GemmNt& g) {
 // size, 0 automatic), bits 4..7 the stage count (20..23: 0 automatic = 8, else 2..12, clamped to what
 // shared memory holds and to what the partial tile needs), bits 8..9 the weight rows per CTA (8..9:
 // 0 automatic, 1: 128, one CTA per SM; 2: 64, two or three CTAs per SM), bits 10..11 the consumer
-// loop's form (10..11: 0 automatic = 2; 1: the form before; 2: stage counters, wgmma descriptors in
-// uniform registers, scales by ld.shared (kUni)), bits 12..13 the wgmma
+// loop's form (10..11: 0 automatic = 3, or 2 with bits 14..15 non-zero; 1: the form before; 2: stage
+// counters, wgmma descriptors in uniform registers, scales by ld.shared (kUni); 3: 2 with the scales one
+// step ahead (kAhead) where two temporaries run, else 2; with bits 14..15 non-zero refused), bits 28..29 the output path (29..30: 0 automatic = 2; 1: through the fp32
+// tile in shared memory, the form before; 2: from the registers at S <= 2; 3 refused), bits 12..13 the wgmma
 // temporaries (12..13: 0 automatic = two where they fit, 1: one, 2: two), bits 14..15 when a K
 // step's scale products are read from shared memory (14..15: 0 automatic = 2; 1: after its wgmma
 // wait, the order before; 2: before it, under the tensor-core work; 3: with two temporaries before
@@ -699,8 +848,10 @@ int small_run(const GemmNt& g, int knobs, bool pdl, cudaStream_t s) {
   const int splits = knobs & 15, stages = (knobs >> 4) & 15;  // algo bits 16..19 and 20..23
   const int rows_knob = (knobs >> 8) & 3, form_knob = (knobs >> 10) & 3, temps_knob = (knobs >> 12) & 3, scales_knob = (knobs >> 14) & 3;
   const int width_knob = (knobs >> 24) & 15, promo = (knobs >> 16) & 3, order = (knobs >> 18) & 3;
-  if (rows_knob > 2 || form_knob > 2 || temps_knob > 2 || width_knob > 4 || order > 2 || stages == 1 ||
-      stages > kMaxStages) {
+  const int out_knob = (knobs >> 28) & 3;
+  // (form 3 reads the scales at its own point: with a scale-read point named, refused)
+  if (out_knob > 2 || rows_knob > 2 || temps_knob > 2 || width_knob > 4 || order > 2 || stages == 1 ||
+      stages > kMaxStages || (form_knob == 3 && scales_knob != 0)) {
     return DSX_EINVAL;
   }
   const int rows = rows_knob == 1 ? 128 : rows_knob == 2 ? 64 : auto_rows(g);
@@ -718,7 +869,15 @@ int small_run(const GemmNt& g, int knobs, bool pdl, cudaStream_t s) {
   // rounds each, the next call 4 rounds each -0.8..+1%: 128x4096x7168 0.1-0.6% slower; bench --small
   // within +-0.7% on the other shapes), so not automatic
   const int scale_point = scales_knob == 1 ? 1 : scales_knob == 3 ? 2 : 0;
-  const Knobs k{splits, stages, l2, width, scale_point, overlap, order != 1, form_knob != 1};
+  // the loop's form: automatic = 3 (2 with each K step's scales read one step ahead where two temporaries
+  // run, else 2), or 2 where bits 14..15 name a scale-read point (which form 3 has no use for); the
+  // output: automatic = 2 (from the registers at S <= 2). H200, bench --small --only (2026-12-01, one call,
+  // interleaved), auto (both) against the two forms before (2 and the shared-memory tile) on the 11 shapes
+  // where algo 0 runs this kernel: 0.3-5.7% faster on all 11 (128x4096x7168 15.25 against 16.07 us,
+  // 64x7168x2048 7.34 / 7.78, 16x7168x2048 6.65 / 7.03, 16x4096x7168 10.92 / 11.19), each alone
+  // within +0.5% of the forms before where it does not help
+  const bool ahead = form_knob == 3 || (form_knob == 0 && scales_knob == 0), reg_out = out_knob != 1;
+  const Knobs k{splits, stages, l2, width, scale_point, overlap, order != 1, form_knob != 1, ahead, reg_out};
   return rows == 64 ? run_rows<64>(g, k, pdl, s) : run_rows<128>(g, k, pdl, s);
 }
 

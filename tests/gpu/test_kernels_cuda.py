@@ -31,9 +31,13 @@ STAGES = 1 << 20  # bits 20..23: the stage count (0 automatic, else 2..12, clamp
 WEIGHT_MAJOR, TOKEN_MAJOR = 1 << 6, 2 << 6  # bits 6..7: grid order (0 automatic = token tiles adjacent)
 # bits 14..15: scales read after / before the wgmma wait / before the next K step's issue (two temporaries)
 SCALES_LATE, SCALES_EARLY, SCALES_ISSUE = 1 << 14, 2 << 14, 3 << 14
-# bits 10..11: the consumer loop's form (0 automatic = 2; 1: the form before; 2: stage counters, uniform
-# wgmma descriptors, ld.shared scales)
-FORM_OLD, FORM_UNI = 1 << 10, 2 << 10
+# bits 10..11: the consumer loop's form (0 automatic = 3, or 2 where bits 14..15 name a scale-read point; 1: the
+# form before; 2: stage counters, uniform wgmma descriptors, ld.shared scales; 3: 2 with each K step's scales read
+# one step ahead where two temporaries run; with bits 14..15 non-zero refused)
+FORM_OLD, FORM_UNI, FORM_AHEAD = 1 << 10, 2 << 10, 3 << 10
+# bits 29..30: the output path (0 automatic = 2; 1: the fp32 tile through shared memory, the form before; 2: from
+# the accumulator registers at S <= 2, the halves of the two partial tiles exchanged at S = 2)
+OUT_SMEM, OUT_REG = 1 << 29, 2 << 29
 # hand-written persistent kernel for large M: bits 8..11 = v, tile order in groups of 4v M tiles (0 default);
 # bits 12..15 the variant (0 = 10: 128x128, scale products one K block ahead; 1: the order before, same bits)
 LARGE = 7
@@ -244,8 +248,9 @@ def test_small_m_kernel_matches_float64_and_is_deterministic(m, n, k):
     bitwise the 128-row CTAs' output under the same split count (same wgmma rows, same order), and so
     do one or two alternating wgmma temporaries (same promotions in the same order), M split over
     token tiles of 16, 32 or 64 (ragged last tile; the same products per output element), the TMA
-    loads' L2 promotion, the stage count (2..12, the partial tile's minimum at 128 tokens) and the consumer
-    loop's form (the stage counters wrap at odd stage counts)."""
+    loads' L2 promotion, the stage count (2..12, the partial tile's minimum at 128 tokens), the consumer
+    loop's form (the stage counters wrap at odd stage counts; the scales one step ahead) and the output
+    path (from the registers at S = 1 and 2, ragged M and N; through shared memory, the form before)."""
     rng = np.random.default_rng(m * 3 + n + k)
     a, sa, b, sb = make_gemm(rng, m, n, k)
     kb = K.cdiv(k, 128)
@@ -274,7 +279,13 @@ def test_small_m_kernel_matches_float64_and_is_deterministic(m, n, k):
                       FORM_UNI | 5 * STAGES | WIDTH_ALL | TEMPS1, FORM_UNI | SCALES_LATE | TEMPS2,
                       FORM_UNI | 2 * STAGES | ROWS64 | WIDTH16, FORM_OLD | 2 * STAGES | WIDTH_ALL | TEMPS1,
                       SCALES_ISSUE, SCALES_ISSUE | ROWS64 | WIDTH16 | 3 * STAGES, SCALES_ISSUE | FORM_OLD | WIDTH32,
-                      SCALES_ISSUE | TEMPS1 | WIDTH_ALL):
+                      SCALES_ISSUE | TEMPS1 | WIDTH_ALL, FORM_AHEAD, FORM_AHEAD | ROWS64 | WIDTH16,
+                      FORM_AHEAD | WIDTH32 | 3 * STAGES, FORM_AHEAD | WIDTH64 | 5 * STAGES,
+                      FORM_AHEAD | TEMPS1 | WIDTH_ALL, FORM_AHEAD | 2 * STAGES | WIDTH16, OUT_SMEM | FORM_AHEAD,
+                      OUT_SMEM | FORM_UNI, OUT_SMEM | FORM_UNI | ROWS64 | WIDTH16, OUT_SMEM | FORM_OLD | WIDTH_ALL,
+                      OUT_SMEM | FORM_UNI | WIDTH64 | TEMPS2, OUT_REG, OUT_REG | ROWS64 | WIDTH16,
+                      OUT_REG | WIDTH_ALL | TEMPS1, OUT_REG | FORM_AHEAD | ROWS64 | WIDTH32 | TEMPS2,
+                      OUT_REG | FORM_OLD | WIDTH64 | 3 * STAGES, OUT_REG | ROWS64 | WIDTH_ALL | TEMPS1):
             got = cuda.gemm_fp8_nt(a, sa, b, sb, algo=SMALL | knobs | splits << 16)
             assert np.array_equal(got.view(np.uint16), r128.view(np.uint16)), f"splits {splits}: knobs {knobs:#x}"
     if kb < 8:
@@ -296,9 +307,13 @@ def test_small_m_kernel_rejects_what_it_cannot_take():
         cuda.gemm_fp8_nt(a, sa, b, sb, algo=SMALL | 3 << 12)
     with pytest.raises(DsxError, match="invalid"):  # token widths 16, 32, 64, all
         cuda.gemm_fp8_nt(a, sa, b, sb, algo=SMALL | 5 << 24)
-    for bad in (3 << 6, 3 << 10):  # two grid orders, two loop forms
+    for bad in (SMALL | 3 << 6, SMALL | 3 << 29, 1 << 29, 3 | 2 << 29, 1 | 1 << 30, 7 | 1 << 29):
+        # two grid orders, two output paths; bits 29..30 are algo 6's only (not auto's, nor another's)
         with pytest.raises(DsxError, match="invalid"):
-            cuda.gemm_fp8_nt(a, sa, b, sb, algo=SMALL | bad)
+            cuda.gemm_fp8_nt(a, sa, b, sb, algo=bad)
+    for scales in (SCALES_LATE, SCALES_EARLY, SCALES_ISSUE):  # the scales one step ahead have their own read point
+        with pytest.raises(DsxError, match="invalid"):
+            cuda.gemm_fp8_nt(a, sa, b, sb, algo=SMALL | FORM_AHEAD | scales)
     for stages in (1, 13):  # 2..12 stages
         with pytest.raises(DsxError, match="invalid"):
             cuda.gemm_fp8_nt(a, sa, b, sb, algo=SMALL | stages * STAGES)
@@ -313,7 +328,8 @@ def test_small_m_kernel_with_pdl_in_cuda_graph_keeps_launch_order():
     dev = [[cuda.to_device(x.view(np.uint8) if x.dtype == FP8 else x) for x in s] for s in sets]
     stream = cuda.Stream()
     order = [1, 0, 1, 1, 0]
-    for rows in (ROWS128, ROWS64, ROWS128 | TEMPS2 | WIDTH32):
+    for rows in (ROWS128, ROWS64, ROWS128 | TEMPS2 | WIDTH32, ROWS64 | OUT_SMEM | FORM_UNI,
+                 ROWS128 | WIDTH32 | OUT_SMEM, ROWS128 | 2 << 16 | WIDTH16):
         want = cuda.gemm_fp8_nt(*sets[0], algo=SMALL | rows)
         out = cuda.empty((m, n), np.uint16).fill_bytes(0xFF)
         graph = cuda.Graph(lambda s, rows=rows: [cuda.gemm_fp8_nt_device(*dev[i], out, algo=SMALL | rows | 1 << 28,

@@ -56,9 +56,12 @@
  * one CTA's shared memory holds (a count above the automatic one's limit runs fewer CTAs a SM), at
  * least what the fp32 partial tile needs); bits 8..9 = R (0 automatic, 1 = 128 rows, one CTA per SM,
  * 2 = 64 rows, two (M > 64) or three CTAs per SM; under the same S both give the same bits);
- * bits 10..11 = the consumer loop's form (0 automatic = 2; 1 = the form before: stage and parity by
- * division, wgmma descriptors built per thread, scales read through a generic pointer; 2 = stage
- * counters, descriptors in uniform registers, scales by ld.shared; the same arithmetic);
+ * bits 10..11 = the consumer loop's form (0 automatic = 3, or 2 where bits 14..15 name a scale-read
+ * point; 1 = the form before: stage and parity by division, wgmma descriptors built per thread, scales
+ * read through a generic pointer; 2 = stage counters, descriptors in uniform registers, scales by
+ * ld.shared; 3 = 2 with two temporaries and each K block's scales read one block ahead: right after
+ * its stage's barrier wait, into the register set of its temporary, their products formed at its
+ * promotion (with one temporary 2; with bits 14..15 non-zero DSX_EINVAL); the same arithmetic);
  * bits 24..27 = T, tokens per CTA (0 automatic: 64 when M > 64 and 4 * ceil(N/128) <= the SM
  * count, 32 where algo 0 takes 6 with T = 2 (see above), else all of M; 1 = 16, 2 = 32, 3 = 64: M split over ceil(M / T) token tiles of the grid;
  * 4 = all of M);
@@ -72,7 +75,13 @@
  * one weight tile adjacent); under the same S every R, T, stage count, loop form, temporaries,
  * scale-read point, promotion and order give the same bits;
  * bit 28 = programmatic dependent launch (with 6 or 0 only: the kernel waits for the previous grid before
- * it touches global memory, so a GEMM can start its prologue under the previous kernel's tail).
+ * it touches global memory, so a GEMM can start its prologue under the previous kernel's tail);
+ * bits 29..30 (with 6 only) = the output path (0 automatic = 2; 1 = the form before: the fp32 partial
+ * tile through shared memory, the S splits summed by one pass over distributed shared memory; 2 = with
+ * S <= 2 from the accumulator registers: each consumer thread rounds its own sums to bf16 (two adjacent
+ * weight rows exchanged between neighbouring lanes into one 4-byte store); at S = 2 each CTA first
+ * sends the half of its partial tile that the other CTA stores into that CTA's shared memory and adds
+ * what it received, p0 + p1; with S > 2 the form before; 3 refused); the same bits.
  * 7 = the large-M kernel (no CUTLASS; same TMA alignment rules as the CUTLASS kernels, no
  * workspace): persistent, one CTA per SM walking the BM x BN output tiles in a grouped order (bits
  * 8..11 = v: groups of 4v 128-row M tiles, 0 = 16), TMA loads into a ring of stages, two consumer
