@@ -628,7 +628,10 @@ constexpr int smem_bytes() {
 // CTA = 64 query rows x one split of one sequence, three warpgroups (384 threads), one 64-token
 // page per step through three page buffers (3 x 72 KB). Pages are stored k-block-major (see wswz).
 //  - Warpgroup 0 (S and softmax; 184 registers): Q dims 0-495 as wgmma A fragments in registers
-//    (31 k-steps, 124 registers), dims 496-575 in shared memory. Page j: S = Q K^T (64 x 64: 31
+//    (31 k-steps, 124 registers), dims 496-575 in shared memory. At the start the P V warpgroups copy
+//    the CTA's Q rows into page buffer 2 (idle until page 2, whose load waits until Q is read, in both
+//    CTAs of a pair) and warpgroup 0 takes its fragments by 31 ldmatrix.x4 per thread (DSX_MLA_QSMEM;
+//    0: 124 4-byte loads from global memory per thread). Page j: S = Q K^T (64 x 64: 31
 //    wgmma m64n64k16 with A from registers, 5 with A from shared memory), the online softmax in
 //    registers (a row's 64 scores sit in one lane quad), then bf16 P into the rope block of page
 //    j's buffer (S no longer needs it) and alpha per row; then on to page j + 1. The softmax works
@@ -651,7 +654,8 @@ constexpr int smem_bytes() {
 //    memory before P V (unused slots may hold NaN; their scores are masked anyway).
 // mbarriers per page buffer: full (page landed: expect_tx, or 256 cp.async arrivals), p_full (P
 // and alpha written: 128 arrivals), empty (buffer free: 8 P V warps, x 2 CTAs with pairs), s_done
-// (S of the page done: 128). Row sums and maxima stay in warpgroup 0's registers.
+// (S of the page done: 128); once: q_full (Q staged: 256 cp.async arrivals), q_free (Q read from
+// buffer 2: 4 warps, x 2 CTAs with pairs). Row sums and maxima stay in warpgroup 0's registers.
 constexpr int kWThreads = 384;
 
 // cp.async of chunks [C0, C0 + N) of each token of a page (whole 64-dim blocks).
@@ -685,6 +689,33 @@ __device__ __forceinline__ void wg_load_chunks(const __nv_bfloat16* kv, int page
 #ifndef DSX_MLA_WG_LOADS
 #define DSX_MLA_WG_LOADS 2  // the default; 0 and 1 stay buildable for same-run comparisons (alt builds)
 #endif
+#ifndef DSX_MLA_QSMEM
+#define DSX_MLA_QSMEM 1  // 1: Q staged in page buffer 2, A fragments by ldmatrix; 0: 124 4-byte __ldg per thread
+#endif
+
+// The CTA's 64 Q rows into shared memory by the 256 P V threads (qt = 0..255; 18 16-byte cp.async each,
+// padding rows zero-filled), in 9 blocks of 64 dims: thread qt copies chunk qt & 7 of rows qt / 8 and
+// qt / 8 + 32 of every block (a warp: four whole 128-byte row pieces). Dims 0-495 go to sQ (a page buffer,
+// layout wswz), dims 496-511 to sQ31 (32-byte swizzle), the rope to sQR (one block, layout wswz).
+__device__ __forceinline__ void wg_stage_q(const Params& p, int b, int row0, uint32_t sQ, uint32_t sQ31,
+                                           uint32_t sQR, int qt) {
+  const __nv_bfloat16* qb = p.q + (int64_t)b * p.rows * kDim;  // q[b] is [rows, 576]
+  const int c = qt & 7, ra = qt >> 3;
+  const uint32_t so = ra * 128 + ((c ^ (ra & 7)) << 4);               // rows ra and ra + 32 share r & 7
+  const uint32_t so31 = ra * 32 + (((c & 1) ^ ((ra >> 2) & 1)) << 4);  // c = 6, 7: chunk c - 6 of the two
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int rg = row0 + ra + 32 * h;
+    const bool ok = rg < p.rows;
+    const __nv_bfloat16* src = qb + (ok ? (int64_t)rg * kDim : 0) + c * 8;
+#pragma unroll
+    for (int blk = 0; blk < kDim / 64; ++blk) {
+      uint32_t dst = (blk < 8 ? sQ + blk * kKBBytes : sQR) + so + h * 32 * 128;
+      if (blk == 7 && c >= 6) dst = sQ31 + so31 + h * 32 * 32;
+      cp_async16(dst, src + blk * 64, ok ? 16 : 0);
+    }
+  }
+}
 
 template <int ROLE, int LM>
 __device__ __forceinline__ void wg_role(const Params& p, const CUtensorMap* tmap);
@@ -728,6 +759,10 @@ __device__ __forceinline__ void wg_role(const Params& p, const CUtensorMap* tmap
       mbar_init(bars + 48 + 8 * k, LM == 2 ? 16 : 8);        // empty: one arrive per P V warp (of both CTAs)
       mbar_init(bars + 72 + 8 * k, 128);                     // s_done (DSX_MLA_PVLAG)
     }
+    if constexpr (DSX_MLA_QSMEM != 0) {
+      mbar_init(bars + 96, 256);               // q_full: one cp.async arrival per P V thread
+      mbar_init(bars + 104, LM == 2 ? 8 : 4);  // q_free: one arrive per warpgroup-0 warp (of both CTAs)
+    }
     if constexpr (LM != 0) {
       dsx_cuda::sm90::mbar_init_fence();
       dsx_cuda::sm90::tma_prefetch_map(tmap);
@@ -736,8 +771,31 @@ __device__ __forceinline__ void wg_role(const Params& p, const CUtensorMap* tmap
   if constexpr (LM == 2) dsx_cuda::sm90::cluster_sync();  // both CTAs' mbarriers initialised
   else named_bar_sync(1, kWThreads);                     // mbarriers initialised
 
+  const uint32_t sQR = base + PL::kOffQR, sQ31 = base + PL::kOffQ31;
+  constexpr int kQReg = kLat / 16 - 1;  // k-steps whose Q A fragments sit in registers
+
   if constexpr (ROLE == 0) {
-    const uint32_t sQR = base + PL::kOffQR, sQ31 = base + PL::kOffQ31;
+    const bool ok0 = row0 + r0 < p.rows, ok1 = row0 + r1 < p.rows;
+    uint32_t qa[kQReg][4];
+#if DSX_MLA_QSMEM
+    // Q A fragments of k-step i < 31 (rows r0 / r1, dims 16 i + 2 c4 (+ 8)) by ldmatrix from buffer 2: matrix
+    // m = lane / 8 holds rows + 8 (m & 1), dims + 8 (m >> 1), the mma.sync m16n8k16 A layout of the warp's rows.
+    mbar_wait(bars + 96, 0);  // every thread's Q copies landed
+    {
+      const int lr = (wtid >> 5) * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+      const uint32_t sQrow = sK + 2 * kTileBytes + lr * 128;
+#pragma unroll
+      for (int i = 0; i < kQReg; ++i)  // chunk 2 i + lane / 16 of row lr (wswz)
+        ldsm_x4(sQrow + (i >> 2) * kKBBytes + (((2 * (i & 3) + (lane >> 4)) ^ (lr & 7)) << 4), qa[i][0], qa[i][1],
+                qa[i][2], qa[i][3]);
+    }
+    __syncwarp();
+    if (lane == 0) {  // buffer 2 may take page 2 once every warp of both CTAs has read its Q
+      mbar_arrive(bars + 104);
+      if constexpr (LM == 2) dsx_cuda::sm90::mbar_arrive_rank(bars + 104, (blockIdx.x & 1) ^ 1);
+    }
+    fence_async_smem();  // the cp.async writes of the Q blocks before wgmma reads them
+#else
     const __nv_bfloat16* qb = p.q + (int64_t)b * p.rows * kDim;  // q[b] is [rows, 576]
     for (int i = wtid; i < kWRows * 10; i += 128) {  // chunks 62-71 of each row: dims 496-511 and the rope
       const int r = i / 10, x = i - r * 10, rg = row0 + r;
@@ -747,9 +805,6 @@ __device__ __forceinline__ void wg_role(const Params& p, const CUtensorMap* tmap
     }
     cp_async_commit();
     // Q A fragments of k-step i < 31: rows r0 / r1, dims 16 i + 2 c4 (+ 8), straight from global memory.
-    constexpr int kQReg = kLat / 16 - 1;
-    const bool ok0 = row0 + r0 < p.rows, ok1 = row0 + r1 < p.rows;
-    uint32_t qa[kQReg][4];
     {
       const uint32_t* q0 = reinterpret_cast<const uint32_t*>(qb + (int64_t)(ok0 ? row0 + r0 : 0) * kDim) + c4;
       const uint32_t* q1 = reinterpret_cast<const uint32_t*>(qb + (int64_t)(ok1 ? row0 + r1 : 0) * kDim) + c4;
@@ -764,6 +819,7 @@ __device__ __forceinline__ void wg_role(const Params& p, const CUtensorMap* tmap
     cp_async_wait<0>();
     fence_async_smem();
     named_bar_sync(2, 128);  // the Q blocks in shared memory landed (warpgroup 0 only)
+#endif
     // last visible cache position of rows r0, r1 (also below t_end; -1: padding row), minus 2 c4
     const int lim0 = (ok0 ? min(len - p.s_q + (row0 + r0) / p.heads, t_end - 1) : -1) - 2 * c4;
     const int lim1 = (ok1 ? min(len - p.s_q + (row0 + r1) / p.heads, t_end - 1) : -1) - 2 * c4;
@@ -870,8 +926,15 @@ __device__ __forceinline__ void wg_role(const Params& p, const CUtensorMap* tmap
     const int part = (tid >> 7) - 1;
     const int n_pg = (t_end - t_begin + kPage - 1) / kPage;
     const int32_t* pages = p.pt + (int64_t)b * p.max_pages;
-    auto load = [&](int pg, int buf) {
-      const int t = t_begin + pg * kPage, page = pages[t / kPage];
+    // ids of the first two pages, read before the Q copies so that their latency overlaps them
+    const int pid0 = n_pg > 0 ? pages[t_begin / kPage] : 0, pid1 = n_pg > 1 ? pages[t_begin / kPage + 1] : 0;
+#if DSX_MLA_QSMEM
+    // Q into page buffer 2 and its own blocks; this thread's arrival on q_full fires once its copies landed
+    wg_stage_q(p, b, row0, sK + 2 * kTileBytes, sQ31, sQR, tid - 128);
+    cp_async_arrive_noinc(bars + 96);
+#endif
+    auto load = [&](int pg, int buf, int page) {
+      const int t = t_begin + pg * kPage;
       const uint32_t dst = sK + buf * kTileBytes;
       if constexpr (LM == 0) {
         if (part == 0) {
@@ -894,7 +957,12 @@ __device__ __forceinline__ void wg_role(const Params& p, const CUtensorMap* tmap
         }
       }
     };
-    for (int s0 = 0; s0 < 3 && s0 < n_pg; ++s0) load(s0, s0);
+    if (n_pg > 0) load(0, 0, pid0);
+    if (n_pg > 1) load(1, 1, pid1);
+    if (n_pg > 2) {
+      if (DSX_MLA_QSMEM && (LM == 0 || tid == 128)) mbar_wait(bars + 104, 0);  // Q read from buffer 2 (both CTAs)
+      load(2, 2, pages[t_begin / kPage + 2]);
+    }
     float acc[128];
 #pragma unroll
     for (int i = 0; i < 128; ++i) acc[i] = 0.f;
@@ -936,7 +1004,7 @@ __device__ __forceinline__ void wg_role(const Params& p, const CUtensorMap* tmap
       if (j + 3 < n_pg) {  // refill with page j + 3, once both P V warpgroups are done with P
         if constexpr (LM == 0) {
           named_bar_sync(3, 256);
-          load(j + 3, buf);
+          load(j + 3, buf, pages[t_begin / kPage + j + 3]);
         } else {  // each P V warp (of both CTAs of a pair) gives the buffer back; one thread refills it
           if (lane == 0) {
             mbar_arrive(bars + 48 + 8 * buf);
@@ -944,7 +1012,7 @@ __device__ __forceinline__ void wg_role(const Params& p, const CUtensorMap* tmap
           }
           if (tid == 128) {
             mbar_wait(bars + 48 + 8 * buf, par);
-            load(j + 3, buf);
+            load(j + 3, buf, pages[t_begin / kPage + j + 3]);
           }
         }
       }

@@ -145,9 +145,10 @@ struct PlanWG {
   static constexpr int kOffQR = kOffK + 3 * kTileBytes;         // Q rope dims 512-575 (128-byte swizzle)
   static constexpr int kOffQ31 = kOffQR + kKBBytes;             // Q dims 496-511 (32-byte swizzle, 2 KB)
   static constexpr int kOffAlpha = kOffQ31 + kWRows * 32;       // per-row rescale, one set per page buffer
-  static constexpr int kOffBar = kOffAlpha + 3 * kWRows * 4;    // mbarriers: full[3], p_full[3], empty[3], s_done[3]
+  // mbarriers: full[3], p_full[3], empty[3], s_done[3], then q_full and q_free (Q staged in page buffer 2)
+  static constexpr int kOffBar = kOffAlpha + 3 * kWRows * 4;
   static constexpr int kOffL = kOffQR;                          // final row sums (the Q rope block, at the end)
-  static constexpr int kBytes = kOffBar + 12 * 8;
+  static constexpr int kBytes = kOffBar + 14 * 8;
   // No alignment slack fits: the kernel requires (and checks) a 1024-byte aligned dynamic shared base.
   static constexpr int kAlloc = kBytes;
   static_assert(kAlloc <= kMaxSmem, "wgmma plan exceeds 227 KB");

@@ -80,6 +80,22 @@ def test_cuda_wgmma_load_modes_give_the_same_bits(mode, monkeypatch):
     assert within(got[0], got[1], ref, ref_lse)[0]
 
 
+@pytest.mark.parametrize("mode", ["2", "1", "0"])
+def test_cuda_wgmma_page_two_waits_for_q(mode, monkeypatch):
+    # the wgmma CTAs stage Q in page buffer 2, which takes page 2 only once every warp of warpgroup 0 (of
+    # both CTAs of a pair) has read its fragments: sequences of 3-4 pages (page 2 partial or full, or the
+    # last), 200 rows (a 64-row tile of 8 rows: zero-filled padding rows; an odd tile count), one split so
+    # page 2 is every CTA's own; right in each load mode, and the same bits on a second run
+    monkeypatch.setenv("DSX_MLA_LOADS", mode)
+    q, kv, pt, cl, scale = make_case(8, 2, 100, [129, 192, 193, 256, 130, 191, 200, 250])
+    a = M.mla_decode_cuda(q, kv, pt, cl, scale, num_splits=1)
+    ref, ref_lse = reference(q, kv, pt, cl, scale)
+    ok, err = within(a[0], a[1], ref, ref_lse)
+    assert ok, f"mode {mode}: max |out - ref| = {err}"
+    b = M.mla_decode_cuda(q, kv, pt, cl, scale, num_splits=1)
+    assert np.array_equal(a[0].view(np.uint16), b[0].view(np.uint16)) and np.array_equal(a[1], b[1])
+
+
 def test_cuda_refuses_misaligned_pointers():
     # the kernels copy and store 16-byte pieces: an output 2 bytes off its allocation is refused, not written
     from ds_export.native import cuda as C
