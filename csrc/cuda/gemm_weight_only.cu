@@ -107,8 +107,6 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MT == 1 ? 4 : MT == 2 ? 3 : 1)
   constexpr int kStepK = BITS == 8 ? 64 : 128;
   constexpr int kRowStep = BITS == 8 ? 128 : 256;  // bytes of one step in one channel-group row
   constexpr int kElemStep = kRowStep / 8;          // the same in tensor-map elements
-  constexpr int kPieces = kStepK / 8;  // 16-byte pieces of x in a row of one step
-  constexpr int kIpc = kPieces / 4;    // of which one lane reads kIpc
   const int lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
   const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x >> 5), 0);  // provably warp-uniform
   const int g = lane >> 2, c = lane & 3;
@@ -201,16 +199,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MT == 1 ? 4 : MT == 2 ? 3 : 1)
   // Stage x steps [cs, ce) of chunk ci into buf, pieces permuted (see the .cuh).
   auto stage_x = [&](int ci, uint16_t* buf) {
     const int cs = s_begin + ci * p.chunk, ce = min(cs + p.chunk, s_end);
-    const int per_row = (ce - cs) * kPieces, k0 = cs * kStepK;
-    for (int i = threadIdx.x; i < p.m * per_row; i += blockDim.x) {
-      const int row = i / per_row, rem = i - row * per_row;
-      const int st = rem / kPieces, q = rem % kPieces;
-      const int kk = k0 + rem * 8;
-      const bool in = kk < p.k;  // the int4 half step past K reads zeros
-      dsx_wo::cp_async16(buf + row * ld + st * kStepK + ((q % kIpc) * 4 + q / kIpc) * 8,
-                         in ? p.x + static_cast<int64_t>(row) * p.k + kk : p.x, in ? 16 : 0);
-    }
-    dsx_wo::cp_async_commit();
+    dsx_wo::stage_x_steps<BITS>(buf, ld, p.x, p.m, p.k, cs, ce - cs, threadIdx.x, blockDim.x);
   };
 
   if (lane == 0) {
@@ -371,20 +360,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MT == 1 ? 4 : MT == 2 ? 3 : 1)
     // Partial tile [m][16 * nwarps] fp32 in shared memory.
     float* part = part_of();
     const int width = 16 * nwarps, total = p.m * width;
-    if (active) {
-      float s_lo = 1.f, s_hi = 1.f;
-      if (GMODE == 0) {
-        s_lo = bf16_bits_to_f32(__ldg(p.scale + n0 + g));
-        s_hi = bf16_bits_to_f32(__ldg(p.scale + n0 + g + 8));
-      }
-#pragma unroll
-      for (int t = 0; t < MT; ++t)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int tok = 8 * t + 2 * c + (i & 1), ch = warp * 16 + g + 8 * (i >> 1);
-          if (tok < p.m) part[tok * width + ch] = GMODE == 0 ? acc[t][i] * (i < 2 ? s_lo : s_hi) : acc[t][i];
-        }
-    }
+    if (active) dsx_wo::put_partial<MT, GMODE == 0>(part, width, warp * 16, acc, p.scale, n0, p.m, g, c);
     if (splits == 1) {
       __syncthreads();
       for (int e = threadIdx.x; e < total; e += blockDim.x) {
@@ -445,8 +421,6 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 4)
   constexpr int kStepK = BITS == 8 ? 64 : 128;
   constexpr int kRowStep = BITS == 8 ? 128 : 256;
   constexpr int kElemStep = kRowStep / 8;
-  constexpr int kPieces = kStepK / 8;
-  constexpr int kIpc = kPieces / 4;
   const int lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
   const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x >> 5), 0);
   const int g = lane >> 2, c = lane & 3;
@@ -503,18 +477,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 4)
         dsx_wo::tma_load_2d(dst + j * kWBytes, &p.wmap1, (first + j) * kElemStep, row0, bar, policy);
     }
   };
-  auto stage_x = [&]() {
-    const int per_row = L * kPieces, k0 = s_begin * kStepK;
-    for (int i = threadIdx.x; i < p.m * per_row; i += blockDim.x) {
-      const int row = i / per_row, rem = i - row * per_row;
-      const int st = rem / kPieces, q = rem % kPieces;
-      const int kk = k0 + rem * 8;
-      const bool in = kk < p.k;
-      dsx_wo::cp_async16(xbuf + row * ld + st * kStepK + ((q % kIpc) * 4 + q / kIpc) * 8,
-                         in ? p.x + static_cast<int64_t>(row) * p.k + kk : p.x, in ? 16 : 0);
-    }
-    dsx_wo::cp_async_commit();
-  };
+  auto stage_x = [&]() { dsx_wo::stage_x_steps<BITS>(xbuf, ld, p.x, p.m, p.k, s_begin, L, threadIdx.x, blockDim.x); };
 
   if (lane == 0) {
     dsx_wo::prefetch_tmap(&p.wmap);
@@ -551,16 +514,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 4)
   int lower_t = 0;
   // A finished tile segment's partial, scaled, into the partial tiles.
   auto put = [&](int t, const float (&v)[MT][4]) {
-    float* part = part_of();
-    const int n0 = (t0 + t) * 16;
-    const float s_lo = bf16_bits_to_f32(__ldg(p.scale + n0 + g)), s_hi = bf16_bits_to_f32(__ldg(p.scale + n0 + g + 8));
-#pragma unroll
-    for (int tt = 0; tt < MT; ++tt)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int tok = 8 * tt + 2 * c + (i & 1), ch = t * 16 + g + 8 * (i >> 1);
-        if (tok < p.m) part[tok * width + ch] = v[tt][i] * (i < 2 ? s_lo : s_hi);
-      }
+    dsx_wo::put_partial<MT, true>(part_of(), width, t * 16, v, p.scale, (t0 + t) * 16, p.m, g, c);
   };
   for (int v = ua; v < ub;) {
     const int t = v / L, ve = seg_end(v);
@@ -977,6 +931,30 @@ cudaError_t ensure_smem(Kernel kernel, int bytes, std::atomic<int>* done) {
   return e;
 }
 
+// cudaLaunchKernelEx of lc (grid, block, shared memory and stream set) with the splits of a tile
+// as a cluster along x (when more than one) and programmatic dependent launch when cfg.pdl (the
+// weights may then be read before the previous kernel in the stream ends).
+template <typename Kernel>
+cudaError_t launch_ex(cudaLaunchConfig_t& lc, const Config& cfg, Kernel kernel, const Params& p) {
+  cudaLaunchAttribute attr[2];
+  unsigned n_attr = 0;
+  if (cfg.splits > 1) {
+    attr[n_attr].id = cudaLaunchAttributeClusterDimension;
+    attr[n_attr].val.clusterDim.x = cfg.splits;
+    attr[n_attr].val.clusterDim.y = 1;
+    attr[n_attr].val.clusterDim.z = 1;
+    ++n_attr;
+  }
+  if (cfg.pdl) {
+    attr[n_attr].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n_attr].val.programmaticStreamSerializationAllowed = 1;
+    ++n_attr;
+  }
+  lc.attrs = attr;
+  lc.numAttrs = n_attr;
+  return cudaLaunchKernelEx(&lc, kernel, p);
+}
+
 // Tile groups (clusters of `splits` blocks, or blocks) the GPU holds at once with this
 // kernel and config: the persistent grid's height. Asked of the runtime once per (device,
 // kernel, shared memory, warps, splits) and remembered (0 if it cannot say).
@@ -1153,23 +1131,7 @@ cudaError_t launch_bal(const Params& p, const Config& cfg, cudaStream_t stream) 
   lc.blockDim = dim3(32 * cfg.warps, 1, 1);
   lc.dynamicSmemBytes = cfg.smem;
   lc.stream = stream;
-  cudaLaunchAttribute attr[2];
-  unsigned n_attr = 0;
-  if (cfg.splits > 1) {
-    attr[n_attr].id = cudaLaunchAttributeClusterDimension;
-    attr[n_attr].val.clusterDim.x = cfg.splits;
-    attr[n_attr].val.clusterDim.y = 1;
-    attr[n_attr].val.clusterDim.z = 1;
-    ++n_attr;
-  }
-  if (cfg.pdl) {
-    attr[n_attr].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[n_attr].val.programmaticStreamSerializationAllowed = 1;
-    ++n_attr;
-  }
-  lc.attrs = attr;
-  lc.numAttrs = n_attr;
-  return cudaLaunchKernelEx(&lc, kernel, p);
+  return launch_ex(lc, cfg, kernel, p);
 }
 
 template <int BITS, int MT, int GMODE, bool EARLY>
@@ -1187,23 +1149,7 @@ cudaError_t launch(const Params& p, const Config& cfg, cudaStream_t stream) {
   lc.blockDim = dim3(32 * cfg.warps, 1, 1);
   lc.dynamicSmemBytes = cfg.smem;
   lc.stream = stream;
-  cudaLaunchAttribute attr[2];
-  unsigned n_attr = 0;
-  if (cfg.splits > 1) {
-    attr[n_attr].id = cudaLaunchAttributeClusterDimension;
-    attr[n_attr].val.clusterDim.x = cfg.splits;
-    attr[n_attr].val.clusterDim.y = 1;
-    attr[n_attr].val.clusterDim.z = 1;
-    ++n_attr;
-  }
-  if (cfg.pdl) {  // the weights may be read before the previous kernel in the stream ends
-    attr[n_attr].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[n_attr].val.programmaticStreamSerializationAllowed = 1;
-    ++n_attr;
-  }
-  lc.attrs = attr;
-  lc.numAttrs = n_attr;
-  return cudaLaunchKernelEx(&lc, kernel, p);
+  return launch_ex(lc, cfg, kernel, p);
 }
 
 int device_sms(int* sms) {

@@ -353,4 +353,45 @@ __device__ __forceinline__ void step_int4_g64(float (&acc)[MT][4], const Stage& 
   }
 }
 
+// x steps [s0, s0 + steps) of rows [0, m) (row-major [m, k] bf16) into buf, row stride ld elements:
+// each step's values as 16-byte pieces in the order the lanes' fragment loads read them (piece q of
+// a step at ((q % ipc) * 4 + q / ipc) * 8, ipc = the pieces one lane reads); pieces at or past K
+// read nothing and fill zeros (the int4 half step). Threads tid, tid + nthr, ... issue the copies
+// as one cp.async group and commit it.
+template <int BITS>
+__device__ __forceinline__ void stage_x_steps(uint16_t* buf, int ld, const uint16_t* x, int m, int k, int s0,
+                                              int steps, int tid, int nthr) {
+  constexpr int kStepK = BITS == 8 ? 64 : 128, kPieces = kStepK / 8, kIpc = kPieces / 4;
+  const int per_row = steps * kPieces, k0 = s0 * kStepK;
+  for (int i = tid; i < m * per_row; i += nthr) {
+    const int row = i / per_row, rem = i - row * per_row;
+    const int st = rem / kPieces, q = rem % kPieces;
+    const int kk = k0 + rem * 8;
+    const bool in = kk < k;
+    cp_async16(buf + row * ld + st * kStepK + ((q % kIpc) * 4 + q / kIpc) * 8,
+               in ? x + static_cast<int64_t>(row) * k + kk : x, in ? 16 : 0);
+  }
+  cp_async_commit();
+}
+
+// A warp's accumulator tile (MT x 8 rows x 16 channels: row 8 t + 2 c + (i & 1), channel g + 8 (i >> 1)
+// of acc[t][i]) into the fp32 partial tile part [m][width] from column col0; with SCALE (per-channel
+// weights: group scales were applied in the loop) times the bf16 scales of channels n0 + g, n0 + g + 8.
+template <int MT, bool SCALE>
+__device__ __forceinline__ void put_partial(float* part, int width, int col0, const float (&acc)[MT][4],
+                                            const uint16_t* scale, int n0, int m, int g, int c) {
+  float s_lo = 1.f, s_hi = 1.f;
+  if (SCALE) {
+    s_lo = bf16_bits_to_f32(__ldg(scale + n0 + g));
+    s_hi = bf16_bits_to_f32(__ldg(scale + n0 + g + 8));
+  }
+#pragma unroll
+  for (int t = 0; t < MT; ++t)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int tok = 8 * t + 2 * c + (i & 1), ch = col0 + g + 8 * (i >> 1);
+      if (tok < m) part[tok * width + ch] = SCALE ? acc[t][i] * (i < 2 ? s_lo : s_hi) : acc[t][i];
+    }
+}
+
 }  // namespace dsx_wo

@@ -50,8 +50,6 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, MT == 2 && GMODE == 2 ? 
   constexpr int kStepK = BITS == 8 ? 64 : 128;
   constexpr int kRowStep = BITS == 8 ? 128 : 256;  // bytes of one step in one channel-group row
   constexpr int kElemStep = kRowStep / 8;          // the same in tensor-map elements
-  constexpr int kPieces = kStepK / 8;
-  constexpr int kIpc = kPieces / 4;
   constexpr int kRowsPerWarp = BITS == 8 ? 8 : 4;  // channel-group rows of one warp's 16 channels
   const int lane = threadIdx.x & 31, nwarps = (blockDim.x >> 5) - 1;  // consumer warps
   const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x >> 5), 0);
@@ -169,16 +167,7 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, MT == 2 && GMODE == 2 ? 
   // as in the existing path (gemm_weight_only.cuh).
   {
     dsx_wo::pdl_wait();  // x may come from the previous kernel (the producer does not read it)
-    const int per_row = nloc * kPieces, k0 = s_begin * kStepK;
-    for (int i = threadIdx.x; i < p.m * per_row; i += cthreads) {
-      const int row = i / per_row, rem = i - row * per_row;
-      const int st = rem / kPieces, q = rem % kPieces;
-      const int kk = k0 + rem * 8;
-      const bool in = kk < p.k;  // the int4 half step past K reads zeros
-      dsx_wo::cp_async16(xbuf + row * ld + st * kStepK + ((q % kIpc) * 4 + q / kIpc) * 8,
-                         in ? p.x + static_cast<int64_t>(row) * p.k + kk : p.x, in ? 16 : 0);
-    }
-    dsx_wo::cp_async_commit();
+    dsx_wo::stage_x_steps<BITS>(xbuf, ld, p.x, p.m, p.k, s_begin, nloc, threadIdx.x, cthreads);
     dsx_wo::cp_async_wait<0>();
     ws_consumer_sync(cthreads);
   }
@@ -267,20 +256,7 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, MT == 2 && GMODE == 2 ? 
 
     float* part = part_of();
     const int width = 16 * nwarps, total = p.m * width;
-    if (active) {
-      float s_lo = 1.f, s_hi = 1.f;
-      if (GMODE == 0) {
-        s_lo = bf16_bits_to_f32(__ldg(p.scale + n0 + g));
-        s_hi = bf16_bits_to_f32(__ldg(p.scale + n0 + g + 8));
-      }
-#pragma unroll
-      for (int t = 0; t < MT; ++t)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int tok = 8 * t + 2 * c + (i & 1), ch = warp * 16 + g + 8 * (i >> 1);
-          if (tok < p.m) part[tok * width + ch] = GMODE == 0 ? acc[t][i] * (i < 2 ? s_lo : s_hi) : acc[t][i];
-        }
-    }
+    if (active) dsx_wo::put_partial<MT, GMODE == 0>(part, width, warp * 16, acc, p.scale, n0, p.m, g, c);
     if (splits == 1) {
       ws_consumer_sync(cthreads);
       for (int e = threadIdx.x; e < total; e += cthreads) {
@@ -424,23 +400,7 @@ cudaError_t ws_launch_inst(const Params& p, const Config& cfg, cudaStream_t stre
   }
   lc.dynamicSmemBytes = cfg.smem;
   lc.stream = stream;
-  cudaLaunchAttribute attr[2];
-  unsigned n_attr = 0;
-  if (cfg.splits > 1) {
-    attr[n_attr].id = cudaLaunchAttributeClusterDimension;
-    attr[n_attr].val.clusterDim.x = cfg.splits;
-    attr[n_attr].val.clusterDim.y = 1;
-    attr[n_attr].val.clusterDim.z = 1;
-    ++n_attr;
-  }
-  if (cfg.pdl) {
-    attr[n_attr].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[n_attr].val.programmaticStreamSerializationAllowed = 1;
-    ++n_attr;
-  }
-  lc.attrs = attr;
-  lc.numAttrs = n_attr;
-  return cudaLaunchKernelEx(&lc, kernel, p);
+  return launch_ex(lc, cfg, kernel, p);
 }
 
 // One launch of <= 16 rows on the warp-specialized path (p's pointers and sizes already set).

@@ -78,7 +78,7 @@ def word(warps, splits, chunk, stages, box):
 
 
 def run_raw(x, q, s, bits, group, algo, stream=None):
-    """The C entry with any algo word (the Python wrapper's check_algo knows bits 0..23 only)."""
+    """The C entry with any algo word, past the Python wrapper's check_algo (for words only C refuses)."""
     dx, dq, ds = cuda.to_device(x.view(np.uint16)), cuda.to_device(q), cuda.to_device(s.view(np.uint16))
     out = cuda.empty((x.shape[0], s.shape[-1]), np.uint16).fill_bytes(0xFF)
     rc = G._cuda_fns()[0](dx.ptr, dq.ptr, ds.ptr, out.ptr, x.shape[0], s.shape[-1], x.shape[1], bits, group, 90,
