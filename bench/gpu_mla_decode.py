@@ -17,7 +17,9 @@ rate. The `bound` column says which applies, `goal` repeats that ratio.
 
 ``--alt NAME=PATH[,...]`` also times other builds of the same C entry points (a .so with
 dsx_mla_decode_paged_bf16_cuda and dsx_mla_decode_workspace_cuda, e.g. an older version of
-csrc/cuda/mla_decode.cu compiled alone) on the same inputs, one row per build and case.
+csrc/cuda/mla_decode.cu compiled alone) on the same inputs, one row per build and case. The builds
+of a case and its torch reference are timed interleaved (gpu_timing.interleaved: rounds in a
+rotating order), since one-after-another timing favoured whichever ran first.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gpu_timing  # noqa: E402
-from gpu_timing import L2_BYTES as L2, time_torch  # noqa: E402
+from gpu_timing import L2_BYTES as L2, torch_sampler  # noqa: E402
 
 
 def alt_fns(path):
@@ -94,7 +96,8 @@ def case(b, t, h, s_q, copy_gbs, mm_tflops, num_splits=0, libs=None):
             p = torch.softmax(s, -1).to(torch.bfloat16)
             torch.matmul(p, cc[..., :512])
 
-    tus = time_torch([torch_ref] * max(1, -(-4 // len(tsets)))) / len(tsets)
+    samplers = {"torch reference": torch_sampler([torch_ref] * max(1, -(-4 // len(tsets))))}
+    keep, meta = [], {}
     flops = 2.0 * b * s_q * h * t * (576 + 512)
     memory_bound = flops / cache_bytes < mm_tflops * 1e3 / copy_gbs
     rows = []
@@ -116,7 +119,13 @@ def case(b, t, h, s_q, copy_gbs, mm_tflops, num_splits=0, libs=None):
         assert rc == 0, (name, rc)
         err = (out.float() - want).abs().max().item()
         calls = max(1, -(-4 // n_sets))  # >= 4 kernel calls per replay
-        us, how = time_torch([ours] * calls) / n_sets, "graph"
+        samplers[name] = torch_sampler([ours] * calls)
+        keep.append(ws)  # the graph replays into it
+        meta[name] = (splits, err)
+    med = gpu_timing.interleaved(samplers)
+    tus = med["torch reference"] / len(tsets)
+    for name, (splits, err) in meta.items():
+        us, how = med[name] / n_sets, "graph, interleaved"
         gbs = cache_bytes / us / 1e3
         tflops = flops / us / 1e6
         rows.append(dict(lib=name, B=b, T=t, H=h, S_q=s_q, splits=splits, us=us, GBs=gbs, frac_copy=gbs / copy_gbs,
