@@ -240,3 +240,44 @@ def test_emulated_nonfinite_and_planted_fault(emul):
 def test_job_checks(make, match):
     with pytest.raises(DsxError, match=match):
         make()
+
+
+@pytest.mark.parametrize("src,qtype,extra", [("fp8", "a8w8_fp8_wint4", {}),
+                                             ("bf16", "weight_only_int4", {"group_size": 128}),
+                                             ("bf16", "a8w8_fp8", {})])
+def test_cuda_backend_chunk_pipeline_writes_the_cpu_bytes(emul, tiny_fp8, tiny_bf16, src, qtype, extra):
+    """quant.transforms hands a tensor's chunks to the backend in one call (fp8_to_weight_only_chunks,
+    rows_to_weight_only_chunks, to_fp8_chunks); CudaBackend runs them as one convert_chunks pipeline
+    of the same jobs. Here its converter is the host twin of the CUDA entry points: every output
+    byte equals the CPU backend's, over several chunks a tensor; a backend that drops a chunk fails."""
+    from ds_export.io.checkpoint import Checkpoint
+    from ds_export.quant import plan as plan_mod, transforms
+    from ds_export.quant.backend import CpuBackend, CudaBackend
+
+    ck = Checkpoint.open(tiny_fp8 if src == "fp8" else tiny_bf16)
+    recipe = plan_mod.load_recipe(qtype, None, arch=None, group_size=extra.get("group_size"), mtp_type=None)
+    tasks = [t for t in plan_mod.build(ck, recipe).tasks() if not t.passthrough]
+    gpu = object.__new__(CudaBackend)  # no device: the converter is the host twin
+    gpu.threads, gpu.conv = 1, emul
+
+    def run(be):
+        outs = {}
+        for t in tasks:
+            transforms.convert(ck, t, lambda name, a: outs.setdefault(name, []).append(np.asarray(a).tobytes()),
+                               chunk_bytes=16 << 10, backend=be)
+        return outs
+
+    want, got = run(CpuBackend()), run(gpu)
+    assert got == want
+    assert max(len(v) for v in got.values()) > 2  # several chunks a tensor went through one pipeline
+
+    class Drops(CudaBackend):
+        def fp8_to_weight_only_chunks(self, *a):
+            return list(super().fp8_to_weight_only_chunks(*a))[:-1]
+
+        rows_to_weight_only_chunks = to_fp8_chunks = lambda self, chunks, *a: list(chunks)[:0]
+
+    bad = object.__new__(Drops)
+    bad.threads, bad.conv = 1, emul
+    with pytest.raises(ValueError, match="zip"):
+        run(bad)

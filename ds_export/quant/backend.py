@@ -9,6 +9,8 @@ that GPU.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
+
 import numpy as np
 
 from ds_export.errors import UsageError
@@ -33,6 +35,23 @@ class CpuBackend:
 
     def rows_to_weight_only(self, w_rows, n_out, rows, bits, group, arch):
         return weight_only.quantize_rows_native(w_rows, n_out, rows, bits, group, arch, threads=self.threads)
+
+    # A tensor's chunks in one call, results in order: the GPU backend overlaps chunk i's kernel with
+    # chunk i+1's staging and upload and chunk i-1's download. The chunk sources are produced lazily
+    # and must not call this backend themselves.
+    def fp8_to_weight_only_chunks(self, w_fp8, scale_inv, block, ranges, bits, group, arch) -> Iterator:
+        for rows in ranges:
+            yield self.fp8_to_weight_only(w_fp8, scale_inv, block, rows, bits, group, arch)
+
+    def rows_to_weight_only_chunks(self, chunks: Iterable, n_out, bits, group, arch) -> Iterator:
+        """chunks: (w_rows, (r0, r1)) pairs."""
+        for w_rows, rows in chunks:
+            yield self.rows_to_weight_only(w_rows, n_out, rows, bits, group, arch)
+
+    def to_fp8_chunks(self, chunks: Iterable) -> Iterator:
+        """chunks: row blocks (float32 or bf16) of one tensor."""
+        for w_rows in chunks:
+            yield self.to_fp8(w_rows)
 
     def close(self) -> None:
         pass
@@ -63,6 +82,26 @@ class CudaBackend(CpuBackend):
 
     def rows_to_weight_only(self, w_rows, n_out, rows, bits, group, arch):
         return self.conv.rows_to_weight_only_rows(w_rows, n_out, rows, bits, group, arch)
+
+    # Through the converter's pipeline (two slots of pinned host + device buffers, copy-in, compute and
+    # copy-out streams): the same jobs, hence the same bytes, as the one-chunk calls above.
+    def fp8_to_weight_only_chunks(self, w_fp8, scale_inv, block, ranges, bits, group, arch):
+        from ds_export.native import cuda_quant as cq
+
+        n = w_fp8.shape[0]
+        return self.conv.convert_chunks(cq.fp8_to_weight_only_job(w_fp8, scale_inv, block, n, rows, bits, group, arch)
+                                        for rows in ranges)
+
+    def rows_to_weight_only_chunks(self, chunks, n_out, bits, group, arch):
+        from ds_export.native import cuda_quant as cq
+
+        return self.conv.convert_chunks(cq.rows_to_weight_only_job(w, n_out, rows, bits, group, arch)
+                                        for w, rows in chunks)
+
+    def to_fp8_chunks(self, chunks):
+        from ds_export.native import cuda_quant as cq
+
+        return self.conv.convert_chunks(cq.to_fp8_job(w, fp8_block.BLOCK) for w in chunks)
 
     def close(self) -> None:
         self.conv.close()

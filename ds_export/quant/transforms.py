@@ -111,9 +111,12 @@ def _to_fp8(ck, task, write, chunk_bytes, progress, be):
     scales = []
     # bf16 sources quantize from bf16; FP8 sources from the float32 product (no bf16 rounding on the way).
     dtype = "float32" if task.src_scale or task.src_dtype == "F32" else "bfloat16"
-    for r0 in range(0, n, step):
-        r1 = min(n, r0 + step)
-        q, s = be.to_fp8(_src_rows(ck, task, r0, r1, dtype, be))
+    ranges = [(r0, min(n, r0 + step)) for r0 in range(0, n, step)]
+    if task.src_scale:  # dequantizing the chunk is itself a backend call: one chunk at a time
+        results = (be.to_fp8(_src_rows(ck, task, r0, r1, dtype, be)) for r0, r1 in ranges)
+    else:
+        results = be.to_fp8_chunks(_src_rows(ck, task, r0, r1, dtype, be) for r0, r1 in ranges)
+    for (r0, r1), (q, s) in zip(ranges, results, strict=True):
         write(task.outputs[0].name, q)
         scales.append(s)
         progress((r1 - r0) * _row_bytes(task))
@@ -133,24 +136,26 @@ def _to_weight_only(ck, task, write, chunk_bytes, progress, be):
     if tg.arch == 70:  # arch 70 interleaves every channel into each K row: assemble the tensor first
         shapes = weight_only.packed_shapes(n, k, bits, tg.group_size, tg.arch)
         whole = (np.empty(shapes["qweight"]["shape"], np.int8), np.empty(shapes["scale"]["shape"], weight_only.BF16))
-    for r0 in range(0, n, step):
-        r1 = min(n, r0 + step)
-        # Paddle's input is the bf16 weight: FP8 sources are dequantized and rounded to bf16 first
-        # (fused into the quantizer for arch >= 75, bit-identical to doing it separately).
-        if whole is not None:  # CPU kernels only (the GPU path needs chunk-local outputs)
+    ranges = [(r0, min(n, r0 + step)) for r0 in range(0, n, step)]
+    # Paddle's input is the bf16 weight: FP8 sources are dequantized and rounded to bf16 first
+    # (fused into the quantizer for arch >= 75, bit-identical to doing it separately).
+    if whole is not None:  # CPU kernels only (the GPU path needs chunk-local outputs)
+        for r0, r1 in ranges:
             w = _src_rows(ck, task, r0, r1, "bfloat16", be)
             weight_only.quantize_native(w, bits, tg.group_size, tg.arch, out=whole, rows=(r0, r1),
                                         threads=be.threads)
+            progress((r1 - r0) * _row_bytes(task))
+    else:
+        if task.src_scale:
+            results = be.fp8_to_weight_only_chunks(ck.get(task.src), ck.get(task.src_scale), task.src_block, ranges,
+                                                   bits, tg.group_size, tg.arch)
         else:
-            if task.src_scale:
-                q, s = be.fp8_to_weight_only(ck.get(task.src), ck.get(task.src_scale), task.src_block, (r0, r1),
-                                             bits, tg.group_size, tg.arch)
-            else:
-                w = _src_rows(ck, task, r0, r1, "bfloat16", be)
-                q, s = be.rows_to_weight_only(w, n, (r0, r1), bits, tg.group_size, tg.arch)
+            results = be.rows_to_weight_only_chunks(((_src_rows(ck, task, r0, r1, "bfloat16", be), (r0, r1))
+                                                     for r0, r1 in ranges), n, bits, tg.group_size, tg.arch)
+        for (r0, r1), (q, s) in zip(ranges, results, strict=True):
             write(task.outputs[0].name, q)  # channels' bytes are contiguous in Paddle's layout: stream them
             scales.append(s)
-        progress((r1 - r0) * _row_bytes(task))
+            progress((r1 - r0) * _row_bytes(task))
     if whole is not None:
         write(task.outputs[0].name, whole[0])
         write(task.outputs[1].name, whole[1])
