@@ -38,21 +38,28 @@ UNIT = CSRC / "cuda" / "gemm_weight_only.cu"
 # ---------------------------------------------------------------- 1. compile
 
 
-@pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
-def test_compiles_for_sm90a_without_spills(tmp_path):
+@pytest.fixture(scope="module")
+def entries(tmp_path_factory):
+    """ptxas -v's report of every kernel entry of the unit (compiled once for the tests below)."""
+    if NVCC is None:
+        pytest.skip("nvcc not installed")
     cmd = [NVCC, "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "--expt-relaxed-constexpr", "-O3",
            "-DNDEBUG", "-Xcompiler", "-fPIC", "-Xptxas", "-v", f"-I{CSRC / 'include'}", "-c", str(UNIT),
-           "-o", str(tmp_path / "wo.o")]
+           "-o", str(tmp_path_factory.mktemp("wo") / "wo.o")]
     res = subprocess.run(cmd, capture_output=True, text=True)
     log = res.stdout + res.stderr
     assert res.returncode == 0, f"nvcc failed:\n{log[-4000:]}"
-    blocks = [b for b in log.split("Compiling entry function")[1:] if "wo_gemm_kernel" in b.split("\n")[0]]
+    return log.split("Compiling entry function")[1:]
+
+
+def test_compiles_for_sm90a_without_spills(entries):
+    blocks = [b for b in entries if "wo_gemm_kernel" in b.split("\n")[0]]
     names = {re.search(r"wo_gemm_kernelILi(\d)ELi(\d)ELi(\d)", b).groups() for b in blocks}
     want = {(b, mt, gm) for b, gms in (("8", "01"), ("4", "012")) for gm in gms for mt in "1248"}
     assert names == want, f"kernel instances: got {sorted(names)}"
     early = {re.search(r"wo_gemm_kernelILi(\d)ELi(\d)ELi(\d)ELb1", b).groups() for b in blocks if "ELb1" in b.split("\n")[0]}
     assert early == {w for w in want if w[1] == "1"}, f"one-slot instances: got {sorted(early)}"
-    bal = [b for b in log.split("Compiling entry function")[1:] if "wo_gemm_bal_kernel" in b.split("\n")[0]]
+    bal = [b for b in entries if "wo_gemm_bal_kernel" in b.split("\n")[0]]
     bal_names = {re.search(r"wo_gemm_bal_kernelILi(\d)ELi(\d)ELi(\d)ELb(\d)", b).groups() for b in bal}
     assert bal_names == {("4", "1", "0", "0"), ("4", "1", "0", "1")}, f"balanced-grid instances: got {sorted(bal_names)}"
     for b in blocks + bal:
@@ -283,17 +290,10 @@ def test_device_entry_checks_before_launch(case, match):
         G.check_algo(9 << 4)  # 9 splits
 
 
-@pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
-def test_warp_specialized_instances_compile_without_spills(tmp_path):
+def test_warp_specialized_instances_compile_without_spills(entries):
     """Algo bit 28's kernel (gemm_weight_only_ws.cuh, up to 16 rows: mt 1 and 2 of every layout)
     at its register cap (3 blocks of 9 warps an SM; 2 for int4 group 64 at 16 rows): 0 spills."""
-    cmd = [NVCC, "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "--expt-relaxed-constexpr", "-O3",
-           "-DNDEBUG", "-Xcompiler", "-fPIC", "-Xptxas", "-v", f"-I{CSRC / 'include'}", "-c", str(UNIT),
-           "-o", str(tmp_path / "wo.o")]
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    log = res.stdout + res.stderr
-    assert res.returncode == 0, f"nvcc failed:\n{log[-4000:]}"
-    blocks = [b for b in log.split("Compiling entry function")[1:] if "wo_gemm_ws_kernel" in b.split("\n")[0]]
+    blocks = [b for b in entries if "wo_gemm_ws_kernel" in b.split("\n")[0]]
     names = {re.search(r"wo_gemm_ws_kernelILi(\d)ELi(\d)ELi(\d)", b).groups() for b in blocks}
     want = {(b, mt, gm) for b, gms in (("8", "01"), ("4", "012")) for gm in gms for mt in "12"}
     assert names == want, f"warp-specialized instances: got {sorted(names)}"
