@@ -11,6 +11,7 @@ Tensor values depend only on (seed, tensor name), never on the write order.
 from __future__ import annotations
 
 import copy
+import os
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -126,28 +127,51 @@ def _rows(et: ds.ExpectedTensor, rng: np.random.Generator, r0: int, r1: int) -> 
     return w
 
 
-def _write_tensor(w: ShardWriter, et: ds.ExpectedTensor, seed: int, block, chunk_bytes: int,
-                  scales: dict[str, np.ndarray]) -> None:
-    """Stream one tensor in row chunks; an FP8 weight stashes its scale_inv for its companion entry."""
-    if et.role.kind == "scale_inv":
-        w.write(et.name, scales.pop(et.name))
-        return
+def _tensor_parts(et: ds.ExpectedTensor, seed: int, block, chunk_bytes: int):
+    """Yield (stored rows, FP8 scale rows or None) of one tensor in row chunks.
+
+    The chunking is fixed by the tensor's shape and `chunk_bytes` alone, so the rng is consumed the
+    same way wherever the tensor is generated (a shard writer regenerating a weight for its scales
+    gets the same values as the writer of the weight).
+    """
     rng = _rng(seed, et.name)
     rows = et.shape[0]
     row_bytes = max(1, int(np.prod(et.shape[1:], dtype=np.int64)) * 4)
     step = max(128, (chunk_bytes // row_bytes) // 128 * 128)
-    parts = []
     for r0 in range(0, rows, step):
         r1 = min(rows, r0 + step)
         vals = _rows(et, rng, r0, r1)
         if et.dtype == "F8_E4M3":
-            q, s = _fp8_quantize(vals, block)
-            w.write(et.name, q)
-            parts.append(s)
+            yield _fp8_quantize(vals, block)
         else:
-            w.write(et.name, vals.astype(ST_TO_NP[et.dtype]))
-    if et.dtype == "F8_E4M3":
-        scales[et.role.scale_name] = np.concatenate(parts, axis=0)
+            yield vals.astype(ST_TO_NP[et.dtype]), None
+
+
+CHUNK_BYTES = 64 << 20
+
+
+def _write_shard(path: Path, group: list[ds.ExpectedTensor], weights_of: dict[str, ds.ExpectedTensor],
+                 seed: int, block) -> list[str]:
+    """Write one shard: every tensor streamed in row chunks; a scale_inv whose weight was written
+    into an earlier shard is recomputed from that weight's (seed, name) values. Returns the names."""
+    scales: dict[str, np.ndarray] = {}
+    with ShardWriter(path, [Entry(t.name, t.dtype, t.shape) for t in group], {"format": "pt"}) as w:
+        for t in group:
+            if t.role.kind == "scale_inv":
+                s = scales.pop(t.name, None)
+                if s is None:  # the weight sits in another shard
+                    s = np.concatenate([sc for _, sc in _tensor_parts(weights_of[t.name], seed, block, CHUNK_BYTES)])
+                w.write(t.name, s)
+                continue
+            parts = []
+            for q, sc in _tensor_parts(t, seed, block, CHUNK_BYTES):
+                w.write(t.name, q)
+                if sc is not None:
+                    parts.append(sc)
+            if parts:
+                scales[t.role.scale_name] = np.concatenate(parts, axis=0)
+        w.close()
+    return [t.name for t in group]
 
 
 # ------------------------------------------------------------- layout ----
@@ -175,8 +199,14 @@ def plan_shards(tensors: list[ds.ExpectedTensor], cfg: ds.DeepseekV3Config, targ
     return shards
 
 
-def write_tiny(out: str | Path, spec: TinySpec = TinySpec(), *, progress=None) -> dict:
-    """Write the checkpoint into `out` (created; must be empty or absent). Returns a summary."""
+def write_tiny(out: str | Path, spec: TinySpec = TinySpec(), *, progress=None, workers: int | None = None) -> dict:
+    """Write the checkpoint into `out` (created; must be empty or absent). Returns a summary.
+
+    Shards are independent (values depend on (seed, name) only), so `workers` processes (default:
+    one per core for checkpoints of 256 MiB or more, else 1; at most one per shard) write them
+    in parallel; the bytes do not depend on `workers`. `progress(tensor)` is called once per tensor
+    as its shard completes.
+    """
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise UsageError(f"{out}: directory is not empty", hint="choose a new directory or remove it")
@@ -189,19 +219,33 @@ def write_tiny(out: str | Path, spec: TinySpec = TinySpec(), *, progress=None) -
     target = int(spec.shard_mb * 2**20) if spec.shard_mb else max(total // 5, 1)
     shards = plan_shards(tensors, cfg, target)
     n = len(shards)
-    weight_map: dict[str, str] = {}
-    scales: dict[str, np.ndarray] = {}
     block = cfg.fp8_block or ds.FP8_BLOCK
-    for i, group in enumerate(shards):
-        fname = f"model-{i + 1:05d}-of-{n:05d}.safetensors"
-        entries = [Entry(t.name, t.dtype, t.shape) for t in group]
-        with ShardWriter(out / fname, entries, {"format": "pt"}) as w:
-            for t in group:
-                _write_tensor(w, t, spec.seed, block, 64 << 20, scales)
-                weight_map[t.name] = fname
-                if progress:
-                    progress(t)
-            w.close()
+    weights_of = {t.role.scale_name: t for t in tensors if t.dtype == "F8_E4M3" and t.role.kind != "scale_inv"}
+    fnames = [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
+    by_name = {t.name: t for t in tensors}
+    if workers is None:
+        workers = (os.cpu_count() or 1) if total >= 256 << 20 else 1
+    workers = max(1, min(workers, n))
+    weight_map: dict[str, str] = {}
+
+    def done(fname: str, names: list[str]) -> None:
+        for name in names:
+            weight_map[name] = fname
+            if progress:
+                progress(by_name[name])
+
+    if workers == 1:
+        for fname, group in zip(fnames, shards):
+            done(fname, _write_shard(out / fname, group, weights_of, spec.seed, block))
+    else:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
+            futs = [(fname, pool.submit(_write_shard, out / fname, group, weights_of, spec.seed, block))
+                    for fname, group in zip(fnames, shards)]
+            for fname, fut in futs:
+                done(fname, fut.result())
     for name, text in tokenizer_files(raw_cfg).items():
         atomic_write_text(out / name, text)
     atomic_write_json(out / "generation_config.json",

@@ -9,6 +9,7 @@ import typer
 
 from ds_export.cli.options import Json, Quiet
 from ds_export.cli.output import Out, human_bytes
+from ds_export.errors import UsageError
 
 
 def tiny(
@@ -20,6 +21,8 @@ def tiny(
     experts: Annotated[int | None, typer.Option("--experts", help="Override n_routed_experts.")] = None,
     seed: Annotated[int, typer.Option("--seed", help="Values depend only on the seed and tensor names.")] = 0,
     shard_mb: Annotated[float | None, typer.Option("--shard-mb", help="Target shard size in MiB (default: about 1/5 of the model).")] = None,
+    workers: Annotated[int | None, typer.Option("--workers", "-j", help="Processes writing shards at once (default: one per core for "
+                                                "checkpoints of 256 MiB or more, else 1); the bytes do not depend on it.")] = None,
     json: Json = False,
     quiet: Quiet = False,
 ) -> None:
@@ -34,8 +37,10 @@ def tiny(
     from ds_export.tiny import TinySpec, write_tiny
 
     out = Out(json, quiet)
+    if workers is not None and workers < 1:
+        raise UsageError("--workers must be at least 1")
     spec = TinySpec("real-dims" if real_dims else "tiny", dtype, seed, layers, experts, shard_mb)
-    res = write_tiny(out_dir, spec)
+    res = write_tiny(out_dir, spec, workers=workers)
     res.pop("config")
     out.result(res)
     out.print(f"wrote {res['tensors']} tensors in {res['shards']} shards ({human_bytes(res['bytes'])}) to {out_dir}")
