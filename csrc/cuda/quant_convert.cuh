@@ -303,6 +303,15 @@ DSXQ_HD uint32_t max_code7f(const uint32_t* w, int n) {
 // load32: the unit's 32 values as bf16 bits; amax32: max of (bits & 0x7FFF) over the unit
 // (>= 0x7F80 when the unit holds NaN or Inf), what the per-channel absmax pass needs.
 
+// amax32 through load32: the largest bf16 magnitude bits of the unit's 32 values.
+template <class Rows>
+DSXQ_HD uint32_t amax32_loaded(const Rows& src, int64_t rr, const float* sr, int64_t c0) {
+  uint32_t x[32], m = 0;
+  src.load32(rr, sr, c0, x);
+  for (int i = 0; i < 32; ++i) m = m > (x[i] & 0x7FFFu) ? m : (x[i] & 0x7FFFu);
+  return m;
+}
+
 // FP8 rows with block scales: bf16(decode * scale), the CPU path's dequant_native(bf16).
 struct Fp8Rows {
   const uint8_t* w;
@@ -315,12 +324,7 @@ struct Fp8Rows {
   // symmetric), so the unit's largest magnitude is that of its largest |code|; NaN codes
   // (0x7F), a NaN or infinite scale and overflow all still give >= 0x7F80.
   DSXQ_HD uint32_t amax32(int64_t rr, const float* sr, int64_t c0) const {
-    if (bk % 32 != 0) {
-      uint32_t x[32], m = 0;
-      load32(rr, sr, c0, x);
-      for (int i = 0; i < 32; ++i) m = m > (x[i] & 0x7FFFu) ? m : (x[i] & 0x7FFFu);
-      return m;
-    }
+    if (bk % 32 != 0) return amax32_loaded(*this, rr, sr, c0);
     uint32_t b[8];
     load16(w + rr * k + c0, b);
     load16(w + rr * k + c0 + 16, b + 4);
@@ -347,12 +351,7 @@ struct Fp8Rows {
 struct Bf16Rows {
   const uint16_t* w;
   int64_t k;
-  DSXQ_HD uint32_t amax32(int64_t rr, const float* sr, int64_t c0) const {
-    uint32_t x[32], m = 0;
-    load32(rr, sr, c0, x);
-    for (int i = 0; i < 32; ++i) m = m > (x[i] & 0x7FFFu) ? m : (x[i] & 0x7FFFu);
-    return m;
-  }
+  DSXQ_HD uint32_t amax32(int64_t rr, const float* sr, int64_t c0) const { return amax32_loaded(*this, rr, sr, c0); }
   DSXQ_HD const float* srow(int64_t) const { return nullptr; }
   DSXQ_HD uint32_t first(int64_t rr, const float*) const { return w[rr * k]; }
   DSXQ_HD void load32(int64_t rr, const float*, int64_t c0, uint32_t* x) const {
@@ -369,12 +368,7 @@ struct Bf16Rows {
 struct F32Rows {
   const float* w;
   int64_t k;
-  DSXQ_HD uint32_t amax32(int64_t rr, const float* sr, int64_t c0) const {
-    uint32_t x[32], m = 0;
-    load32(rr, sr, c0, x);
-    for (int i = 0; i < 32; ++i) m = m > (x[i] & 0x7FFFu) ? m : (x[i] & 0x7FFFu);
-    return m;
-  }
+  DSXQ_HD uint32_t amax32(int64_t rr, const float* sr, int64_t c0) const { return amax32_loaded(*this, rr, sr, c0); }
   DSXQ_HD const float* srow(int64_t) const { return nullptr; }
   DSXQ_HD uint32_t first(int64_t rr, const float*) const { return encode_bf16(f2u(w[rr * k])); }
   DSXQ_HD void load32(int64_t rr, const float*, int64_t c0, uint32_t* x) const {
