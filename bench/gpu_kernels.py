@@ -45,7 +45,7 @@ PDL = 1 << 28
 # kernel 6's weight rows per CTA (algo bits 8..9): 1 = 128 rows, one CTA per SM; 2 = 64 rows, 2-3 CTAs per SM
 R128, R64 = 1 << 8, 2 << 8
 # kernel 6's other knobs (their automatic values: two alternating wgmma temporaries where they fit, 64 tokens
-# per CTA at M > 64 when 4 ceil(N/128) <= SMs, 128-byte L2 promotion, token tiles adjacent in the grid): T1 = one
+# per CTA at M > 64 when 2 ceil(N/128) <= SMs, 128-byte L2 promotion, token tiles adjacent in the grid): T1 = one
 # temporary (bits 12..15 = 1), L256 = 256-byte L2 promotion (bits 4..5 = 1), W32 / WALL = 32 tokens per CTA / all
 # of M (bits 24..27 = 2 / 4), WMAJ = weight tiles adjacent in the grid (bits 6..7 = 1, the order before), STn = n
 # stages instead of 8 (bits 20..23; at 64 rows a forced count above what three CTAs a SM hold runs fewer a SM)
