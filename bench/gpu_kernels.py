@@ -45,7 +45,7 @@ PDL = 1 << 28
 # kernel 6's weight rows per CTA (algo bits 8..9): 1 = 128 rows, one CTA per SM; 2 = 64 rows, 2-3 CTAs per SM
 R128, R64 = 1 << 8, 2 << 8
 # kernel 6's other knobs (their automatic values: two alternating wgmma temporaries where they fit, 64 tokens
-# per CTA at M > 64 when 4 ceil(N/128) <= SMs, 128-byte L2 promotion, token tiles adjacent in the grid): T1 = one
+# per CTA at M > 64 when 2 ceil(N/128) <= SMs, 128-byte L2 promotion, token tiles adjacent in the grid): T1 = one
 # temporary (bits 12..15 = 1), L256 = 256-byte L2 promotion (bits 4..5 = 1), W32 / WALL = 32 tokens per CTA / all
 # of M (bits 24..27 = 2 / 4), WMAJ = weight tiles adjacent in the grid (bits 6..7 = 1, the order before), STn = n
 # stages instead of 8 (bits 20..23; at 64 rows a forced count above what three CTAs a SM hold runs fewer a SM)
@@ -68,7 +68,12 @@ TUNE_SMALL = {"auto": 0, "auto_pdl": PDL, "pingpong": 3, "swapAB_dp": 4 | 1 << 1
               "small_w32_old": 6 | R128 | W32 | OLD, "small_t1_old": 6 | R128 | T1 | OLD,
               "small6_sbi": 6 | SBI, "small_w32_sbi": 6 | R128 | W32 | SBI,
               "small6_prev": 6 | UNI | SMEMOUT, "small6_ahead": 6 | SMEMOUT, "small6_regout": 6 | UNI,
-              "small64_wall": 6 | R64 | WALL}
+              "small64_wall": 6 | R64 | WALL,
+              # kernel 6's own automatic tiles with n stages instead of the automatic 8 (at most what the CTAs a
+              # SM hold: 7 at 16 tokens and 4 at 64 with 64 rows), 3 K splits, 64-token tiles at M = 128
+              "small6_st2": 6 | 2 << 20, "small6_st3": 6 | 3 << 20, "small6_st4": 6 | 4 << 20,
+              "small6_st5": 6 | 5 << 20, "small6_s3": 6 | 3 << 16, "small64_s3": 6 | R64 | 3 << 16,
+              "small_w64": 6 | R128 | 3 << 24, "small64_w64": 6 | R64 | 3 << 24}
 # --focus: the shapes and variants of one question, each shape several times (they move +-5% within a run)
 # (the three M <= 128 shapes at or short of 1.5x cuBLAS, and 64x7168x2048: auto (algo 6, uniform loop form), the
 # scales one step ahead and the output from the registers (both automatic now), the form before (prev: neither),
@@ -279,6 +284,8 @@ def main() -> int:
     ap.add_argument("--large", action="store_true", help="only the dense GEMM at M = 4096 and 1024 (3 shapes each)")
     ap.add_argument("--focus", type=int, default=0, metavar="R",
                     help="only FOCUS's shapes and variants, each shape R times")
+    ap.add_argument("--shapes", default=None, metavar="MxNxK,...",
+                    help="with --small: only these shapes (e.g. 16x24576x1536,64x7168x18432)")
     ap.add_argument("--only", default=None, metavar="NAMES",
                     help="with --small or --focus: time only these comma-separated variants (and auto, the anchor)")
     args = ap.parse_args()
@@ -295,9 +302,10 @@ def main() -> int:
     elif args.large:  # M = 4096, then M = 1024 (where algo 0 may switch kernels)
         jobs = [(bench_dense, spec) for spec in DENSE[:3] + [(1024, n, k) for _, n, k in DENSE[:3]]]
     elif args.small:
-        jobs = [(lambda m, n, k, rng: bench_dense(m, n, k, rng, only), (m, n, k)) for m in (128, 64, 16)
-                for n, k in SMALL_SHAPES]
-        jobs.append((lambda m, n, k, rng: bench_dense(m, n, k, rng, only), LAUNCH_PROBE))
+        shapes = [(m, n, k) for m in (128, 64, 16) for n, k in SMALL_SHAPES] + [LAUNCH_PROBE]
+        if args.shapes:
+            shapes = [tuple(int(x) for x in spec.split("x")) for spec in args.shapes.split(",")]
+        jobs = [(lambda m, n, k, rng: bench_dense(m, n, k, rng, only), spec) for spec in shapes]
     else:
         jobs = [(bench_dense, spec) for spec in (DENSE[:3] if args.quick else DENSE)]
         jobs += [(bench_grouped, spec) for spec in ((16, 256, 4096, 7168), (16, 256, 7168, 2048))]

@@ -80,7 +80,7 @@ bool swap_dp_auto(const GemmNt& g) {
 // see dsx_cuda::small_auto: at most one 128-row weight tile per SM, and M <= 32, or M <= 64 with
 // K >= 4096; or M <= 64 with more 128-row tiles than SMs but 64-row tiles that fit one wave), unless
 // swap-AB data-parallel fills the SMs better (swap_dp_auto); at 64 < M <= 128 (two 64-token tiles,
-// K >= 4096) and at 32 < M <= 64 with K < 4096 where two 32-token tiles fill half to all of the SMs
+// K >= 4096, or any K where they fit one wave only with one K split: N = 7168) and at 32 < M <= 64 with K < 4096 where two 32-token tiles fill half to all of the SMs
 // (dsx_cuda::small_before_swap_dp) before swap-AB data-parallel: H200, same run, three rounds,
 // 128x4096x7168 15.54 / 15.41 / 15.31 us against 16.81 / 16.55 / 16.30 (since the consumer loop's
 // uniform form; 17.0-17.3 before); 64x7168x2048 see w32_auto in gemm_fp8_small.cu.

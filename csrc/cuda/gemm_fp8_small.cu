@@ -772,7 +772,8 @@ int run_rows(const GemmNt& g, const Knobs& k, bool pdl, cudaStream_t s) {
 // alternating wgmma temporaries then fit) when the two token tiles of every 128-row weight tile
 // leave room for two K splits in one wave, else all of M. H200 (same run), M = 128 at 64 tokens
 // against 128: 4096x7168 17.7 / 19.6 us, 2048x7168 13.6 / 13.9, 7168x2048 11.3 / 11.8; slower where
-// one K split is left (7168x18432 67.6 / 56.2) or two waves (24576x1536 28.7 / 25.7).
+// one K split is left (7168x18432 67.6 / 56.2; that was before the consumer loop's uniform form and
+// the register output: now faster there too, see auto_width) or two waves (24576x1536 28.7 / 25.7).
 // At 32 < M <= 64 with K < 4096, two 32-token tiles (two temporaries) where that grid of 128-row
 // tiles fills between half and all of the SMs (w32_auto; swap-AB data-parallel's tiles and grid):
 // H200, same run, 64x7168x2048 7.73 us against swap-AB data-parallel's 8.55 and the one 64-token
@@ -783,10 +784,15 @@ bool w32_auto(const GemmNt& g) {
   return g.m > 32 && g.m <= 64 && g.k < 4096 && 2 * tiles >= sms && tiles <= sms;
 }
 
+// Above 64 tokens, two 64-token tiles wherever the two token tiles of every 128-row weight tile fit one
+// wave (2 ceil(N/128) <= SMs): with 4 ceil(N/128) <= SMs (two K splits or more) as before; at 2 ceil(N/128)
+// <= SMs < 4 ceil(N/128) with one K split (S = 1, the output straight from the registers). H200, bench
+// --small, same run, against all 128 tokens in one tile (S = 2) and CUTLASS pingpong (what algo 0 ran):
+// 128x7168x2048 9.11 us against 10.73 and 9.78 (auto 10.46), 128x7168x18432 50.12 against 51.94 and 51.02.
 int auto_width(const GemmNt& g) {
   const int64_t tiles128 = (g.n + kRows - 1) / kRows;
   if (w32_auto(g)) return 32;
-  return g.m > 64 && 4 * tiles128 <= sm_count() ? 64 : 0;
+  return g.m > 64 && 2 * tiles128 <= sm_count() ? 64 : 0;
 }
 
 int auto_rows(const GemmNt& g) {
@@ -808,11 +814,14 @@ bool small_auto(const GemmNt& g) {
   // M > 64 (split into two 64-token tiles, auto_width) with K >= 4096 where two token tiles and at
   // least two K splits fit one wave: 128x2048x7168 13.6 us against swap-AB split-K 14.8 (H200, same
   // run); 128x4096x7168 too since the consumer loop's uniform form (15.3-15.5 us against swap-AB
-  // data-parallel's 16.3-16.8; gemm_fp8_api.cu takes this kernel before it at M > 64).
+  // data-parallel's 16.3-16.8; gemm_fp8_api.cu takes this kernel before it at M > 64). And at M > 64, any K,
+  // where the two token tiles fit one wave only with one K split (2 ceil(N/128) <= SMs < 4 ceil(N/128)):
+  // 7168x2048 and 7168x18432 (see auto_width). With K < 4096 and 4 ceil(N/128) <= SMs (not measured) swap-AB
+  // data-parallel stays.
   if (!small_supported(g)) return false;
   const int64_t sms = sm_count(), tiles128 = (g.n + kRows - 1) / kRows;
   if (w32_auto(g)) return true;
-  if (g.m > 64) return g.k >= 4096 && auto_width(g) == 64;
+  if (g.m > 64) return auto_width(g) == 64 && (g.k >= 4096 || 4 * tiles128 > sms);
   if (tiles128 <= sms) return g.m <= 32 || g.k >= 4096;
   constexpr int kBlocks64 = Config<64, 64>::kBlocks;  // CTAs a SM at M <= 64 with 64-row tiles
   return auto_rows(g) == 64 && (g.n + 63) / 64 <= kBlocks64 * sms;

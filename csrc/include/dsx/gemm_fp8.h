@@ -27,7 +27,8 @@
  * passed as void*, NULL = legacy default stream), allocate nothing, and are CUDA-graph
  * capturable when given their workspace. Query the workspace size first (it may be 0).
  * `algo`: 0 = automatic: the hand-written small-M kernel (6) when 64 < M <= 128 and K >= 4096 while
- * 4 * ceil(N/128) <= the SM count (two 64-token tiles, T = 3 below), or when 32 < M <= 64 and K < 4096
+ * 4 * ceil(N/128) <= the SM count, or with any K while 2 * ceil(N/128) <= the SM count < 4 * ceil(N/128)
+ * (two 64-token tiles, T = 3 below; one K split in the second case), or when 32 < M <= 64 and K < 4096
  * while its two 32-token tiles of 128 rows, 2 * ceil(N/128) CTAs, fill between half and all of the
  * SMs (T = 2); else swapped operands without K splits (4, data-parallel) when M <= 128 and
  * its 128x32 tiles fill between half and all of the SMs in one wave; else the hand-written small-M
@@ -62,7 +63,7 @@
  * ld.shared; 3 = 2 with two temporaries and each K block's scales read one block ahead: right after
  * its stage's barrier wait, into the register set of its temporary, their products formed at its
  * promotion (with one temporary 2; with bits 14..15 non-zero DSX_EINVAL); the same arithmetic);
- * bits 24..27 = T, tokens per CTA (0 automatic: 64 when M > 64 and 4 * ceil(N/128) <= the SM
+ * bits 24..27 = T, tokens per CTA (0 automatic: 64 when M > 64 and 2 * ceil(N/128) <= the SM
  * count, 32 where algo 0 takes 6 with T = 2 (see above), else all of M; 1 = 16, 2 = 32, 3 = 64: M split over ceil(M / T) token tiles of the grid;
  * 4 = all of M);
  * bits 12..13 = the wgmma temporaries (0 automatic = 2, 1 = one: wgmma, wait, promote per K block;

@@ -1,0 +1,288 @@
+// Read-ceiling probe for the small-M block FP8 GEMM (diagnostic, not part of the library): how fast can
+// the H200 read the e4m3 weights of a DeepSeek-V3 shape at all, timed exactly as bench/gpu_kernels.py
+// times the GEMM (one CUDA-graph replay of one launch per input set, the sets rotated so that they
+// exceed the L2 three times, median over replays), so that "ours at 1.5x cuBLAS" can be set against
+// the fastest pure read of the same bytes.
+//
+// Per weight shape N x K (bytes = N * K):
+//   empty        an empty kernel: the launch floor of one graph node
+//   ld16 uU bB   a plain read kernel: 16-byte __ldg loads, U in flight per thread, B CTAs of 512 threads a
+//                SM, grid-stride; nothing written (an XOR that never matches guards the loads)
+//   bulk P sS oO 1-D bulk copies (cp.async.bulk) of P contiguous bytes into a ring of S slots, one thread a
+//                CTA, O CTAs a SM, pieces dealt round-robin over the grid
+//   gemm6 ...    algo 6's own loads with no arithmetic: grid (S splits, ceil(N/BM) weight tiles); per K block
+//                one TMA box of BM weight rows x 128 B and one of MN token rows x 128 B (128B swizzle, 128 B L2
+//                promotion, as the kernel), a ring of `st` stages refilled as soon as a stage lands (the
+//                consumers' release made instant), O CTAs a SM by shared memory, clusters of S
+// Build: nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a bench/fp8_read_probe.cu -o fp8_read_probe
+// Run:   ./fp8_read_probe            (one line per variant: us per launch and TB/s of weight bytes read)
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <cudaTypedefs.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#define CK(x)                                                                                     \
+  do {                                                                                            \
+    cudaError_t e_ = (x);                                                                         \
+    if (e_ != cudaSuccess) {                                                                      \
+      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__);        \
+      std::exit(1);                                                                               \
+    }                                                                                             \
+  } while (0)
+
+__device__ __forceinline__ void bar_wait(uint32_t bar, uint32_t par) {
+  uint32_t ok = 0;
+  while (!ok) {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+        : "=r"(ok)
+        : "r"(bar), "r"(par)
+        : "memory");
+  }
+}
+__device__ __forceinline__ void expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void tma2d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int r0) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(
+          dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(r0), "r"(bar)
+      : "memory");
+}
+
+__global__ void empty_kernel() {}
+
+template <int U>
+__global__ void __launch_bounds__(512) read16(const uint4* __restrict__ src, long long n16, uint4* sink) {
+  uint4 a = make_uint4(0, 0, 0, 0);
+  const long long stride = static_cast<long long>(gridDim.x) * blockDim.x;
+  long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (; i + (U - 1) * stride < n16; i += U * stride) {
+    uint4 v[U];
+#pragma unroll
+    for (int j = 0; j < U; ++j) v[j] = __ldg(src + i + j * stride);
+#pragma unroll
+    for (int j = 0; j < U; ++j) a.x ^= v[j].x, a.y ^= v[j].y, a.z ^= v[j].z, a.w ^= v[j].w;
+  }
+  for (; i < n16; i += stride) {
+    const uint4 v = __ldg(src + i);
+    a.x ^= v.x, a.y ^= v.y, a.z ^= v.z, a.w ^= v.w;
+  }
+  if ((a.x ^ a.y ^ a.z ^ a.w) == 0x9E3779B9u) sink[threadIdx.x] = a;
+}
+
+// 1-D bulk copies: piece i (P bytes) to CTA i % grid, a ring of S slots
+__global__ void bulk_read(const uint8_t* src, long long bytes, int piece, int slots) {
+  extern __shared__ __align__(128) uint8_t sm[];
+  if (threadIdx.x != 0) return;
+  const uint32_t bars = static_cast<uint32_t>(__cvta_generic_to_shared(sm)), ring = bars + 1024;
+  for (int s = 0; s < slots; ++s) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bars + 8 * s));
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  const long long np = bytes / piece;
+  long long n = 0;
+  for (long long i = blockIdx.x; i < np; i += gridDim.x, ++n) {
+    const int s = static_cast<int>(n % slots);
+    if (n >= slots) bar_wait(bars + 8 * s, static_cast<uint32_t>((n / slots - 1) & 1));
+    expect_tx(bars + 8 * s, piece);
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                     ring + s * piece),
+                 "l"(src + i * piece), "r"(piece), "r"(bars + 8 * s)
+                 : "memory");
+  }
+  for (long long j = n > slots ? n - slots : 0; j < n; ++j)
+    bar_wait(bars + 8 * static_cast<int>(j % slots), static_cast<uint32_t>((j / slots) & 1));
+}
+
+// algo 6's loads, no arithmetic: CTA (split, tile) reads K blocks [kb0, kb0 + nk) of weight rows
+// [tile * bm, +bm) and token rows [0, mn)
+struct G6 {
+  CUtensorMap tw, tx;
+  int kbt, splits, stages, bm, mn;
+};
+__global__ void gemm6_loads(const __grid_constant__ G6 p) {
+  extern __shared__ uint8_t smraw[];
+  if (threadIdx.x != 0) return;
+  uint8_t* sm = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smraw) + 1023) & ~uintptr_t{1023});
+  const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(sm));
+  const int wb = p.bm * 128, xb = p.mn * 128, stage = wb + xb;
+  const uint32_t bars = base + p.stages * stage;
+  for (int s = 0; s < p.stages; ++s) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bars + 8 * s));
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  const int split = blockIdx.x, tile = blockIdx.y;
+  const int kb0 = split * p.kbt / p.splits, nk = (split + 1) * p.kbt / p.splits - kb0;
+  for (int i = 0; i < nk; ++i) {
+    const int s = i % p.stages;
+    if (i >= p.stages) bar_wait(bars + 8 * s, static_cast<uint32_t>((i / p.stages - 1) & 1));
+    expect_tx(bars + 8 * s, stage);
+    const uint32_t dst = base + s * stage;
+    tma2d(dst, &p.tw, bars + 8 * s, (kb0 + i) * 128, tile * p.bm);
+    tma2d(dst + wb, &p.tx, bars + 8 * s, (kb0 + i) * 128, 0);
+  }
+  for (int j = nk > p.stages ? nk - p.stages : 0; j < nk; ++j)
+    bar_wait(bars + 8 * (j % p.stages), static_cast<uint32_t>((j / p.stages) & 1));
+}
+
+static PFN_cuTensorMapEncodeTiled_v12000 encoder() {
+  void* f = nullptr;
+  cudaDriverEntryPointQueryResult q;
+  CK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q));
+  return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+}
+
+static bool encode(PFN_cuTensorMapEncodeTiled_v12000 enc, CUtensorMap* m, const void* p, long long rows, long long k,
+                   int box_rows) {
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(k)};
+  const cuuint32_t box[2] = {128, static_cast<cuuint32_t>(box_rows)};
+  const cuuint32_t es[2] = {1, 1};
+  return enc(m, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(p), dims, strides, box, es,
+             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+struct Cfg6 {
+  int bm, mn, splits, occ, stages;
+};
+
+int main(int argc, char** argv) {
+  int sms = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const auto enc = encoder();
+  const int reps = 30;
+  struct Shape {
+    long long n, k;
+    std::vector<Cfg6> g6;
+  };
+  // the configurations algo 6 runs (auto at M = 16 / 64) and stage counts around them
+  std::vector<Shape> shapes = {
+      {24576, 1536, {{64, 16, 1, 3, 7}, {64, 16, 1, 3, 5}, {64, 16, 1, 3, 4}, {64, 16, 1, 3, 3}, {64, 16, 1, 3, 2},
+                     {64, 64, 1, 3, 4}, {64, 64, 1, 3, 3}, {64, 64, 1, 3, 2}, {128, 16, 1, 1, 8}, {64, 16, 1, 2, 7}}},
+      {7168, 18432, {{64, 16, 2, 3, 7}, {64, 16, 2, 3, 4}, {64, 16, 2, 3, 3}, {64, 16, 3, 3, 7}, {64, 16, 3, 3, 4},
+                     {128, 64, 2, 1, 8}, {128, 64, 2, 1, 4}, {128, 16, 2, 1, 8}, {64, 16, 1, 3, 7}}},
+      {7168, 2048, {{64, 16, 1, 3, 7}, {64, 16, 1, 3, 4}, {128, 32, 1, 1, 8}}},
+  };
+  const char* only = argc > 1 ? argv[1] : nullptr;
+  uint4* sink;
+  CK(cudaMalloc(&sink, 1 << 16));
+  uint8_t* tok;  // token rows (L2-resident after the first touch, as in the GEMM)
+  CK(cudaMalloc(&tok, 128 * 18432));
+  CK(cudaMemset(tok, 0x38, 128 * 18432));
+  cudaStream_t st;
+  CK(cudaStreamCreate(&st));
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  for (const Shape& sh : shapes) {
+    char tag[32];
+    std::snprintf(tag, sizeof tag, "%lldx%lld", sh.n, sh.k);
+    if (only && std::strcmp(only, tag) != 0) continue;
+    const long long bytes = sh.n * sh.k;
+    // bench/gpu_timing.py n_sets: ceil(3 * 60 MB / bytes) sets, 2..16; one launch per set in the graph
+    const int sets = static_cast<int>(std::min<long long>(16, std::max<long long>(2, (3LL * (60 << 20) + bytes - 1) / bytes)));
+    std::vector<uint8_t*> bufs(sets);
+    for (auto& b : bufs) {
+      CK(cudaMalloc(&b, bytes));
+      CK(cudaMemset(b, 0x5A, bytes));
+    }
+    auto timeit = [&](auto launch_i, int repeat) {  // median us per launch: graph of repeat * sets launches
+      cudaGraph_t g;
+      cudaGraphExec_t ge;
+      CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+      for (int r = 0; r < repeat; ++r)
+        for (int i = 0; i < sets; ++i) launch_i(i);
+      CK(cudaStreamEndCapture(st, &g));
+      CK(cudaGraphInstantiate(&ge, g, 0));
+      for (int w = 0; w < 3; ++w) CK(cudaGraphLaunch(ge, st));
+      std::vector<float> t;
+      for (int r = 0; r < reps; ++r) {
+        CK(cudaEventRecord(e0, st));
+        CK(cudaGraphLaunch(ge, st));
+        CK(cudaEventRecord(e1, st));
+        CK(cudaEventSynchronize(e1));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        t.push_back(ms * 1000.f / (sets * repeat));
+      }
+      CK(cudaGetLastError());
+      CK(cudaGraphExecDestroy(ge));
+      CK(cudaGraphDestroy(g));
+      std::sort(t.begin(), t.end());
+      return t[t.size() / 2];
+    };
+    auto report = [&](const char* name, float us, float us_long) {
+      std::printf("%-12s %-34s %8.2f us %6.3f TB/s | graph x4: %8.2f us %6.3f TB/s\n", tag, name, us, bytes / us / 1e6,
+                  us_long, bytes / us_long / 1e6);
+      std::fflush(stdout);
+    };
+    {
+      auto l = [&](int) { empty_kernel<<<sms, 128, 0, st>>>(); };
+      const float a = timeit(l, 1), b = timeit(l, 4);
+      std::printf("%-12s %-34s %8.2f us | graph x4: %8.2f us (sets %d)\n", tag, "empty kernel", a, b, sets);
+    }
+    auto run_ld = [&](auto kern, int u, int per_sm) {
+      char name[64];
+      std::snprintf(name, sizeof name, "ld16 u%d b%d", u, per_sm);
+      auto l = [&](int i) { kern<<<per_sm * sms, 512, 0, st>>>(reinterpret_cast<const uint4*>(bufs[i]), bytes / 16, sink); };
+      report(name, timeit(l, 1), timeit(l, 4));
+    };
+    run_ld(read16<4>, 4, 4);
+    run_ld(read16<8>, 8, 4);
+    run_ld(read16<8>, 8, 2);
+    run_ld(read16<16>, 16, 2);
+    run_ld(read16<4>, 4, 2);
+    for (int piece : {8192, 16384, 32768}) {
+      for (int occ : {1, 2, 4}) {
+        const int slots = std::max(2, std::min(8, (200 * 1024 / occ) / piece));
+        const int smem = std::max(1024 + slots * piece, 233472 / occ - 2048);
+        if (smem > 232448) continue;
+        CK(cudaFuncSetAttribute(bulk_read, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        char name[64];
+        std::snprintf(name, sizeof name, "bulk %dK s%d o%d", piece / 1024, slots, occ);
+        auto l = [&](int i) { bulk_read<<<occ * sms, 32, smem, st>>>(bufs[i], bytes, piece, slots); };
+        report(name, timeit(l, 1), timeit(l, 4));
+      }
+    }
+    for (const Cfg6& c : sh.g6) {
+      const int stage = c.bm * 128 + c.mn * 128;
+      const int need = 1024 + c.stages * (stage + 8);
+      const int smem = std::max(need, c.occ == 1 ? need : 233472 / c.occ - 1024 - 64);
+      if (smem > 232448) continue;
+      CK(cudaFuncSetAttribute(gemm6_loads, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+      std::vector<G6> ps(sets);
+      bool ok = true;
+      for (int i = 0; i < sets; ++i) {
+        ps[i].kbt = static_cast<int>((sh.k + 127) / 128), ps[i].splits = c.splits, ps[i].stages = c.stages;
+        ps[i].bm = c.bm, ps[i].mn = c.mn;
+        ok = ok && encode(enc, &ps[i].tw, bufs[i], sh.n, sh.k, c.bm) && encode(enc, &ps[i].tx, tok, c.mn, sh.k, c.mn);
+      }
+      if (!ok) {
+        std::printf("%-12s encode failed\n", tag);
+        continue;
+      }
+      cudaLaunchConfig_t lc = {};
+      lc.gridDim = dim3(c.splits, static_cast<unsigned>((sh.n + c.bm - 1) / c.bm), 1);
+      lc.blockDim = dim3(32, 1, 1);
+      lc.dynamicSmemBytes = smem;
+      lc.stream = st;
+      cudaLaunchAttribute at[1];
+      at[0].id = cudaLaunchAttributeClusterDimension;
+      at[0].val.clusterDim.x = c.splits, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
+      lc.attrs = at;
+      lc.numAttrs = c.splits > 1 ? 1 : 0;
+      char name[64];
+      std::snprintf(name, sizeof name, "gemm6 bm%d mn%d S%d o%d st%d (%d CTAs)", c.bm, c.mn, c.splits, c.occ, c.stages,
+                    c.splits * static_cast<int>(lc.gridDim.y));
+      auto l = [&](int i) { CK(cudaLaunchKernelEx(&lc, gemm6_loads, ps[i])); };
+      report(name, timeit(l, 1), timeit(l, 4));
+    }
+    for (auto b : bufs) CK(cudaFree(b));
+  }
+  return 0;
+}
