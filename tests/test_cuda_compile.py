@@ -57,6 +57,18 @@ def test_light_unit_compiles(unit, tmp_path):
         assert "C7514" not in log and "C7517" not in log, f"{unit}: wgmma serialized or a wait injected"
 
 
+BENCH_PROBES = sorted((CSRC.parent / "bench").glob("*.cu"))
+
+
+@pytest.mark.parametrize("probe", BENCH_PROBES, ids=lambda p: p.name)
+def test_bench_probe_compiles(probe, tmp_path):
+    """The diagnostic probes in bench/ (built by hand on the GPU machine) must not rot either."""
+    cmd = [NVCC, "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-O3", f"-I{CSRC / 'include'}",
+           f"-I{CSRC / 'cuda'}", "-c", str(probe), "-o", str(tmp_path / (probe.name + ".o"))]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    assert res.returncode == 0, f"nvcc failed on {probe}:\n{(res.stdout + res.stderr)[-4000:]}"
+
+
 @pytest.fixture(scope="module")
 def cutlass_builds(tmp_path_factory):
     """Every CUTLASS unit compiled once, as many at a time as there are cores: {unit: (rc, log)}."""
