@@ -115,8 +115,8 @@ def _cuda_fns():
 def check_algo(algo: int) -> None:
     """Raise DsxError unless `algo` is 0 or a well-formed tuning word (see algo_word)."""
     warps, splits, stages, box = algo & 15, (algo >> 4) & 15, (algo >> 16) & 15, (algo >> 20) & 15
-    two_tiles_alone = (algo >> 29) & 1 and not (algo >> 28) & 1  # (bit 29 only with bit 28)
-    if algo < 0 or algo >> 30 or two_tiles_alone or warps not in (0, 1, 2, 4, 8) or not 0 <= splits <= 8 or box > 8:
+    tiles = (algo >> 29) & 3  # (bits 29..30: 1 or 2, only with bit 28)
+    if algo < 0 or algo >> 31 or tiles == 3 or (tiles and not (algo >> 28) & 1) or warps not in (0, 1, 2, 4, 8) or not 0 <= splits <= 8 or box > 8:
         raise DsxError(f"algo: expected 0 (automatic) or a word from algo_word(), got {algo:#x}")
 
 
@@ -176,7 +176,7 @@ def gemm_weight_only_cuda(x, qweight, scale, bits: int, group_size: int = -1, ar
 
 def algo_word(warps: int = 0, splits: int = 0, chunk: int = 0, stages: int = 0, box: int = 0,
               pdl: bool = False, balanced: bool = False, warp_specialized: bool = False,
-              two_tiles: bool = False) -> int:
+              tiles: int = 1) -> int:
     """Pack a tuning word for the CUDA kernel (0 fields stay automatic).
 
     warps: warps per block (16 output channels each); splits: K slices (cluster size, 1..8);
@@ -188,16 +188,16 @@ def algo_word(warps: int = 0, splits: int = 0, chunk: int = 0, stages: int = 0, 
     block's warps equal runs of K steps; its own accumulation order, see the header);
     warp_specialized: bit 28 (launches of up to 16 rows; one producer warp a block fills a ring
     shared by its warps, `stages` x `box` steps of all of them, x staged whole; not with
-    `balanced`); two_tiles: bit 29 (with warp_specialized, at 9..16 rows: each consumer warp owns
-    two 16-channel tiles, so one x fragment load feeds both; not for int4 group 64). Only `splits`
-    changes the result's bits (and `balanced`, for tiles that a warp run boundary cuts).
+    `balanced`); tiles: 16-channel tiles a consumer warp owns, 1, 2 or 4 (bits 29..30 = log2; with
+    warp_specialized, at 9..16 rows: one x fragment load feeds all of them; not for int4 group 64).
+    Only `splits` changes the result's bits (and `balanced`, for tiles that a warp run boundary cuts).
     """
-    if warps not in (0, 1, 2, 4, 8) or not 0 <= splits <= 8 or not 0 <= chunk < 256 or \
+    if warps not in (0, 1, 2, 4, 8) or tiles not in (1, 2, 4) or not 0 <= splits <= 8 or not 0 <= chunk < 256 or \
             not 0 <= stages <= 15 or not 0 <= box <= 8:
-        raise DsxError(f"algo: warps must be 0, 1, 2, 4 or 8 and splits 0..8, chunk 0..255, stages 0..15 and "
-                       f"box 0..8, got {warps}, {splits}, {chunk}, {stages}, {box}")
+        raise DsxError(f"algo: warps must be 0, 1, 2, 4 or 8 and splits 0..8, chunk 0..255, stages 0..15, "
+                       f"box 0..8 and tiles 1, 2 or 4, got {warps}, {splits}, {chunk}, {stages}, {box}, {tiles}")
     return warps | splits << 4 | chunk << 8 | stages << 16 | box << 20 | int(bool(pdl)) << 24 | int(bool(balanced)) << 27 | \
-        int(bool(warp_specialized)) << 28 | int(bool(two_tiles)) << 29
+        int(bool(warp_specialized)) << 28 | (tiles.bit_length() - 1) << 29
 
 
 __all__ = ["check_args", "check_inputs", "gemm_weight_only", "gemm_weight_only_cuda", "gemm_weight_only_cuda_device",

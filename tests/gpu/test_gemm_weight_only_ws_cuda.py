@@ -170,46 +170,51 @@ def test_up_to_8_rows_where_auto_takes_the_balanced_grid():
     assert same(a, run_raw(x, q, s, 4, -1, word(warps, splits, 0, 0, 0))), "bits differ from the plain kernel"
 
 
-TWO = 1 << 29  # algo bit (with bit 28): two 16-channel tiles a consumer warp, at 9..16 rows
+TILES = {2: 1 << 29, 4: 2 << 29}  # algo bits 29..30 (with bit 28): 16-channel tiles a consumer warp, 9..16 rows
+TWO = TILES[2]
 TWO_LAYOUTS = [(4, -1), (4, 128), (8, -1), (8, 128)]
 
 
+@pytest.mark.parametrize("tiles", [2, 4])
 @pytest.mark.parametrize("bits,group", TWO_LAYOUTS)
-def test_two_tiles_a_warp_same_bits_every_split(bits, group):
-    """Bit 29: each consumer warp owns 32 channels (two tiles; one x load feeds both). N = 320 and
-    448: with 8 warps a block covers 256 channels, so the last block has only 2 or 6 of its 8 warps'
-    tiles inside N; with 4 warps 128 (2.5 / 3.5 blocks). K = 2112: ragged slices ending in short
-    ring slots. M 9..16 (13: not a multiple of 8) and M 5 (the bit is ignored at 8 rows or fewer).
-    For each split: right against float64, reproducible, and the same bits as the existing path."""
-    k = 2112
+def test_two_tiles_a_warp_same_bits_every_split(bits, group, tiles):
+    """Bits 29..30: each consumer warp owns 2 or 4 tiles of 16 channels (one x load feeds all). N = 320
+    and 448: with 8 warps of 2 tiles a block covers 256 channels, so the last block has only 4 or 12
+    of its 16 tiles inside N (of 4 tiles: 512 channels, 1 block); with 4 warps 128 or 256 (2.5 / 3.5
+    blocks; 1.25 / 1.75). K = 2112: ragged slices ending in short ring slots. M 9..16 (13: not a
+    multiple of 8) and M 5 (the field is ignored at 8 rows or fewer). For each split: right against
+    float64, reproducible, and the same bits as the existing path."""
+    k, two = 2112, TILES[tiles]
     for n in (320, 448):
         for m in (9, 13, 16, 5):
             x, q, s, wd = make(m, n, k, bits, group, seed=21)
             for splits in range(1, 9):
                 ref = run_raw(x, q, s, bits, group, word(8, splits, 0, 0, 0))
                 check_bound(ref, x, wd, f"existing m {m} n {n} splits {splits}")
-                for warps, stages, box in ((8, 0, 0), (4, 2, 2), (8, 3, 2), (2, 1, 8), (1, 5, 3)):
-                    algo = word(warps, splits, 0, stages, box) | WS | TWO
+                for warps, stages, box in ((8, 0, 0), (4, 2, 2), (8, 3, 2 if tiles == 2 else 1), (2, 1, 8), (1, 5, 3)):
+                    algo = word(warps, splits, 0, stages, box) | WS | two
                     a = run_raw(x, q, s, bits, group, algo)
                     check_bound(a, x, wd, f"two tiles m {m} n {n} algo {algo:#x}")
                     assert same(a, ref), f"m {m} n {n} algo {algo:#x}: bits differ from the existing path"
-                algo = word(4, splits, 0, 2, 2) | WS | TWO
+                algo = word(4, splits, 0, 2, 2) | WS | two
                 assert same(run_raw(x, q, s, bits, group, algo | ONE_GROUP | ONE_STEP), ref), f"{algo:#x}: one group"
                 assert same(run_raw(x, q, s, bits, group, algo), ref), f"m {m} algo {algo:#x}: not reproducible"
 
 
+@pytest.mark.parametrize("tiles", [2, 4])
 @pytest.mark.parametrize("m", [10, 16])
 @pytest.mark.parametrize("bits,group", [(4, -1), (8, 128)])
-def test_two_tiles_persistent_blocks(bits, group, m):
+def test_two_tiles_persistent_blocks(bits, group, m, tiles):
     """N = 23104 (361 x 64): 91 groups of 256 channels (8 warps of two tiles; the last one a
-    quarter full), more than stay resident with a ring of 10 slots of 2 steps, so blocks loop over
-    groups. Right, and the same bits as the existing path, as one group a block, and with PDL."""
+    quarter full; of 4 tiles 46 of 512), more than stay resident with a deep ring (one block an SM),
+    so blocks loop over groups. Right, and the same bits as the existing path, as one group a block,
+    and with PDL."""
     n, k = 23104, 576
     x, q, s, wd = make(m, n, k, bits, group, seed=22)
     for splits in (1, 3, 5):
         ref = run_raw(x, q, s, bits, group, word(8, splits, 0, 0, 0))
-        for warps, stages, box in ((8, 10, 2), (4, 4, 1)):
-            algo = word(warps, splits, 0, stages, box) | WS | TWO
+        for warps, stages, box in ((8, 10 // tiles, 2), (4, 4, 1)):
+            algo = word(warps, splits, 0, stages, box) | WS | TILES[tiles]
             a = run_raw(x, q, s, bits, group, algo)
             check_bound(a, x, wd, f"two tiles persistent m {m} algo {algo:#x}")
             assert same(a, ref), f"algo {algo:#x}: bits differ from the existing path"
@@ -218,16 +223,18 @@ def test_two_tiles_persistent_blocks(bits, group, m):
 
 
 def test_two_tiles_refused_combinations():
-    """Bit 29 without bit 28, or for int4 group 64 (any M): DSX_EINVAL from the config entry and the
-    launch (before any launch). More than 16 rows: ignored with bit 28 (the existing path, same bits)."""
+    """Bits 29..30 without bit 28, = 3, or for int4 group 64 (any M): DSX_EINVAL from the config entry
+    and the launch (before any launch). More than 16 rows: ignored with bit 28 (the existing path,
+    same bits)."""
     v = [ctypes.c_int() for _ in range(5)]
     cfg = G._cuda_fns()[1]
     assert cfg(16, 2048, 7168, 4, -1, TWO, *[ctypes.byref(i) for i in v]) != 0
     assert cfg(16, 2048, 7168, 4, -1, WS | TWO, *[ctypes.byref(i) for i in v]) == 0
+    assert cfg(16, 2048, 7168, 4, -1, WS | 3 << 29, *[ctypes.byref(i) for i in v]) != 0
     for m in (4, 16):
         assert cfg(m, 2048, 7168, 4, 64, WS | TWO, *[ctypes.byref(i) for i in v]) != 0
     run = G._cuda_fns()[0]
-    for m, group, algo in ((12, -1, TWO), (12, 64, WS | TWO), (3, 64, WS | TWO)):
+    for m, group, algo in ((12, -1, TWO), (12, 64, WS | TWO), (3, 64, WS | TWO), (16, -1, WS | 3 << 29)):
         x, q, s, _ = make(m, 256, 1024, 4, group, seed=23)
         dx, dq, ds = cuda.to_device(x.view(np.uint16)), cuda.to_device(q), cuda.to_device(s.view(np.uint16))
         out = cuda.empty((m, 256), np.uint16)
