@@ -1179,6 +1179,20 @@ extern "C" int dsx_wo_gemm_config_cuda(int64_t m, int64_t n, int64_t k, int bits
   return DSX_OK;
 }
 
+extern "C" int dsx_wo_gemm_path_cuda(int64_t m, int64_t n, int64_t k, int bits, int group_size, int algo, int* ws,
+                                     int* tiles) {
+  if (!valid_args(m, n, k, bits, group_size, 90) || !ws || !tiles) return DSX_EINVAL;
+  int sms = 0;
+  if (device_sms(&sms) != DSX_OK) return DSX_ECUDA;
+  Config cfg;
+  bool w = false;
+  const int rc = ws_resolve(static_cast<int>(std::min<int64_t>(std::max<int64_t>(m, 1), kMaxRows)), n, k, bits,
+                            group_size, algo, sms, &cfg, &w);
+  if (rc != DSX_OK) return rc;
+  *ws = w ? 1 : 0, *tiles = w ? cfg.ct : 1;
+  return DSX_OK;
+}
+
 extern "C" int dsx_wo_gemm_bf16_nt_cuda(const void* x, const void* qweight, const void* scale,
                                         void* out, int64_t m, int64_t n, int64_t k, int bits,
                                         int group_size, int arch, int algo, void* stream) {

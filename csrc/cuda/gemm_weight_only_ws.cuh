@@ -368,8 +368,9 @@ int ws_choose(int rows, int64_t n, int64_t k, int bits, int group, int algo, int
   return DSX_OK;
 }
 
-// Automatic choice, 9..16 rows, int4 per channel, every tuning field automatic (bits 24..26 may
-// be set): the warp-specialized path with 2 slots of 2 steps (its split as ws_choose's: choose()'s,
+// Automatic choice, 9..16 rows, every tuning field automatic (bits 24..26 may be set): int4 per
+// channel (tenth session; two tiles a warp, and int4 group 128 and int8 per channel: below) takes
+// the warp-specialized path with 2 slots of 2 steps (its split as ws_choose's: choose()'s,
 // or 8 where choose() would stage x in chunks), if that fits; else choose()'s own configuration.
 // Measured (H200, 2026-12-01, bench/gpu_gemm_weight_only.py --ab, interleaved in one run, us,
 // HEAD's kernel built alone (--alt-lib) -> this rule; torch bf16 matmul in the same run):
@@ -380,10 +381,48 @@ int ws_choose(int rows, int64_t n, int64_t k, int bits, int group, int algo, int
 // 1 step (bit 28's own default) was slower than 2 x 2 everywhere (36864 x 7168 M = 16 72.81).
 // Next run, all six DeepSeek-V3 shapes: the same within 1% on those three, and 3-5% faster on
 // 7168 x 2048, 24576 x 1536 and 4096 x 7168 (docs/benchmarks.md, tenth session).
+//
+// Eleventh session: two tiles a warp (bit 29). Where the warp-specialized kernel with two tiles a
+// warp still has a block for every SM (tile groups of 256 channels x splits >= SMs) and keeps at
+// least as many 16-channel tiles resident on an SM as with one (blocks an SM by shared memory and
+// launch bounds: 3 of one tile a warp, 2 of two; times 8 or 16 tiles), it takes two tiles a warp
+// (8 warps, 256 channels a block, the same split and ring); else the rule above. For
+// int4 per channel, int4 group 128 (which had no warp-specialized rule: it takes the kernel with one
+// tile a warp where two lose) and int8 per channel (two tiles only: one tile a warp lost to the
+// existing path on 7168 x 18432 M = 16, 65.21 against 58.54 us). Measured, H200, 2026-12-01,
+// bench/gpu_gemm_weight_only.py --ab, interleaved in one run, us, auto before -> this rule:
+// int4 per channel M = 16 / 12 / 9: 36864 x 7168 67.84 / 66.32 / 61.28 -> 62.83 / 61.39 / 54.54,
+// 7168 x 18432 45.91 / 37.64 / 35.95 -> 36.14 / 35.23 / 34.32, 2048 x 7168 11.54 / 11.03 / 10.65 ->
+// 10.52 / 10.19 / 10.07, 7168 x 2048 11.13 / 10.41 / 10.03 -> 10.06 / 9.49 / 9.21, 24576 x 1536
+// 20.92 / 19.16 / 18.08 -> 19.05 / 17.63 / 16.80. With fewer blocks than SMs two tiles a warp won
+// on 2048 x 7168 (64 blocks: 10.52 / 10.19 / 10.07) and 7168 x 2048 (112: 10.06 / 9.49 / 9.21) but
+// lost on 4096 x 7168 (112 blocks: 19.86 / 15.97 / 15.59 against 15.18 / 14.05 / 13.38), and why
+// is not known (blocks doubled up on SMs?), so none of the three takes it. int4 group 128,
+// M = 16 / 9: 36864 x 7168 86.07 / 78.36 -> 71.28 (one tile: two would be one block an SM, 88.23) /
+// 56.74; 7168 x 18432 52.57 / 47.87 -> 38.14 / 36.58. int8 per channel M = 16 / 9: 36864 x 7168
+// 90.21 / 86.31 -> 84.49 / 82.03; 7168 x 18432 58.54 / 52.56 -> 49.45 / 47.80.
+int ws_resident_tiles(const Config& c) {
+  const int by_smem = kSmemPerSm / (c.smem + kSmemReserved);
+  return c.ct * c.warps * std::min(c.ct == 1 ? 3 : 2, by_smem);  // (launch bounds: 3 blocks of one tile a warp, 2 of two)
+}
+
 bool ws_auto_rule(int rows, int64_t n, int64_t k, int bits, int group, int algo, int sms, Config* cfg) {
-  if (rows <= 8 || rows > 16 || bits != 4 || group != -1 || (algo & 0xFFFFFF) != 0 || (algo & (kWsAlgoBit | kWsTilesBit)))
-    return false;
-  return ws_choose(rows, n, k, bits, group, algo | kWsAlgoBit | 2 << 16 | 2 << 20, sms, cfg) == DSX_OK;
+  if (rows <= 8 || rows > 16 || (algo & 0xFFFFFF) != 0 || (algo & (kWsAlgoBit | kWsTilesBit))) return false;
+  const bool int4pc = bits == 4 && group == -1, int4g128 = bits == 4 && group == 128, int8pc = bits == 8 && group == -1;
+  if (!int4pc && !int4g128 && !int8pc) return false;
+  const int ring = algo | kWsAlgoBit | 2 << 16 | 2 << 20;
+  Config one, two;
+  const bool ok1 = ws_choose(rows, n, k, bits, group, ring, sms, &one) == DSX_OK;
+  const bool ok2 = ws_choose(rows, n, k, bits, group, ring | 1 << 29, sms, &two) == DSX_OK;
+  if (ok2 && int64_t(two.blocks_n) * two.splits >= sms && (!ok1 || ws_resident_tiles(two) >= ws_resident_tiles(one))) {
+    *cfg = two;
+    return true;
+  }
+  if (ok1 && !int8pc) {
+    *cfg = one;
+    return true;
+  }
+  return false;
 }
 
 // The configuration of one launch of `rows` rows, and whether it takes the warp-specialized

@@ -109,7 +109,8 @@ def _cuda_fns():
     run = cuda._fn("dsx_wo_gemm_bf16_nt_cuda", P, P, P, P, I64, I64, I64, I32, I32, I32, I32, P)
     pi = ctypes.POINTER(I32)
     cfg = cuda._fn("dsx_wo_gemm_config_cuda", I64, I64, I64, I32, I32, I32, pi, pi, pi, pi, pi)
-    return run, cfg
+    path = cuda._fn("dsx_wo_gemm_path_cuda", I64, I64, I64, I32, I32, I32, pi, pi)
+    return run, cfg, path
 
 
 def check_algo(algo: int) -> None:
@@ -130,6 +131,19 @@ def cuda_config(m: int, n: int, k: int, bits: int, group_size: int = -1, algo: i
     rc = _cuda_fns()[1](m, n, k, bits, group_size, algo, *[ctypes.byref(i) for i in v])
     check(rc, f"dsx_wo_gemm_config_cuda (algo {algo:#x})")
     return dict(zip(("warps", "splits", "chunk", "stages", "box"), (i.value for i in v)))
+
+
+def cuda_path(m: int, n: int, k: int, bits: int, group_size: int = -1, algo: int = 0) -> dict:
+    """{'ws': bool, 'tiles': int}: whether `algo` runs the warp-specialized kernel here (bit 28, or the
+    automatic choice) and with how many 16-channel tiles a consumer warp (1 on the other kernels)."""
+    from ds_export.native import check
+
+    check_args(m, n, k, bits, group_size, 90)
+    check_algo(algo)
+    v = [ctypes.c_int() for _ in range(2)]
+    rc = _cuda_fns()[2](m, n, k, bits, group_size, algo, *[ctypes.byref(i) for i in v])
+    check(rc, f"dsx_wo_gemm_path_cuda (algo {algo:#x})")
+    return {"ws": bool(v[0].value), "tiles": v[1].value}
 
 
 def gemm_weight_only_cuda_device(x, qweight, scale, out, *, bits: int, group_size: int = -1, arch: int = 90,
@@ -201,4 +215,4 @@ def algo_word(warps: int = 0, splits: int = 0, chunk: int = 0, stages: int = 0, 
 
 
 __all__ = ["check_args", "check_inputs", "gemm_weight_only", "gemm_weight_only_cuda", "gemm_weight_only_cuda_device",
-           "cuda_config", "algo_word", "check_algo"]
+           "cuda_config", "cuda_path", "algo_word", "check_algo"]

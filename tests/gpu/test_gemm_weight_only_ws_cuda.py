@@ -240,11 +240,64 @@ def test_two_tiles_refused_combinations():
         out = cuda.empty((m, 256), np.uint16)
         assert run(dx.ptr, dq.ptr, ds.ptr, out.ptr, m, 256, 1024, 4, group, 90, algo, None) == -1, (m, group, algo)
     cuda.synchronize()
+    x, q, s, _ = make(12, 256, 1024, 4, -1, seed=23)
     with pytest.raises(DsxError, match="algo"):
-        G.gemm_weight_only_cuda(x, q, s, 4, 64, 90, algo=TWO)
+        G.gemm_weight_only_cuda(x, q, s, 4, -1, 90, algo=TWO)
     n, k = 384, 1088
     for m in (17, 80):
         x, q, s, wd = make(m, n, k, 4, -1, seed=24)
         a = run_raw(x, q, s, 4, -1, word(8, 4, 0, 0, 0) | WS | TWO)
         check_bound(a, x, wd, f"m {m}")
         assert same(a, run_raw(x, q, s, 4, -1, word(8, 4, 0, 0, 0)))
+
+
+# (N, K, bits, group, M) -> (warp-specialized, tiles a warp) of the automatic choice on an H200
+# (132 SMs; gemm_weight_only_ws.cuh, ws_auto_rule): two tiles a warp where that grid has a block for
+# every SM and keeps at least as many tiles resident an SM; else int4 one tile a warp, int8 the
+# kernel without bit 28.
+AUTO_H200 = {
+    (36864, 7168, 4, -1, 16): (True, 2), (36864, 7168, 4, -1, 12): (True, 2), (36864, 7168, 4, -1, 9): (True, 2),
+    (7168, 18432, 4, -1, 16): (True, 2), (24576, 1536, 4, -1, 16): (True, 2),
+    (4096, 7168, 4, -1, 16): (True, 1), (4096, 7168, 4, -1, 9): (True, 1),  # (112 blocks of two tiles)
+    (2048, 7168, 4, -1, 16): (True, 1), (7168, 2048, 4, -1, 12): (True, 1),
+    (36864, 7168, 4, 128, 16): (True, 1),  # (two tiles: one block an SM, 16 tiles against 24)
+    (36864, 7168, 4, 128, 9): (True, 2), (7168, 18432, 4, 128, 16): (True, 2),
+    (36864, 7168, 8, -1, 16): (True, 2), (7168, 18432, 8, -1, 9): (True, 2),
+    (4096, 7168, 8, -1, 16): (False, 1),
+    (36864, 7168, 4, 64, 16): (False, 1), (36864, 7168, 4, -1, 8): (False, 1), (36864, 7168, 4, -1, 17): (False, 1),
+}
+
+
+@pytest.mark.parametrize("case", sorted(AUTO_H200))
+def test_automatic_two_tiles_rule_on_h200(case):
+    """The automatic choice at 9..16 rows on DeepSeek-V3 shapes (config only: no data), as measured
+    and documented; skipped on GPUs with another SM count (the rule counts blocks against SMs)."""
+    sms = ctypes.c_int()  # (cudaDevAttrMultiProcessorCount = 16, device 0)
+    if cuda.cudart().cudaDeviceGetAttribute(ctypes.byref(sms), 16, 0) != 0 or sms.value != 132:
+        pytest.skip("the expected choices are the H200's (132 SMs)")
+    n, k, bits, group, m = case
+    got = G.cuda_path(m, n, k, bits, group)
+    assert (got["ws"], got["tiles"]) == AUTO_H200[case], f"{case}: {got} {G.cuda_config(m, n, k, bits, group)}"
+    if got["ws"]:
+        cfg = G.cuda_config(m, n, k, bits, group)
+        nsteps = k // 64 if bits == 8 else (k // 64 + 1) // 2
+        assert (cfg["stages"], cfg["box"], cfg["chunk"]) == (2, 2, -(-nsteps // cfg["splits"])), cfg
+
+
+@pytest.mark.parametrize("m", [9, 16])
+@pytest.mark.parametrize("bits,group", [(4, -1), (4, 128), (8, -1)])
+def test_automatic_two_tiles_same_bits(bits, group, m):
+    """24576 x 1536, where auto takes two tiles a warp on an H200 (96 groups of 256 channels, 2
+    splits): right against float64, and the same bits as the existing path and as bit 28 with one
+    tile a warp at that split; the path entry says which kernel ran."""
+    n, k = 24576, 1536
+    path = G.cuda_path(m, n, k, bits, group)
+    cfg = G.cuda_config(m, n, k, bits, group)
+    x, q, s, wd = make(m, n, k, bits, group, seed=25)
+    a = G.gemm_weight_only_cuda(x, q, s, bits, group, 90)
+    check_bound(a, x, wd, f"auto {cfg} {path} m {m}")
+    assert same(a, run_raw(x, q, s, bits, group, word(8, cfg["splits"], 0, 0, 0))), f"{path}: bits differ from the existing path"
+    assert same(a, run_raw(x, q, s, bits, group, word(8, cfg["splits"], 0, 2, 2) | WS)), f"{path}: bits differ from one tile"
+    assert same(a, G.gemm_weight_only_cuda(x, q, s, bits, group, 90)), "not reproducible"
+    assert G.cuda_path(m, n, k, bits, group, algo=word(8, 4, 0, 2, 2) | WS | TWO) == {"ws": True, "tiles": 2}
+    assert G.cuda_path(m, n, k, bits, group, algo=word(8, 4, 0, 0, 0)) == {"ws": False, "tiles": 1}
