@@ -68,8 +68,9 @@
  * int8 per channel take bit 28 with two tiles a warp (8 warps) where that grid still has a block
  * for every SM and keeps at least as many tiles resident on an SM as one tile a warp; else int4 (per channel or group 128) takes bit 28
  * with one tile a warp and int8 the kernel without it (measured, H200, against the previous
- * choice: 7-22% faster on the large DeepSeek-V3 shapes at M = 9, 12, 16, the others unchanged;
- * gemm_weight_only_ws.cuh has the figures). Bits 27 and 28 together: DSX_EINVAL.
+ * choice, same run: int4 per channel and int8 4-22% faster on the three large DeepSeek-V3 shapes
+ * at M = 9, 12, 16 and unchanged on the three small ones, int4 group 128 7-28% faster on all six;
+ * gemm_weight_only_ws.cuh and docs/benchmarks.md have the figures). Bits 27 and 28 together: DSX_EINVAL.
  * Returns 0, DSX_EINVAL
  * or DSX_ECUDA (launch failure, or no driver entry point for the TMA descriptor).
  *
