@@ -217,7 +217,7 @@ def bench_row(pb: Problem, m: int, rng, sweep: bool, anchors: dict) -> dict:
 
 
 def ab_row(pb: Problem, m: int, rng, words: list, rounds: int) -> dict:
-    """--ab: int4 per channel at M, the automatic config, each word of `words` ((name, algo)), the
+    """--ab: int4 per channel (or --ab-layout's) at M, the automatic config, each word of `words` ((name, algo)), the
     --alt-lib build's automatic config and torch, all timed interleaved (gpu_timing.interleaved:
     rounds of a few replays each, the order rotating), so that the clock's sag under load does not
     favour whichever runs first. {name: median us} plus the configs."""
@@ -245,7 +245,8 @@ def ab_row(pb: Problem, m: int, rng, words: list, rounds: int) -> dict:
         tx = torch.from_numpy(x.view(np.int16)).cuda().view(torch.bfloat16)
         samplers["torch"] = gpu_timing.torch_sampler([lambda w=w: tx @ w.t() for w in tw])
     t = gpu_timing.interleaved(samplers, rounds=rounds)
-    row = {"N": pb.n, "K": pb.k, "M": m, "config": G.cuda_config(m, pb.n, pb.k, pb.bits, pb.group)}
+    row = {"N": pb.n, "K": pb.k, "M": m, "bits": pb.bits, "group": pb.group,
+           "config": G.cuda_config(m, pb.n, pb.k, pb.bits, pb.group)}
     row.update({f"us_{k}": round(v, 2) for k, v in t.items()})
     if "torch" in t:
         row.update({f"x_{k}": round(t["torch"] / v, 3) for k, v in t.items() if k != "torch"})
@@ -305,6 +306,7 @@ def main() -> int:
     ap.add_argument("--ab", default="",
                     help='int4 per channel: time auto, these words (as --sweep-list), --alt-lib and torch interleaved')
     ap.add_argument("--ab-rounds", type=int, default=8, help="rounds of --ab's interleaved timing")
+    ap.add_argument("--ab-layout", default="4,-1", help="--ab's layout: bits,group (default int4 per channel)")
     ap.add_argument("--ms", default="", help="comma-separated M for int4 per channel (any, e.g. 1,16,32; the other layouts keep their subset of these)")
     args = ap.parse_args()
     if args.profile:
@@ -332,13 +334,14 @@ def main() -> int:
     if args.shapes:
         shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     rows, failed, anchors = [], 0, {}
-    if args.ab:  # interleaved comparison only (int4 per channel)
+    if args.ab:  # interleaved comparison only (int4 per channel, or --ab-layout)
+        ab_bits, ab_group = (int(v) for v in args.ab_layout.split(","))
         words = [(f"w{w}s{sp}d{d}b{b}" + (f"c{c}" if c else "") + (f"+{x:x}" if x else ""),
                   w | sp << 4 | c << 8 | d << 16 | b << 20 | x) for w, sp, c, d, b, x in SWEEP_LIST]
         SWEEP_LIST.clear()
         with open(out / "bench_ab.jsonl", "w") as log:
             for n, k in shapes:
-                pb = Problem(n, k, 4, -1, rng)
+                pb = Problem(n, k, ab_bits, ab_group, rng)
                 for m in ([int(t) for t in args.ms.split(",")] if args.ms else [1, 8]):
                     row = ab_row(pb, m, rng, words, args.ab_rounds)
                     log.write(json.dumps(row) + "\n")

@@ -10,9 +10,10 @@ tmp=$(mktemp -d)
 if [ "$rev" = . ]; then
   mkdir -p "$tmp/csrc"; cp -r csrc/include csrc/cuda "$tmp/csrc/"
 else
-  # (sm90_ptx.cuh: the shared PTX helpers the kernel includes since 87365bb; absent before)
+  # (sm90_ptx.cuh: the shared PTX helpers the kernel includes since 87365bb; gemm_weight_only_ws.cuh:
+  # the warp-specialized path, tenth session; each absent before)
   for f in csrc/cuda/gemm_weight_only.cu csrc/cuda/gemm_weight_only.cuh csrc/include/dsx.h \
-           $(git ls-tree --name-only "$rev" csrc/include/dsx/ csrc/cuda/sm90_ptx.cuh); do
+           $(git ls-tree --name-only "$rev" csrc/include/dsx/ csrc/cuda/sm90_ptx.cuh csrc/cuda/gemm_weight_only_ws.cuh); do
     mkdir -p "$tmp/$(dirname "$f")"
     git show "$rev:$f" > "$tmp/$f"
   done

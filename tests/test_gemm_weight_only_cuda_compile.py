@@ -283,7 +283,15 @@ def test_device_entry_checks_before_launch(case, match):
     assert G.algo_word(8, 4, 0, 2, 2, warp_specialized=True) == 8 | 4 << 4 | 2 << 16 | 2 << 20 | 1 << 28
     G.check_algo(1 << 28 | 1 << 24)  # the warp-specialized path (with PDL)
     with pytest.raises(DsxError, match="algo"):
-        G.check_algo(1 << 29)  # no such bit
+        G.check_algo(1 << 29)  # tiles a warp: only on the warp-specialized path (bit 28)
+    assert G.algo_word(4, 8, 0, 2, 2, warp_specialized=True, tiles=2) == 4 | 8 << 4 | 2 << 16 | 2 << 20 | 3 << 28
+    assert G.algo_word(8, warp_specialized=True, tiles=4) == 8 | 1 << 28 | 2 << 29
+    G.check_algo(3 << 28)
+    G.check_algo(5 << 28)
+    with pytest.raises(DsxError, match="algo"):
+        G.check_algo(7 << 28)  # (bits 29..30 = 3: no such tile count)
+    with pytest.raises(DsxError, match="warps must be"):
+        G.algo_word(8, tiles=3)
     with pytest.raises(DsxError, match="algo"):
         G.check_algo(1 << 30)  # no such bit
     with pytest.raises(DsxError, match="algo"):
@@ -291,14 +299,18 @@ def test_device_entry_checks_before_launch(case, match):
 
 
 def test_warp_specialized_instances_compile_without_spills(entries):
-    """Algo bit 28's kernel (gemm_weight_only_ws.cuh, up to 16 rows: mt 1 and 2 of every layout)
-    at its register cap (3 blocks of 9 warps an SM; 2 for int4 group 64 at 16 rows): 0 spills."""
+    """Algo bit 28's kernel (gemm_weight_only_ws.cuh, up to 16 rows: mt 1 and 2 of every layout,
+    and 2 or 4 tiles a warp (bits 29..30) at mt 2 for every layout but int4 group 64) at its register
+    cap (3 blocks of 9 warps an SM; 2 for int4 group 64 at 16 rows and for 2 tiles a warp, 1 for 4):
+    0 spills."""
     blocks = [b for b in entries if "wo_gemm_ws_kernel" in b.split("\n")[0]]
-    names = {re.search(r"wo_gemm_ws_kernelILi(\d)ELi(\d)ELi(\d)", b).groups() for b in blocks}
-    want = {(b, mt, gm) for b, gms in (("8", "01"), ("4", "012")) for gm in gms for mt in "12"}
+    names = {re.search(r"wo_gemm_ws_kernelILi(\d)ELi(\d)ELi(\d)ELi(\d)", b).groups() for b in blocks}
+    want = {(b, mt, gm, "1") for b, gms in (("8", "01"), ("4", "012")) for gm in gms for mt in "12"}
+    want |= {(b, "2", gm, ct) for b, gm in (("8", "0"), ("8", "1"), ("4", "0"), ("4", "1")) for ct in "24"}
     assert names == want, f"warp-specialized instances: got {sorted(names)}"
     for b in blocks:
         assert "0 bytes spill stores" in b and "0 bytes spill loads" in b, f"spills in {b[:200]}"
         regs = int(re.search(r"Used (\d+) registers", b).group(1))
-        limit = 96 if "ILi4ELi2ELi2E" in b.split("\n")[0] else 72
+        bits, mt, gm, ct = re.search(r"wo_gemm_ws_kernelILi(\d)ELi(\d)ELi(\d)ELi(\d)", b).groups()
+        limit = 224 if ct == "4" else 112 if ct == "2" else 96 if (bits, mt, gm) == ("4", "2", "2") else 72
         assert regs <= limit, f"{regs} registers (more than {limit}) in {b[:120]}"

@@ -652,6 +652,7 @@ struct Config {
   bool persist;  // blocks loop over tile groups: only as many as are resident (algo bit 26 clear)
   bool bal = false;  // balanced grid (algo bit 27): wo_gemm_bal_kernel
   int grid_y = 0;    // its clusters (each owns a run of 16-channel tiles)
+  int ct = 1;        // 16-channel tiles a warp (2, 4: algo bits 29..30, the warp-specialized kernel at 9..16 rows)
 };
 
 // Clusters (of cfg.splits blocks; blocks when splits == 1) of this kernel instance the
@@ -1175,6 +1176,20 @@ extern "C" int dsx_wo_gemm_config_cuda(int64_t m, int64_t n, int64_t k, int bits
                             group_size, algo, sms, &cfg, &ws);
   if (rc != DSX_OK) return rc;
   *warps = cfg.warps, *splits = cfg.splits, *chunk = cfg.chunk, *stages = cfg.stages, *box = cfg.box;
+  return DSX_OK;
+}
+
+extern "C" int dsx_wo_gemm_path_cuda(int64_t m, int64_t n, int64_t k, int bits, int group_size, int algo, int* ws,
+                                     int* tiles) {
+  if (!valid_args(m, n, k, bits, group_size, 90) || !ws || !tiles) return DSX_EINVAL;
+  int sms = 0;
+  if (device_sms(&sms) != DSX_OK) return DSX_ECUDA;
+  Config cfg;
+  bool w = false;
+  const int rc = ws_resolve(static_cast<int>(std::min<int64_t>(std::max<int64_t>(m, 1), kMaxRows)), n, k, bits,
+                            group_size, algo, sms, &cfg, &w);
+  if (rc != DSX_OK) return rc;
+  *ws = w ? 1 : 0, *tiles = w ? cfg.ct : 1;
   return DSX_OK;
 }
 

@@ -295,6 +295,43 @@ __device__ __forceinline__ void step_q(float (&acc)[MT][4], const Stage (&st)[NS
     for (int t = 0; t < MT; ++t) promote<GMODE>(acc[t], part[n][t], st[n].s[0]);
 }
 
+// One step of CT channel tiles (16 channels each, st[ct] a tile's Stage) at once: each 16-byte
+// x load feeds the mma of every tile (2 * CT * MT mma a load instead of 2 * MT), so a warp that
+// owns CT tiles reads x from shared memory once per CT * 16 channels. Each tile's chain (the
+// same mma in the same order, from 0) and its promotion are exactly step_q's for that tile alone
+// with NS = 1: the same bits.
+template <int BITS, int MT, int GMODE, int CT>
+__device__ __forceinline__ void step_q_tiles(float (&acc)[CT][MT][4], const Stage (&st)[CT], const uint16_t* xs,
+                                             const int (&xo)[MT]) {
+  constexpr int kPiecesPerLane = BITS == 8 ? 2 : 4;
+  auto pair = [](uint32_t w, int i) { return BITS == 8 ? i8_pairj(w, i) : i4_pairj(w, i); };
+  float part[CT][MT][4];
+#pragma unroll
+  for (int n = 0; n < CT; ++n)
+#pragma unroll
+    for (int t = 0; t < MT; ++t) part[n][t][0] = part[n][t][1] = part[n][t][2] = part[n][t][3] = 0.f;
+#pragma unroll
+  for (int i = 0; i < kPiecesPerLane; ++i) {
+    uint4 u[MT];
+#pragma unroll
+    for (int t = 0; t < MT; ++t) u[t] = dsx_wo::lds128(xs + xo[t] + 32 * i);
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int n = 0; n < CT; ++n) {
+        const uint32_t a[4] = {pair(word(st[n].w[0], 2 * h), i), pair(word(st[n].w[1], 2 * h), i),
+                               pair(word(st[n].w[0], 2 * h + 1), i), pair(word(st[n].w[1], 2 * h + 1), i)};
+#pragma unroll
+        for (int t = 0; t < MT; ++t)
+          dsx_wo::mma_bf16(part[n][t], a, h ? u[t].z : u[t].x, h ? u[t].w : u[t].y);
+      }
+  }
+#pragma unroll
+  for (int n = 0; n < CT; ++n)
+#pragma unroll
+    for (int t = 0; t < MT; ++t) promote<GMODE>(acc[n][t], part[n][t], st[n].s[0]);
+}
+
 // int4 step with group 64: a step spans two groups, but each mma must stay inside one. Lane
 // c holds tile c/2 only, so lanes c and c^2 swap half their words: afterwards word slots
 // 0, 1 of every lane hold tile 0 and slots 2, 3 tile 1 (slot w of lane c is word

@@ -23,12 +23,14 @@
 
 namespace {
 
-constexpr int kWsScaleRow = 16 + 32 * kMaxWarps;  // bytes of one block-wide scale row copy (lead + 16 * warps bf16)
+// Bytes of one block-wide scale row copy (lead + 16 bf16 a channel tile, for the most tiles a
+// block of ct tiles a warp has: a constant of the kernel instance).
+__host__ __device__ constexpr int ws_scale_row(int ct) { return 16 + 32 * kMaxWarps * ct; }
 
-// A block ring slot: `box` steps of all `warps` warps (1 KB each), then (group scales) up to two
-// scale rows a step.
-__host__ __device__ constexpr int ws_slot_bytes(int gmode, int box, int warps) {
-  return (box * (warps * kWBytes + (gmode ? 2 * kWsScaleRow : 0)) + 127) / 128 * 128;
+// A block ring slot: `box` steps of all `tiles` channel tiles (1 KB each; tiles = ct * warps,
+// ct = 2 or 4 with algo bits 29..30), then (group scales) up to two scale rows a step.
+__host__ __device__ constexpr int ws_slot_bytes(int gmode, int box, int tiles, int ct) {
+  return (box * (tiles * kWBytes + (gmode ? 2 * ws_scale_row(ct) : 0)) + 127) / 128 * 128;
 }
 // full[stages] then empty[stages] mbarriers.
 __host__ __device__ constexpr int ws_barrier_bytes(int stages) { return (2 * stages * 8 + 127) / 128 * 128; }
@@ -43,9 +45,12 @@ __device__ __forceinline__ void ws_cluster_sync_release() {
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
 
-// The block's tensor maps (Params::wmap: `box` steps x all warps' rows; wmap1: one step).
-template <int BITS, int MT, int GMODE>
-__global__ void __launch_bounds__((kMaxWarps + 1) * 32, MT == 2 && GMODE == 2 ? 2 : 3) wo_gemm_ws_kernel(const __grid_constant__ Params p) {
+// The block's tensor maps (Params::wmap: `box` steps x all tiles' rows; wmap1: one step).
+// CT: 16-channel tiles a consumer warp owns (2, 4: algo bits 29..30; warp w owns tiles CT w .. CT w +
+// CT - 1, contiguous channels; one x load feeds the mma of all of them: step_q_tiles).
+template <int BITS, int MT, int GMODE, int CT = 1>
+__global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? 1 : CT == 2 || (MT == 2 && GMODE == 2) ? 2 : 3)
+    wo_gemm_ws_kernel(const __grid_constant__ Params p) {
   extern __shared__ __align__(128) uint8_t smem[];
   constexpr int kStepK = BITS == 8 ? 64 : 128;
   constexpr int kRowStep = BITS == 8 ? 128 : 256;  // bytes of one step in one channel-group row
@@ -60,7 +65,8 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, MT == 2 && GMODE == 2 ? 
   const int s_begin = static_cast<int>(static_cast<int64_t>(nsteps_all) * rank / splits);
   const int s_end = static_cast<int>(static_cast<int64_t>(nsteps_all) * (rank + 1) / splits);
   const int nst = p.stages, box = p.box;
-  const int slot_sz = ws_slot_bytes(GMODE, box, nwarps);
+  const int tiles = CT * nwarps;  // 16-channel tiles of the block
+  const int slot_sz = ws_slot_bytes(GMODE, box, tiles, CT);
   const int ld = p.chunk * kStepK + kXPadElems;
   const int nloc = s_end - s_begin;
   const int ustride = gridDim.y;
@@ -70,7 +76,7 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, MT == 2 && GMODE == 2 ? 
   const uint8_t* ring = smem + ws_barrier_bytes(nst);
   uint16_t* xbuf = reinterpret_cast<uint16_t*>(smem + ws_barrier_bytes(nst) + nst * slot_sz);
   auto part_of = [&]() {
-    return reinterpret_cast<float*>(smem + ws_barrier_bytes(p.stages) + p.stages * ws_slot_bytes(GMODE, p.box, nwarps) +
+    return reinterpret_cast<float*>(smem + ws_barrier_bytes(p.stages) + p.stages * ws_slot_bytes(GMODE, p.box, CT * nwarps, CT) +
                                     2 * p.m * (p.chunk * kStepK + kXPadElems));
   };
   auto ngroups = [&]() { return GMODE == 2 ? kt : p.group > 0 ? (p.k + p.group - 1) / p.group : 1; };
@@ -104,9 +110,9 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, MT == 2 && GMODE == 2 ? 
     if (fpg > 0) {
       for (int o = 0; o < my_groups; ++o) {
         const int u = blockIdx.y + o * ustride;
-        const int n_blk = u * 16 * nwarps;
+        const int n_blk = u * 16 * tiles;
         const int row0 = BITS == 8 ? n_blk / 2 : n_blk / 4;
-        const int nch = min(16 * nwarps, p.n - n_blk);
+        const int nch = min(16 * tiles, p.n - n_blk);
         const uint32_t srow = (lead() + 2 * nch + 15) & ~15u;
         for (int first = s_begin; first < s_end; first += box, ++f) {
           if (f >= nst) {
@@ -117,7 +123,7 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, MT == 2 && GMODE == 2 ? 
           }
           if (lane == 0) {
             const int len = min(box, s_end - first);
-            uint32_t bytes = len * nwarps * kWBytes;
+            uint32_t bytes = len * tiles * kWBytes;
             if (GMODE == 1) bytes += len * srow;
             if (GMODE == 2)
               for (int j = 0; j < len; ++j) bytes += srow * (2 * (first + j) + 1 < ngroups() ? 2u : 1u);
@@ -128,7 +134,7 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, MT == 2 && GMODE == 2 ? 
               dsx_wo::tma_load_2d(dst, &p.wmap, first * kElemStep, row0, bar, policy);
             } else {
               for (int j = 0; j < len; ++j)
-                dsx_wo::tma_load_2d(dst + j * nwarps * kWBytes, &p.wmap1, (first + j) * kElemStep, row0, bar, policy);
+                dsx_wo::tma_load_2d(dst + j * tiles * kWBytes, &p.wmap1, (first + j) * kElemStep, row0, bar, policy);
             }
             if (GMODE != 0) {
               for (int j = 0; j < len; ++j) {
@@ -139,7 +145,8 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, MT == 2 && GMODE == 2 ? 
                   if (grp < 0) break;
                   const uint8_t* src =
                       reinterpret_cast<const uint8_t*>(p.scale + static_cast<int64_t>(grp) * p.n + n_blk) - lead();
-                  dsx_wo::bulk_g2s(dst + box * nwarps * kWBytes + (2 * j + i) * kWsScaleRow, src, srow, bar, policy);
+                  dsx_wo::bulk_g2s(dst + box * tiles * kWBytes + (2 * j + i) * ws_scale_row(CT), src, srow, bar,
+                                   policy);
                 }
               }
             }
@@ -158,8 +165,8 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, MT == 2 && GMODE == 2 ? 
   constexpr int kRowGap = BITS == 8 ? 4 : 2;
   const int wrow = BITS == 8 ? g >> 1 : g >> 2;
   const int win = BITS == 8 ? (g & 1) * 64 + 16 * c : (g & 3) * 32 + (c >> 1) * 128 + (c & 1) * 16;
-  auto read_scale = [&](const uint8_t* sl, int j, int i) -> uint32_t {
-    const uint8_t* b = sl + box * nwarps * kWBytes + (2 * j + i) * kWsScaleRow + lead() + 2 * (16 * warp + g);
+  auto read_scale = [&](const uint8_t* sl, int j, int i, int v) -> uint32_t {  // (v: the block's tile)
+    const uint8_t* b = sl + box * tiles * kWBytes + (2 * j + i) * ws_scale_row(CT) + lead() + 2 * (16 * v + g);
     return static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(b)) |
            static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(b + 16)) << 16;
   };
@@ -181,44 +188,62 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, MT == 2 && GMODE == 2 ? 
   uint32_t parity = 0;
   for (int o = 0; o < my_groups; ++o) {
     const int u = blockIdx.y + o * ustride;
-    const int n_blk = u * 16 * nwarps, n0 = n_blk + warp * 16;
-    const bool active = n0 < p.n;  // warp-uniform
-    float acc[MT][4];
+    const int n_blk = u * 16 * tiles, n0 = n_blk + warp * 16 * CT;
+    const bool active = n0 < p.n;  // warp-uniform (N % 64 == 0: all CT tiles or none)
+    float acc[CT][MT][4];
 #pragma unroll
-    for (int t = 0; t < MT; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.f;
+    for (int q = 0; q < CT; ++q)
+#pragma unroll
+      for (int t = 0; t < MT; ++t) acc[q][t][0] = acc[q][t][1] = acc[q][t][2] = acc[q][t][3] = 0.f;
     // Slot by slot (a group's slots start at s_begin + a multiple of box, as the producer fills them).
     for (int first = s_begin; first < s_end; first += box) {
       dsx_wo::mbar_wait(full0 + 8 * slot, parity);
       const int slot_len = min(box, s_end - first);
       if (active) {
-        // A full slot (one copy): warp w's rows at w * box KB, rows box * kRowStep apart, steps
-        // kRowStep apart; a short one (a copy a step): steps warps KB apart, warp w's rows at
-        // w KB inside each, kRowStep apart.
+        // A full slot (one copy): tile v's rows at v * box KB, rows box * kRowStep apart, steps
+        // kRowStep apart; a short one (a copy a step): steps `tiles` KB apart, tile v's rows at
+        // v KB inside each, kRowStep apart. (Warp w's tiles: v = CT w + q.)
         const uint8_t* sl = ring + slot * slot_sz;
         const bool fullslot = slot_len == box;
         const int rstride = fullslot ? box * kRowStep : kRowStep;
-        const int jstride = fullslot ? kRowStep : nwarps * kWBytes;
+        const int jstride = fullslot ? kRowStep : tiles * kWBytes;
         const int rgap = kRowGap * rstride;
-        const uint8_t* wbase = sl + (warp * kRowsPerWarp + wrow) * rstride + win;
+        const uint8_t* wbase = sl + (CT * warp * kRowsPerWarp + wrow) * rstride + win;
+        const int tstride = kRowsPerWarp * rstride;  // from one tile's rows to the next's
         for (int j = 0; j < slot_len;) {
           const uint16_t* xs = xbuf + (first + j - s_begin) * kStepK;
-          if (kPair && pair && j + 1 < slot_len) {
+          if constexpr (CT > 1) {
+            Stage st[CT];
+#pragma unroll
+            for (int q = 0; q < CT; ++q) {
+              const uint8_t* wp = wbase + q * tstride + j * jstride;
+              st[q].w[0] = dsx_wo::lds128(wp);
+              st[q].w[1] = dsx_wo::lds128(wp + rgap);
+              if (GMODE == 1) st[q].s[0] = read_scale(sl, j, 0, CT * warp + q);
+            }
+#ifndef DSX_WO_NOMATH
+            dsx_wo::step_q_tiles<BITS, MT, GMODE, CT>(acc, st, xs, xo);
+#else
+            acc[0][0][0] += __uint_as_float((st[0].w[0].x ^ st[CT - 1].w[1].y) & 1u) + __uint_as_float(xs[0] & 1u);
+#endif
+            j += 1;
+          } else if (kPair && pair && j + 1 < slot_len) {
             Stage st[2];
 #pragma unroll
             for (int n = 0; n < 2; ++n) {
               const uint8_t* wp = wbase + (j + n) * jstride;
               st[n].w[0] = dsx_wo::lds128(wp);
               st[n].w[1] = dsx_wo::lds128(wp + rgap);
-              if (GMODE == 1) st[n].s[0] = read_scale(sl, j + n, 0);
+              if (GMODE == 1) st[n].s[0] = read_scale(sl, j + n, 0, warp);
             }
 #ifndef DSX_WO_NOMATH
             if (BITS == 8) {
-              dsx_wo::step_q<8, MT, GMODE, 2>(acc, st, xs, xo);
+              dsx_wo::step_q<8, MT, GMODE, 2>(acc[0], st, xs, xo);
             } else {
-              dsx_wo::step_q<4, MT, GMODE, 2>(acc, st, xs, xo);
+              dsx_wo::step_q<4, MT, GMODE, 2>(acc[0], st, xs, xo);
             }
 #else  // diagnostic build: the weight stream alone, wrong results
-            acc[0][0] += __uint_as_float((st[0].w[0].x ^ st[1].w[1].y) & 1u) + __uint_as_float(xs[0] & 1u);
+            acc[0][0][0] += __uint_as_float((st[0].w[0].x ^ st[1].w[1].y) & 1u) + __uint_as_float(xs[0] & 1u);
 #endif
             j += 2;
           } else {
@@ -226,22 +251,22 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, MT == 2 && GMODE == 2 ? 
             const uint8_t* wp = wbase + j * jstride;
             st[0].w[0] = dsx_wo::lds128(wp);
             st[0].w[1] = dsx_wo::lds128(wp + rgap);
-            if (GMODE == 1) st[0].s[0] = read_scale(sl, j, 0);
+            if (GMODE == 1) st[0].s[0] = read_scale(sl, j, 0, warp);
             if (GMODE == 2) {
               const int step = first + j;
-              st[0].s[0] = read_scale(sl, j, 0);
-              st[0].s[1] = 2 * step + 1 < ngroups() ? read_scale(sl, j, 1) : 0u;
+              st[0].s[0] = read_scale(sl, j, 0, warp);
+              st[0].s[1] = 2 * step + 1 < ngroups() ? read_scale(sl, j, 1, warp) : 0u;
             }
 #ifndef DSX_WO_NOMATH
             if (BITS == 8) {
-              dsx_wo::step_q<8, MT, GMODE, 1>(acc, st, xs, xo);
+              dsx_wo::step_q<8, MT, GMODE, 1>(acc[0], st, xs, xo);
             } else if (GMODE == 2) {
-              dsx_wo::step_int4_g64<MT>(acc, st[0], xs, xo, c);
+              dsx_wo::step_int4_g64<MT>(acc[0], st[0], xs, xo, c);
             } else {
-              dsx_wo::step_q<4, MT, GMODE, 1>(acc, st, xs, xo);
+              dsx_wo::step_q<4, MT, GMODE, 1>(acc[0], st, xs, xo);
             }
 #else
-            acc[0][0] += __uint_as_float((st[0].w[0].x ^ st[0].w[1].y) & 1u) + __uint_as_float(xs[0] & 1u);
+            acc[0][0][0] += __uint_as_float((st[0].w[0].x ^ st[0].w[1].y) & 1u) + __uint_as_float(xs[0] & 1u);
 #endif
             j += 1;
           }
@@ -255,8 +280,12 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, MT == 2 && GMODE == 2 ? 
     if (o + 1 == my_groups) dsx_wo::pdl_launch_dependents();
 
     float* part = part_of();
-    const int width = 16 * nwarps, total = p.m * width;
-    if (active) dsx_wo::put_partial<MT, GMODE == 0>(part, width, warp * 16, acc, p.scale, n0, p.m, g, c);
+    const int width = 16 * tiles, total = p.m * width;
+    if (active) {
+#pragma unroll
+      for (int q = 0; q < CT; ++q)
+        dsx_wo::put_partial<MT, GMODE == 0>(part, width, (CT * warp + q) * 16, acc[q], p.scale, n0 + 16 * q, p.m, g, c);
+    }
     if (splits == 1) {
       ws_consumer_sync(cthreads);
       for (int e = threadIdx.x; e < total; e += cthreads) {
@@ -290,17 +319,20 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, MT == 2 && GMODE == 2 ? 
 // ------------------------------------------------------------------ host side (bit 28)
 
 constexpr int kWsAlgoBit = 1 << 28;
+constexpr int kWsTilesBit = 3 << 29;  // (with bit 28, at 9..16 rows: 2 (1) or 4 (2) 16-channel tiles a consumer warp)
 constexpr int kWsNoFit = 1;  // (ws_choose: x whole does not fit, every field automatic)
 
 // The warp-specialized configuration for a launch of `rows` (<= 16) rows: the split, chunk and
 // warps that choose() gives the word without bit 28 and without its ring fields (so, at equal
 // splits, the same slices: the same bits; with splits and chunk automatic, 8 splits where
 // choose() would stage x in chunks), and the block ring's own slots / steps per slot (algo bits
-// 16..19 / 20..23; automatic: 4 slots of 1 step).
+// 16..19 / 20..23; automatic: 4 slots of 1 step). With bits 29..30 = t (1 or 2) at 9..16 rows, each
+// consumer warp owns 2^t 16-channel tiles (a block 16 * 2^t * warps channels; at 8 rows or fewer the
+// field is ignored; t = 3 is refused in ws_resolve).
 int ws_choose(int rows, int64_t n, int64_t k, int bits, int group, int algo, int sms, Config* cfg) {
   if (rows > 16) return DSX_EINVAL;
   const int stages = (algo >> 16) & 15, box = (algo >> 20) & 15;
-  const int fields = algo & ~(kWsAlgoBit | 0xFF0000);
+  const int fields = algo & ~(kWsAlgoBit | kWsTilesBit | 0xFF0000);
   int rc = choose(rows, n, k, bits, group, fields, sms, cfg);
   if (rc != DSX_OK) return rc;
   const int nsteps = static_cast<int>(bits == 8 ? k / 64 : (k / 64 + 1) / 2);
@@ -311,6 +343,13 @@ int ws_choose(int rows, int64_t n, int64_t k, int bits, int group, int algo, int
     if (rc != DSX_OK) return rc;
   }
   cfg->bal = false, cfg->grid_y = 0;  // (choose's automatic balanced grid at <= 8 rows: not this kernel)
+  cfg->ct = rows > 8 ? 1 << ((algo & kWsTilesBit) >> 29) : 1;
+  if (cfg->ct > 1) {
+    if (gmode_of(bits, group) == 2) return DSX_EINVAL;  // (int4 group 64: one tile a warp only)
+    const int64_t blocks_n = (n / 16 + cfg->ct * cfg->warps - 1) / (cfg->ct * cfg->warps);
+    cfg->blocks_n = static_cast<int>(blocks_n);
+  }
+  const int tiles = cfg->ct * cfg->warps;
   cfg->stages = stages ? stages : 4;
   cfg->box = box ? box : 1;
   if (cfg->box > kMaxBox) return DSX_EINVAL;
@@ -321,15 +360,17 @@ int ws_choose(int rows, int64_t n, int64_t k, int bits, int group, int algo, int
   const bool auto_chunk = ((algo >> 8) & 255) == 0;
   if (auto_chunk) cfg->chunk = per_split;
   if (cfg->chunk < per_split) return DSX_EINVAL;
-  const int64_t smem = ws_barrier_bytes(cfg->stages) + int64_t(cfg->stages) * ws_slot_bytes(gmode, cfg->box, cfg->warps) +
-                       smem_bytes(rows, bits, gmode, cfg->warps, 0, cfg->box, cfg->chunk, per_split);
+  // (smem_bytes with `tiles` warps and no ring: x whole and the partial tile of 16 * tiles channels)
+  const int64_t smem = ws_barrier_bytes(cfg->stages) + int64_t(cfg->stages) * ws_slot_bytes(gmode, cfg->box, tiles, cfg->ct) +
+                       smem_bytes(rows, bits, gmode, tiles, 0, cfg->box, cfg->chunk, per_split);
   if (smem > kSmemPerBlock) return auto_chunk && (algo & 0xFF0000) == 0 ? kWsNoFit : DSX_EINVAL;
   cfg->smem = static_cast<int>(smem);
   return DSX_OK;
 }
 
-// Automatic choice, 9..16 rows, int4 per channel, every tuning field automatic (bits 24..26 may
-// be set): the warp-specialized path with 2 slots of 2 steps (its split as ws_choose's: choose()'s,
+// Automatic choice, 9..16 rows, every tuning field automatic (bits 24..26 may be set): int4 per
+// channel (tenth session; two tiles a warp, and int4 group 128 and int8 per channel: below) takes
+// the warp-specialized path with 2 slots of 2 steps (its split as ws_choose's: choose()'s,
 // or 8 where choose() would stage x in chunks), if that fits; else choose()'s own configuration.
 // Measured (H200, 2026-12-01, bench/gpu_gemm_weight_only.py --ab, interleaved in one run, us,
 // HEAD's kernel built alone (--alt-lib) -> this rule; torch bf16 matmul in the same run):
@@ -340,9 +381,48 @@ int ws_choose(int rows, int64_t n, int64_t k, int bits, int group, int algo, int
 // 1 step (bit 28's own default) was slower than 2 x 2 everywhere (36864 x 7168 M = 16 72.81).
 // Next run, all six DeepSeek-V3 shapes: the same within 1% on those three, and 3-5% faster on
 // 7168 x 2048, 24576 x 1536 and 4096 x 7168 (docs/benchmarks.md, tenth session).
+//
+// Eleventh session: two tiles a warp (bit 29). Where the warp-specialized kernel with two tiles a
+// warp still has a block for every SM (tile groups of 256 channels x splits >= SMs) and keeps at
+// least as many 16-channel tiles resident on an SM as with one (blocks an SM by shared memory and
+// launch bounds: 3 of one tile a warp, 2 of two; times 8 or 16 tiles), it takes two tiles a warp
+// (8 warps, 256 channels a block, the same split and ring); else the rule above. For
+// int4 per channel, int4 group 128 (which had no warp-specialized rule: it takes the kernel with one
+// tile a warp where two lose) and int8 per channel (two tiles only: one tile a warp lost to the
+// existing path on 7168 x 18432 M = 16, 65.21 against 58.54 us). Measured, H200, 2026-12-01,
+// bench/gpu_gemm_weight_only.py --ab, interleaved in one run, us, auto before -> this rule:
+// int4 per channel M = 16 / 12 / 9: 36864 x 7168 67.84 / 66.32 / 61.28 -> 62.83 / 61.39 / 54.54,
+// 7168 x 18432 45.91 / 37.64 / 35.95 -> 36.14 / 35.23 / 34.32, 2048 x 7168 11.54 / 11.03 / 10.65 ->
+// 10.52 / 10.19 / 10.07, 7168 x 2048 11.13 / 10.41 / 10.03 -> 10.06 / 9.49 / 9.21, 24576 x 1536
+// 20.92 / 19.16 / 18.08 -> 19.05 / 17.63 / 16.80. With fewer blocks than SMs two tiles a warp won
+// on 2048 x 7168 (64 blocks: 10.52 / 10.19 / 10.07) and 7168 x 2048 (112: 10.06 / 9.49 / 9.21) but
+// lost on 4096 x 7168 (112 blocks: 19.86 / 15.97 / 15.59 against 15.18 / 14.05 / 13.38), and why
+// is not known (blocks doubled up on SMs?), so none of the three takes it. int4 group 128,
+// M = 16 / 9: 36864 x 7168 86.07 / 78.36 -> 71.28 (one tile: two would be one block an SM, 88.23) /
+// 56.74; 7168 x 18432 52.57 / 47.87 -> 38.14 / 36.58. int8 per channel M = 16 / 9: 36864 x 7168
+// 90.21 / 86.31 -> 84.49 / 82.03; 7168 x 18432 58.54 / 52.56 -> 49.45 / 47.80.
+int ws_resident_tiles(const Config& c) {
+  const int by_smem = kSmemPerSm / (c.smem + kSmemReserved);
+  return c.ct * c.warps * std::min(c.ct == 1 ? 3 : 2, by_smem);  // (launch bounds: 3 blocks of one tile a warp, 2 of two)
+}
+
 bool ws_auto_rule(int rows, int64_t n, int64_t k, int bits, int group, int algo, int sms, Config* cfg) {
-  if (rows <= 8 || rows > 16 || bits != 4 || group != -1 || (algo & 0xFFFFFF) != 0 || (algo & kWsAlgoBit)) return false;
-  return ws_choose(rows, n, k, bits, group, algo | kWsAlgoBit | 2 << 16 | 2 << 20, sms, cfg) == DSX_OK;
+  if (rows <= 8 || rows > 16 || (algo & 0xFFFFFF) != 0 || (algo & (kWsAlgoBit | kWsTilesBit))) return false;
+  const bool int4pc = bits == 4 && group == -1, int4g128 = bits == 4 && group == 128, int8pc = bits == 8 && group == -1;
+  if (!int4pc && !int4g128 && !int8pc) return false;
+  const int ring = algo | kWsAlgoBit | 2 << 16 | 2 << 20;
+  Config one, two;
+  const bool ok1 = ws_choose(rows, n, k, bits, group, ring, sms, &one) == DSX_OK;
+  const bool ok2 = ws_choose(rows, n, k, bits, group, ring | 1 << 29, sms, &two) == DSX_OK;
+  if (ok2 && int64_t(two.blocks_n) * two.splits >= sms && (!ok1 || ws_resident_tiles(two) >= ws_resident_tiles(one))) {
+    *cfg = two;
+    return true;
+  }
+  if (ok1 && !int8pc) {
+    *cfg = one;
+    return true;
+  }
+  return false;
 }
 
 // The configuration of one launch of `rows` rows, and whether it takes the warp-specialized
@@ -352,6 +432,11 @@ bool ws_auto_rule(int rows, int64_t n, int64_t k, int bits, int group, int algo,
 int ws_resolve(int rows, int64_t n, int64_t k, int bits, int group, int algo, int sms, Config* cfg, bool* ws) {
   *ws = false;
   if ((algo & kWsAlgoBit) && (algo & (1 << 27))) return DSX_EINVAL;  // (bit 27's grid is another kernel)
+  // Bits 29..30 only with bit 28, not 3, and not for int4 group 64 (its step pairs two lanes' words:
+  // one tile a warp).
+  if ((algo & kWsTilesBit) &&
+      (!(algo & kWsAlgoBit) || (algo & kWsTilesBit) == kWsTilesBit || gmode_of(bits, group) == 2))
+    return DSX_EINVAL;
   if ((*ws = ws_auto_rule(rows, n, k, bits, group, algo, sms, cfg))) return DSX_OK;
   *ws = (algo & kWsAlgoBit) && rows <= 16;
   if (*ws) {
@@ -359,34 +444,35 @@ int ws_resolve(int rows, int64_t n, int64_t k, int bits, int group, int algo, in
     if (rc != kWsNoFit) return rc;
     *ws = false;
   }
-  return choose(rows, n, k, bits, group, algo & ~(kWsAlgoBit | ((algo & kWsAlgoBit) ? 0xFF0000 : 0)), sms, cfg);
+  return choose(rows, n, k, bits, group, algo & ~(kWsAlgoBit | kWsTilesBit | ((algo & kWsAlgoBit) ? 0xFF0000 : 0)), sms,
+                cfg);
 }
 
 // The block's weight tensor maps: rows of 2K bytes (8-byte elements); a box of `steps` steps of
-// all `warps` warps' channel-group rows.
-bool ws_encode_map(CUtensorMap* map, const void* q, int64_t n, int64_t k, int bits, int steps, int warps) {
+// all `tiles` 16-channel tiles' channel-group rows.
+bool ws_encode_map(CUtensorMap* map, const void* q, int64_t n, int64_t k, int bits, int steps, int tiles) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
   if (!encode) return false;
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(2 * k / 8), static_cast<cuuint64_t>(bits == 8 ? n / 2 : n / 4)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(2 * k)};
   const cuuint32_t box[2] = {static_cast<cuuint32_t>((bits == 8 ? 16 : 32) * steps),
-                             static_cast<cuuint32_t>((bits == 8 ? 8 : 4) * warps)};
+                             static_cast<cuuint32_t>((bits == 8 ? 8 : 4) * tiles)};
   const cuuint32_t elem[2] = {1, 1};
   return encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT64, 2, const_cast<void*>(q), dims, strides, box, elem,
                 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <int BITS, int MT, int GMODE>
+template <int BITS, int MT, int GMODE, int CT>
 std::atomic<int>* ws_smem_allowed() {
   static std::atomic<int> set[kMaxDevices];
   return set;
 }
 
-template <int BITS, int MT, int GMODE>
+template <int BITS, int MT, int GMODE, int CT = 1>
 cudaError_t ws_launch_inst(const Params& p, const Config& cfg, cudaStream_t stream) {
-  auto kernel = wo_gemm_ws_kernel<BITS, MT, GMODE>;
-  const cudaError_t se = ensure_smem(kernel, cfg.smem, ws_smem_allowed<BITS, MT, GMODE>());
+  auto kernel = wo_gemm_ws_kernel<BITS, MT, GMODE, CT>;
+  const cudaError_t se = ensure_smem(kernel, cfg.smem, ws_smem_allowed<BITS, MT, GMODE, CT>());
   if (se != cudaSuccess) return se;
   cudaLaunchConfig_t lc = {};
   lc.gridDim = dim3(cfg.splits, cfg.blocks_n, 1);
@@ -406,13 +492,17 @@ cudaError_t ws_launch_inst(const Params& p, const Config& cfg, cudaStream_t stre
 // One launch of <= 16 rows on the warp-specialized path (p's pointers and sizes already set).
 int ws_launch(Params& p, const void* qweight, int64_t n, int64_t k, int bits, int gmode, const Config& cfg,
               cudaStream_t stream) {
-  if (!ws_encode_map(&p.wmap, qweight, n, k, bits, cfg.box, cfg.warps) ||
-      !ws_encode_map(&p.wmap1, qweight, n, k, bits, 1, cfg.warps))
+  if (!ws_encode_map(&p.wmap, qweight, n, k, bits, cfg.box, cfg.ct * cfg.warps) ||
+      !ws_encode_map(&p.wmap1, qweight, n, k, bits, 1, cfg.ct * cfg.warps))
     return DSX_ECUDA;
   p.chunk = cfg.chunk, p.stages = cfg.stages, p.box = cfg.box, p.pair = cfg.pair ? 1 : 0;
   p.groups = cfg.blocks_n;
   auto by_mt = [&](auto bg) {
     constexpr int B = decltype(bg)::kBits, G = decltype(bg)::kGmode;
+    if constexpr (G != 2) {  // (several tiles a warp: 9..16 rows, not int4 group 64; ws_choose)
+      if (cfg.ct == 2) return ws_launch_inst<B, 2, G, 2>(p, cfg, stream);
+      if (cfg.ct == 4) return ws_launch_inst<B, 2, G, 4>(p, cfg, stream);
+    }
     return cfg.mt == 1 ? ws_launch_inst<B, 1, G>(p, cfg, stream) : ws_launch_inst<B, 2, G>(p, cfg, stream);
   };
   cudaError_t e;

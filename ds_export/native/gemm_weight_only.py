@@ -109,13 +109,15 @@ def _cuda_fns():
     run = cuda._fn("dsx_wo_gemm_bf16_nt_cuda", P, P, P, P, I64, I64, I64, I32, I32, I32, I32, P)
     pi = ctypes.POINTER(I32)
     cfg = cuda._fn("dsx_wo_gemm_config_cuda", I64, I64, I64, I32, I32, I32, pi, pi, pi, pi, pi)
-    return run, cfg
+    path = cuda._fn("dsx_wo_gemm_path_cuda", I64, I64, I64, I32, I32, I32, pi, pi)
+    return run, cfg, path
 
 
 def check_algo(algo: int) -> None:
     """Raise DsxError unless `algo` is 0 or a well-formed tuning word (see algo_word)."""
     warps, splits, stages, box = algo & 15, (algo >> 4) & 15, (algo >> 16) & 15, (algo >> 20) & 15
-    if algo < 0 or algo >> 29 or warps not in (0, 1, 2, 4, 8) or not 0 <= splits <= 8 or box > 8:
+    tiles = (algo >> 29) & 3  # (bits 29..30: 1 or 2, only with bit 28)
+    if algo < 0 or algo >> 31 or tiles == 3 or (tiles and not (algo >> 28) & 1) or warps not in (0, 1, 2, 4, 8) or not 0 <= splits <= 8 or box > 8:
         raise DsxError(f"algo: expected 0 (automatic) or a word from algo_word(), got {algo:#x}")
 
 
@@ -129,6 +131,19 @@ def cuda_config(m: int, n: int, k: int, bits: int, group_size: int = -1, algo: i
     rc = _cuda_fns()[1](m, n, k, bits, group_size, algo, *[ctypes.byref(i) for i in v])
     check(rc, f"dsx_wo_gemm_config_cuda (algo {algo:#x})")
     return dict(zip(("warps", "splits", "chunk", "stages", "box"), (i.value for i in v)))
+
+
+def cuda_path(m: int, n: int, k: int, bits: int, group_size: int = -1, algo: int = 0) -> dict:
+    """{'ws': bool, 'tiles': int}: whether `algo` runs the warp-specialized kernel here (bit 28, or the
+    automatic choice) and with how many 16-channel tiles a consumer warp (1 on the other kernels)."""
+    from ds_export.native import check
+
+    check_args(m, n, k, bits, group_size, 90)
+    check_algo(algo)
+    v = [ctypes.c_int() for _ in range(2)]
+    rc = _cuda_fns()[2](m, n, k, bits, group_size, algo, *[ctypes.byref(i) for i in v])
+    check(rc, f"dsx_wo_gemm_path_cuda (algo {algo:#x})")
+    return {"ws": bool(v[0].value), "tiles": v[1].value}
 
 
 def gemm_weight_only_cuda_device(x, qweight, scale, out, *, bits: int, group_size: int = -1, arch: int = 90,
@@ -174,7 +189,8 @@ def gemm_weight_only_cuda(x, qweight, scale, bits: int, group_size: int = -1, ar
 
 
 def algo_word(warps: int = 0, splits: int = 0, chunk: int = 0, stages: int = 0, box: int = 0,
-              pdl: bool = False, balanced: bool = False, warp_specialized: bool = False) -> int:
+              pdl: bool = False, balanced: bool = False, warp_specialized: bool = False,
+              tiles: int = 1) -> int:
     """Pack a tuning word for the CUDA kernel (0 fields stay automatic).
 
     warps: warps per block (16 output channels each); splits: K slices (cluster size, 1..8);
@@ -186,16 +202,17 @@ def algo_word(warps: int = 0, splits: int = 0, chunk: int = 0, stages: int = 0, 
     block's warps equal runs of K steps; its own accumulation order, see the header);
     warp_specialized: bit 28 (launches of up to 16 rows; one producer warp a block fills a ring
     shared by its warps, `stages` x `box` steps of all of them, x staged whole; not with
-    `balanced`). Only `splits` changes the result's bits (and `balanced`, for tiles that a warp
-    run boundary cuts).
+    `balanced`); tiles: 16-channel tiles a consumer warp owns, 1, 2 or 4 (bits 29..30 = log2; with
+    warp_specialized, at 9..16 rows: one x fragment load feeds all of them; not for int4 group 64).
+    Only `splits` changes the result's bits (and `balanced`, for tiles that a warp run boundary cuts).
     """
-    if warps not in (0, 1, 2, 4, 8) or not 0 <= splits <= 8 or not 0 <= chunk < 256 or \
+    if warps not in (0, 1, 2, 4, 8) or tiles not in (1, 2, 4) or not 0 <= splits <= 8 or not 0 <= chunk < 256 or \
             not 0 <= stages <= 15 or not 0 <= box <= 8:
-        raise DsxError(f"algo: warps must be 0, 1, 2, 4 or 8 and splits 0..8, chunk 0..255, stages 0..15 and "
-                       f"box 0..8, got {warps}, {splits}, {chunk}, {stages}, {box}")
+        raise DsxError(f"algo: warps must be 0, 1, 2, 4 or 8 and splits 0..8, chunk 0..255, stages 0..15, "
+                       f"box 0..8 and tiles 1, 2 or 4, got {warps}, {splits}, {chunk}, {stages}, {box}, {tiles}")
     return warps | splits << 4 | chunk << 8 | stages << 16 | box << 20 | int(bool(pdl)) << 24 | int(bool(balanced)) << 27 | \
-        int(bool(warp_specialized)) << 28
+        int(bool(warp_specialized)) << 28 | (tiles.bit_length() - 1) << 29
 
 
 __all__ = ["check_args", "check_inputs", "gemm_weight_only", "gemm_weight_only_cuda", "gemm_weight_only_cuda_device",
-           "cuda_config", "algo_word", "check_algo"]
+           "cuda_config", "cuda_path", "algo_word", "check_algo"]

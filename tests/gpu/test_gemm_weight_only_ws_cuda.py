@@ -168,3 +168,136 @@ def test_up_to_8_rows_where_auto_takes_the_balanced_grid():
     a = run_raw(x, q, s, 4, -1, WS)
     check_bound(a, x, wd, "ws auto m 4 n 36864")
     assert same(a, run_raw(x, q, s, 4, -1, word(warps, splits, 0, 0, 0))), "bits differ from the plain kernel"
+
+
+TILES = {2: 1 << 29, 4: 2 << 29}  # algo bits 29..30 (with bit 28): 16-channel tiles a consumer warp, 9..16 rows
+TWO = TILES[2]
+TWO_LAYOUTS = [(4, -1), (4, 128), (8, -1), (8, 128)]
+
+
+@pytest.mark.parametrize("tiles", [2, 4])
+@pytest.mark.parametrize("bits,group", TWO_LAYOUTS)
+def test_two_tiles_a_warp_same_bits_every_split(bits, group, tiles):
+    """Bits 29..30: each consumer warp owns 2 or 4 tiles of 16 channels (one x load feeds all). N = 320
+    and 448: with 8 warps of 2 tiles a block covers 256 channels, so the last block has only 4 or 12
+    of its 16 tiles inside N (of 4 tiles: 512 channels, 1 block); with 4 warps 128 or 256 (2.5 / 3.5
+    blocks; 1.25 / 1.75). K = 2112: ragged slices ending in short ring slots. M 9..16 (13: not a
+    multiple of 8) and M 5 (the field is ignored at 8 rows or fewer). For each split: right against
+    float64, reproducible, and the same bits as the existing path."""
+    k, two = 2112, TILES[tiles]
+    for n in (320, 448):
+        for m in (9, 13, 16, 5):
+            x, q, s, wd = make(m, n, k, bits, group, seed=21)
+            for splits in range(1, 9):
+                ref = run_raw(x, q, s, bits, group, word(8, splits, 0, 0, 0))
+                check_bound(ref, x, wd, f"existing m {m} n {n} splits {splits}")
+                for warps, stages, box in ((8, 0, 0), (4, 2, 2), (8, 3, 2 if tiles == 2 else 1), (2, 1, 8), (1, 5, 3)):
+                    algo = word(warps, splits, 0, stages, box) | WS | two
+                    a = run_raw(x, q, s, bits, group, algo)
+                    check_bound(a, x, wd, f"two tiles m {m} n {n} algo {algo:#x}")
+                    assert same(a, ref), f"m {m} n {n} algo {algo:#x}: bits differ from the existing path"
+                algo = word(4, splits, 0, 2, 2) | WS | two
+                assert same(run_raw(x, q, s, bits, group, algo | ONE_GROUP | ONE_STEP), ref), f"{algo:#x}: one group"
+                assert same(run_raw(x, q, s, bits, group, algo), ref), f"m {m} algo {algo:#x}: not reproducible"
+
+
+@pytest.mark.parametrize("tiles", [2, 4])
+@pytest.mark.parametrize("m", [10, 16])
+@pytest.mark.parametrize("bits,group", [(4, -1), (8, 128)])
+def test_two_tiles_persistent_blocks(bits, group, m, tiles):
+    """N = 23104 (361 x 64): 91 groups of 256 channels (8 warps of two tiles; the last one a
+    quarter full; of 4 tiles 46 of 512), more than stay resident with a deep ring (one block an SM),
+    so blocks loop over groups. Right, and the same bits as the existing path, as one group a block,
+    and with PDL."""
+    n, k = 23104, 576
+    x, q, s, wd = make(m, n, k, bits, group, seed=22)
+    for splits in (1, 3, 5):
+        ref = run_raw(x, q, s, bits, group, word(8, splits, 0, 0, 0))
+        for warps, stages, box in ((8, 10 // tiles, 2), (4, 4, 1)):
+            algo = word(warps, splits, 0, stages, box) | WS | TILES[tiles]
+            a = run_raw(x, q, s, bits, group, algo)
+            check_bound(a, x, wd, f"two tiles persistent m {m} algo {algo:#x}")
+            assert same(a, ref), f"algo {algo:#x}: bits differ from the existing path"
+            assert same(run_raw(x, q, s, bits, group, algo | ONE_GROUP), ref), f"algo {algo:#x}: one group differs"
+            assert same(run_raw(x, q, s, bits, group, algo | PDL), ref), f"algo {algo:#x}: PDL differs"
+
+
+def test_two_tiles_refused_combinations():
+    """Bits 29..30 without bit 28, = 3, or for int4 group 64 (any M): DSX_EINVAL from the config entry
+    and the launch (before any launch). More than 16 rows: ignored with bit 28 (the existing path,
+    same bits)."""
+    v = [ctypes.c_int() for _ in range(5)]
+    cfg = G._cuda_fns()[1]
+    assert cfg(16, 2048, 7168, 4, -1, TWO, *[ctypes.byref(i) for i in v]) != 0
+    assert cfg(16, 2048, 7168, 4, -1, WS | TWO, *[ctypes.byref(i) for i in v]) == 0
+    assert cfg(16, 2048, 7168, 4, -1, WS | 3 << 29, *[ctypes.byref(i) for i in v]) != 0
+    for m in (4, 16):
+        assert cfg(m, 2048, 7168, 4, 64, WS | TWO, *[ctypes.byref(i) for i in v]) != 0
+    run = G._cuda_fns()[0]
+    for m, group, algo in ((12, -1, TWO), (12, 64, WS | TWO), (3, 64, WS | TWO), (16, -1, WS | 3 << 29)):
+        x, q, s, _ = make(m, 256, 1024, 4, group, seed=23)
+        dx, dq, ds = cuda.to_device(x.view(np.uint16)), cuda.to_device(q), cuda.to_device(s.view(np.uint16))
+        out = cuda.empty((m, 256), np.uint16)
+        assert run(dx.ptr, dq.ptr, ds.ptr, out.ptr, m, 256, 1024, 4, group, 90, algo, None) == -1, (m, group, algo)
+    cuda.synchronize()
+    x, q, s, _ = make(12, 256, 1024, 4, -1, seed=23)
+    with pytest.raises(DsxError, match="algo"):
+        G.gemm_weight_only_cuda(x, q, s, 4, -1, 90, algo=TWO)
+    n, k = 384, 1088
+    for m in (17, 80):
+        x, q, s, wd = make(m, n, k, 4, -1, seed=24)
+        a = run_raw(x, q, s, 4, -1, word(8, 4, 0, 0, 0) | WS | TWO)
+        check_bound(a, x, wd, f"m {m}")
+        assert same(a, run_raw(x, q, s, 4, -1, word(8, 4, 0, 0, 0)))
+
+
+# (N, K, bits, group, M) -> (warp-specialized, tiles a warp) of the automatic choice on an H200
+# (132 SMs; gemm_weight_only_ws.cuh, ws_auto_rule): two tiles a warp where that grid has a block for
+# every SM and keeps at least as many tiles resident an SM; else int4 one tile a warp, int8 the
+# kernel without bit 28.
+AUTO_H200 = {
+    (36864, 7168, 4, -1, 16): (True, 2), (36864, 7168, 4, -1, 12): (True, 2), (36864, 7168, 4, -1, 9): (True, 2),
+    (7168, 18432, 4, -1, 16): (True, 2), (24576, 1536, 4, -1, 16): (True, 2),
+    (4096, 7168, 4, -1, 16): (True, 1), (4096, 7168, 4, -1, 9): (True, 1),  # (112 blocks of two tiles)
+    (2048, 7168, 4, -1, 16): (True, 1), (7168, 2048, 4, -1, 12): (True, 1),
+    (36864, 7168, 4, 128, 16): (True, 1),  # (two tiles: one block an SM, 16 tiles against 24)
+    (36864, 7168, 4, 128, 9): (True, 2), (7168, 18432, 4, 128, 16): (True, 2),
+    (36864, 7168, 8, -1, 16): (True, 2), (7168, 18432, 8, -1, 9): (True, 2),
+    (4096, 7168, 8, -1, 16): (False, 1),
+    (36864, 7168, 4, 64, 16): (False, 1), (36864, 7168, 4, -1, 8): (False, 1), (36864, 7168, 4, -1, 17): (False, 1),
+}
+
+
+@pytest.mark.parametrize("case", sorted(AUTO_H200))
+def test_automatic_two_tiles_rule_on_h200(case):
+    """The automatic choice at 9..16 rows on DeepSeek-V3 shapes (config only: no data), as measured
+    and documented; skipped on GPUs with another SM count (the rule counts blocks against SMs)."""
+    sms = ctypes.c_int()  # (cudaDevAttrMultiProcessorCount = 16, device 0)
+    if cuda.cudart().cudaDeviceGetAttribute(ctypes.byref(sms), 16, 0) != 0 or sms.value != 132:
+        pytest.skip("the expected choices are the H200's (132 SMs)")
+    n, k, bits, group, m = case
+    got = G.cuda_path(m, n, k, bits, group)
+    assert (got["ws"], got["tiles"]) == AUTO_H200[case], f"{case}: {got} {G.cuda_config(m, n, k, bits, group)}"
+    if got["ws"]:
+        cfg = G.cuda_config(m, n, k, bits, group)
+        nsteps = k // 64 if bits == 8 else (k // 64 + 1) // 2
+        assert (cfg["stages"], cfg["box"], cfg["chunk"]) == (2, 2, -(-nsteps // cfg["splits"])), cfg
+
+
+@pytest.mark.parametrize("m", [9, 16])
+@pytest.mark.parametrize("bits,group", [(4, -1), (4, 128), (8, -1)])
+def test_automatic_two_tiles_same_bits(bits, group, m):
+    """24576 x 1536, where auto takes two tiles a warp on an H200 (96 groups of 256 channels, 2
+    splits): right against float64, and the same bits as the existing path and as bit 28 with one
+    tile a warp at that split; the path entry says which kernel ran."""
+    n, k = 24576, 1536
+    path = G.cuda_path(m, n, k, bits, group)
+    cfg = G.cuda_config(m, n, k, bits, group)
+    x, q, s, wd = make(m, n, k, bits, group, seed=25)
+    a = G.gemm_weight_only_cuda(x, q, s, bits, group, 90)
+    check_bound(a, x, wd, f"auto {cfg} {path} m {m}")
+    assert same(a, run_raw(x, q, s, bits, group, word(8, cfg["splits"], 0, 0, 0))), f"{path}: bits differ from the existing path"
+    assert same(a, run_raw(x, q, s, bits, group, word(8, cfg["splits"], 0, 2, 2) | WS)), f"{path}: bits differ from one tile"
+    assert same(a, G.gemm_weight_only_cuda(x, q, s, bits, group, 90)), "not reproducible"
+    assert G.cuda_path(m, n, k, bits, group, algo=word(8, 4, 0, 2, 2) | WS | TWO) == {"ws": True, "tiles": 2}
+    assert G.cuda_path(m, n, k, bits, group, algo=word(8, 4, 0, 0, 0)) == {"ws": False, "tiles": 1}

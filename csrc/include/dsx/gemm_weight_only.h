@@ -59,10 +59,18 @@
  * than 16 rows, the existing kernel runs, its ring automatic).
  * Warps and splits resolve as without the bit (but for splits and chunk both automatic where
  * that would stage x in chunks: then 8 splits), and the arithmetic is the same: for equal splits
- * the output has the same bits as without it. Automatic (algo 0, or only bits 24..26): int4
- * per channel at 9..16 rows takes bit 28 with 2 slots of 2 steps where x fits whole (measured,
- * H200, against the kernel without it: 1-13% faster on six DeepSeek-V3 shapes at M = 9, 12, 16;
- * gemm_weight_only_ws.cuh has the figures). Bits 27 and 28 together: DSX_EINVAL.
+ * the output has the same bits as without it. Bits 29..30 (with bit 28; launches of 9..16 rows,
+ * ignored at fewer): 1 or 2 = each consumer warp owns 2 or 4 tiles of 16 output channels (a block
+ * 16 x tiles x warps channels), so that one x fragment load from shared memory feeds the mma of
+ * all of them; each tile's arithmetic is unchanged (the same bits). DSX_EINVAL: bits 29..30
+ * without bit 28, equal to 3, or with int4 group 64. Automatic (algo 0, or only bits 24..26) at
+ * 9..16 rows, where x fits whole, with 2 slots of 2 steps: int4 per channel, int4 group 128 and
+ * int8 per channel take bit 28 with two tiles a warp (8 warps) where that grid still has a block
+ * for every SM and keeps at least as many tiles resident on an SM as one tile a warp; else int4 (per channel or group 128) takes bit 28
+ * with one tile a warp and int8 the kernel without it (measured, H200, against the previous
+ * choice, same run: int4 per channel and int8 4-22% faster on the three large DeepSeek-V3 shapes
+ * at M = 9, 12, 16 and unchanged on the three small ones, int4 group 128 7-28% faster on all six;
+ * gemm_weight_only_ws.cuh and docs/benchmarks.md have the figures). Bits 27 and 28 together: DSX_EINVAL.
  * Returns 0, DSX_EINVAL
  * or DSX_ECUDA (launch failure, or no driver entry point for the TMA descriptor).
  *
@@ -108,6 +116,12 @@ int dsx_wo_gemm_bf16_nt_cuda(const void* x, const void* qweight, const void* sca
  * and logs). */
 int dsx_wo_gemm_config_cuda(int64_t m, int64_t n, int64_t k, int bits, int group_size,
                             int algo, int* warps, int* splits, int* chunk, int* stages, int* box);
+
+/* Which kernel `algo` resolves to for the first launch (min(M, 64) rows): *ws = 1 for the
+ * warp-specialized one (bit 28, or auto's choice), and its 16-channel tiles a consumer warp
+ * (*tiles: 1, 2 or 4; 1 for the other kernels). */
+int dsx_wo_gemm_path_cuda(int64_t m, int64_t n, int64_t k, int bits, int group_size, int algo, int* ws,
+                          int* tiles);
 
 #ifdef __cplusplus
 }
