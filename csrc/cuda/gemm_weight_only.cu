@@ -652,7 +652,7 @@ struct Config {
   bool persist;  // blocks loop over tile groups: only as many as are resident (algo bit 26 clear)
   bool bal = false;  // balanced grid (algo bit 27): wo_gemm_bal_kernel
   int grid_y = 0;    // its clusters (each owns a run of 16-channel tiles)
-  int ct = 1;        // 16-channel tiles a warp (2, 4: algo bits 29..30, the warp-specialized kernel at 9..16 rows)
+  int ct = 1;        // 16-channel tiles a warp (2, 4: algo bits 29..30, the warp-specialized kernel up to 16 rows)
 };
 
 // Clusters (of cfg.splits blocks; blocks when splits == 1) of this kernel instance the

@@ -49,7 +49,7 @@ __device__ __forceinline__ void ws_cluster_sync_release() {
 // CT: 16-channel tiles a consumer warp owns (2, 4: algo bits 29..30; warp w owns tiles CT w .. CT w +
 // CT - 1, contiguous channels; one x load feeds the mma of all of them: step_q_tiles).
 template <int BITS, int MT, int GMODE, int CT = 1>
-__global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? 1 : CT == 2 || (MT == 2 && GMODE == 2) ? 2 : 3)
+__global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? (MT == 1 ? 2 : 1) : CT == 2 || (MT == 2 && GMODE == 2) ? 2 : 3)
     wo_gemm_ws_kernel(const __grid_constant__ Params p) {
   extern __shared__ __align__(128) uint8_t smem[];
   constexpr int kStepK = BITS == 8 ? 64 : 128;
@@ -319,16 +319,16 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? 1 : CT == 2 ||
 // ------------------------------------------------------------------ host side (bit 28)
 
 constexpr int kWsAlgoBit = 1 << 28;
-constexpr int kWsTilesBit = 3 << 29;  // (with bit 28, at 9..16 rows: 2 (1) or 4 (2) 16-channel tiles a consumer warp)
+constexpr int kWsTilesBit = 3 << 29;  // (with bit 28, up to 16 rows: 2 (1) or 4 (2) 16-channel tiles a consumer warp)
 constexpr int kWsNoFit = 1;  // (ws_choose: x whole does not fit, every field automatic)
 
 // The warp-specialized configuration for a launch of `rows` (<= 16) rows: the split, chunk and
 // warps that choose() gives the word without bit 28 and without its ring fields (so, at equal
 // splits, the same slices: the same bits; with splits and chunk automatic, 8 splits where
 // choose() would stage x in chunks), and the block ring's own slots / steps per slot (algo bits
-// 16..19 / 20..23; automatic: 4 slots of 1 step). With bits 29..30 = t (1 or 2) at 9..16 rows, each
-// consumer warp owns 2^t 16-channel tiles (a block 16 * 2^t * warps channels; at 8 rows or fewer the
-// field is ignored; t = 3 is refused in ws_resolve).
+// 16..19 / 20..23; automatic: 4 slots of 1 step). With bits 29..30 = t (1 or 2), each consumer warp
+// owns 2^t 16-channel tiles (a block 16 * 2^t * warps channels; at 8 rows or fewer with one token
+// tile, x fragments of 8 rows; t = 3 is refused in ws_resolve).
 int ws_choose(int rows, int64_t n, int64_t k, int bits, int group, int algo, int sms, Config* cfg) {
   if (rows > 16) return DSX_EINVAL;
   const int stages = (algo >> 16) & 15, box = (algo >> 20) & 15;
@@ -343,7 +343,7 @@ int ws_choose(int rows, int64_t n, int64_t k, int bits, int group, int algo, int
     if (rc != DSX_OK) return rc;
   }
   cfg->bal = false, cfg->grid_y = 0;  // (choose's automatic balanced grid at <= 8 rows: not this kernel)
-  cfg->ct = rows > 8 ? 1 << ((algo & kWsTilesBit) >> 29) : 1;
+  cfg->ct = 1 << ((algo & kWsTilesBit) >> 29);
   if (cfg->ct > 1) {
     if (gmode_of(bits, group) == 2) return DSX_EINVAL;  // (int4 group 64: one tile a warp only)
     const int64_t blocks_n = (n / 16 + cfg->ct * cfg->warps - 1) / (cfg->ct * cfg->warps);
@@ -499,9 +499,9 @@ int ws_launch(Params& p, const void* qweight, int64_t n, int64_t k, int bits, in
   p.groups = cfg.blocks_n;
   auto by_mt = [&](auto bg) {
     constexpr int B = decltype(bg)::kBits, G = decltype(bg)::kGmode;
-    if constexpr (G != 2) {  // (several tiles a warp: 9..16 rows, not int4 group 64; ws_choose)
-      if (cfg.ct == 2) return ws_launch_inst<B, 2, G, 2>(p, cfg, stream);
-      if (cfg.ct == 4) return ws_launch_inst<B, 2, G, 4>(p, cfg, stream);
+    if constexpr (G != 2) {  // (several tiles a warp: not int4 group 64; ws_choose)
+      if (cfg.ct == 2) return cfg.mt == 1 ? ws_launch_inst<B, 1, G, 2>(p, cfg, stream) : ws_launch_inst<B, 2, G, 2>(p, cfg, stream);
+      if (cfg.ct == 4) return cfg.mt == 1 ? ws_launch_inst<B, 1, G, 4>(p, cfg, stream) : ws_launch_inst<B, 2, G, 4>(p, cfg, stream);
     }
     return cfg.mt == 1 ? ws_launch_inst<B, 1, G>(p, cfg, stream) : ws_launch_inst<B, 2, G>(p, cfg, stream);
   };

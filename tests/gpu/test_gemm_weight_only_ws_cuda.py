@@ -170,7 +170,7 @@ def test_up_to_8_rows_where_auto_takes_the_balanced_grid():
     assert same(a, run_raw(x, q, s, 4, -1, word(warps, splits, 0, 0, 0))), "bits differ from the plain kernel"
 
 
-TILES = {2: 1 << 29, 4: 2 << 29}  # algo bits 29..30 (with bit 28): 16-channel tiles a consumer warp, 9..16 rows
+TILES = {2: 1 << 29, 4: 2 << 29}  # algo bits 29..30 (with bit 28): 16-channel tiles a consumer warp, 1..16 rows
 TWO = TILES[2]
 TWO_LAYOUTS = [(4, -1), (4, 128), (8, -1), (8, 128)]
 
@@ -182,8 +182,8 @@ def test_two_tiles_a_warp_same_bits_every_split(bits, group, tiles):
     and 448: with 8 warps of 2 tiles a block covers 256 channels, so the last block has only 4 or 12
     of its 16 tiles inside N (of 4 tiles: 512 channels, 1 block); with 4 warps 128 or 256 (2.5 / 3.5
     blocks; 1.25 / 1.75). K = 2112: ragged slices ending in short ring slots. M 9..16 (13: not a
-    multiple of 8) and M 5 (the field is ignored at 8 rows or fewer). For each split: right against
-    float64, reproducible, and the same bits as the existing path."""
+    multiple of 8) and M 5 (one token tile: the kernel instance with one x fragment of 8 rows). For
+    each split: right against float64, reproducible, and the same bits as the existing path."""
     k, two = 2112, TILES[tiles]
     for n in (320, 448):
         for m in (9, 13, 16, 5):
@@ -202,7 +202,7 @@ def test_two_tiles_a_warp_same_bits_every_split(bits, group, tiles):
 
 
 @pytest.mark.parametrize("tiles", [2, 4])
-@pytest.mark.parametrize("m", [10, 16])
+@pytest.mark.parametrize("m", [3, 10, 16])
 @pytest.mark.parametrize("bits,group", [(4, -1), (8, 128)])
 def test_two_tiles_persistent_blocks(bits, group, m, tiles):
     """N = 23104 (361 x 64): 91 groups of 256 channels (8 warps of two tiles; the last one a
@@ -220,6 +220,33 @@ def test_two_tiles_persistent_blocks(bits, group, m, tiles):
             assert same(a, ref), f"algo {algo:#x}: bits differ from the existing path"
             assert same(run_raw(x, q, s, bits, group, algo | ONE_GROUP), ref), f"algo {algo:#x}: one group differs"
             assert same(run_raw(x, q, s, bits, group, algo | PDL), ref), f"algo {algo:#x}: PDL differs"
+
+
+@pytest.mark.parametrize("tiles", [2, 4])
+@pytest.mark.parametrize("bits,group", TWO_LAYOUTS)
+def test_several_tiles_up_to_8_rows_same_bits(bits, group, tiles):
+    """Bits 29..30 at 1..8 rows (one token tile a warp: x fragments of 8 rows, rows past M repeat the
+    last one): N = 320 and 448 (the last block partly past N), K = 2112 (ragged slices, short ring
+    slots), M 1, 4, 8; splits 1, 2, 3, 5, 8; several warps and rings. Right against float64, the
+    same bits as the existing path at that split, and as bit 28 with one tile a warp; the path
+    entry reports the tiles."""
+    k, bit = 2112, TILES[tiles]
+    for n in (320, 448):
+        for m in (1, 4, 8):
+            x, q, s, wd = make(m, n, k, bits, group, seed=31)
+            for splits in (1, 2, 3, 5, 8):
+                ref = run_raw(x, q, s, bits, group, word(8, splits, 0, 0, 0))
+                check_bound(ref, x, wd, f"existing m {m} n {n} splits {splits}")
+                one = run_raw(x, q, s, bits, group, word(8, splits, 0, 2, 2) | WS)
+                assert same(one, ref), f"m {m} n {n} splits {splits}: one tile a warp differs"
+                for warps, stages, box in ((8, 0, 0), (8, 2, 2), (4, 2, 1), (8, 4, 1), (2, 3, 4)):
+                    algo = word(warps, splits, 0, stages, box) | WS | bit
+                    assert G.cuda_path(m, n, k, bits, group, algo=algo) == {"ws": True, "tiles": tiles}, algo
+                    a = run_raw(x, q, s, bits, group, algo)
+                    check_bound(a, x, wd, f"{tiles} tiles m {m} n {n} algo {algo:#x}")
+                    assert same(a, ref), f"m {m} n {n} algo {algo:#x}: bits differ from the existing path"
+                algo = word(8, splits, 0, 2, 2) | WS | bit
+                assert same(run_raw(x, q, s, bits, group, algo | ONE_GROUP | PDL), ref), f"{algo:#x}: one group, PDL"
 
 
 def test_two_tiles_refused_combinations():

@@ -59,8 +59,8 @@
  * than 16 rows, the existing kernel runs, its ring automatic).
  * Warps and splits resolve as without the bit (but for splits and chunk both automatic where
  * that would stage x in chunks: then 8 splits), and the arithmetic is the same: for equal splits
- * the output has the same bits as without it. Bits 29..30 (with bit 28; launches of 9..16 rows,
- * ignored at fewer): 1 or 2 = each consumer warp owns 2 or 4 tiles of 16 output channels (a block
+ * the output has the same bits as without it. Bits 29..30 (with bit 28; launches of up to 16 rows):
+ * 1 or 2 = each consumer warp owns 2 or 4 tiles of 16 output channels (a block
  * 16 x tiles x warps channels), so that one x fragment load from shared memory feeds the mma of
  * all of them; each tile's arithmetic is unchanged (the same bits). DSX_EINVAL: bits 29..30
  * without bit 28, equal to 3, or with int4 group 64. Automatic (algo 0, or only bits 24..26) at
