@@ -436,7 +436,7 @@ int ws_resident_tiles(const Config& c) { return c.ct * c.warps * ws_blocks_per_s
 // runs, four 1% faster at M = 8); 24576 x 1536 13.48 / 15.36 / 16.69 (/ 17.17 / 18.01 / 19.58) ->
 // 12.03 / 13.28 / 14.77 (/ 16.18 / 17.36 / 18.86); 4096 x 7168 10.75 / 11.48 / 12.69 -> 10.47 /
 // 10.90 / 12.07; 2048 x 7168 7.73 / 8.57 / 9.55 -> 7.52 / 8.26 / 9.26; 7168 x 2048 7.94 / 8.53 / 9.35
-// -> 7.90 / 8.32 / 9.23; the rows it leaves alone within 0.6%.
+// -> 7.90 / 8.32 / 9.23; the rows it leaves alone within 0.9%.
 bool ws_auto_rule(int rows, int64_t n, int64_t k, int bits, int group, int algo, int sms, Config* cfg) {
   if (rows > 16 || (algo & 0xFFFFFF) != 0 || (algo & (1 << 27 | kWsAlgoBit | kWsTilesBit))) return false;
   const bool int4pc = bits == 4 && group == -1, int4g128 = bits == 4 && group == 128, int8pc = bits == 8 && group == -1;
