@@ -49,7 +49,7 @@ __device__ __forceinline__ void ws_cluster_sync_release() {
 // CT: 16-channel tiles a consumer warp owns (2, 4: algo bits 29..30; warp w owns tiles CT w .. CT w +
 // CT - 1, contiguous channels; one x load feeds the mma of all of them: step_q_tiles).
 template <int BITS, int MT, int GMODE, int CT = 1>
-__global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? 1 : CT == 2 || (MT == 2 && GMODE == 2) ? 2 : 3)
+__global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? (MT == 1 ? 2 : 1) : CT == 2 || (MT == 2 && GMODE == 2) ? 2 : 3)
     wo_gemm_ws_kernel(const __grid_constant__ Params p) {
   extern __shared__ __align__(128) uint8_t smem[];
   constexpr int kStepK = BITS == 8 ? 64 : 128;
@@ -319,16 +319,16 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? 1 : CT == 2 ||
 // ------------------------------------------------------------------ host side (bit 28)
 
 constexpr int kWsAlgoBit = 1 << 28;
-constexpr int kWsTilesBit = 3 << 29;  // (with bit 28, at 9..16 rows: 2 (1) or 4 (2) 16-channel tiles a consumer warp)
+constexpr int kWsTilesBit = 3 << 29;  // (with bit 28, up to 16 rows: 2 (1) or 4 (2) 16-channel tiles a consumer warp)
 constexpr int kWsNoFit = 1;  // (ws_choose: x whole does not fit, every field automatic)
 
 // The warp-specialized configuration for a launch of `rows` (<= 16) rows: the split, chunk and
 // warps that choose() gives the word without bit 28 and without its ring fields (so, at equal
 // splits, the same slices: the same bits; with splits and chunk automatic, 8 splits where
 // choose() would stage x in chunks), and the block ring's own slots / steps per slot (algo bits
-// 16..19 / 20..23; automatic: 4 slots of 1 step). With bits 29..30 = t (1 or 2) at 9..16 rows, each
-// consumer warp owns 2^t 16-channel tiles (a block 16 * 2^t * warps channels; at 8 rows or fewer the
-// field is ignored; t = 3 is refused in ws_resolve).
+// 16..19 / 20..23; automatic: 4 slots of 1 step). With bits 29..30 = t (1 or 2), each consumer warp
+// owns 2^t 16-channel tiles (a block 16 * 2^t * warps channels; at 8 rows or fewer with one token
+// tile, x fragments of 8 rows; t = 3 is refused in ws_resolve).
 int ws_choose(int rows, int64_t n, int64_t k, int bits, int group, int algo, int sms, Config* cfg) {
   if (rows > 16) return DSX_EINVAL;
   const int stages = (algo >> 16) & 15, box = (algo >> 20) & 15;
@@ -343,7 +343,7 @@ int ws_choose(int rows, int64_t n, int64_t k, int bits, int group, int algo, int
     if (rc != DSX_OK) return rc;
   }
   cfg->bal = false, cfg->grid_y = 0;  // (choose's automatic balanced grid at <= 8 rows: not this kernel)
-  cfg->ct = rows > 8 ? 1 << ((algo & kWsTilesBit) >> 29) : 1;
+  cfg->ct = 1 << ((algo & kWsTilesBit) >> 29);
   if (cfg->ct > 1) {
     if (gmode_of(bits, group) == 2) return DSX_EINVAL;  // (int4 group 64: one tile a warp only)
     const int64_t blocks_n = (n / 16 + cfg->ct * cfg->warps - 1) / (cfg->ct * cfg->warps);
@@ -401,22 +401,67 @@ int ws_choose(int rows, int64_t n, int64_t k, int bits, int group, int algo, int
 // M = 16 / 9: 36864 x 7168 86.07 / 78.36 -> 71.28 (one tile: two would be one block an SM, 88.23) /
 // 56.74; 7168 x 18432 52.57 / 47.87 -> 38.14 / 36.58. int8 per channel M = 16 / 9: 36864 x 7168
 // 90.21 / 86.31 -> 84.49 / 82.03; 7168 x 18432 58.54 / 52.56 -> 49.45 / 47.80.
-int ws_resident_tiles(const Config& c) {
-  const int by_smem = kSmemPerSm / (c.smem + kSmemReserved);
-  return c.ct * c.warps * std::min(c.ct == 1 ? 3 : 2, by_smem);  // (launch bounds: 3 blocks of one tile a warp, 2 of two)
+// Blocks of the warp-specialized kernel one SM holds by its registers (ptxas, no spills: one token
+// tile (MT 1) 60-68 / 72 / 77-91 registers a thread with 1 / 2 / 4 tiles a warp; two token tiles
+// (MT 2) 60-96 / 93-95 / 117-138) and by shared memory.
+int ws_blocks_per_sm(const Config& c) {
+  const int by_regs = c.mt == 1 ? (c.ct == 4 ? 2 : 3) : (c.ct == 1 ? 3 : c.ct == 2 ? 2 : 1);
+  return std::min(by_regs, kSmemPerSm / (c.smem + kSmemReserved));
 }
+int ws_resident_tiles(const Config& c) { return c.ct * c.warps * ws_blocks_per_sm(c); }
 
+// Twelfth session: up to 8 rows (int4 per channel only) and four tiles a warp. Up to 8 rows the
+// same two-tile rule as above (its grid has a block for every SM, at least as many tiles resident);
+// where it does not hold, one tile a warp (2 x 2 ring) where choose() would not take the balanced
+// grid (the plain grid runs in one round), else choose()'s own choice (the balanced grid included).
+// Before both, int4 per channel, 1..16 rows: four tiles a warp (8 warps, 2 slots of 1 step) where
+// that grid runs in one round (at most the blocks the SMs hold at once), has a block for at least
+// 2/3 of the SMs, and keeps at least as many tiles resident on an SM as two tiles a warp. Measured,
+// H200, 2026-12-01, bench/gpu_gemm_weight_only.py --ab, interleaved in one run, us, auto before /
+// two tiles (2 x 2) / four tiles (2 x 1) / one tile (2 x 2):
+// M = 1, 4, 8: 36864 x 7168 47.29 / 45.08 / 49.24 / 47.94, 51.69 / 47.92 / 51.96 / 50.63, 53.56 /
+// 50.41 / 55.03 / 54.66 (torch 141-142: 2.99x -> 3.13x at M = 1); 7168 x 18432 27.37 / 25.18 / 25.81
+// / 26.78, 31.61 / 26.58 / 27.01 / 28.94, 31.14 / 28.38 / 28.03 / 32.28; 24576 x 1536 13.22 / 12.99 /
+// 11.79 / 13.08, 15.10 / 13.97 / 12.99 / 14.11, 16.40 / 14.88 / 14.48 / 15.69; one tile (two tiles'
+// grids have fewer blocks than SMs there): 4096 x 7168 10.58 -> 10.24, 11.30 -> 10.71, 12.48 ->
+// 11.82; 2048 x 7168 7.74 -> 7.50, 8.56 -> 8.26, 9.54 -> 9.24; 7168 x 2048 7.91 -> 7.85, 8.50 -> 8.32,
+// 9.35 -> 9.20. M = 9, 12, 16 (auto: two tiles there), four tiles: 7168 x 18432 34.79 / 35.34 / 36.42
+// -> 30.94 / 31.66 / 32.87, 24576 x 1536 16.96 / 17.81 / 19.32 -> 15.96 / 17.07 / 18.62 (the
+// eleventh session's two calls: the same); it lost on the other four shapes (36864 x 7168: 288 or
+// 576 blocks, more than one round; 4096 x 7168, 2048 x 7168, 7168 x 2048: 28-56 blocks).
+// Next run, this rule against HEAD's kernel built alone (--alt-lib), same run, M = 1 / 4 / 8 (/ 9 /
+// 12 / 16 where four tiles): 36864 x 7168 47.47 / 52.10 / 52.92 -> 45.90 / 48.27 / 50.69 (torch 141:
+// 3.08x at M = 1); 7168 x 18432 28.49 / 31.87 / 31.73 (/ 35.55 / 36.01 / 37.26) -> 26.72 / 27.89 /
+// 29.16 (/ 32.11 / 32.76 / 33.80; two tiles were 1.5-2.3% faster than four at M = 1, 4 in both
+// runs, four 1% faster at M = 8); 24576 x 1536 13.48 / 15.36 / 16.69 (/ 17.17 / 18.01 / 19.58) ->
+// 12.03 / 13.28 / 14.77 (/ 16.18 / 17.36 / 18.86); 4096 x 7168 10.75 / 11.48 / 12.69 -> 10.47 /
+// 10.90 / 12.07; 2048 x 7168 7.73 / 8.57 / 9.55 -> 7.52 / 8.26 / 9.26; 7168 x 2048 7.94 / 8.53 / 9.35
+// -> 7.90 / 8.32 / 9.23; the rows it leaves alone within 0.9%.
 bool ws_auto_rule(int rows, int64_t n, int64_t k, int bits, int group, int algo, int sms, Config* cfg) {
-  if (rows <= 8 || rows > 16 || (algo & 0xFFFFFF) != 0 || (algo & (kWsAlgoBit | kWsTilesBit))) return false;
+  if (rows > 16 || (algo & 0xFFFFFF) != 0 || (algo & (1 << 27 | kWsAlgoBit | kWsTilesBit))) return false;
   const bool int4pc = bits == 4 && group == -1, int4g128 = bits == 4 && group == 128, int8pc = bits == 8 && group == -1;
-  if (!int4pc && !int4g128 && !int8pc) return false;
+  if (rows <= 8 ? !int4pc : !int4pc && !int4g128 && !int8pc) return false;
   const int ring = algo | kWsAlgoBit | 2 << 16 | 2 << 20;
-  Config one, two;
+  Config one, two, four;
   const bool ok1 = ws_choose(rows, n, k, bits, group, ring, sms, &one) == DSX_OK;
   const bool ok2 = ws_choose(rows, n, k, bits, group, ring | 1 << 29, sms, &two) == DSX_OK;
+  const bool ok4 = int4pc && ws_choose(rows, n, k, bits, group, algo | kWsAlgoBit | 2 << 16 | 1 << 20 | 2 << 29, sms,
+                                       &four) == DSX_OK;
+  if (ok4 && ok2) {
+    const int64_t blocks4 = int64_t(four.blocks_n) * four.splits;
+    if (blocks4 <= int64_t(ws_blocks_per_sm(four)) * sms && 3 * blocks4 >= 2 * int64_t(sms) &&
+        ws_resident_tiles(four) >= ws_resident_tiles(two)) {
+      *cfg = four;
+      return true;
+    }
+  }
   if (ok2 && int64_t(two.blocks_n) * two.splits >= sms && (!ok1 || ws_resident_tiles(two) >= ws_resident_tiles(one))) {
     *cfg = two;
     return true;
+  }
+  if (ok1 && rows <= 8) {
+    Config plain;
+    if (choose(rows, n, k, bits, group, algo, sms, &plain) != DSX_OK || plain.bal) return false;
   }
   if (ok1 && !int8pc) {
     *cfg = one;
@@ -499,9 +544,9 @@ int ws_launch(Params& p, const void* qweight, int64_t n, int64_t k, int bits, in
   p.groups = cfg.blocks_n;
   auto by_mt = [&](auto bg) {
     constexpr int B = decltype(bg)::kBits, G = decltype(bg)::kGmode;
-    if constexpr (G != 2) {  // (several tiles a warp: 9..16 rows, not int4 group 64; ws_choose)
-      if (cfg.ct == 2) return ws_launch_inst<B, 2, G, 2>(p, cfg, stream);
-      if (cfg.ct == 4) return ws_launch_inst<B, 2, G, 4>(p, cfg, stream);
+    if constexpr (G != 2) {  // (several tiles a warp: not int4 group 64; ws_choose)
+      if (cfg.ct == 2) return cfg.mt == 1 ? ws_launch_inst<B, 1, G, 2>(p, cfg, stream) : ws_launch_inst<B, 2, G, 2>(p, cfg, stream);
+      if (cfg.ct == 4) return cfg.mt == 1 ? ws_launch_inst<B, 1, G, 4>(p, cfg, stream) : ws_launch_inst<B, 2, G, 4>(p, cfg, stream);
     }
     return cfg.mt == 1 ? ws_launch_inst<B, 1, G>(p, cfg, stream) : ws_launch_inst<B, 2, G>(p, cfg, stream);
   };

@@ -203,7 +203,7 @@ def algo_word(warps: int = 0, splits: int = 0, chunk: int = 0, stages: int = 0, 
     warp_specialized: bit 28 (launches of up to 16 rows; one producer warp a block fills a ring
     shared by its warps, `stages` x `box` steps of all of them, x staged whole; not with
     `balanced`); tiles: 16-channel tiles a consumer warp owns, 1, 2 or 4 (bits 29..30 = log2; with
-    warp_specialized, at 9..16 rows: one x fragment load feeds all of them; not for int4 group 64).
+    warp_specialized, up to 16 rows: one x fragment load feeds all of them; not for int4 group 64).
     Only `splits` changes the result's bits (and `balanced`, for tiles that a warp run boundary cuts).
     """
     if warps not in (0, 1, 2, 4, 8) or tiles not in (1, 2, 4) or not 0 <= splits <= 8 or not 0 <= chunk < 256 or \

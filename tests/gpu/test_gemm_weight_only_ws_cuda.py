@@ -90,8 +90,8 @@ def ws_config(m, n, k, bits, group, algo):
 @pytest.mark.parametrize("n,k,bits,group", [(2048, 7168, 4, -1), (4096, 7168, 4, 128), (1536, 1536, 8, -1)])
 def test_automatic_fields_on_decode_shapes(m, n, k, bits, group):
     """Bit 28 with every field automatic: x whole, the ring 4 x 1, and the same bits as the
-    existing path at the split it resolves to (int4 per channel at 9..16 rows: as auto itself,
-    which takes this path); right against float64."""
+    existing path at the split it resolves to (int4 per channel: as auto itself, which takes this
+    path with one tile a warp on these shapes, at any M up to 16); right against float64."""
     warps, splits, chunk, stages, box = ws_config(m, n, k, bits, group, WS)
     nsteps = k // 64 if bits == 8 else (k // 64 + 1) // 2
     assert chunk == -(-nsteps // splits) and (stages, box) == (4, 1), (warps, splits, chunk, stages, box)
@@ -99,7 +99,8 @@ def test_automatic_fields_on_decode_shapes(m, n, k, bits, group):
     a = run_raw(x, q, s, bits, group, WS)
     check_bound(a, x, wd, f"ws auto {(m, n, k, bits, group)}")
     assert same(a, run_raw(x, q, s, bits, group, word(warps, splits, 0, 0, 0))), "bits differ from the existing path"
-    if bits == 4 and group == -1 and 9 <= m <= 16:
+    if bits == 4 and group == -1:
+        assert G.cuda_path(m, n, k, bits, group) == {"ws": True, "tiles": 1}
         assert same(a, G.gemm_weight_only_cuda(x, q, s, bits, group, 90)), "bits differ from auto"
 
 
@@ -158,9 +159,9 @@ def test_not_with_the_balanced_grid():
 
 def test_up_to_8_rows_where_auto_takes_the_balanced_grid():
     """36864 x 1024 int4 per channel at M = 4: 288 tile groups, more than the clusters resident,
-    so the automatic choice takes the balanced grid (bit 27); bit 28 with the automatic fields
-    keeps choose()'s warps and split but runs its own kernel (x whole, the ring 4 x 1): right,
-    and the same bits as the plain kernel at that split."""
+    so choose() takes the balanced grid (bit 27; auto now takes two tiles a warp there); bit 28 with
+    the automatic fields keeps choose()'s warps and split but runs its own kernel (x whole, the ring
+    4 x 1): right, and the same bits as the plain kernel at that split."""
     m, n, k = 4, 36864, 1024
     warps, splits, chunk, stages, box = ws_config(m, n, k, 4, -1, WS)
     assert chunk == -(-8 // splits) and (stages, box) == (4, 1), (warps, splits, chunk, stages, box)
@@ -170,7 +171,7 @@ def test_up_to_8_rows_where_auto_takes_the_balanced_grid():
     assert same(a, run_raw(x, q, s, 4, -1, word(warps, splits, 0, 0, 0))), "bits differ from the plain kernel"
 
 
-TILES = {2: 1 << 29, 4: 2 << 29}  # algo bits 29..30 (with bit 28): 16-channel tiles a consumer warp, 9..16 rows
+TILES = {2: 1 << 29, 4: 2 << 29}  # algo bits 29..30 (with bit 28): 16-channel tiles a consumer warp, 1..16 rows
 TWO = TILES[2]
 TWO_LAYOUTS = [(4, -1), (4, 128), (8, -1), (8, 128)]
 
@@ -182,8 +183,8 @@ def test_two_tiles_a_warp_same_bits_every_split(bits, group, tiles):
     and 448: with 8 warps of 2 tiles a block covers 256 channels, so the last block has only 4 or 12
     of its 16 tiles inside N (of 4 tiles: 512 channels, 1 block); with 4 warps 128 or 256 (2.5 / 3.5
     blocks; 1.25 / 1.75). K = 2112: ragged slices ending in short ring slots. M 9..16 (13: not a
-    multiple of 8) and M 5 (the field is ignored at 8 rows or fewer). For each split: right against
-    float64, reproducible, and the same bits as the existing path."""
+    multiple of 8) and M 5 (one token tile: the kernel instance with one x fragment of 8 rows). For
+    each split: right against float64, reproducible, and the same bits as the existing path."""
     k, two = 2112, TILES[tiles]
     for n in (320, 448):
         for m in (9, 13, 16, 5):
@@ -202,7 +203,7 @@ def test_two_tiles_a_warp_same_bits_every_split(bits, group, tiles):
 
 
 @pytest.mark.parametrize("tiles", [2, 4])
-@pytest.mark.parametrize("m", [10, 16])
+@pytest.mark.parametrize("m", [3, 10, 16])
 @pytest.mark.parametrize("bits,group", [(4, -1), (8, 128)])
 def test_two_tiles_persistent_blocks(bits, group, m, tiles):
     """N = 23104 (361 x 64): 91 groups of 256 channels (8 warps of two tiles; the last one a
@@ -220,6 +221,33 @@ def test_two_tiles_persistent_blocks(bits, group, m, tiles):
             assert same(a, ref), f"algo {algo:#x}: bits differ from the existing path"
             assert same(run_raw(x, q, s, bits, group, algo | ONE_GROUP), ref), f"algo {algo:#x}: one group differs"
             assert same(run_raw(x, q, s, bits, group, algo | PDL), ref), f"algo {algo:#x}: PDL differs"
+
+
+@pytest.mark.parametrize("tiles", [2, 4])
+@pytest.mark.parametrize("bits,group", TWO_LAYOUTS)
+def test_several_tiles_up_to_8_rows_same_bits(bits, group, tiles):
+    """Bits 29..30 at 1..8 rows (one token tile a warp: x fragments of 8 rows, rows past M repeat the
+    last one): N = 320 and 448 (the last block partly past N), K = 2112 (ragged slices, short ring
+    slots), M 1, 4, 8; splits 1, 2, 3, 5, 8; several warps and rings. Right against float64, the
+    same bits as the existing path at that split, and as bit 28 with one tile a warp; the path
+    entry reports the tiles."""
+    k, bit = 2112, TILES[tiles]
+    for n in (320, 448):
+        for m in (1, 4, 8):
+            x, q, s, wd = make(m, n, k, bits, group, seed=31)
+            for splits in (1, 2, 3, 5, 8):
+                ref = run_raw(x, q, s, bits, group, word(8, splits, 0, 0, 0))
+                check_bound(ref, x, wd, f"existing m {m} n {n} splits {splits}")
+                one = run_raw(x, q, s, bits, group, word(8, splits, 0, 2, 2) | WS)
+                assert same(one, ref), f"m {m} n {n} splits {splits}: one tile a warp differs"
+                for warps, stages, box in ((8, 0, 0), (8, 2, 2), (4, 2, 1), (8, 4, 1), (2, 3, 4)):
+                    algo = word(warps, splits, 0, stages, box) | WS | bit
+                    assert G.cuda_path(m, n, k, bits, group, algo=algo) == {"ws": True, "tiles": tiles}, algo
+                    a = run_raw(x, q, s, bits, group, algo)
+                    check_bound(a, x, wd, f"{tiles} tiles m {m} n {n} algo {algo:#x}")
+                    assert same(a, ref), f"m {m} n {n} algo {algo:#x}: bits differ from the existing path"
+                algo = word(8, splits, 0, 2, 2) | WS | bit
+                assert same(run_raw(x, q, s, bits, group, algo | ONE_GROUP | PDL), ref), f"{algo:#x}: one group, PDL"
 
 
 def test_two_tiles_refused_combinations():
@@ -252,19 +280,28 @@ def test_two_tiles_refused_combinations():
 
 
 # (N, K, bits, group, M) -> (warp-specialized, tiles a warp) of the automatic choice on an H200
-# (132 SMs; gemm_weight_only_ws.cuh, ws_auto_rule): two tiles a warp where that grid has a block for
-# every SM and keeps at least as many tiles resident an SM; else int4 one tile a warp, int8 the
-# kernel without bit 28.
+# (132 SMs; gemm_weight_only_ws.cuh, ws_auto_rule): int4 per channel four tiles a warp where that grid
+# runs in one round with a block for at least 2/3 of the SMs and as many tiles resident as two; two
+# tiles a warp where that grid has a block for every SM and keeps at least as many tiles resident an
+# SM; else at 9..16 rows int4 one tile a warp, int8 the kernel without bit 28; at <= 8 rows (int4 per
+# channel only) one tile a warp where the plain grid would not be the balanced one.
 AUTO_H200 = {
     (36864, 7168, 4, -1, 16): (True, 2), (36864, 7168, 4, -1, 12): (True, 2), (36864, 7168, 4, -1, 9): (True, 2),
-    (7168, 18432, 4, -1, 16): (True, 2), (24576, 1536, 4, -1, 16): (True, 2),
+    (7168, 18432, 4, -1, 16): (True, 4), (24576, 1536, 4, -1, 16): (True, 4), (7168, 18432, 4, -1, 9): (True, 4),
     (4096, 7168, 4, -1, 16): (True, 1), (4096, 7168, 4, -1, 9): (True, 1),  # (112 blocks of two tiles)
     (2048, 7168, 4, -1, 16): (True, 1), (7168, 2048, 4, -1, 12): (True, 1),
     (36864, 7168, 4, 128, 16): (True, 1),  # (two tiles: one block an SM, 16 tiles against 24)
     (36864, 7168, 4, 128, 9): (True, 2), (7168, 18432, 4, 128, 16): (True, 2),
     (36864, 7168, 8, -1, 16): (True, 2), (7168, 18432, 8, -1, 9): (True, 2),
     (4096, 7168, 8, -1, 16): (False, 1),
-    (36864, 7168, 4, 64, 16): (False, 1), (36864, 7168, 4, -1, 8): (False, 1), (36864, 7168, 4, -1, 17): (False, 1),
+    (36864, 7168, 4, 64, 16): (False, 1), (36864, 7168, 4, -1, 17): (False, 1),
+    # up to 8 rows (int4 per channel)
+    (36864, 7168, 4, -1, 1): (True, 2), (36864, 7168, 4, -1, 4): (True, 2), (36864, 7168, 4, -1, 8): (True, 2),
+    (7168, 18432, 4, -1, 1): (True, 4), (7168, 18432, 4, -1, 8): (True, 4),
+    (24576, 1536, 4, -1, 1): (True, 4), (24576, 1536, 4, -1, 8): (True, 4),
+    (4096, 7168, 4, -1, 1): (True, 1), (4096, 7168, 4, -1, 8): (True, 1), (2048, 7168, 4, -1, 4): (True, 1),
+    (7168, 2048, 4, -1, 1): (True, 1), (7168, 2048, 4, -1, 8): (True, 1),
+    (36864, 7168, 4, 128, 8): (False, 1), (36864, 7168, 8, -1, 4): (False, 1), (7168, 18432, 4, 64, 1): (False, 1),
 }
 
 
@@ -281,15 +318,18 @@ def test_automatic_two_tiles_rule_on_h200(case):
     if got["ws"]:
         cfg = G.cuda_config(m, n, k, bits, group)
         nsteps = k // 64 if bits == 8 else (k // 64 + 1) // 2
-        assert (cfg["stages"], cfg["box"], cfg["chunk"]) == (2, 2, -(-nsteps // cfg["splits"])), cfg
+        ring = (2, 1) if got["tiles"] == 4 else (2, 2)
+        assert (cfg["stages"], cfg["box"], cfg["chunk"]) == (*ring, -(-nsteps // cfg["splits"])), cfg
+        assert cfg["warps"] == (8 if got["tiles"] > 1 else cfg["warps"]), cfg
 
 
-@pytest.mark.parametrize("m", [9, 16])
+@pytest.mark.parametrize("m", [1, 8, 9, 16])
 @pytest.mark.parametrize("bits,group", [(4, -1), (4, 128), (8, -1)])
 def test_automatic_two_tiles_same_bits(bits, group, m):
-    """24576 x 1536, where auto takes two tiles a warp on an H200 (96 groups of 256 channels, 2
-    splits): right against float64, and the same bits as the existing path and as bit 28 with one
-    tile a warp at that split; the path entry says which kernel ran."""
+    """24576 x 1536, where auto takes several tiles a warp on an H200 at 9..16 rows (int4 per channel
+    four, 48 groups of 512 channels; the others two, 96 groups of 256 channels; 2 splits) and, int4 per
+    channel, at 1..8 rows (four): right against float64, and the same bits as the existing path and as
+    bit 28 with one tile a warp at that split; the path entry says which kernel ran."""
     n, k = 24576, 1536
     path = G.cuda_path(m, n, k, bits, group)
     cfg = G.cuda_config(m, n, k, bits, group)

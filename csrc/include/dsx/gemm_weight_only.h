@@ -59,8 +59,8 @@
  * than 16 rows, the existing kernel runs, its ring automatic).
  * Warps and splits resolve as without the bit (but for splits and chunk both automatic where
  * that would stage x in chunks: then 8 splits), and the arithmetic is the same: for equal splits
- * the output has the same bits as without it. Bits 29..30 (with bit 28; launches of 9..16 rows,
- * ignored at fewer): 1 or 2 = each consumer warp owns 2 or 4 tiles of 16 output channels (a block
+ * the output has the same bits as without it. Bits 29..30 (with bit 28; launches of up to 16 rows):
+ * 1 or 2 = each consumer warp owns 2 or 4 tiles of 16 output channels (a block
  * 16 x tiles x warps channels), so that one x fragment load from shared memory feeds the mma of
  * all of them; each tile's arithmetic is unchanged (the same bits). DSX_EINVAL: bits 29..30
  * without bit 28, equal to 3, or with int4 group 64. Automatic (algo 0, or only bits 24..26) at
@@ -70,7 +70,15 @@
  * with one tile a warp and int8 the kernel without it (measured, H200, against the previous
  * choice, same run: int4 per channel and int8 4-22% faster on the three large DeepSeek-V3 shapes
  * at M = 9, 12, 16 and unchanged on the three small ones, int4 group 128 7-28% faster on all six;
- * gemm_weight_only_ws.cuh and docs/benchmarks.md have the figures). Bits 27 and 28 together: DSX_EINVAL.
+ * gemm_weight_only_ws.cuh and docs/benchmarks.md have the figures). Int4 per channel, 1..16 rows, before
+ * that: four tiles a warp (8 warps, 2 slots of 1 step) where that grid runs in one round (no more
+ * blocks than the SMs hold at once), has a block for at least 2/3 of the SMs and keeps at least as
+ * many tiles resident as two tiles a warp; at 1..8 rows (int4 per channel only) the two-tile rule
+ * above, else one tile a warp (2 x 2) where the plain grid would not be the balanced one (bit 27),
+ * else the plain or balanced kernel as before (measured, H200, same run: 5-16% faster than the
+ * previous choice on the three large DeepSeek-V3 shapes at M = 1, 4, 8, 1-5% on the three small ones,
+ * four tiles 4-11% at 9..16 rows on 7168 x 18432 and 24576 x 1536). At 1..8 rows auto's bits are
+ * then the plain kernel's at its split (not the balanced grid's). Bits 27 and 28 together: DSX_EINVAL.
  * Returns 0, DSX_EINVAL
  * or DSX_ECUDA (launch failure, or no driver entry point for the TMA descriptor).
  *
@@ -89,7 +97,8 @@
  * the GPU's resident cluster count (fixed for a GPU model): bits 24 and 25 do not move them; the
  * warps, splits, ring and box fields may (they move G or the runs). No atomics, no workspace;
  * reproducible run to run. The automatic choice (algo 0) takes bit 27 only where choose() in
- * gemm_weight_only.cu says (measured); its output bits are then these.
+ * gemm_weight_only.cu says (measured) and the warp-specialized rule above does not apply; its output
+ * bits are then these.
  */
 #ifndef DSX_GEMM_WEIGHT_ONLY_H_
 #define DSX_GEMM_WEIGHT_ONLY_H_
