@@ -27,25 +27,8 @@
 #include <cstring>
 #include <vector>
 
-#define CK(x)                                                                                     \
-  do {                                                                                            \
-    cudaError_t e_ = (x);                                                                         \
-    if (e_ != cudaSuccess) {                                                                      \
-      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__);        \
-      std::exit(1);                                                                               \
-    }                                                                                             \
-  } while (0)
+#include "probe_common.cuh"
 
-__device__ __forceinline__ void bar_wait(uint32_t bar, uint32_t par) {
-  uint32_t ok = 0;
-  while (!ok) {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
-        : "=r"(ok)
-        : "r"(bar), "r"(par)
-        : "memory");
-  }
-}
 __device__ __forceinline__ void expect_tx(uint32_t bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
 }
@@ -89,7 +72,7 @@ __global__ void bulk_read(const uint8_t* src, long long bytes, int piece, int sl
   long long n = 0;
   for (long long i = blockIdx.x; i < np; i += gridDim.x, ++n) {
     const int s = static_cast<int>(n % slots);
-    if (n >= slots) bar_wait(bars + 8 * s, static_cast<uint32_t>((n / slots - 1) & 1));
+    if (n >= slots) probe_mbar_wait(bars + 8 * s, static_cast<uint32_t>((n / slots - 1) & 1));
     expect_tx(bars + 8 * s, piece);
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
                      ring + s * piece),
@@ -97,7 +80,7 @@ __global__ void bulk_read(const uint8_t* src, long long bytes, int piece, int sl
                  : "memory");
   }
   for (long long j = n > slots ? n - slots : 0; j < n; ++j)
-    bar_wait(bars + 8 * static_cast<int>(j % slots), static_cast<uint32_t>((j / slots) & 1));
+    probe_mbar_wait(bars + 8 * static_cast<int>(j % slots), static_cast<uint32_t>((j / slots) & 1));
 }
 
 // algo 6's loads, no arithmetic: CTA (split, tile) reads K blocks [kb0, kb0 + nk) of weight rows
@@ -119,14 +102,14 @@ __global__ void gemm6_loads(const __grid_constant__ G6 p) {
   const int kb0 = split * p.kbt / p.splits, nk = (split + 1) * p.kbt / p.splits - kb0;
   for (int i = 0; i < nk; ++i) {
     const int s = i % p.stages;
-    if (i >= p.stages) bar_wait(bars + 8 * s, static_cast<uint32_t>((i / p.stages - 1) & 1));
+    if (i >= p.stages) probe_mbar_wait(bars + 8 * s, static_cast<uint32_t>((i / p.stages - 1) & 1));
     expect_tx(bars + 8 * s, stage);
     const uint32_t dst = base + s * stage;
     tma2d(dst, &p.tw, bars + 8 * s, (kb0 + i) * 128, tile * p.bm);
     tma2d(dst + wb, &p.tx, bars + 8 * s, (kb0 + i) * 128, 0);
   }
   for (int j = nk > p.stages ? nk - p.stages : 0; j < nk; ++j)
-    bar_wait(bars + 8 * (j % p.stages), static_cast<uint32_t>((j / p.stages) & 1));
+    probe_mbar_wait(bars + 8 * (j % p.stages), static_cast<uint32_t>((j / p.stages) & 1));
 }
 
 static PFN_cuTensorMapEncodeTiled_v12000 encoder() {
@@ -191,31 +174,7 @@ int main(int argc, char** argv) {
       CK(cudaMalloc(&b, bytes));
       CK(cudaMemset(b, 0x5A, bytes));
     }
-    auto timeit = [&](auto launch_i, int repeat) {  // median us per launch: graph of repeat * sets launches
-      cudaGraph_t g;
-      cudaGraphExec_t ge;
-      CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-      for (int r = 0; r < repeat; ++r)
-        for (int i = 0; i < sets; ++i) launch_i(i);
-      CK(cudaStreamEndCapture(st, &g));
-      CK(cudaGraphInstantiate(&ge, g, 0));
-      for (int w = 0; w < 3; ++w) CK(cudaGraphLaunch(ge, st));
-      std::vector<float> t;
-      for (int r = 0; r < reps; ++r) {
-        CK(cudaEventRecord(e0, st));
-        CK(cudaGraphLaunch(ge, st));
-        CK(cudaEventRecord(e1, st));
-        CK(cudaEventSynchronize(e1));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
-        t.push_back(ms * 1000.f / (sets * repeat));
-      }
-      CK(cudaGetLastError());
-      CK(cudaGraphExecDestroy(ge));
-      CK(cudaGraphDestroy(g));
-      std::sort(t.begin(), t.end());
-      return t[t.size() / 2];
-    };
+    auto timeit = [&](auto launch_i, int repeat) { return graph_median_us(st, e0, e1, sets, repeat, reps, launch_i); };
     auto report = [&](const char* name, float us, float us_long) {
       std::printf("%-12s %-34s %8.2f us %6.3f TB/s | graph x4: %8.2f us %6.3f TB/s\n", tag, name, us, bytes / us / 1e6,
                   us_long, bytes / us_long / 1e6);

@@ -24,14 +24,7 @@
 #include <string>
 #include <vector>
 
-#define CK(x)                                                                      \
-  do {                                                                             \
-    cudaError_t e_ = (x);                                                          \
-    if (e_ != cudaSuccess) {                                                       \
-      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
-      std::exit(1);                                                                \
-    }                                                                              \
-  } while (0)
+#include "probe_common.cuh"
 
 struct PP {
   CUtensorMap map;
@@ -42,16 +35,6 @@ struct PP {
 
 __device__ __forceinline__ uint32_t saddr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
 
-__device__ __forceinline__ void wait_par(uint32_t bar, uint32_t par) {
-  uint32_t ok = 0;
-  while (!ok) {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
-        : "=r"(ok)
-        : "r"(bar), "r"(par)
-        : "memory");
-  }
-}
 
 __global__ void probe(const __grid_constant__ PP p) {
   extern __shared__ __align__(128) uint8_t sm[];
@@ -67,7 +50,7 @@ __global__ void probe(const __grid_constant__ PP p) {
   long long n = 0;
   auto issue = [&](int c0, int r0, const void* src1d) {
     const int s = static_cast<int>(n % p.stages);
-    if (n >= p.stages) wait_par(bar0 + 8 * s, static_cast<uint32_t>((n / p.stages - 1) & 1));
+    if (n >= p.stages) probe_mbar_wait(bar0 + 8 * s, static_cast<uint32_t>((n / p.stages - 1) & 1));
     const uint32_t bytes = p.linear ? p.bw : p.bw * p.rh;
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar0 + 8 * s), "r"(bytes) : "memory");
     const uint32_t dst = ring + s * p.slot;
@@ -116,7 +99,7 @@ __global__ void probe(const __grid_constant__ PP p) {
     }
   }
   for (long long j = n > p.stages ? n - p.stages : 0; j < n; ++j)
-    wait_par(bar0 + 8 * static_cast<int>(j % p.stages), static_cast<uint32_t>((j / p.stages) & 1));
+    probe_mbar_wait(bar0 + 8 * static_cast<int>(j % p.stages), static_cast<uint32_t>((j / p.stages) & 1));
 }
 
 __global__ void readk(const uint4* __restrict__ src, long long n16, uint4* sink) {
@@ -216,29 +199,7 @@ int main(int argc, char** argv) {
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
-    auto timeit = [&](auto launch_i) {  // median us per launch over reps graph replays of `sets` launches
-      cudaGraph_t g;
-      cudaGraphExec_t ge;
-      CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-      for (int i = 0; i < sets; ++i) launch_i(i);
-      CK(cudaStreamEndCapture(st, &g));
-      CK(cudaGraphInstantiate(&ge, g, 0));
-      for (int w = 0; w < 3; ++w) CK(cudaGraphLaunch(ge, st));
-      std::vector<float> t;
-      for (int r = 0; r < reps; ++r) {
-        CK(cudaEventRecord(e0, st));
-        CK(cudaGraphLaunch(ge, st));
-        CK(cudaEventRecord(e1, st));
-        CK(cudaEventSynchronize(e1));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
-        t.push_back(ms * 1000.f / sets);
-      }
-      CK(cudaGraphExecDestroy(ge));
-      CK(cudaGraphDestroy(g));
-      std::sort(t.begin(), t.end());
-      return t[t.size() / 2];
-    };
+    auto timeit = [&](auto launch_i) { return graph_median_us(st, e0, e1, sets, 1, reps, launch_i); };
     {
       int bpsm = 0;
       CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bpsm, readk, 512, 0));
