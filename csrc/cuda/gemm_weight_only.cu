@@ -882,7 +882,7 @@ int choose(int64_t m, int64_t n, int64_t k, int bits, int group, int algo, int s
   // 13.32/16.72 -> 14.38/19.42 us, 4096 x 7168 M = 1 10.68 -> 11.99, 7168 x 2048 M = 1 7.87 -> 10.10.
   // With the rule, against HEAD's kernel in the same process (interleaved, next run): 36864 x 7168
   // M = 1/2/4/8 47.95/49.44/52.23/55.87 -> 47.31/49.50/52.22/53.15 us; 7168 x 18432 M = 8 33.54 ->
-  // 31.32; the shapes it leaves alone within 0.5%. (Twelfth session: for algo 0 the warp-specialized
+  // 31.32; the shapes it leaves alone within 0.5%. (Eleventh session, second round: for algo 0 the warp-specialized
   // rule, ws_auto_rule in gemm_weight_only_ws.cuh, is asked first and takes these two shapes; this
   // one still decides where that rule does not apply, and that rule leaves alone (one tile a warp)
   // the shapes where this one takes the balanced grid.)

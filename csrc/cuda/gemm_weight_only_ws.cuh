@@ -410,7 +410,7 @@ int ws_blocks_per_sm(const Config& c) {
 }
 int ws_resident_tiles(const Config& c) { return c.ct * c.warps * ws_blocks_per_sm(c); }
 
-// Twelfth session: up to 8 rows (int4 per channel only) and four tiles a warp. Up to 8 rows the
+// Eleventh session, second round: up to 8 rows (int4 per channel only) and four tiles a warp. Up to 8 rows the
 // same two-tile rule as above (its grid has a block for every SM, at least as many tiles resident);
 // where it does not hold, one tile a warp (2 x 2 ring) where choose() would not take the balanced
 // grid (the plain grid runs in one round), else choose()'s own choice (the balanced grid included).
