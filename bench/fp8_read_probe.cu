@@ -14,7 +14,7 @@
 //                one TMA box of BM weight rows x 128 B and one of MN token rows x 128 B (128B swizzle, 128 B L2
 //                promotion, as the kernel), a ring of `st` stages refilled as soon as a stage lands (the
 //                consumers' release made instant), O CTAs a SM by shared memory, clusters of S
-// Build: nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a bench/fp8_read_probe.cu -o fp8_read_probe
+// Build: nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Icsrc/cuda bench/fp8_read_probe.cu -o fp8_read_probe
 // Run:   ./fp8_read_probe            (one line per variant: us per launch and TB/s of weight bytes read)
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -28,17 +28,10 @@
 #include <vector>
 
 #include "probe_common.cuh"
+#include "sm90_ptx.cuh"  // csrc/cuda: the TMA and mbarrier wrappers the kernels use
 
-__device__ __forceinline__ void expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void tma2d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int r0) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(
-          dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(r0), "r"(bar)
-      : "memory");
-}
+using dsx_cuda::sm90::mbar_arrive_expect_tx;
+using dsx_cuda::sm90::tma_load_2d;
 
 __global__ void empty_kernel() {}
 
@@ -73,7 +66,7 @@ __global__ void bulk_read(const uint8_t* src, long long bytes, int piece, int sl
   for (long long i = blockIdx.x; i < np; i += gridDim.x, ++n) {
     const int s = static_cast<int>(n % slots);
     if (n >= slots) probe_mbar_wait(bars + 8 * s, static_cast<uint32_t>((n / slots - 1) & 1));
-    expect_tx(bars + 8 * s, piece);
+    mbar_arrive_expect_tx(bars + 8 * s, piece);
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
                      ring + s * piece),
                  "l"(src + i * piece), "r"(piece), "r"(bars + 8 * s)
@@ -103,10 +96,10 @@ __global__ void gemm6_loads(const __grid_constant__ G6 p) {
   for (int i = 0; i < nk; ++i) {
     const int s = i % p.stages;
     if (i >= p.stages) probe_mbar_wait(bars + 8 * s, static_cast<uint32_t>((i / p.stages - 1) & 1));
-    expect_tx(bars + 8 * s, stage);
+    mbar_arrive_expect_tx(bars + 8 * s, stage);
     const uint32_t dst = base + s * stage;
-    tma2d(dst, &p.tw, bars + 8 * s, (kb0 + i) * 128, tile * p.bm);
-    tma2d(dst + wb, &p.tx, bars + 8 * s, (kb0 + i) * 128, 0);
+    tma_load_2d(dst, &p.tw, bars + 8 * s, (kb0 + i) * 128, tile * p.bm);
+    tma_load_2d(dst + wb, &p.tx, bars + 8 * s, (kb0 + i) * 128, 0);
   }
   for (int j = nk > p.stages ? nk - p.stages : 0; j < nk; ++j)
     probe_mbar_wait(bars + 8 * (j % p.stages), static_cast<uint32_t>((j / p.stages) & 1));
