@@ -151,10 +151,12 @@ CHUNK_BYTES = 64 << 20
 
 
 def _write_shard(path: Path, group: list[ds.ExpectedTensor], weights_of: dict[str, ds.ExpectedTensor],
-                 seed: int, block) -> list[str]:
-    """Write one shard: every tensor streamed in row chunks; a scale_inv whose weight was written
-    into an earlier shard is recomputed from that weight's (seed, name) values. Returns the names."""
-    scales: dict[str, np.ndarray] = {}
+                 seed: int, block, scales: dict[str, np.ndarray] | None = None) -> list[str]:
+    """Write one shard: every tensor streamed in row chunks. `scales` carries the scale_inv of FP8
+    weights written but not yet paired (one process writing the shards in order shares it); a
+    scale_inv found in neither is recomputed from its weight's (seed, name) values (a worker
+    process writing this shard alone). Returns the names."""
+    scales = {} if scales is None else scales
     with ShardWriter(path, [Entry(t.name, t.dtype, t.shape) for t in group], {"format": "pt"}) as w:
         for t in group:
             if t.role.kind == "scale_inv":
@@ -235,8 +237,9 @@ def write_tiny(out: str | Path, spec: TinySpec = TinySpec(), *, progress=None, w
                 progress(by_name[name])
 
     if workers == 1:
+        carried: dict[str, np.ndarray] = {}
         for fname, group in zip(fnames, shards):
-            done(fname, _write_shard(out / fname, group, weights_of, spec.seed, block))
+            done(fname, _write_shard(out / fname, group, weights_of, spec.seed, block, carried))
     else:
         import multiprocessing as mp
         from concurrent.futures import ProcessPoolExecutor
