@@ -40,10 +40,10 @@ bool decode(int algo, Algo* out) {
          (out->tuning.reduction <= 1 || out->base == kSmall) &&
          ((algo >> (kPdlBit + 1)) == 0 || out->base == kSmall) &&  // algo 6: bits 29..30 its output path
          (!out->pdl || out->base == kSmall || out->base == kAuto) &&
-         // algo 6: bits 4..5 L2 promotion, 6..7 grid order, 8..9 weight rows per CTA, 10..11 the consumer
+         // algo 6: bits 4..5 L2 promotion, 6..7 grid order, 8..9 weight rows per CTA (0..3), 10..11 the consumer
          // loop's form (0..3), 12..13 wgmma temporaries, 14..15 when the scales are read, 24..27 tokens per CTA
          (out->base != kSmall ||
-          ((out->tuning.swizzle & 3) <= 2 && (out->tuning.decomposition & 3) <= 2 &&
+          ((out->tuning.decomposition & 3) <= 2 &&
            (out->tuning.raster >> 2) <= 2 && out->tuning.reduction <= 4));
 }
 

@@ -24,6 +24,9 @@ FP8, BF16 = ml_dtypes.float8_e4m3fn, ml_dtypes.bfloat16
 # bit 28 PDL
 SMALL = 6
 ROWS128, ROWS64 = 1 << 8, 2 << 8
+# bits 8..9 = 3: 64 weight rows, two consumer warpgroups on the K halves (one CTA a weight tile, K >= 2 blocks): the
+# bits of S = 2
+HALVES = 3 << 8
 TEMPS1, TEMPS2 = 1 << 12, 2 << 12
 WIDTH16, WIDTH32, WIDTH64, WIDTH_ALL = 1 << 24, 2 << 24, 3 << 24, 4 << 24
 L2_128B, L2_NONE = 2 << 4, 3 << 4  # bits 4..5: the TMA loads' L2 promotion (0 automatic, 1: 256 bytes)
@@ -252,7 +255,10 @@ def test_small_m_kernel_matches_float64_and_is_deterministic(m, n, k):
     token tiles of 16, 32 or 64 (ragged last tile; the same products per output element), the TMA
     loads' L2 promotion, the stage count (2..12, the partial tile's minimum at 128 tokens), the consumer
     loop's form (the stage counters wrap at odd stage counts; the scales one step ahead) and the output
-    path (from the registers at S = 1 and 2, ragged M and N; through shared memory, the form before)."""
+    path (from the registers at S = 1 and 2, ragged M and N; through shared memory, the form before).
+    The K halves over two warpgroups of one CTA (rows 3) give bitwise the 2-CTA cluster split (S = 2), odd
+    K block counts (1040: 9 blocks, the second warpgroup takes 5) and every stage count (odd ones rounded
+    down to even) included."""
     rng = np.random.default_rng(m * 3 + n + k)
     a, sa, b, sb = make_gemm(rng, m, n, k)
     kb = K.cdiv(k, 128)
@@ -290,6 +296,16 @@ def test_small_m_kernel_matches_float64_and_is_deterministic(m, n, k):
                       OUT_REG | FORM_OLD | WIDTH64 | 3 * STAGES, OUT_REG | ROWS64 | WIDTH_ALL | TEMPS1):
             got = cuda.gemm_fp8_nt(a, sa, b, sb, algo=SMALL | knobs | splits << 16)
             assert np.array_equal(got.view(np.uint16), r128.view(np.uint16)), f"splits {splits}: knobs {knobs:#x}"
+    if kb >= 2:
+        s2 = cuda.gemm_fp8_nt(a, sa, b, sb, algo=SMALL | ROWS128 | 2 << 16)
+        for knobs in (0, 1 << 16, TEMPS1, TEMPS2, WIDTH16, WIDTH32 | TEMPS2, WIDTH64, WIDTH_ALL | TEMPS1,
+                      2 * STAGES, 3 * STAGES | WIDTH16, 5 * STAGES, 12 * STAGES, 12 * STAGES | WIDTH32 | TEMPS1,
+                      FORM_UNI, FORM_UNI | WIDTH16 | TEMPS2, FORM_AHEAD | WIDTH32, SCALES_LATE | TEMPS2,
+                      SCALES_ISSUE | WIDTH16, SCALES_EARLY | TEMPS1, OUT_REG, L2_NONE, WEIGHT_MAJOR | WIDTH16,
+                      1 << 28, 1 << 28 | WIDTH32 | 4 * STAGES):
+            got = cuda.gemm_fp8_nt(a, sa, b, sb, algo=SMALL | HALVES | knobs)
+            assert np.array_equal(got.view(np.uint16), s2.view(np.uint16)), f"K halves: knobs {knobs:#x}"
+        assert_gemm_close(got, a, sa, b, sb, f"small K halves {(m, n, k)}")
     if kb < 8:
         for rows in (ROWS128, ROWS64):
             with pytest.raises(DsxError, match="invalid"):
@@ -303,8 +319,13 @@ def test_small_m_kernel_rejects_what_it_cannot_take():
         with pytest.raises(DsxError, match="invalid"):
             cuda.gemm_fp8_nt(a, sa, b, sb, algo=SMALL)
     a, sa, b, sb = make_gemm(rng, 16, 256, 256)
-    with pytest.raises(DsxError, match="invalid"):  # no third row-tile size
-        cuda.gemm_fp8_nt(a, sa, b, sb, algo=SMALL | 3 << 8)
+    # the K halves: one CTA split, the uniform loop form, the output from the registers; at least two K blocks
+    for bad in (SMALL | HALVES | 2 << 16, SMALL | HALVES | FORM_OLD, SMALL | HALVES | OUT_SMEM):
+        with pytest.raises(DsxError, match="invalid"):
+            cuda.gemm_fp8_nt(a, sa, b, sb, algo=bad)
+    a1, sa1, b1, sb1 = make_gemm(rng, 16, 256, 128)
+    with pytest.raises(DsxError, match="invalid"):
+        cuda.gemm_fp8_nt(a1, sa1, b1, sb1, algo=SMALL | HALVES)
     with pytest.raises(DsxError, match="invalid"):  # at most two temporaries
         cuda.gemm_fp8_nt(a, sa, b, sb, algo=SMALL | 3 << 12)
     with pytest.raises(DsxError, match="invalid"):  # token widths 16, 32, 64, all
