@@ -72,6 +72,13 @@
 // 16x7168x2048 0.42 us less, 64x7168x2048 0.27 us less in 4 of 4 rounds.
 // Tried and dropped: the TMA thread setting up the barriers and issuing the ring's first fill before
 // the CTA barrier (the others waiting there): 0.6-1.1 us slower on all four focus shapes, 4 of 4 rounds.
+// The K halves (rows knob 3, KS = 2 below; automatic on N = 7168 with 1024 <= K < 4096, halves_auto): 64
+// weight rows and all tokens a CTA, one CTA a SM, two consumer warpgroups on the two halves of the CTA's K
+// blocks (the bits of a 2-CTA cluster split, no cluster). At M = 64 / 128 the layouts before split M into two
+// token tiles, so that two CTAs read every weight tile: their loads alone took 6.94-7.06 us on 7168x2048
+// against 5.40 for one CTA a 64-row tile (bench/fp8_read_probe.cu); one warpgroup on a 64-row tile with all
+// tokens was slower still (one wgmma stream: 8.3 us at 64x7168x2048). The halves keep one read of every weight
+// tile and two wgmma streams a SM: see halves_auto for the figures.
 #include "gemm_fp8_internal.cuh"
 #include "sm90_ptx.cuh"
 
@@ -681,7 +688,7 @@ struct Launcher {
   static constexpr int kMinStages = (L::kRed + L::kStage - 1) / L::kStage > 2 ? (L::kRed + L::kStage - 1) / L::kStage : 2;
   static_assert(kMinStages <= kStages, "the partial tile fits the stage buffers");
   static_assert(kSmem <= Config<MN, BM, KS>::kSmemCap, "kBlocks CTAs fit one SM");
-  static_assert(KS == 1 || 256 * MN <= 2 * L::kStage, "K halves: the partial sums fit two stages");
+  static_assert(KS == 1 || (256 * MN <= 2 * L::kStage && kForcedStages >= 4), "K halves: partial sums, four stages");
 
   // Once per device: the shared-memory limit, then how many CTAs fit at once (max_clusters[1]) and
   // for each cluster size how many clusters (the automatic split count keeps the grid in one wave).
@@ -728,7 +735,9 @@ struct Launcher {
     if (stages == 0) stages = KS == 2 ? kStages : kAutoStages < kStages ? kAutoStages : kStages;
     if (stages > kForcedStages) stages = kForcedStages;
     if (stages < kMinStages) stages = kMinStages;
-    if (KS == 2) stages &= ~1;
+    // K halves: an even count, at least two stages a warpgroup (with two temporaries a warpgroup waits for its
+    // next stage before it gives the current one back: one stage a warpgroup would never be refilled)
+    if (KS == 2) stages = stages < 4 ? 4 : stages & ~1;
     int dev = 0;
     if (cudaGetDevice(&dev) != cudaSuccess) return DSX_ECUDA;
     if (sm_count() <= 0) return DSX_ECUDA;
@@ -873,6 +882,20 @@ int auto_rows(const GemmNt& g) {
 
 }  // namespace
 
+// The K halves (rows 3: 64 weight rows, one CTA a tile with all of M, two consumer warpgroups on the two
+// halves of K; the bits of S = 2) where those CTAs fill more than half of the SMs and at most all of them in
+// one wave (ceil(N/64) <= SMs < 2 ceil(N/64): N = 7168 on 132 SMs) with 1024 <= K < 4096. H200, bench
+// --small, one call, two rounds each, against what algo 0 ran before (us): 16x7168x2048 6.31 / 6.27 against
+// 6.67 / 6.63 (64 rows, S = 1, 7 stages), 64x7168x2048 7.09 / 7.08 against 7.61 / 7.59 (two 32-token tiles
+// of 128 rows), 128x7168x2048 9.10 / 9.11 against 9.66 / 9.73 (two 64-token tiles). The loads alone
+// (bench/fp8_read_probe.cu) take 5.40 us in the halves' layout and 6.94-7.06 us with two token tiles, whose
+// CTAs each read the weight tile. With K = 18432 mixed (64x7168x18432 39.55 against swap-AB's 39.36,
+// 128x7168x18432 56.2 against 52.4): not taken there; K < 1024 not measured.
+static bool halves_auto(const GemmNt& g) {
+  const int64_t tiles64 = (g.n + 63) / 64, sms = sm_count();
+  return g.m >= 1 && g.m <= kSmallMaxRows && g.k >= 1024 && g.k < 4096 && tiles64 <= sms && 2 * tiles64 > sms;
+}
+
 bool small_auto(const GemmNt& g) {
   // H200, against the CUTLASS kernels algo 0 ran before (pingpong, swap-AB split-K): faster at
   // M <= 32 on every DeepSeek-V3 shape whose 128-row weight tiles fit one wave (7168x2048,
@@ -889,14 +912,14 @@ bool small_auto(const GemmNt& g) {
   // data-parallel stays.
   if (!small_supported(g)) return false;
   const int64_t sms = sm_count(), tiles128 = (g.n + kRows - 1) / kRows;
-  if (w32_auto(g)) return true;
+  if (halves_auto(g) || w32_auto(g)) return true;
   if (g.m > 64) return auto_width(g) == 64 && (g.k >= 4096 || 4 * tiles128 > sms);
   if (tiles128 <= sms) return g.m <= 32 || g.k >= 4096;
   constexpr int kBlocks64 = Config<64, 64>::kBlocks;  // CTAs a SM at M <= 64 with 64-row tiles
   return auto_rows(g) == 64 && (g.n + 63) / 64 <= kBlocks64 * sms;
 }
 
-bool small_before_swap_dp(const GemmNt& g) { return g.m > 64 || w32_auto(g); }
+bool small_before_swap_dp(const GemmNt& g) { return g.m > 64 || w32_auto(g) || halves_auto(g); }
 
 bool small_supported(const GemmNt& g) {
   return g.m >= 1 && g.m <= kSmallMaxRows && g.n >= 1 && tma_compatible(g) && g.n <= (int64_t{1} << 30) &&
@@ -906,7 +929,8 @@ bool small_supported(const GemmNt& g) {
 // knobs (the algo bits of gemm_fp8.h in parentheses): bits 0..3 the K split count S (16..19: cluster
 // size, 0 automatic), bits 4..7 the stage count (20..23: 0 automatic = 8, else 2..12, clamped to what
 // shared memory holds and to what the partial tile needs), bits 8..9 the weight rows per CTA (8..9:
-// 0 automatic, 1: 128, one CTA per SM; 2: 64, two or three CTAs per SM), bits 10..11 the consumer
+// 0 automatic, 1: 128, one CTA per SM; 2: 64, two or three CTAs per SM; 3: 64 with the K halves over two
+// consumer warpgroups, one CTA per SM, the bits of S = 2: S 0 or 1 only, K > 128), bits 10..11 the consumer
 // loop's form (10..11: 0 automatic = 3, or 2 with bits 14..15 non-zero; 1: the form before; 2: stage
 // counters, wgmma descriptors in uniform registers, scales by ld.shared (kUni); 3: 2 with the scales one
 // step ahead (kAhead) where two temporaries run, else 2; with bits 14..15 non-zero refused), bits 28..29 the output path (29..30: 0 automatic = 2; 1: through the fp32
@@ -934,7 +958,10 @@ int small_run(const GemmNt& g, int knobs, bool pdl, cudaStream_t s) {
   }
   // rows 3: 64 weight rows, the two consumer warpgroups on its K halves (KS = 2; the bits of S = 2): one CTA
   // split, at least two K blocks, the uniform loop form (2 or 3) and the output from the registers
-  const bool halves = rows_knob == 3;
+  // (automatic where halves_auto holds and the split count, the token width, the loop form and the output
+  // path are automatic too)
+  const bool halves = rows_knob == 3 || (rows_knob == 0 && splits == 0 && width_knob == 0 && form_knob != 1 &&
+                                         out_knob != 1 && halves_auto(g));
   if (halves && (splits > 1 || g.k <= kBK || form_knob == 1 || out_knob == 1)) return DSX_EINVAL;
   const int rows = rows_knob == 1 ? 128 : rows_knob >= 2 ? 64 : auto_rows(g);
   // automatic: two temporaries where they fit (H200, same run, M = 16: 1-4% faster on the five

@@ -120,10 +120,13 @@ def test_dense_gemm_agrees_with_cpu_kernel_and_is_deterministic():
 
 
 def test_auto_choice_matches_forced_kernels_bitwise():
-    """algo 0 runs the hand-written small-M kernel (6) with two 64-token tiles at 64 < M <= 128 with K >= 4096
+    """algo 0 runs the hand-written small-M kernel (6) with the K halves (64 weight rows, all of M, two consumer
+    warpgroups on the two halves of K) at M <= 128 with 1024 <= K < 4096 while ceil(N/64) <= the SMs < 2 ceil(N/64)
+    (7168x2048 at M 16, 32, 33, 64, 65, 128; not 7168x4096, nor 8448x512 with K < 1024); with two 64-token tiles
+    at 64 < M <= 128 with K >= 4096
     while 4 ceil(N/128) <= the SMs (2048x7168, 1024x4096, 4096x7168), or with any K while 2 ceil(N/128) <= the
-    SMs < 4 ceil(N/128) (7168x2048, 7168x4096, 8448x512: one K split; not 8576), with two 32-token tiles at 32 < M <= 64
-    with K < 4096 while 2 ceil(N/128) fills half to all of the SMs (7168x2048); else swap-AB data-parallel when
+    SMs < 4 ceil(N/128) (7168x4096, 8448x512: one K split; not 8576), with two 32-token tiles at 32 < M <= 64
+    with K < 4096 while 2 ceil(N/128) fills half to all of the SMs (4160x2048); else swap-AB data-parallel when
     M <= 128 and its 128x32 tiles fill between half and all of the SMs (66..132 here; 128x4096x2048);
     else the hand-written small-M kernel (6) while the 128-row weight tiles are
     no more than the SMs at M <= 32, or at M <= 64 with K >= 4096, or at M <= 64 while its 64-row tiles
@@ -136,18 +139,19 @@ def test_auto_choice_matches_forced_kernels_bitwise():
     rng = np.random.default_rng(9)
     swap_dp = 4 | 1 << 12
     small_w64 = SMALL | ROWS128 | WIDTH64 | TEMPS2 | L2_128B  # what algo 6 does by itself at these shapes
-    small_w32 = SMALL | ROWS128 | WIDTH32 | TEMPS2 | 1 << 16
+    small_w32 = SMALL | ROWS128 | WIDTH32 | TEMPS2 | 2 << 16  # (4160x2048 at M = 64: 66 CTAs a split, S = 2 automatic)
     for m, n, k, forced in ((128, 512, 1024, 3), (129, 512, 1024, 1), (64, 2048, 7168, SMALL | ROWS128),
                             (16, 2048, 7168, SMALL), (128, 2048, 7168, small_w64), (100, 2048, 7168, small_w64),
-                            (128, 1024, 4096, small_w64), (128, 7168, 2048, small_w64),
-                            (65, 7168, 2048, small_w64), (128, 7168, 4096, small_w64), (100, 8448, 512, small_w64),
-                            (128, 8576, 512, 3), (32, 7168, 2048, SMALL), (33, 7168, 2048, small_w32),
-                            (64, 7168, 2048, small_w32),
+                            (128, 1024, 4096, small_w64), (128, 7168, 2048, SMALL | HALVES),
+                            (65, 7168, 2048, SMALL | HALVES), (128, 7168, 4096, small_w64), (100, 8448, 512, small_w64),
+                            (128, 8576, 512, 3), (32, 7168, 2048, SMALL | HALVES), (33, 7168, 2048, SMALL | HALVES),
+                            (64, 7168, 2048, SMALL | HALVES), (64, 4160, 2048, small_w32), (16, 7168, 1024, SMALL | HALVES),
                             (33, 4096, 4096, SMALL), (16, 24576, 1536, SMALL | ROWS64),
                             (64, 24576, 1536, SMALL | ROWS64), (65, 24576, 1536, 3), (128, 4096, 7168, small_w64),
                             (96, 4096, 7168, small_w64), (128, 4096, 2048, swap_dp),
                             (64, 7168, 4096, swap_dp), (64, 4096, 7168, SMALL | ROWS128),
-                            (16, 4096, 7168, SMALL | ROWS64 | 2 << 16), (16, 7168, 2048, SMALL | ROWS64 | 1 << 16),
+                            (16, 4096, 7168, SMALL | ROWS64 | 2 << 16), (16, 7168, 2048, SMALL | HALVES),
+                            (16, 7168, 512, SMALL | ROWS64 | 1 << 16),
                             (1023, 256, 512, 1),
                             (1024, 384, 1024, LARGE | 2 << 12), (1152, 384, 1024, LARGE | 2 << 12),
                             (1024, 4736, 1024, LARGE | 1 << 12), (1152, 4736, 1024, LARGE | 1 << 12),
