@@ -887,7 +887,9 @@ int auto_rows(const GemmNt& g) {
 // one wave (ceil(N/64) <= SMs < 2 ceil(N/64): N = 7168 on 132 SMs) with 1024 <= K < 4096. H200, bench
 // --small, one call, two rounds each, against what algo 0 ran before (us): 16x7168x2048 6.31 / 6.27 against
 // 6.67 / 6.63 (64 rows, S = 1, 7 stages), 64x7168x2048 7.09 / 7.08 against 7.61 / 7.59 (two 32-token tiles
-// of 128 rows), 128x7168x2048 9.10 / 9.11 against 9.66 / 9.73 (two 64-token tiles). The loads alone
+// of 128 rows), 128x7168x2048 9.10 / 9.11 against 9.66 / 9.73 (two 64-token tiles); the next call (auto
+// against the forms before forced) 6.38 / 6.43 against 6.74 / 6.70, 7.22 / 7.19 against 7.60 / 7.68, 9.21 /
+// 9.12 against 9.74 / 9.61 (cuBLAS 9.73-10.29: 1.52-1.53x, 1.37-1.39x, 1.11-1.12x). The loads alone
 // (bench/fp8_read_probe.cu) take 5.40 us in the halves' layout and 6.94-7.06 us with two token tiles, whose
 // CTAs each read the weight tile. With K = 18432 mixed (64x7168x18432 39.55 against swap-AB's 39.36,
 // 128x7168x18432 56.2 against 52.4): not taken there; K < 1024 not measured.
