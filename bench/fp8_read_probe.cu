@@ -10,7 +10,7 @@
 //                SM, grid-stride; nothing written (an XOR that never matches guards the loads)
 //   bulk P sS oO 1-D bulk copies (cp.async.bulk) of P contiguous bytes into a ring of S slots, one thread a
 //                CTA, O CTAs a SM, pieces dealt round-robin over the grid
-//   gemm6 ...    algo 6's own loads with no arithmetic: grid (S splits, ceil(N/BM) weight tiles); per K block
+//   gemm6 ...    algo 6's own loads with no arithmetic: grid (S splits, ceil(N/BM) weight tiles, T token tiles); per K block
 //                one TMA box of BM weight rows x 128 B and one of MN token rows x 128 B (128B swizzle, 128 B L2
 //                promotion, as the kernel), a ring of `st` stages refilled as soon as a stage lands (the
 //                consumers' release made instant), O CTAs a SM by shared memory, clusters of S
@@ -76,8 +76,8 @@ __global__ void bulk_read(const uint8_t* src, long long bytes, int piece, int sl
     probe_mbar_wait(bars + 8 * static_cast<int>(j % slots), static_cast<uint32_t>((j / slots) & 1));
 }
 
-// algo 6's loads, no arithmetic: CTA (split, tile) reads K blocks [kb0, kb0 + nk) of weight rows
-// [tile * bm, +bm) and token rows [0, mn)
+// algo 6's loads, no arithmetic: CTA (split, tile, t) reads K blocks [kb0, kb0 + nk) of weight rows
+// [tile * bm, +bm) and token rows [t * mn, +mn)
 struct G6 {
   CUtensorMap tw, tx;
   int kbt, splits, stages, bm, mn;
@@ -99,7 +99,7 @@ __global__ void gemm6_loads(const __grid_constant__ G6 p) {
     mbar_arrive_expect_tx(bars + 8 * s, stage);
     const uint32_t dst = base + s * stage;
     tma_load_2d(dst, &p.tw, bars + 8 * s, (kb0 + i) * 128, tile * p.bm);
-    tma_load_2d(dst + wb, &p.tx, bars + 8 * s, (kb0 + i) * 128, 0);
+    tma_load_2d(dst + wb, &p.tx, bars + 8 * s, (kb0 + i) * 128, static_cast<int>(blockIdx.z) * p.mn);
   }
   for (int j = nk > p.stages ? nk - p.stages : 0; j < nk; ++j)
     probe_mbar_wait(bars + 8 * (j % p.stages), static_cast<uint32_t>((j / p.stages) & 1));
@@ -124,7 +124,7 @@ static bool encode(PFN_cuTensorMapEncodeTiled_v12000 enc, CUtensorMap* m, const 
 }
 
 struct Cfg6 {
-  int bm, mn, splits, occ, stages;
+  int bm, mn, splits, occ, stages, tt = 1;  // tt: token tiles of mn rows along the grid
 };
 
 int main(int argc, char** argv) {
@@ -142,7 +142,10 @@ int main(int argc, char** argv) {
                      {64, 64, 1, 3, 4}, {64, 64, 1, 3, 3}, {64, 64, 1, 3, 2}, {128, 16, 1, 1, 8}, {64, 16, 1, 2, 7}}},
       {7168, 18432, {{64, 16, 2, 3, 7}, {64, 16, 2, 3, 4}, {64, 16, 2, 3, 3}, {64, 16, 3, 3, 7}, {64, 16, 3, 3, 4},
                      {128, 64, 2, 1, 8}, {128, 64, 2, 1, 4}, {128, 16, 2, 1, 8}, {64, 16, 1, 3, 7}}},
-      {7168, 2048, {{64, 16, 1, 3, 7}, {64, 16, 1, 3, 4}, {128, 32, 1, 1, 8}}},
+      // (M = 16: 64 rows, 7 stages at three CTAs a SM, or 12 at one; M = 64: two 32-token tiles of 128 rows; M = 128:
+      // two 64-token tiles; the K halves' tiles: 64 rows, all 64 / 128 tokens, one CTA a SM)
+      {7168, 2048, {{64, 16, 1, 3, 7}, {64, 16, 1, 3, 4}, {64, 16, 1, 1, 12}, {128, 32, 1, 1, 8}, {128, 32, 1, 1, 8, 2},
+                    {128, 32, 1, 1, 10, 2}, {128, 64, 1, 1, 8, 2}, {64, 64, 1, 1, 12}, {64, 128, 1, 1, 8}}},
   };
   const char* only = argc > 1 ? argv[1] : nullptr;
   uint4* sink;
@@ -212,14 +215,15 @@ int main(int argc, char** argv) {
       for (int i = 0; i < sets; ++i) {
         ps[i].kbt = static_cast<int>((sh.k + 127) / 128), ps[i].splits = c.splits, ps[i].stages = c.stages;
         ps[i].bm = c.bm, ps[i].mn = c.mn;
-        ok = ok && encode(enc, &ps[i].tw, bufs[i], sh.n, sh.k, c.bm) && encode(enc, &ps[i].tx, tok, c.mn, sh.k, c.mn);
+        ok = ok && encode(enc, &ps[i].tw, bufs[i], sh.n, sh.k, c.bm) &&
+             encode(enc, &ps[i].tx, tok, static_cast<long long>(c.mn) * c.tt, sh.k, c.mn);
       }
       if (!ok) {
         std::printf("%-12s encode failed\n", tag);
         continue;
       }
       cudaLaunchConfig_t lc = {};
-      lc.gridDim = dim3(c.splits, static_cast<unsigned>((sh.n + c.bm - 1) / c.bm), 1);
+      lc.gridDim = dim3(c.splits, static_cast<unsigned>((sh.n + c.bm - 1) / c.bm), c.tt);
       lc.blockDim = dim3(32, 1, 1);
       lc.dynamicSmemBytes = smem;
       lc.stream = st;
@@ -229,8 +233,8 @@ int main(int argc, char** argv) {
       lc.attrs = at;
       lc.numAttrs = c.splits > 1 ? 1 : 0;
       char name[64];
-      std::snprintf(name, sizeof name, "gemm6 bm%d mn%d S%d o%d st%d (%d CTAs)", c.bm, c.mn, c.splits, c.occ, c.stages,
-                    c.splits * static_cast<int>(lc.gridDim.y));
+      std::snprintf(name, sizeof name, "gemm6 bm%d mn%dx%d S%d o%d st%d (%d CTAs)", c.bm, c.mn, c.tt, c.splits, c.occ,
+                    c.stages, c.splits * c.tt * static_cast<int>(lc.gridDim.y));
       auto l = [&](int i) { CK(cudaLaunchKernelEx(&lc, gemm6_loads, ps[i])); };
       report(name, timeit(l, 1), timeit(l, 4));
     }

@@ -57,6 +57,7 @@ UNI = 2 << 10  # the uniform form without the scales one step ahead (automatic: 
 # the output through the fp32 tile in shared memory (the form before; automatic: from the registers at S <= 2)
 SMEMOUT = 1 << 29
 ST10, ST12 = 10 << 20, 12 << 20
+KS = 3 << 8  # kernel 6's rows 3: 64 weight rows, the two consumer warpgroups on the two halves of K (the bits of S = 2)
 TUNE_SMALL = {"auto": 0, "auto_pdl": PDL, "pingpong": 3, "swapAB_dp": 4 | 1 << 12, "swapAB_splitK2": 4 | 2 << 12 | 2 << 16,
               "small": 6 | R128, "small_pdl": 6 | R128 | PDL, "small_s1": 6 | R128 | 1 << 16,
               "small_s2": 6 | R128 | 2 << 16, "small_s4": 6 | R128 | 4 << 16,
@@ -73,7 +74,16 @@ TUNE_SMALL = {"auto": 0, "auto_pdl": PDL, "pingpong": 3, "swapAB_dp": 4 | 1 << 1
               # SM hold: 7 at 16 tokens and 4 at 64 with 64 rows), 3 K splits, 64-token tiles at M = 128
               "small6_st2": 6 | 2 << 20, "small6_st3": 6 | 3 << 20, "small6_st4": 6 | 4 << 20,
               "small6_st5": 6 | 5 << 20, "small6_s3": 6 | 3 << 16, "small64_s3": 6 | R64 | 3 << 16,
-              "small_w64": 6 | R128 | 3 << 24, "small64_w64": 6 | R64 | 3 << 24}
+              "small_w64": 6 | R128 | 3 << 24, "small64_w64": 6 | R64 | 3 << 24,
+              # deeper rings than the automatic 8 (at most 7 at three CTAs a SM) where the grid has at most one CTA
+              # a SM anyway (the count is clamped to what one CTA's shared memory holds)
+              "small6_st10": 6 | 10 << 20, "small6_st12": 6 | ST12, "small64_wall_st12": 6 | R64 | WALL | ST12,
+              # one 64-token tile of 128 rows with two K splits (a 2-CTA cluster): the bits of the K halves below
+              "small_wall_s2": 6 | R128 | WALL | 2 << 16,
+              # the K halves (rows 3): 64 weight rows, all tokens, two consumer warpgroups on the two halves of K
+              # (one CTA a weight tile; automatic stages: the deepest even ring one CTA a SM holds), 8 stages, one
+              # wgmma temporary
+              "ks": 6 | KS, "ks_st8": 6 | KS | 8 << 20, "ks_t1": 6 | KS | T1}
 # --focus: the shapes and variants of one question, each shape several times (they move +-5% within a run)
 # (the three M <= 128 shapes at or short of 1.5x cuBLAS, and 64x7168x2048: auto (algo 6, uniform loop form), the
 # scales one step ahead and the output from the registers (both automatic now), the form before (prev: neither),

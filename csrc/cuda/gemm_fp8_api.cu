@@ -40,10 +40,10 @@ bool decode(int algo, Algo* out) {
          (out->tuning.reduction <= 1 || out->base == kSmall) &&
          ((algo >> (kPdlBit + 1)) == 0 || out->base == kSmall) &&  // algo 6: bits 29..30 its output path
          (!out->pdl || out->base == kSmall || out->base == kAuto) &&
-         // algo 6: bits 4..5 L2 promotion, 6..7 grid order, 8..9 weight rows per CTA, 10..11 the consumer
+         // algo 6: bits 4..5 L2 promotion, 6..7 grid order, 8..9 weight rows per CTA (0..3), 10..11 the consumer
          // loop's form (0..3), 12..13 wgmma temporaries, 14..15 when the scales are read, 24..27 tokens per CTA
          (out->base != kSmall ||
-          ((out->tuning.swizzle & 3) <= 2 && (out->tuning.decomposition & 3) <= 2 &&
+          ((out->tuning.decomposition & 3) <= 2 &&
            (out->tuning.raster >> 2) <= 2 && out->tuning.reduction <= 4));
 }
 
@@ -77,7 +77,9 @@ bool swap_dp_auto(const GemmNt& g) {
 }
 
 // True when the hand-written small-M kernel runs: forced, or chosen by algo 0 (decode-sized M,
-// see dsx_cuda::small_auto: at most one 128-row weight tile per SM, and M <= 32, or M <= 64 with
+// see dsx_cuda::small_auto: the K halves where one CTA a 64-row weight tile fills more than half of the SMs
+// in one wave with 1024 <= K < 4096, taken before swap-AB data-parallel; at most one 128-row weight tile per
+// SM, and M <= 32, or M <= 64 with
 // K >= 4096; or M <= 64 with more 128-row tiles than SMs but 64-row tiles that fit one wave), unless
 // swap-AB data-parallel fills the SMs better (swap_dp_auto); at 64 < M <= 128 (two 64-token tiles,
 // K >= 4096, or any K where they fit one wave only with one K split: N = 7168) and at 32 < M <= 64 with K < 4096 where two 32-token tiles fill half to all of the SMs
@@ -208,7 +210,7 @@ extern "C" int dsx_gemm_fp8_nt_cuda(const uint8_t* a, const float* sa, const uin
   const GemmNt g{a, sa, b, sb, out, m, n, k};
   const auto s = static_cast<cudaStream_t>(stream);
   // kSmall's knobs: bits 16..23 K splits (cluster size, 0 automatic), bits 8..9 weight rows per CTA
-  // (0 automatic, 1: 128, 2: 64), bits 10..11 the consumer loop's form (0 automatic, 1: the form before,
+  // (0 automatic, 1: 128, 2: 64, 3: 64 with the K halves over two consumer warpgroups), bits 10..11 the consumer loop's form (0 automatic, 1: the form before,
   // 2: stage counters, uniform descriptors, ld.shared scales, 3: 2 with the scales one step ahead), bits 12..13 wgmma temporaries (0 automatic, 1, 2), bits 14..15 scale reads
   // (0 automatic = 2, 1: after the wgmma wait, 2: before it, 3: before the next K step's issue), bits 24..27
   // tokens per CTA (0 automatic, 1: 16, 2: 32, 3: 64, 4: all), bits 4..5 L2 promotion (0 automatic, 1: 256 B, 2: 128 B,

@@ -72,6 +72,13 @@
 // 16x7168x2048 0.42 us less, 64x7168x2048 0.27 us less in 4 of 4 rounds.
 // Tried and dropped: the TMA thread setting up the barriers and issuing the ring's first fill before
 // the CTA barrier (the others waiting there): 0.6-1.1 us slower on all four focus shapes, 4 of 4 rounds.
+// The K halves (rows knob 3, KS = 2 below; automatic on N = 7168 with 1024 <= K < 4096, halves_auto): 64
+// weight rows and all tokens a CTA, one CTA a SM, two consumer warpgroups on the two halves of the CTA's K
+// blocks (the bits of a 2-CTA cluster split, no cluster). At M = 64 / 128 the layouts before split M into two
+// token tiles, so that two CTAs read every weight tile: their loads alone took 6.94-7.06 us on 7168x2048
+// against 5.40 for one CTA a 64-row tile (bench/fp8_read_probe.cu); one warpgroup on a 64-row tile with all
+// tokens was slower still (one wgmma stream: 8.3 us at 64x7168x2048). The halves keep one read of every weight
+// tile and two wgmma streams a SM: see halves_auto for the figures.
 #include "gemm_fp8_internal.cuh"
 #include "sm90_ptx.cuh"
 
@@ -93,14 +100,18 @@ constexpr int kSmemPerSm = 228 * 1024;  // shared memory of one SM, 1 KB of it r
 constexpr int kSmemLimit = 227 * 1024;  // most one CTA may take
 
 // Tile configurations: BM weight rows per CTA (BM / 64 consumer warpgroups, then the TMA warp and the
-// scale warp), sized so that kBlocks CTAs share an SM (shared memory and the register cap).
-template <int MN, int BM>
+// scale warp), sized so that kBlocks CTAs share an SM (shared memory and the register cap). KS = 2 (64 rows
+// only): two consumer warpgroups on the same 64 weight rows, warpgroup w taking the K blocks [w nk / 2,
+// (w + 1) nk / 2) of the CTA's nk with its own half of the stage ring, their two partial sums added at the
+// end, p0 + p1: the bits of a 2-CTA cluster split (S = 2), with one CTA a SM and no cluster.
+template <int MN, int BM, int KS = 1>
 struct Config {
-  static constexpr int kConsumerWarpgroups = BM / 64;
+  static constexpr int kConsumerWarpgroups = BM / 64 * KS;
   static constexpr int kThreads = 128 * kConsumerWarpgroups + 64;
-  static constexpr int kBlocks = BM == 128 ? 1 : MN <= 64 ? 3 : 2;
+  static constexpr int kBlocks = KS == 2 || BM == 128 ? 1 : MN <= 64 ? 3 : 2;
   static constexpr int kSmemCap = kBlocks == 1 ? kSmemLimit : kSmemPerSm / kBlocks - 1024;
   static_assert(BM == 64 || BM == 128, "one or two consumer warpgroups");
+  static_assert(KS == 1 || (KS == 2 && BM == 64), "K halves over two warpgroups: 64 rows");
 };
 
 struct Params {
@@ -142,6 +153,9 @@ __device__ __forceinline__ void st_cluster_f4(uint32_t local_addr, uint32_t rank
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local_addr), "r"(rank));
   asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(remote), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w)
                : "memory");
+}
+__device__ __forceinline__ void st_shared_f4(uint32_t addr, float4 v) {
+  asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w) : "memory");
 }
 __device__ __forceinline__ float4 ld_shared_f4(uint32_t addr) {
   float4 v;
@@ -188,7 +202,7 @@ __device__ __forceinline__ void wgmma_tile(float* d, uint64_t da, uint64_t db, i
 // tiles [stages][MN rows][128 B] (both 128B-swizzled by TMA), scale slots [stages][MN + 4] fp32
 // (token scales, then the weight block scale), barriers full[stages], empty[stages].
 // After the main loop the front is reused for the fp32 partial tile [MN][kRedLd].
-template <int MN, int BM>
+template <int MN, int BM, int KS = 1>
 struct Layout {
   static constexpr int kRedLd = BM + 4;  // fp32 row pitch of the reduction tile (bank-conflict free)
   static constexpr int kW = BM * kBK;
@@ -197,10 +211,10 @@ struct Layout {
   static constexpr int kScale = MN * 4 + 16;
   static constexpr int kRed = MN * kRedLd * 4;
   static constexpr int bytes(int stages) { return 1024 + stages * (kStage + kScale + 2 * 8); }
-  static constexpr int max_stages(int cap = Config<MN, BM>::kSmemCap) {
+  static constexpr int max_stages(int cap = Config<MN, BM, KS>::kSmemCap) {
     int s = kMaxStages;
     while (s > 2 && bytes(s) > cap) --s;
-    return s;
+    return KS == 2 ? s & ~1 : s;  // KS = 2: an even count, half of the ring a warpgroup
   }
   static_assert(kX % 1024 == 0 && kW % 1024 == 0, "tiles stay 1024-byte aligned");
 };
@@ -210,12 +224,16 @@ struct Layout {
 // kAhead (with kOverlap and kUni): each K step's scales are read right after its stage's barrier wait,
 // into the register set of its temporary, and multiplied at its promotion one step later (no scale
 // load waited for between the wgmma of a step; the same products, the same bits).
-template <int MN, int BM, bool kOverlap, bool kUni, bool kAhead>
-__global__ void __launch_bounds__(Config<MN, BM>::kThreads, Config<MN, BM>::kBlocks)
+// KS = 2 (Config): two consumer warpgroups over the K halves of 64 weight rows (the uniform form only, one
+// CTA split); stage 2 j + w of the ring belongs to warpgroup w (its j-th), the producers fill the two halves
+// alternately in K order.
+template <int MN, int BM, bool kOverlap, bool kUni, bool kAhead, int KS>
+__global__ void __launch_bounds__(Config<MN, BM, KS>::kThreads, Config<MN, BM, KS>::kBlocks)
     small_gemm_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtensorMap tx, const Params p) {
-  using L = Layout<MN, BM>;
-  constexpr int kThreads = Config<MN, BM>::kThreads;
-  constexpr int kConsumerWarps = 4 * Config<MN, BM>::kConsumerWarpgroups;
+  using L = Layout<MN, BM, KS>;
+  static_assert(KS == 1 || kUni, "K halves: the uniform form");
+  constexpr int kThreads = Config<MN, BM, KS>::kThreads;
+  constexpr int kConsumerWarps = 4 * Config<MN, BM, KS>::kConsumerWarpgroups;
   constexpr int kRedLd = L::kRedLd;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
@@ -235,7 +253,7 @@ __global__ void __launch_bounds__(Config<MN, BM>::kThreads, Config<MN, BM>::kBlo
   if (tid == 0) {
     for (int s = 0; s < stages; ++s) {
       mbar_init(full(s), 1 + 32);               // the TMA thread's arrive.expect_tx + 32 scale lanes
-      mbar_init(empty(s), 32 * kConsumerWarps);  // every consumer thread
+      mbar_init(empty(s), 32 * kConsumerWarps / KS);  // every consumer thread (KS = 2: of the stage's warpgroup)
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   } else if (tid == 32) {
@@ -252,7 +270,7 @@ __global__ void __launch_bounds__(Config<MN, BM>::kThreads, Config<MN, BM>::kBlo
   // r and r + 8) rounded to bf16 and stored; two adjacent weight rows of one token paired with the
   // neighbouring row's lane (lane ^ 4) into one 4-byte store (N is a multiple of 8)
   auto store_group = [&](int j, const float* v) {
-    const int r = (warp / 4) * 64 + (warp % 4) * 16 + lane / 4, c = 8 * j + 2 * (lane % 4);
+    const int r = (KS == 2 ? 0 : warp / 4) * 64 + (warp % 4) * 16 + lane / 4, c = 8 * j + 2 * (lane % 4);
     const bool odd = (lane / 4) & 1;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -264,13 +282,32 @@ __global__ void __launch_bounds__(Config<MN, BM>::kThreads, Config<MN, BM>::kBlo
       if (tok < p.m && row < p.n) *reinterpret_cast<__nv_bfloat162*>(p.out + static_cast<size_t>(tok) * p.n + row) = pr;
     }
   };
+  // KS = 2: the i-th load goes to warpgroup w = i % 2 (its j-th K block, j = i / 2; K block nh w + j with
+  // nh = nk / 2, the last one of an odd nk to warpgroup 1 alone), stage 2 (j % (stages / 2)) + w
+  const int nh = nk / 2, nl = KS == 2 ? 2 * (nk - nh) : nk;  // KS = 2: load slots (nk odd: one empty)
+  auto slot_of = [&](int i, int& s, uint32_t& ph, int& kb) {
+    if constexpr (KS == 2) {
+      const int w = i & 1, j = i >> 1, hs = stages / 2;
+      s = 2 * (j % hs) + w;
+      ph = static_cast<uint32_t>(j / hs) & 1;
+      kb = kb0 + (w == 0 ? j : nh + j);
+      return w == 1 || j < nh;
+    } else {
+      s = i % stages;
+      ph = static_cast<uint32_t>(i / stages) & 1;
+      kb = kb0 + i;
+      return true;
+    }
+  };
   if (warp == kConsumerWarps) {  // TMA producer
     if (lane == 0) {
-      for (int i = 0; i < nk; ++i) {
-        const int s = i % stages;
-        mbar_wait(empty(s), ((i / stages) & 1) ^ 1);
+      for (int i = 0; i < nl; ++i) {
+        int s, kb;
+        uint32_t ph;
+        if (!slot_of(i, s, ph, kb)) continue;
+        mbar_wait(empty(s), ph ^ 1);
         mbar_arrive_expect_tx(full(s), L::kStage);
-        const int kx = (kb0 + i) * kBK;
+        const int kx = kb * kBK;
         tma_load_2d(w_smem + s * L::kW, &tw, full(s), kx, tile * BM);
         tma_load_2d(x_smem + s * L::kX, &tx, full(s), kx, m0);
       }
@@ -278,9 +315,11 @@ __global__ void __launch_bounds__(Config<MN, BM>::kThreads, Config<MN, BM>::kBlo
     __syncwarp();
   } else if (warp == kConsumerWarps + 1) {  // scale producer
     const int sb_row = tile * BM / kRows;
-    for (int i = 0; i < nk; ++i) {
-      const int s = i % stages, kb = kb0 + i;
-      mbar_wait(empty(s), ((i / stages) & 1) ^ 1);
+    for (int i = 0; i < nl; ++i) {
+      int s, kb;
+      uint32_t ph;
+      if (!slot_of(i, s, ph, kb)) continue;
+      mbar_wait(empty(s), ph ^ 1);
       float* slot = scales + s * (L::kScale / 4);
 #pragma unroll
       for (int j = lane; j < MN; j += 32) {
@@ -290,8 +329,11 @@ __global__ void __launch_bounds__(Config<MN, BM>::kThreads, Config<MN, BM>::kBlo
       if (lane == 0) cp_async_4(smem_u32(slot + MN), p.sb + static_cast<size_t>(sb_row) * p.kbt + kb, 4);
       cp_async_arrive_noinc(full(s));
     }
-  } else {  // consumers: warpgroup cw takes weight rows [64 cw, 64 cw + 64) of the tile
+  } else {  // consumers: warpgroup cw takes weight rows [64 cw, 64 cw + 64) of the tile (KS = 2: K half cw)
     const int cw = warp / 4, wl = warp % 4;
+    // KS = 2: this warpgroup's K blocks, its ring of stages / 2 (local stage s is stage 2 s + cw)
+    const int nkc = KS == 2 ? (cw == 0 ? nh : nk - nh) : nk, ring = stages / KS;
+    auto phys = [&](int s) { return KS == 2 ? 2 * s + cw : s; };
 #pragma unroll
     for (int r = 0; r < MN / 2; ++r) acc[r] = 0.f;
     // K step i: wait for its stage, issue its 4 wgmma into t (one commit group).
@@ -303,20 +345,22 @@ __global__ void __launch_bounds__(Config<MN, BM>::kThreads, Config<MN, BM>::kBlo
     // Without kUni: the form before (same arithmetic, same bits).
     int s_iss = 0, s_pro = 0;  // kUni: the stage of the next K step to issue / to promote
     uint32_t ph_iss = 0;       // kUni: the full-barrier parity of the next K step to issue
-    const uint32_t w_lo0 = sw128_desc_lo(w_smem) + __shfl_sync(0xffffffffu, cw * (64 * kBK / 16), 0);
-    const uint32_t x_lo0 = sw128_desc_lo(x_smem);
+    // (KS = 2: both warpgroups on rows [0, 64), the ring's first tiles at stage cw)
+    const uint32_t w_lo0 = sw128_desc_lo(w_smem) +
+                           __shfl_sync(0xffffffffu, KS == 2 ? cw * (L::kW / 16) : cw * (64 * kBK / 16), 0);
+    const uint32_t x_lo0 = sw128_desc_lo(x_smem) + __shfl_sync(0xffffffffu, KS == 2 ? cw * (L::kX / 16) : 0, 0);
     const uint32_t sc_u32 = smem_u32(scales);
     auto issue = [&](float* t, int i) {
       if constexpr (kUni) {
         const int s = s_iss;
-        mbar_wait(full(s), ph_iss);
-        const int s1 = s + 1 < stages ? s + 1 : 0;
+        mbar_wait(full(phys(s)), ph_iss);
+        const int s1 = s + 1 < ring ? s + 1 : 0;
         ph_iss ^= s1 == 0 ? 1u : 0u;
         s_iss = s1;
 #pragma unroll
         for (int r = 0; r < MN / 2; ++r) fence_reg(t[r]);
         wgmma_fence();
-        const uint32_t wl_ = w_lo0 + s * (L::kW / 16), xl_ = x_lo0 + s * (L::kX / 16);
+        const uint32_t wl_ = w_lo0 + s * (KS * L::kW / 16), xl_ = x_lo0 + s * (KS * L::kX / 16);
 #pragma unroll
         for (int kk = 0; kk < kBK / 32; ++kk) {
           wgmma_tile<MN>(t, sw128_desc_of_lo(wl_ + kk * (32 / 16)), sw128_desc_of_lo(xl_ + kk * (32 / 16)), kk > 0);
@@ -340,7 +384,7 @@ __global__ void __launch_bounds__(Config<MN, BM>::kThreads, Config<MN, BM>::kBlo
     // read before the wgmma wait, so that the shared-memory latency runs under the tensor-core work
     auto load_scales = [&](float* sc, int i) {
       if constexpr (kUni) {
-        const uint32_t slot = sc_u32 + s_pro * L::kScale;
+        const uint32_t slot = sc_u32 + phys(s_pro) * L::kScale;
         const float sbv = ld_shared_f32(slot + 4 * MN);
 #pragma unroll
         for (int j = 0; j < MN / 8; ++j) {
@@ -364,8 +408,8 @@ __global__ void __launch_bounds__(Config<MN, BM>::kThreads, Config<MN, BM>::kBlo
 #pragma unroll
       for (int r = 0; r < MN / 2; ++r) fence_reg(t[r]);
       if constexpr (kUni) {
-        mbar_arrive(empty(s_pro));
-        s_pro = s_pro + 1 < stages ? s_pro + 1 : 0;
+        mbar_arrive(empty(phys(s_pro)));
+        s_pro = s_pro + 1 < ring ? s_pro + 1 : 0;
       } else {
         mbar_arrive(empty(i % stages));
       }
@@ -383,8 +427,8 @@ __global__ void __launch_bounds__(Config<MN, BM>::kThreads, Config<MN, BM>::kBlo
       // K step i's raw scales (token scales v, weight block scale sbv) from the stage of the K step just
       // issued (its barrier waited for: s_iss was advanced past it)
       auto load_raw = [&](float* v, float& sbv) {
-        const int s = s_iss > 0 ? s_iss - 1 : stages - 1;
-        const uint32_t slot = sc_u32 + s * L::kScale;
+        const int s = s_iss > 0 ? s_iss - 1 : ring - 1;
+        const uint32_t slot = sc_u32 + phys(s) * L::kScale;
         sbv = ld_shared_f32(slot + 4 * MN);
 #pragma unroll
         for (int j = 0; j < MN / 8; ++j) {
@@ -404,7 +448,7 @@ __global__ void __launch_bounds__(Config<MN, BM>::kThreads, Config<MN, BM>::kBlo
       issue(t0, 0);
       load_raw(va, sba);
       int i = 1;
-      for (; i + 1 < nk; i += 2) {
+      for (; i + 1 < nkc; i += 2) {
         issue(t1, i);
         load_raw(vb, sbb);
         wgmma_wait<1>();
@@ -414,7 +458,7 @@ __global__ void __launch_bounds__(Config<MN, BM>::kThreads, Config<MN, BM>::kBlo
         wgmma_wait<1>();
         promote_raw(t1, vb, sbb);
       }
-      if (i < nk) {
+      if (i < nkc) {
         issue(t1, i);
         load_raw(vb, sbb);
         wgmma_wait<1>();
@@ -427,14 +471,14 @@ __global__ void __launch_bounds__(Config<MN, BM>::kThreads, Config<MN, BM>::kBlo
       }
     } else if constexpr (kOverlap) {
       // t0 pending at the loop head, t1 issued before t0 is promoted (one shape of in-flight state
-      // at the back-edge, so that ptxas sees which accumulators are free; nk >= 1)
+      // at the back-edge, so that ptxas sees which accumulators are free; nkc >= 1)
       float t1[MN / 2];
       issue(t0, 0);
       int i = 1;
       if (p.scale_point == 2) {
         // the products of step i - 1 (its stage waited for in the issue before) read before step i's
         // barrier wait: their latency under that wait when the data is late
-        for (; i + 1 < nk; i += 2) {
+        for (; i + 1 < nkc; i += 2) {
           load_scales(sc, i - 1);
           issue(t1, i);
           wgmma_wait<1>();
@@ -445,7 +489,7 @@ __global__ void __launch_bounds__(Config<MN, BM>::kThreads, Config<MN, BM>::kBlo
           promote(t1, sc, i);
         }
       } else if (p.scale_point == 1) {
-        for (; i + 1 < nk; i += 2) {
+        for (; i + 1 < nkc; i += 2) {
           issue(t1, i);
           wgmma_wait<1>();
           load_scales(sc, i - 1);
@@ -456,7 +500,7 @@ __global__ void __launch_bounds__(Config<MN, BM>::kThreads, Config<MN, BM>::kBlo
           promote(t1, sc, i);
         }
       } else {
-        for (; i + 1 < nk; i += 2) {
+        for (; i + 1 < nkc; i += 2) {
           issue(t1, i);
           load_scales(sc, i - 1);
           wgmma_wait<1>();
@@ -467,7 +511,7 @@ __global__ void __launch_bounds__(Config<MN, BM>::kThreads, Config<MN, BM>::kBlo
           promote(t1, sc, i);
         }
       }
-      if (i < nk) {
+      if (i < nkc) {
         issue(t1, i);
         load_scales(sc, i - 1);
         wgmma_wait<1>();
@@ -483,13 +527,36 @@ __global__ void __launch_bounds__(Config<MN, BM>::kThreads, Config<MN, BM>::kBlo
     } else {
       // (at 128 tokens the scale products are read after the wait: held across it, they spilled)
       const bool late = MN == 128 || p.scale_point == 1;
-      for (int i = 0; i < nk; ++i) {
+      for (int i = 0; i < nkc; ++i) {
         issue(t0, i);
         if (!late) load_scales(sc, i);
         wgmma_wait<0>();
         if (late) load_scales(sc, i);
         promote(t0, sc, i);
       }
+    }
+    if constexpr (KS == 2) {
+      // The K halves: once both warpgroups are done with the stage buffers (every load was waited for),
+      // warpgroup 1 leaves its partial sums in the front of shared memory (each thread its own 16-byte
+      // slots), warpgroup 0 adds them to its own, p0 + p1 (commutative: the bits of S = 2), and stores.
+      asm volatile("bar.sync 1, %0;" ::"n"(32 * kConsumerWarps) : "memory");
+      const uint32_t xb = smem_u32(smem) + 16u * (tid % 128);
+      if (cw == 1) {
+#pragma unroll
+        for (int j = 0; j < MN / 8; ++j) {
+          st_shared_f4(xb + 16u * 128 * j, make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]));
+        }
+      }
+      asm volatile("bar.sync 1, %0;" ::"n"(32 * kConsumerWarps) : "memory");
+      if (cw == 0) {
+#pragma unroll
+        for (int j = 0; j < MN / 8; ++j) {
+          const float4 u = ld_shared_f4(xb + 16u * 128 * j);
+          const float v[4] = {acc[4 * j] + u.x, acc[4 * j + 1] + u.y, acc[4 * j + 2] + u.z, acc[4 * j + 3] + u.w};
+          store_group(j, v);
+        }
+      }
+      return;
     }
     if (p.reg_out && p.splits == 1) {  // no K split: the output straight from the registers
 #pragma unroll
@@ -609,10 +676,10 @@ int auto_splits64(int tiles, int kbt) {
   return s < 1 ? 1 : s > 2 ? 2 : s;
 }
 
-template <int MN, int BM, bool kOverlap, bool kUni, bool kAhead>
+template <int MN, int BM, bool kOverlap, bool kUni, bool kAhead, int KS>
 struct Launcher {
-  using L = Layout<MN, BM>;
-  static constexpr int kThreads = Config<MN, BM>::kThreads;
+  using L = Layout<MN, BM, KS>;
+  static constexpr int kThreads = Config<MN, BM, KS>::kThreads;
   static constexpr int kStages = L::max_stages();  // at kBlocks CTAs a SM
   static constexpr int kSmem = L::bytes(kStages);
   static constexpr int kForcedStages = L::max_stages(kSmemLimit);  // a forced count: fewer CTAs a SM
@@ -620,7 +687,8 @@ struct Launcher {
   // the fp32 partial tile reuses the stage buffers: at least this many stages
   static constexpr int kMinStages = (L::kRed + L::kStage - 1) / L::kStage > 2 ? (L::kRed + L::kStage - 1) / L::kStage : 2;
   static_assert(kMinStages <= kStages, "the partial tile fits the stage buffers");
-  static_assert(kSmem <= Config<MN, BM>::kSmemCap, "kBlocks CTAs fit one SM");
+  static_assert(kSmem <= Config<MN, BM, KS>::kSmemCap, "kBlocks CTAs fit one SM");
+  static_assert(KS == 1 || (256 * MN <= 2 * L::kStage && kForcedStages >= 4), "K halves: partial sums, four stages");
 
   // Once per device: the shared-memory limit, then how many CTAs fit at once (max_clusters[1]) and
   // for each cluster size how many clusters (the automatic split count keeps the grid in one wave).
@@ -629,7 +697,7 @@ struct Launcher {
     static int clusters[kMaxDevices][kMaxSplits + 1];
     if (dev < 0 || dev >= kMaxDevices) return DSX_ECUDA;
     if (state[dev].load(std::memory_order_acquire) == 0) {
-      auto kernel = small_gemm_kernel<MN, BM, kOverlap, kUni, kAhead>;
+      auto kernel = small_gemm_kernel<MN, BM, kOverlap, kUni, kAhead, KS>;
       bool ok = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemMax) == cudaSuccess;
       int per_sm = 0;
       ok = ok && cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, kSmem) == cudaSuccess;
@@ -663,9 +731,13 @@ struct Launcher {
   // [kMinStages, kForcedStages] (more than kStages: fewer CTAs a SM)
   static int run(const GemmNt& g, int splits, int stages, int promo, bool token_major, int scale_point, bool reg_out,
                  bool pdl, cudaStream_t stream) {
-    if (stages == 0) stages = kAutoStages < kStages ? kAutoStages : kStages;
+    // (KS = 2: automatic the deepest ring one CTA a SM holds, an even count: half a warpgroup)
+    if (stages == 0) stages = KS == 2 ? kStages : kAutoStages < kStages ? kAutoStages : kStages;
     if (stages > kForcedStages) stages = kForcedStages;
     if (stages < kMinStages) stages = kMinStages;
+    // K halves: an even count, at least two stages a warpgroup (with two temporaries a warpgroup waits for its
+    // next stage before it gives the current one back: one stage a warpgroup would never be refilled)
+    if (KS == 2) stages = stages < 4 ? 4 : stages & ~1;
     int dev = 0;
     if (cudaGetDevice(&dev) != cudaSuccess) return DSX_ECUDA;
     if (sm_count() <= 0) return DSX_ECUDA;
@@ -675,6 +747,8 @@ struct Launcher {
     const int mtiles = static_cast<int>((g.m + MN - 1) / MN);  // token tiles (M split) of the grid
     const int tiles = static_cast<int>((g.n + BM - 1) / BM) * mtiles;  // CTAs of one split
     const int kbt = static_cast<int>((g.k + kBK - 1) / kBK);
+    if (KS == 2 && splits <= 0) splits = 1;  // K halves: one CTA a weight tile
+    if (KS == 2 && (splits != 1 || kbt < 2)) return DSX_EINVAL;
     if (splits <= 0) {
       // Automatic: as many K splits as keep every weight tile's cluster resident in one wave; with
       // 64-row tiles auto_splits64 (at most 2).
@@ -712,14 +786,15 @@ struct Launcher {
     }
     lc.attrs = attr;
     lc.numAttrs = na;
-    return cuda_rc(cudaLaunchKernelEx(&lc, small_gemm_kernel<MN, BM, kOverlap, kUni, kAhead>, tw, tx, p));
+    return cuda_rc(cudaLaunchKernelEx(&lc, small_gemm_kernel<MN, BM, kOverlap, kUni, kAhead, KS>, tw, tx, p));
   }
 };
 
 // Two temporaries (kOverlap) where their registers fit under the CTAs-per-SM cap: M <= 64 at 128
-// rows, M <= 32 at 64 rows; elsewhere the one-temporary loop (the same bits).
-template <int MN, int BM>
-constexpr bool kCanOverlap = MN <= (BM == 128 ? 64 : 32);
+// rows, M <= 32 at 64 rows, M <= 64 with the K halves (KS = 2, one CTA a SM); elsewhere the
+// one-temporary loop (the same bits).
+template <int MN, int BM, int KS>
+constexpr bool kCanOverlap = MN <= (BM == 128 || KS == 2 ? 64 : 32);
 
 struct Knobs {
   int splits, stages, promo, width;
@@ -727,39 +802,42 @@ struct Knobs {
   bool overlap, token_major, uni, ahead, reg_out;
 };
 
-template <int MN, int BM, bool kOverlap>
+template <int MN, int BM, bool kOverlap, int KS>
 int run_form(const GemmNt& g, const Knobs& k, bool pdl, cudaStream_t s) {
   if constexpr (kOverlap) {  // the scales one step ahead: two temporaries only (else the uniform form)
     if (k.uni && k.ahead) {
-      return Launcher<MN, BM, true, true, true>::run(g, k.splits, k.stages, k.promo, k.token_major, k.scale_point,
-                                                     k.reg_out, pdl, s);
+      return Launcher<MN, BM, true, true, true, KS>::run(g, k.splits, k.stages, k.promo, k.token_major,
+                                                         k.scale_point, k.reg_out, pdl, s);
     }
   }
   if (k.uni) {
-    return Launcher<MN, BM, kOverlap, true, false>::run(g, k.splits, k.stages, k.promo, k.token_major, k.scale_point,
-                                                        k.reg_out, pdl, s);
+    return Launcher<MN, BM, kOverlap, true, false, KS>::run(g, k.splits, k.stages, k.promo, k.token_major,
+                                                            k.scale_point, k.reg_out, pdl, s);
   }
-  return Launcher<MN, BM, kOverlap, false, false>::run(g, k.splits, k.stages, k.promo, k.token_major, k.scale_point,
-                                                       k.reg_out, pdl, s);
+  if constexpr (KS == 1) {
+    return Launcher<MN, BM, kOverlap, false, false, 1>::run(g, k.splits, k.stages, k.promo, k.token_major,
+                                                            k.scale_point, k.reg_out, pdl, s);
+  }
+  return DSX_EINVAL;  // K halves: the uniform form only (small_run refuses the form before)
 }
 
-template <int MN, int BM>
+template <int MN, int BM, int KS>
 int run_width(const GemmNt& g, const Knobs& k, bool pdl, cudaStream_t s) {
-  if constexpr (kCanOverlap<MN, BM>) {
-    if (k.overlap) return run_form<MN, BM, true>(g, k, pdl, s);
+  if constexpr (kCanOverlap<MN, BM, KS>) {
+    if (k.overlap) return run_form<MN, BM, true, KS>(g, k, pdl, s);
   }
-  return run_form<MN, BM, false>(g, k, pdl, s);
+  return run_form<MN, BM, false, KS>(g, k, pdl, s);
 }
 
 // width: tokens per CTA (0: M rounded up to 16, 32, 64 or 128, one token tile; else M is split
 // over ceil(M / width) token tiles)
-template <int BM>
+template <int BM, int KS = 1>
 int run_rows(const GemmNt& g, const Knobs& k, bool pdl, cudaStream_t s) {
   const int64_t w = k.width > 0 && k.width < g.m ? k.width : g.m;
-  if (w <= 16) return run_width<16, BM>(g, k, pdl, s);
-  if (w <= 32) return run_width<32, BM>(g, k, pdl, s);
-  if (w <= 64) return run_width<64, BM>(g, k, pdl, s);
-  return run_width<128, BM>(g, k, pdl, s);
+  if (w <= 16) return run_width<16, BM, KS>(g, k, pdl, s);
+  if (w <= 32) return run_width<32, BM, KS>(g, k, pdl, s);
+  if (w <= 64) return run_width<64, BM, KS>(g, k, pdl, s);
+  return run_width<128, BM, KS>(g, k, pdl, s);
 }
 
 // Weight rows per CTA when not forced: 64 (two or three CTAs a SM, each with its own pipeline) when
@@ -804,6 +882,22 @@ int auto_rows(const GemmNt& g) {
 
 }  // namespace
 
+// The K halves (rows 3: 64 weight rows, one CTA a tile with all of M, two consumer warpgroups on the two
+// halves of K; the bits of S = 2) where those CTAs fill more than half of the SMs and at most all of them in
+// one wave (ceil(N/64) <= SMs < 2 ceil(N/64): N = 7168 on 132 SMs) with 1024 <= K < 4096. H200, bench
+// --small, one call, two rounds each, against what algo 0 ran before (us): 16x7168x2048 6.31 / 6.27 against
+// 6.67 / 6.63 (64 rows, S = 1, 7 stages), 64x7168x2048 7.09 / 7.08 against 7.61 / 7.59 (two 32-token tiles
+// of 128 rows), 128x7168x2048 9.10 / 9.11 against 9.66 / 9.73 (two 64-token tiles); the next call (auto
+// against the forms before forced) 6.38 / 6.43 against 6.74 / 6.70, 7.22 / 7.19 against 7.60 / 7.68, 9.21 /
+// 9.12 against 9.74 / 9.61 (cuBLAS 9.73-10.29: 1.52-1.53x, 1.37-1.39x, 1.11-1.12x). The loads alone
+// (bench/fp8_read_probe.cu) take 5.40 us in the halves' layout and 6.94-7.06 us with two token tiles, whose
+// CTAs each read the weight tile. With K = 18432 mixed (64x7168x18432 39.55 against swap-AB's 39.36,
+// 128x7168x18432 56.2 against 52.4): not taken there; K < 1024 not measured.
+static bool halves_auto(const GemmNt& g) {
+  const int64_t tiles64 = (g.n + 63) / 64, sms = sm_count();
+  return g.m >= 1 && g.m <= kSmallMaxRows && g.k >= 1024 && g.k < 4096 && tiles64 <= sms && 2 * tiles64 > sms;
+}
+
 bool small_auto(const GemmNt& g) {
   // H200, against the CUTLASS kernels algo 0 ran before (pingpong, swap-AB split-K): faster at
   // M <= 32 on every DeepSeek-V3 shape whose 128-row weight tiles fit one wave (7168x2048,
@@ -820,14 +914,14 @@ bool small_auto(const GemmNt& g) {
   // data-parallel stays.
   if (!small_supported(g)) return false;
   const int64_t sms = sm_count(), tiles128 = (g.n + kRows - 1) / kRows;
-  if (w32_auto(g)) return true;
+  if (halves_auto(g) || w32_auto(g)) return true;
   if (g.m > 64) return auto_width(g) == 64 && (g.k >= 4096 || 4 * tiles128 > sms);
   if (tiles128 <= sms) return g.m <= 32 || g.k >= 4096;
   constexpr int kBlocks64 = Config<64, 64>::kBlocks;  // CTAs a SM at M <= 64 with 64-row tiles
   return auto_rows(g) == 64 && (g.n + 63) / 64 <= kBlocks64 * sms;
 }
 
-bool small_before_swap_dp(const GemmNt& g) { return g.m > 64 || w32_auto(g); }
+bool small_before_swap_dp(const GemmNt& g) { return g.m > 64 || w32_auto(g) || halves_auto(g); }
 
 bool small_supported(const GemmNt& g) {
   return g.m >= 1 && g.m <= kSmallMaxRows && g.n >= 1 && tma_compatible(g) && g.n <= (int64_t{1} << 30) &&
@@ -837,7 +931,8 @@ bool small_supported(const GemmNt& g) {
 // knobs (the algo bits of gemm_fp8.h in parentheses): bits 0..3 the K split count S (16..19: cluster
 // size, 0 automatic), bits 4..7 the stage count (20..23: 0 automatic = 8, else 2..12, clamped to what
 // shared memory holds and to what the partial tile needs), bits 8..9 the weight rows per CTA (8..9:
-// 0 automatic, 1: 128, one CTA per SM; 2: 64, two or three CTAs per SM), bits 10..11 the consumer
+// 0 automatic, 1: 128, one CTA per SM; 2: 64, two or three CTAs per SM; 3: 64 with the K halves over two
+// consumer warpgroups, one CTA per SM, the bits of S = 2: S 0 or 1 only, K > 128), bits 10..11 the consumer
 // loop's form (10..11: 0 automatic = 3, or 2 with bits 14..15 non-zero; 1: the form before; 2: stage
 // counters, wgmma descriptors in uniform registers, scales by ld.shared (kUni); 3: 2 with the scales one
 // step ahead (kAhead) where two temporaries run, else 2; with bits 14..15 non-zero refused), bits 28..29 the output path (29..30: 0 automatic = 2; 1: through the fp32
@@ -859,11 +954,18 @@ int small_run(const GemmNt& g, int knobs, bool pdl, cudaStream_t s) {
   const int width_knob = (knobs >> 24) & 15, promo = (knobs >> 16) & 3, order = (knobs >> 18) & 3;
   const int out_knob = (knobs >> 28) & 3;
   // (form 3 reads the scales at its own point: with a scale-read point named, refused)
-  if (out_knob > 2 || rows_knob > 2 || temps_knob > 2 || width_knob > 4 || order > 2 || stages == 1 ||
+  if (out_knob > 2 || temps_knob > 2 || width_knob > 4 || order > 2 || stages == 1 ||
       stages > kMaxStages || (form_knob == 3 && scales_knob != 0)) {
     return DSX_EINVAL;
   }
-  const int rows = rows_knob == 1 ? 128 : rows_knob == 2 ? 64 : auto_rows(g);
+  // rows 3: 64 weight rows, the two consumer warpgroups on its K halves (KS = 2; the bits of S = 2): one CTA
+  // split, at least two K blocks, the uniform loop form (2 or 3) and the output from the registers
+  // (automatic where halves_auto holds and the split count, the token width, the loop form and the output
+  // path are automatic too)
+  const bool halves = rows_knob == 3 || (rows_knob == 0 && splits == 0 && width_knob == 0 && form_knob != 1 &&
+                                         out_knob != 1 && halves_auto(g));
+  if (halves && (splits > 1 || g.k <= kBK || form_knob == 1 || out_knob == 1)) return DSX_EINVAL;
+  const int rows = rows_knob == 1 ? 128 : rows_knob >= 2 ? 64 : auto_rows(g);
   // automatic: two temporaries where they fit (H200, same run, M = 16: 1-4% faster on the five
   // DeepSeek-V3 shapes; M = 64 at 128 rows: 4096x7168 and 7168x18432 2% faster, 7168x2048 2% slower),
   // 128-byte L2 promotion (1-6% faster than 256 on all 15 shapes of bench --small; none: within 1%
@@ -871,7 +973,8 @@ int small_run(const GemmNt& g, int knobs, bool pdl, cudaStream_t s) {
   // ncu, 128x4096x7168 at 32 tokens a CTA, L2 hit sectors 2.51M -> 0.53M and L2 fabric sectors 0.97M
   // -> 0.52M, CUTLASS swap-AB's counts; time the same or up to 1.5% less on the M = 128 shapes)
   const bool overlap = temps_knob != 1;
-  const int width = width_knob == 0 ? auto_width(g) : width_knob == 4 ? 0 : 8 << width_knob;  // 16, 32, 64, all
+  // (K halves: automatic all of M, one token tile)
+  const int width = width_knob == 0 ? (halves ? 0 : auto_width(g)) : width_knob == 4 ? 0 : 8 << width_knob;
   const int l2 = promo == 0 ? 2 : promo;
   // scale products: automatic = 2, before the wgmma wait. 3 (before the next K step's issue) measured
   // within noise of it (H200, 128x4096x7168, 16x4096x7168, 16x7168x2048: one call 0.3-2% faster in 3
@@ -887,6 +990,7 @@ int small_run(const GemmNt& g, int knobs, bool pdl, cudaStream_t s) {
   // within +0.5% of the forms before where it does not help
   const bool ahead = form_knob == 3 || (form_knob == 0 && scales_knob == 0), reg_out = out_knob != 1;
   const Knobs k{splits, stages, l2, width, scale_point, overlap, order != 1, form_knob != 1, ahead, reg_out};
+  if (halves) return run_rows<64, 2>(g, k, pdl, s);
   return rows == 64 ? run_rows<64>(g, k, pdl, s) : run_rows<128>(g, k, pdl, s);
 }
 

@@ -24,6 +24,9 @@ FP8, BF16 = ml_dtypes.float8_e4m3fn, ml_dtypes.bfloat16
 # bit 28 PDL
 SMALL = 6
 ROWS128, ROWS64 = 1 << 8, 2 << 8
+# bits 8..9 = 3: 64 weight rows, two consumer warpgroups on the K halves (one CTA a weight tile, K >= 2 blocks): the
+# bits of S = 2
+HALVES = 3 << 8
 TEMPS1, TEMPS2 = 1 << 12, 2 << 12
 WIDTH16, WIDTH32, WIDTH64, WIDTH_ALL = 1 << 24, 2 << 24, 3 << 24, 4 << 24
 L2_128B, L2_NONE = 2 << 4, 3 << 4  # bits 4..5: the TMA loads' L2 promotion (0 automatic, 1: 256 bytes)
@@ -117,10 +120,13 @@ def test_dense_gemm_agrees_with_cpu_kernel_and_is_deterministic():
 
 
 def test_auto_choice_matches_forced_kernels_bitwise():
-    """algo 0 runs the hand-written small-M kernel (6) with two 64-token tiles at 64 < M <= 128 with K >= 4096
+    """algo 0 runs the hand-written small-M kernel (6) with the K halves (64 weight rows, all of M, two consumer
+    warpgroups on the two halves of K) at M <= 128 with 1024 <= K < 4096 while ceil(N/64) <= the SMs < 2 ceil(N/64)
+    (7168x2048 at M 16, 32, 33, 64, 65, 128; not 7168x4096, nor 8448x512 with K < 1024); with two 64-token tiles
+    at 64 < M <= 128 with K >= 4096
     while 4 ceil(N/128) <= the SMs (2048x7168, 1024x4096, 4096x7168), or with any K while 2 ceil(N/128) <= the
-    SMs < 4 ceil(N/128) (7168x2048, 7168x4096, 8448x512: one K split; not 8576), with two 32-token tiles at 32 < M <= 64
-    with K < 4096 while 2 ceil(N/128) fills half to all of the SMs (7168x2048); else swap-AB data-parallel when
+    SMs < 4 ceil(N/128) (7168x4096, 8448x512: one K split; not 8576), with two 32-token tiles at 32 < M <= 64
+    with K < 4096 while 2 ceil(N/128) fills half to all of the SMs (4160x2048); else swap-AB data-parallel when
     M <= 128 and its 128x32 tiles fill between half and all of the SMs (66..132 here; 128x4096x2048);
     else the hand-written small-M kernel (6) while the 128-row weight tiles are
     no more than the SMs at M <= 32, or at M <= 64 with K >= 4096, or at M <= 64 while its 64-row tiles
@@ -133,18 +139,19 @@ def test_auto_choice_matches_forced_kernels_bitwise():
     rng = np.random.default_rng(9)
     swap_dp = 4 | 1 << 12
     small_w64 = SMALL | ROWS128 | WIDTH64 | TEMPS2 | L2_128B  # what algo 6 does by itself at these shapes
-    small_w32 = SMALL | ROWS128 | WIDTH32 | TEMPS2 | 1 << 16
+    small_w32 = SMALL | ROWS128 | WIDTH32 | TEMPS2 | 2 << 16  # (4160x2048 at M = 64: 66 CTAs a split, S = 2 automatic)
     for m, n, k, forced in ((128, 512, 1024, 3), (129, 512, 1024, 1), (64, 2048, 7168, SMALL | ROWS128),
                             (16, 2048, 7168, SMALL), (128, 2048, 7168, small_w64), (100, 2048, 7168, small_w64),
-                            (128, 1024, 4096, small_w64), (128, 7168, 2048, small_w64),
-                            (65, 7168, 2048, small_w64), (128, 7168, 4096, small_w64), (100, 8448, 512, small_w64),
-                            (128, 8576, 512, 3), (32, 7168, 2048, SMALL), (33, 7168, 2048, small_w32),
-                            (64, 7168, 2048, small_w32),
+                            (128, 1024, 4096, small_w64), (128, 7168, 2048, SMALL | HALVES),
+                            (65, 7168, 2048, SMALL | HALVES), (128, 7168, 4096, small_w64), (100, 8448, 512, small_w64),
+                            (128, 8576, 512, 3), (32, 7168, 2048, SMALL | HALVES), (33, 7168, 2048, SMALL | HALVES),
+                            (64, 7168, 2048, SMALL | HALVES), (64, 4160, 2048, small_w32), (16, 7168, 1024, SMALL | HALVES),
                             (33, 4096, 4096, SMALL), (16, 24576, 1536, SMALL | ROWS64),
                             (64, 24576, 1536, SMALL | ROWS64), (65, 24576, 1536, 3), (128, 4096, 7168, small_w64),
                             (96, 4096, 7168, small_w64), (128, 4096, 2048, swap_dp),
                             (64, 7168, 4096, swap_dp), (64, 4096, 7168, SMALL | ROWS128),
-                            (16, 4096, 7168, SMALL | ROWS64 | 2 << 16), (16, 7168, 2048, SMALL | ROWS64 | 1 << 16),
+                            (16, 4096, 7168, SMALL | ROWS64 | 2 << 16), (16, 7168, 2048, SMALL | HALVES),
+                            (16, 7168, 512, SMALL | ROWS64 | 1 << 16),
                             (1023, 256, 512, 1),
                             (1024, 384, 1024, LARGE | 2 << 12), (1152, 384, 1024, LARGE | 2 << 12),
                             (1024, 4736, 1024, LARGE | 1 << 12), (1152, 4736, 1024, LARGE | 1 << 12),
@@ -252,7 +259,10 @@ def test_small_m_kernel_matches_float64_and_is_deterministic(m, n, k):
     token tiles of 16, 32 or 64 (ragged last tile; the same products per output element), the TMA
     loads' L2 promotion, the stage count (2..12, the partial tile's minimum at 128 tokens), the consumer
     loop's form (the stage counters wrap at odd stage counts; the scales one step ahead) and the output
-    path (from the registers at S = 1 and 2, ragged M and N; through shared memory, the form before)."""
+    path (from the registers at S = 1 and 2, ragged M and N; through shared memory, the form before).
+    The K halves over two warpgroups of one CTA (rows 3) give bitwise the 2-CTA cluster split (S = 2), odd
+    K block counts (1040: 9 blocks, the second warpgroup takes 5) and every stage count (odd ones rounded
+    down to even) included."""
     rng = np.random.default_rng(m * 3 + n + k)
     a, sa, b, sb = make_gemm(rng, m, n, k)
     kb = K.cdiv(k, 128)
@@ -290,6 +300,16 @@ def test_small_m_kernel_matches_float64_and_is_deterministic(m, n, k):
                       OUT_REG | FORM_OLD | WIDTH64 | 3 * STAGES, OUT_REG | ROWS64 | WIDTH_ALL | TEMPS1):
             got = cuda.gemm_fp8_nt(a, sa, b, sb, algo=SMALL | knobs | splits << 16)
             assert np.array_equal(got.view(np.uint16), r128.view(np.uint16)), f"splits {splits}: knobs {knobs:#x}"
+    if kb >= 2:
+        s2 = cuda.gemm_fp8_nt(a, sa, b, sb, algo=SMALL | ROWS128 | 2 << 16)
+        for knobs in (0, 1 << 16, TEMPS1, TEMPS2, WIDTH16, WIDTH32 | TEMPS2, WIDTH64, WIDTH_ALL | TEMPS1,
+                      2 * STAGES, 3 * STAGES | WIDTH16, 5 * STAGES, 12 * STAGES, 12 * STAGES | WIDTH32 | TEMPS1,
+                      FORM_UNI, FORM_UNI | WIDTH16 | TEMPS2, FORM_AHEAD | WIDTH32, SCALES_LATE | TEMPS2,
+                      SCALES_ISSUE | WIDTH16, SCALES_EARLY | TEMPS1, OUT_REG, L2_NONE, WEIGHT_MAJOR | WIDTH16,
+                      1 << 28, 1 << 28 | WIDTH32 | 4 * STAGES):
+            got = cuda.gemm_fp8_nt(a, sa, b, sb, algo=SMALL | HALVES | knobs)
+            assert np.array_equal(got.view(np.uint16), s2.view(np.uint16)), f"K halves: knobs {knobs:#x}"
+        assert_gemm_close(got, a, sa, b, sb, f"small K halves {(m, n, k)}")
     if kb < 8:
         for rows in (ROWS128, ROWS64):
             with pytest.raises(DsxError, match="invalid"):
@@ -303,8 +323,13 @@ def test_small_m_kernel_rejects_what_it_cannot_take():
         with pytest.raises(DsxError, match="invalid"):
             cuda.gemm_fp8_nt(a, sa, b, sb, algo=SMALL)
     a, sa, b, sb = make_gemm(rng, 16, 256, 256)
-    with pytest.raises(DsxError, match="invalid"):  # no third row-tile size
-        cuda.gemm_fp8_nt(a, sa, b, sb, algo=SMALL | 3 << 8)
+    # the K halves: one CTA split, the uniform loop form, the output from the registers; at least two K blocks
+    for bad in (SMALL | HALVES | 2 << 16, SMALL | HALVES | FORM_OLD, SMALL | HALVES | OUT_SMEM):
+        with pytest.raises(DsxError, match="invalid"):
+            cuda.gemm_fp8_nt(a, sa, b, sb, algo=bad)
+    a1, sa1, b1, sb1 = make_gemm(rng, 16, 256, 128)
+    with pytest.raises(DsxError, match="invalid"):
+        cuda.gemm_fp8_nt(a1, sa1, b1, sb1, algo=SMALL | HALVES)
     with pytest.raises(DsxError, match="invalid"):  # at most two temporaries
         cuda.gemm_fp8_nt(a, sa, b, sb, algo=SMALL | 3 << 12)
     with pytest.raises(DsxError, match="invalid"):  # token widths 16, 32, 64, all

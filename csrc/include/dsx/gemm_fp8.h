@@ -26,7 +26,8 @@
  * CUDA entry points take device pointers, run asynchronously on `stream` (a cudaStream_t
  * passed as void*, NULL = legacy default stream), allocate nothing, and are CUDA-graph
  * capturable when given their workspace. Query the workspace size first (it may be 0).
- * `algo`: 0 = automatic: the hand-written small-M kernel (6) when 64 < M <= 128 and K >= 4096 while
+ * `algo`: 0 = automatic: the hand-written small-M kernel (6) with the K halves (R = 3 below) when M <= 128
+ * and 1024 <= K < 4096 while ceil(N/64) <= the SM count < 2 * ceil(N/64); else 6 when 64 < M <= 128 and K >= 4096 while
  * 4 * ceil(N/128) <= the SM count, or with any K while 2 * ceil(N/128) <= the SM count < 4 * ceil(N/128)
  * (two 64-token tiles, T = 3 below; one K split in the second case), or when 32 < M <= 64 and K < 4096
  * while its two 32-token tiles of 128 rows, 2 * ceil(N/128) CTAs, fill between half and all of the
@@ -56,7 +57,13 @@
  * automatic = 8, at most what shared memory holds at the CTAs a SM of R; else 2..12, at most what
  * one CTA's shared memory holds (a count above the automatic one's limit runs fewer CTAs a SM), at
  * least what the fp32 partial tile needs); bits 8..9 = R (0 automatic, 1 = 128 rows, one CTA per SM,
- * 2 = 64 rows, two (M > 64) or three CTAs per SM; under the same S both give the same bits);
+ * 2 = 64 rows, two (M > 64) or three CTAs per SM; under the same S both give the same bits; 3 = the K
+ * halves: 64 rows, one CTA per SM, its two consumer warpgroups each on one half of the CTA's K blocks
+ * (the first floor(n/2) and the rest, each with half of the stage ring), their fp32 partial sums added at
+ * the end: bitwise the output of S = 2; only with S = 0 or 1 (one CTA a weight tile), K > 128, the loop
+ * form 0, 2 or 3 and the output path 0 or 2, else DSX_EINVAL; automatic T = all of M; the stage count
+ * rounded down to even, at least 4, automatic the most one CTA's shared memory holds (8 or 12); R = 0
+ * takes it where algo 0 does (above) when S, T, the loop form and the output path are automatic too);
  * bits 10..11 = the consumer loop's form (0 automatic = 3, or 2 where bits 14..15 name a scale-read
  * point; 1 = the form before: stage and parity by division, wgmma descriptors built per thread, scales
  * read through a generic pointer; 2 = stage counters, descriptors in uniform registers, scales by
