@@ -99,11 +99,13 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? (MT == 1 ? 2 :
     const int fpg = (nloc + box - 1) / box;  // ring fills per tile group
     int joined = 0;                          // tile groups whose cluster barriers this warp has passed
     auto join = [&]() {                      // the two cluster barriers of one group's reduction
+#if !defined(DSX_WO_DIAG_NORED) || DSX_WO_DIAG_NORED < 2
       if (splits > 1) {
         ws_cluster_sync_release();
         dsx_wo::cluster_arrive_relaxed();
         dsx_wo::cluster_wait();
       }
+#endif
       ++joined;
     };
     int f = 0, slot = 0;
@@ -174,7 +176,9 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? (MT == 1 ? 2 :
   // as in the existing path (gemm_weight_only.cuh).
   {
     dsx_wo::pdl_wait();  // x may come from the previous kernel (the producer does not read it)
+#ifndef DSX_WO_DIAG_NOX  // (diagnostic builds: x not staged, wrong results)
     dsx_wo::stage_x_steps<BITS>(xbuf, ld, p.x, p.m, p.k, s_begin, nloc, threadIdx.x, cthreads);
+#endif
     dsx_wo::cp_async_wait<0>();
     ws_consumer_sync(cthreads);
   }
@@ -295,6 +299,13 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? (MT == 1 ? 2 :
       ws_consumer_sync(cthreads);
       continue;
     }
+#ifdef DSX_WO_DIAG_NORED  // diagnostic builds: 1 = no cross-slice sum (barriers kept), 2 = no barriers either
+    if (DSX_WO_DIAG_NORED >= 2) continue;
+    ws_cluster_sync_release();
+    dsx_wo::cluster_arrive_relaxed();
+    dsx_wo::cluster_wait();
+    continue;
+#endif
     ws_cluster_sync_release();  // every slice's partial tile is written (the producer joins too)
     cg::cluster_group cluster = cg::this_cluster();
     const float* src[kMaxSplits];
