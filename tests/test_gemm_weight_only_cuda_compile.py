@@ -301,8 +301,8 @@ def test_device_entry_checks_before_launch(case, match):
 def test_warp_specialized_instances_compile_without_spills(entries):
     """Algo bit 28's kernel (gemm_weight_only_ws.cuh, up to 16 rows: mt 1 and 2 of every layout,
     and 2 or 4 tiles a warp (bits 29..30) at mt 1 and 2 for every layout but int4 group 64) at its
-    register cap (3 blocks of 9 warps an SM, 2 tiles a warp at mt 1 too; 2 for int4 group 64 at 16
-    rows, for 2 tiles a warp at mt 2 and for 4 at mt 1, 1 for 4 at mt 2): 0 spills. At mt 1 two tiles a warp stay within 72 registers and
+    register cap (3 blocks of 9 warps an SM; 2 for int4 group 64 at 16 rows, for 2 tiles a warp and
+    for 4 at mt 1, 1 for 4 at mt 2): 0 spills. At mt 1 two tiles a warp stay within 72 registers and
     four within 112 (3 and 2 blocks an SM: what ws_blocks_per_sm, the automatic rule's count, assumes)."""
     blocks = [b for b in entries if "wo_gemm_ws_kernel" in b.split("\n")[0]]
     names = {re.search(r"wo_gemm_ws_kernelILi(\d)ELi(\d)ELi(\d)ELi(\d)", b).groups() for b in blocks}

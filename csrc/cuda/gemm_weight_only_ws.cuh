@@ -15,16 +15,10 @@
 // the slot when all have. So the consumers issue no copies and never wait for a refill
 // decision; the producer runs up to `stages` slots ahead of the slowest consumer warp, across
 // tile groups too (persistent blocks).
-// With K split over a cluster (splits > 1), the producer warp also sums the slices' partial tiles
-// (twelfth session; before, every thread of the cluster met at two cluster barriers a tile group
-// and the consumer warps summed): the consumer warps write their group's partial tile and go on to
-// the next group; the producer, while it waits for ring slots, forwards "this block's partial
-// tile of group o is written" to every block of the cluster (`ready` mbarriers, after a
-// cluster-scope fence) and, once every slice has written group o, sums its share of the group's
-// outputs from all the slices' partial tiles (distributed shared memory, slice order: the same
-// bits as before) and tells every block that its partial tile of group o has been read (`free`
-// mbarriers). A block's consumers wait for `free` of group o - 1 only before writing the partial
-// tile of group o: blocks of a cluster meet one tile group apart, not twice a group.
+// The producer warp also takes part in the cluster barriers of each tile group's reduction
+// (barrier.cluster counts every thread): it joins group u's barriers only once its next wait
+// would depend on the consumers having passed them (the slot to refill was last filled with a
+// later group's steps), so it never blocks the consumers and is never blocked by them.
 #pragma once
 
 namespace {
@@ -38,8 +32,8 @@ __host__ __device__ constexpr int ws_scale_row(int ct) { return 16 + 32 * kMaxWa
 __host__ __device__ constexpr int ws_slot_bytes(int gmode, int box, int tiles, int ct) {
   return (box * (tiles * kWBytes + (gmode ? 2 * ws_scale_row(ct) : 0)) + 127) / 128 * 128;
 }
-// full[stages], empty[stages], then written, ready, free (the cross-slice reduction's mbarriers).
-__host__ __device__ constexpr int ws_barrier_bytes(int stages) { return ((2 * stages + 3) * 8 + 127) / 128 * 128; }
+// full[stages] then empty[stages] mbarriers.
+__host__ __device__ constexpr int ws_barrier_bytes(int stages) { return (2 * stages * 8 + 127) / 128 * 128; }
 
 __device__ __forceinline__ void ws_mbar_arrive(uint32_t bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
@@ -50,67 +44,12 @@ __device__ __forceinline__ void ws_consumer_sync(int threads) {  // the consumer
 __device__ __forceinline__ void ws_cluster_sync_release() {
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
-// An arrival on the mbarrier at the same shared-memory offset in block `rank` of the cluster:
-// release at CTA scope (orders this thread's earlier reads of peers' shared memory: "read, you may
-// overwrite") or at cluster scope (publishes writes this thread has seen, for the peers' acquire;
-// a MEMBAR, ~0.5 us on the H200, hence only in the producer warp, once a tile group).
-__device__ __forceinline__ void ws_mbar_arrive_remote(uint32_t bar, uint32_t rank) {
-  asm volatile(
-      "{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
-      "mbarrier.arrive.release.cta.shared::cluster.b64 _, [ra];\n}\n" ::"r"(bar),
-      "r"(rank)
-      : "memory");
-}
-__device__ __forceinline__ void ws_mbar_arrive_remote_publish(uint32_t bar, uint32_t rank) {
-  asm volatile(
-      "{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
-      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}\n" ::"r"(bar),
-      "r"(rank)
-      : "memory");
-}
-// Non-blocking phase tests (polled: try_wait may suspend the thread for a while), acquire at CTA
-// scope, or at cluster scope (the phase's arrivals published other blocks' writes).
-__device__ __forceinline__ bool ws_mbar_test(uint32_t bar, uint32_t parity) {
-  uint32_t ok;
-  asm volatile(
-      "{\n .reg .pred p;\n mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
-      : "=r"(ok)
-      : "r"(bar), "r"(parity)
-      : "memory");
-  return ok != 0;
-}
-__device__ __forceinline__ bool ws_mbar_test_cluster(uint32_t bar, uint32_t parity) {
-  uint32_t ok;
-  asm volatile(
-      "{\n .reg .pred p;\n mbarrier.test_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
-      : "=r"(ok)
-      : "r"(bar), "r"(parity)
-      : "memory");
-  return ok != 0;
-}
-// Loads from the shared memory of block `rank` of the cluster at this block's offset `addr`.
-__device__ __forceinline__ float ws_ld_cluster_f32(uint32_t addr, uint32_t rank) {
-  float v;
-  asm volatile("{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %1, %2;\nld.shared::cluster.f32 %0, [ra];\n}\n"
-               : "=f"(v)
-               : "r"(addr), "r"(rank)
-               : "memory");
-  return v;
-}
-__device__ __forceinline__ float2 ws_ld_cluster_f32x2(uint32_t addr, uint32_t rank) {
-  float2 v;
-  asm volatile("{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %2, %3;\nld.shared::cluster.v2.f32 {%0, %1}, [ra];\n}\n"
-               : "=f"(v.x), "=f"(v.y)
-               : "r"(addr), "r"(rank)
-               : "memory");
-  return v;
-}
 
 // The block's tensor maps (Params::wmap: `box` steps x all tiles' rows; wmap1: one step).
 // CT: 16-channel tiles a consumer warp owns (2, 4: algo bits 29..30; warp w owns tiles CT w .. CT w +
 // CT - 1, contiguous channels; one x load feeds the mma of all of them: step_q_tiles).
 template <int BITS, int MT, int GMODE, int CT = 1>
-__global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? (MT == 1 ? 2 : 1) : (CT == 2 && MT == 2) || (MT == 2 && GMODE == 2) ? 2 : 3)
+__global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? (MT == 1 ? 2 : 1) : CT == 2 || (MT == 2 && GMODE == 2) ? 2 : 3)
     wo_gemm_ws_kernel(const __grid_constant__ Params p) {
   extern __shared__ __align__(128) uint8_t smem[];
   constexpr int kStepK = BITS == 8 ? 64 : 128;
@@ -132,9 +71,8 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? (MT == 1 ? 2 :
   const int nloc = s_end - s_begin;
   const int ustride = gridDim.y;
 
-  // Shared memory: [full, empty, written, ready, free barriers][ring][x slice][partial tile].
+  // Shared memory: [full, empty barriers][ring][x slice][partial tile].
   const uint32_t full0 = dsx_wo::smem_addr(smem), empty0 = full0 + 8 * nst;
-  const uint32_t written0 = empty0 + 8 * nst, ready0 = written0 + 8, free0 = ready0 + 8;
   const uint8_t* ring = smem + ws_barrier_bytes(nst);
   uint16_t* xbuf = reinterpret_cast<uint16_t*>(smem + ws_barrier_bytes(nst) + nst * slot_sz);
   auto part_of = [&]() {
@@ -150,80 +88,25 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? (MT == 1 ? 2 :
       dsx_wo::mbar_init(full0 + 8 * i, 1);
       dsx_wo::mbar_init(empty0 + 8 * i, nwarps);
     }
-    dsx_wo::mbar_init(written0, nwarps);  // each consumer warp, once its part of the partial tile is written
-    dsx_wo::mbar_init(ready0, splits);    // each block's producer: its partial tile of the group is written
-    dsx_wo::mbar_init(free0, splits);     // each block's producer: it has read this block's partial tile
   }
   dsx_wo::fence_barrier_init();
-  if (splits > 1)
-    ws_cluster_sync_release();  // (every block's barriers are initialized before any remote arrival)
-  else
-    __syncthreads();
+  __syncthreads();
 
   // Tile groups of this block: blockIdx.y, + gridDim.y, ... (every block of a cluster the same).
   const int my_groups = static_cast<int>(blockIdx.y) < p.groups ? (p.groups - 1 - blockIdx.y) / ustride + 1 : 0;
 
   if (warp == nwarps) {  // ---------------------------------------------------------- producer
     const int fpg = (nloc + box - 1) / box;  // ring fills per tile group
-    // The cross-slice reduction (splits > 1): groups [0, sent) announced to the cluster as written
-    // here, [0, reduced) summed.
-    int sent = 0, reduced = 0;
-    const uint32_t part_s = dsx_wo::smem_addr(part_of());
-    // This block's share of group o's outputs: each the sum of the slices' partials in slice order
-    // (as the consumer warps summed them before: the same bits), 2 at a time where aligned. (Read
-    // through 32-bit cluster addresses, few registers: the kernel's register cap is the consumers'.)
-    auto reduce = [&](int o) {
-      const int n_blk = (blockIdx.y + o * ustride) * 16 * tiles;
-      const int width = 16 * tiles, total = p.m * width;
-      const int e0 = static_cast<int>(static_cast<int64_t>(total) * rank / splits);
-      const int e1 = static_cast<int>(static_cast<int64_t>(total) * (rank + 1) / splits);
-      auto one = [&](int e) {
-        const int tok = e / width, n = n_blk + (e - tok * width);
-        if (n >= p.n) return;
-        const uint32_t a = part_s + 4 * e;
-        float v = ws_ld_cluster_f32(a, 0);
-#pragma unroll
-        for (int r = 1; r < kMaxSplits; ++r)
-          if (r < splits) v += ws_ld_cluster_f32(a, r);
-        p.out[static_cast<int64_t>(tok) * p.n + n] = dsx_wo::f32_to_bf16_rne(v);
-      };
-      const int ea = min(e1, (e0 + 1) & ~1), eb = max(ea, e1 & ~1);
-      if (e0 + lane < ea) one(e0 + lane);
-      for (int e = ea + 2 * lane; e < eb; e += 64) {  // (2 outputs of one token row: width % 16 == 0)
-        const uint32_t a = part_s + 4 * e;
-        float2 v = ws_ld_cluster_f32x2(a, 0);
-#pragma unroll
-        for (int r = 1; r < kMaxSplits; ++r)
-          if (r < splits) {
-            const float2 w = ws_ld_cluster_f32x2(a, r);
-            v.x += w.x, v.y += w.y;
-          }
-        const int tok = e / width, n = n_blk + (e - tok * width);
-        if (n < p.n) {  // (N % 64 == 0: both or none)
-          uint16_t* o2 = p.out + static_cast<int64_t>(tok) * p.n + n;
-          o2[0] = dsx_wo::f32_to_bf16_rne(v.x);
-          o2[1] = dsx_wo::f32_to_bf16_rne(v.y);
-        }
+    int joined = 0;                          // tile groups whose cluster barriers this warp has passed
+    auto join = [&]() {                      // the two cluster barriers of one group's reduction
+#if !defined(DSX_WO_DIAG_NORED) || DSX_WO_DIAG_NORED < 2
+      if (splits > 1) {
+        ws_cluster_sync_release();
+        dsx_wo::cluster_arrive_relaxed();
+        dsx_wo::cluster_wait();
       }
-      if (eb + lane < e1) one(eb + lane);
-    };
-    // Polled while the producer waits for ring slots and after each fill (warp-uniform): forward
-    // one written group, sum one group every slice has written. Never blocks, so a block's ring
-    // never waits on another block. (Phases cannot run ahead of the polls: a block's consumers
-    // write group o + 1 only after every producer of the cluster has summed group o.)
-    auto side = [&]() {
-      if (splits == 1) return;
-      if (sent < my_groups && __all_sync(0xffffffffu, ws_mbar_test(written0, sent & 1))) {
-        // (the consumer warps' partial tile, acquired through `written`, published with `ready`)
-        if (lane < splits) ws_mbar_arrive_remote_publish(ready0, lane);
-        ++sent;
-      }
-      if (reduced < sent && __all_sync(0xffffffffu, ws_mbar_test_cluster(ready0, reduced & 1))) {
-        reduce(reduced);
-        __syncwarp();
-        if (lane < splits) ws_mbar_arrive_remote(free0, lane);
-        ++reduced;
-      }
+#endif
+      ++joined;
     };
     int f = 0, slot = 0;
     if (fpg > 0) {
@@ -235,10 +118,10 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? (MT == 1 ? 2 :
         const uint32_t srow = (lead() + 2 * nch + 15) & ~15u;
         for (int first = s_begin; first < s_end; first += box, ++f) {
           if (f >= nst) {
-            // (The slot's consumption may need the consumers past the reductions of earlier
-            // groups: the side work runs while waiting.)
-            while (!__all_sync(0xffffffffu, dsx_wo::mbar_try_wait(empty0 + 8 * slot, static_cast<uint32_t>((f / nst - 1) & 1))))
-              side();
+            // The slot was last filled by fill f - nst: its consumption may need the consumers to
+            // have passed the reductions of the groups before that fill's group.
+            while (joined < (f - nst) / fpg) join();
+            dsx_wo::mbar_wait(empty0 + 8 * slot, static_cast<uint32_t>((f / nst - 1) & 1));
           }
           if (lane == 0) {
             const int len = min(box, s_end - first);
@@ -272,14 +155,10 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? (MT == 1 ? 2 :
           }
           __syncwarp();
           if (++slot == nst) slot = 0;
-          side();
         }
       }
     }
-    if (splits > 1) {
-      while (reduced < my_groups) side();
-      ws_cluster_sync_release();  // no block leaves while a peer may still read or arrive on its shared memory
-    }
+    while (joined < my_groups) join();
     return;
   }
 
@@ -406,8 +285,6 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? (MT == 1 ? 2 :
 
     float* part = part_of();
     const int width = 16 * tiles, total = p.m * width;
-    // (splits > 1: every slice's producer has read this block's partial tile of the group before)
-    if (splits > 1 && o > 0) dsx_wo::mbar_wait(free0, static_cast<uint32_t>((o - 1) & 1));
     if (active) {
 #pragma unroll
       for (int q = 0; q < CT; ++q)
@@ -422,10 +299,32 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? (MT == 1 ? 2 :
       ws_consumer_sync(cthreads);
       continue;
     }
-    __syncwarp();  // this warp's part of the partial tile is written: the producer takes it from here
-    if (lane == 0) ws_mbar_arrive(written0);
+#ifdef DSX_WO_DIAG_NORED  // diagnostic builds: 1 = no cross-slice sum (barriers kept), 2 = no barriers either
+    if (DSX_WO_DIAG_NORED >= 2) continue;
+    ws_cluster_sync_release();
+    dsx_wo::cluster_arrive_relaxed();
+    dsx_wo::cluster_wait();
+    continue;
+#endif
+    ws_cluster_sync_release();  // every slice's partial tile is written (the producer joins too)
+    cg::cluster_group cluster = cg::this_cluster();
+    const float* src[kMaxSplits];
+#pragma unroll
+    for (int r = 0; r < kMaxSplits; ++r) src[r] = r < splits ? cluster.map_shared_rank(part, r) : nullptr;
+    const int e0 = static_cast<int>(static_cast<int64_t>(total) * rank / splits);
+    const int e1 = static_cast<int>(static_cast<int64_t>(total) * (rank + 1) / splits);
+    for (int e = e0 + threadIdx.x; e < e1; e += cthreads) {
+      const int tok = e / width, n = n_blk + (e - tok * width);
+      if (n >= p.n) continue;
+      float v = src[0][e];
+#pragma unroll
+      for (int r = 1; r < kMaxSplits; ++r)
+        if (r < splits) v += src[r][e];  // slice order: deterministic
+      p.out[static_cast<int64_t>(tok) * p.n + n] = dsx_wo::f32_to_bf16_rne(v);
+    }
+    dsx_wo::cluster_arrive_relaxed();
+    dsx_wo::cluster_wait();
   }
-  if (splits > 1) ws_cluster_sync_release();  // (the producer's final barrier)
 }
 
 // ------------------------------------------------------------------ host side (bit 28)
@@ -513,10 +412,9 @@ int ws_choose(int rows, int64_t n, int64_t k, int bits, int group, int algo, int
 // M = 16 / 9: 36864 x 7168 86.07 / 78.36 -> 71.28 (one tile: two would be one block an SM, 88.23) /
 // 56.74; 7168 x 18432 52.57 / 47.87 -> 38.14 / 36.58. int8 per channel M = 16 / 9: 36864 x 7168
 // 90.21 / 86.31 -> 84.49 / 82.03; 7168 x 18432 58.54 / 52.56 -> 49.45 / 47.80.
-// Blocks of the warp-specialized kernel one SM holds by its registers (ptxas, no spills, twelfth
-// session with the producer's reduction: one token tile (MT 1) 64-72 / 63-70 / 75-93 registers a
-// thread with 1 / 2 / 4 tiles a warp (launch bounds 3 / 3 / 2 blocks); two token tiles (MT 2) 68-96 /
-// 90-94 / 134-158 (3 / 2 / 1)) and by shared memory.
+// Blocks of the warp-specialized kernel one SM holds by its registers (ptxas, no spills: one token
+// tile (MT 1) 60-68 / 72 / 77-91 registers a thread with 1 / 2 / 4 tiles a warp; two token tiles
+// (MT 2) 60-96 / 93-95 / 117-138) and by shared memory.
 int ws_blocks_per_sm(const Config& c) {
   const int by_regs = c.mt == 1 ? (c.ct == 4 ? 2 : 3) : (c.ct == 1 ? 3 : c.ct == 2 ? 2 : 1);
   return std::min(by_regs, kSmemPerSm / (c.smem + kSmemReserved));
