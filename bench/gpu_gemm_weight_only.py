@@ -33,6 +33,9 @@ same run ("w0s0d0b0" is the automatic config).
 With --alt-lib LIB (a shared library exporting dsx_wo_gemm_bf16_nt_cuda, e.g. the previous
 kernel built alone: bench/wo_alt_lib.sh), that build is timed on the same inputs in the same
 run ("alt us" and its ratio to torch), so two kernels compare without run-to-run drift.
+With --ab WORDS (and --ms), auto, the words, the --alt-lib build and torch are timed interleaved;
+--ab-libs a.so,b.so adds auto and every word on those builds to the same interleaving ("w...@a"),
+e.g. a -DDSX_WO_NOMATH build for the weight stream alone under each configuration.
 """
 
 from __future__ import annotations
@@ -115,6 +118,7 @@ class Problem:
 DIAG = {}  # "fn": dsx_wo_gemm_bf16_nt_cuda of a build with -DDSX_WO_NOMATH (--diag-lib)
 ALT = {}   # "fn": the same entry of another build (--alt-lib: e.g. the previous kernel), timed beside ours
 SWEEP_LIBS = {}  # name -> the same entry of other builds (--sweep-libs): each swept word timed there too
+AB_LIBS = {}  # name -> the same entry of other builds (--ab-libs): auto and each --ab word timed there too, interleaved
 
 
 def _ok(rc: int) -> None:
@@ -240,6 +244,12 @@ def ab_row(pb: Problem, m: int, rng, words: list, rounds: int) -> dict:
             print(json.dumps({"N": pb.n, "K": pb.k, "M": m, "word": name, "error": repr(exc)[:80]}))
     if ALT:
         samplers["alt"] = gpu_timing.ours_sampler(calls(0, ALT["fn"]))[0]
+    for lib, f in AB_LIBS.items():  # --ab-libs: auto and every word on another build (e.g. no arithmetic)
+        for name, algo in [("auto", 0)] + list(words):
+            try:
+                samplers[f"{name}@{lib}"] = gpu_timing.ours_sampler(calls(algo, f))[0]
+            except Exception as exc:
+                print(json.dumps({"N": pb.n, "K": pb.k, "M": m, "word": f"{name}@{lib}", "error": repr(exc)[:80]}))
     if torch is not None:
         tw = pb.torch_weights()
         tx = torch.from_numpy(x.view(np.int16)).cuda().view(torch.bfloat16)
@@ -305,6 +315,8 @@ def main() -> int:
     ap.add_argument("--sweep-ms", default="", help="M values swept (default 1,16)")
     ap.add_argument("--ab", default="",
                     help='int4 per channel: time auto, these words (as --sweep-list), --alt-lib and torch interleaved')
+    ap.add_argument("--ab-libs", default="",
+                    help="other builds (e.g. a -DDSX_WO_NOMATH one): --ab's auto and words also timed there, interleaved")
     ap.add_argument("--ab-rounds", type=int, default=8, help="rounds of --ab's interleaved timing")
     ap.add_argument("--ab-layout", default="4,-1", help="--ab's layout: bits,group (default int4 per channel)")
     ap.add_argument("--ms", default="", help="comma-separated M for int4 per channel (any, e.g. 1,16,32; the other layouts keep their subset of these)")
@@ -325,6 +337,8 @@ def main() -> int:
         ALT["fn"] = load_entry(args.alt_lib)
     for lib in filter(None, args.sweep_libs.split(",")):
         SWEEP_LIBS[Path(lib).stem] = load_entry(lib)
+    for lib in filter(None, args.ab_libs.split(",")):
+        AB_LIBS[Path(lib).stem] = load_entry(lib)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)

@@ -99,11 +99,13 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? (MT == 1 ? 2 :
     const int fpg = (nloc + box - 1) / box;  // ring fills per tile group
     int joined = 0;                          // tile groups whose cluster barriers this warp has passed
     auto join = [&]() {                      // the two cluster barriers of one group's reduction
+#if !defined(DSX_WO_DIAG_NORED) || DSX_WO_DIAG_NORED < 2
       if (splits > 1) {
         ws_cluster_sync_release();
         dsx_wo::cluster_arrive_relaxed();
         dsx_wo::cluster_wait();
       }
+#endif
       ++joined;
     };
     int f = 0, slot = 0;
@@ -174,7 +176,9 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? (MT == 1 ? 2 :
   // as in the existing path (gemm_weight_only.cuh).
   {
     dsx_wo::pdl_wait();  // x may come from the previous kernel (the producer does not read it)
+#ifndef DSX_WO_DIAG_NOX  // (diagnostic builds: x not staged, wrong results)
     dsx_wo::stage_x_steps<BITS>(xbuf, ld, p.x, p.m, p.k, s_begin, nloc, threadIdx.x, cthreads);
+#endif
     dsx_wo::cp_async_wait<0>();
     ws_consumer_sync(cthreads);
   }
@@ -295,6 +299,13 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? (MT == 1 ? 2 :
       ws_consumer_sync(cthreads);
       continue;
     }
+#ifdef DSX_WO_DIAG_NORED  // diagnostic builds: 1 = no cross-slice sum (barriers kept), 2 = no barriers either
+    if (DSX_WO_DIAG_NORED >= 2) continue;
+    ws_cluster_sync_release();
+    dsx_wo::cluster_arrive_relaxed();
+    dsx_wo::cluster_wait();
+    continue;
+#endif
     ws_cluster_sync_release();  // every slice's partial tile is written (the producer joins too)
     cg::cluster_group cluster = cg::this_cluster();
     const float* src[kMaxSplits];
@@ -456,6 +467,30 @@ bool ws_auto_rule(int rows, int64_t n, int64_t k, int bits, int group, int algo,
     }
   }
   if (ok2 && int64_t(two.blocks_n) * two.splits >= sms && (!ok1 || ws_resident_tiles(two) >= ws_resident_tiles(one))) {
+    // Twelfth session: at 2..8 rows, four tiles a warp at twice that split instead (2 slots of 1
+    // step; the same number of blocks, each with twice the channels and half the K slice, one x
+    // fragment load feeding four tiles' mma), where the two-tile grid takes more than one round of
+    // resident blocks (persistent blocks looping over tile groups) and twice the split is at most 8,
+    // leaves slices of at least 4 steps and keeps at least as many tiles resident (one-round grids:
+    // not measured, left alone). Measured (H200, 36864 x 7168, the only DeepSeek-V3 shape the two-tile
+    // rule takes at <= 8 rows; bench/gpu_gemm_weight_only.py --ab, interleaved, us, two tiles at 4
+    // splits -> four at 8): M = 2 / 3 / 4 / 5 / 6 / 7 / 8 45.95 / 46.38 / 47.66 / 48.42 / 49.08 / 49.86
+    // / 50.58 -> 44.88 / 45.06 / 45.22 / 47.18 / 47.92 / 48.57 / 49.23; M = 4 / 8 in two more calls
+    // 47.98 / 50.76 -> 45.38 / 49.07 and 47.27 / 49.64 -> 44.91 / 48.50; at M = 1 a tie (45.75 / 44.66
+    // / 45.69 -> 45.29 / 44.72 / 45.33), not taken. (At 9..16 rows four tiles at 8 splits run one
+    // block an SM: 63.7-66.2 against 55.4-64.5, not taken.)
+    const int sp4 = 2 * two.splits;
+    const int nsteps = static_cast<int>(k / 64 + 1) / 2;
+    Config four2;
+    const int64_t blocks2 = int64_t(two.blocks_n) * two.splits;
+    if (int4pc && rows >= 2 && rows <= 8 && blocks2 > int64_t(ws_blocks_per_sm(two)) * sms && sp4 <= kMaxSplits &&
+        nsteps / sp4 >= 4 &&
+        ws_choose(rows, n, k, bits, group, algo | kWsAlgoBit | sp4 << 4 | 2 << 16 | 1 << 20 | 2 << 29, sms, &four2) ==
+            DSX_OK &&
+        ws_resident_tiles(four2) >= ws_resident_tiles(two)) {
+      *cfg = four2;
+      return true;
+    }
     *cfg = two;
     return true;
   }

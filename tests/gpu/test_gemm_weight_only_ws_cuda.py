@@ -21,7 +21,7 @@ from ds_export.native import cuda
 from ds_export.native import gemm_weight_only as G
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_gemm_weight_only_cuda import ONE_GROUP, ONE_STEP, PDL, check_bound, make, run_raw, word  # noqa: E402
+from test_gemm_weight_only_cuda import BF16, ONE_GROUP, ONE_STEP, PDL, check_bound, make, run_raw, word  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not cuda.available(), reason="no CUDA device")
 
@@ -284,7 +284,9 @@ def test_two_tiles_refused_combinations():
 # runs in one round with a block for at least 2/3 of the SMs and as many tiles resident as two; two
 # tiles a warp where that grid has a block for every SM and keeps at least as many tiles resident an
 # SM; else at 9..16 rows int4 one tile a warp, int8 the kernel without bit 28; at <= 8 rows (int4 per
-# channel only) one tile a warp where the plain grid would not be the balanced one.
+# channel only) one tile a warp where the plain grid would not be the balanced one. At 2..8 rows, where
+# the two-tile grid takes more than one round of resident blocks: four tiles at twice its split
+# (36864 x 7168: 8 splits; twelfth session).
 AUTO_H200 = {
     (36864, 7168, 4, -1, 16): (True, 2), (36864, 7168, 4, -1, 12): (True, 2), (36864, 7168, 4, -1, 9): (True, 2),
     (7168, 18432, 4, -1, 16): (True, 4), (24576, 1536, 4, -1, 16): (True, 4), (7168, 18432, 4, -1, 9): (True, 4),
@@ -296,7 +298,8 @@ AUTO_H200 = {
     (4096, 7168, 8, -1, 16): (False, 1),
     (36864, 7168, 4, 64, 16): (False, 1), (36864, 7168, 4, -1, 17): (False, 1),
     # up to 8 rows (int4 per channel)
-    (36864, 7168, 4, -1, 1): (True, 2), (36864, 7168, 4, -1, 4): (True, 2), (36864, 7168, 4, -1, 8): (True, 2),
+    (36864, 7168, 4, -1, 1): (True, 2), (36864, 7168, 4, -1, 2): (True, 4), (36864, 7168, 4, -1, 4): (True, 4),
+    (36864, 7168, 4, -1, 8): (True, 4),
     (7168, 18432, 4, -1, 1): (True, 4), (7168, 18432, 4, -1, 8): (True, 4),
     (24576, 1536, 4, -1, 1): (True, 4), (24576, 1536, 4, -1, 8): (True, 4),
     (4096, 7168, 4, -1, 1): (True, 1), (4096, 7168, 4, -1, 8): (True, 1), (2048, 7168, 4, -1, 4): (True, 1),
@@ -341,3 +344,28 @@ def test_automatic_two_tiles_same_bits(bits, group, m):
     assert same(a, G.gemm_weight_only_cuda(x, q, s, bits, group, 90)), "not reproducible"
     assert G.cuda_path(m, n, k, bits, group, algo=word(8, 4, 0, 2, 2) | WS | TWO) == {"ws": True, "tiles": 2}
     assert G.cuda_path(m, n, k, bits, group, algo=word(8, 4, 0, 0, 0)) == {"ws": False, "tiles": 1}
+
+
+@pytest.mark.parametrize("m", [2, 5, 8])
+def test_four_tiles_at_twice_the_split_on_h200(m):
+    """36864 x 7168 int4 per channel at 2..8 rows on an H200: auto takes four tiles a warp at 8 splits
+    (twice the two-tile rule's 4; ws_auto_rule), 2 slots of 1 step, x whole; its output has the bits
+    of the existing path at 8 splits and of two tiles a warp at 8 splits (the contract the other tests
+    check against float64 at every split), and is reproducible. Random weight bytes (every byte a
+    valid code), no float64 reference at this size."""
+    sms = ctypes.c_int()
+    if cuda.cudart().cudaDeviceGetAttribute(ctypes.byref(sms), 16, 0) != 0 or sms.value != 132:
+        pytest.skip("the expected choice is the H200's (132 SMs)")
+    n, k = 36864, 7168
+    assert G.cuda_path(m, n, k, 4, -1) == {"ws": True, "tiles": 4}
+    cfg = G.cuda_config(m, n, k, 4, -1)
+    assert (cfg["warps"], cfg["splits"], cfg["chunk"], cfg["stages"], cfg["box"]) == (8, 8, 7, 2, 1), cfg
+    rng = np.random.default_rng([41, m])
+    q = rng.integers(-128, 128, (n // 2, k), dtype=np.int8)
+    s = rng.uniform(0.004, 0.012, n).astype(np.float32).astype(BF16)
+    x = rng.standard_normal((m, k)).astype(np.float32).astype(BF16)
+    a = G.gemm_weight_only_cuda(x, q, s, 4, -1, 90)
+    assert np.isfinite(a.astype(np.float32)).all()
+    assert same(a, run_raw(x, q, s, 4, -1, word(8, 8, 0, 0, 0))), "bits differ from the existing path at 8 splits"
+    assert same(a, run_raw(x, q, s, 4, -1, word(8, 8, 0, 2, 2) | WS | TWO)), "bits differ from two tiles a warp"
+    assert same(a, G.gemm_weight_only_cuda(x, q, s, 4, -1, 90)), "not reproducible"

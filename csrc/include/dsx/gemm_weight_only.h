@@ -74,7 +74,10 @@
  * that: four tiles a warp (8 warps, 2 slots of 1 step) where that grid runs in one round (no more
  * blocks than the SMs hold at once), has a block for at least 2/3 of the SMs and keeps at least as
  * many tiles resident as two tiles a warp; at 1..8 rows (int4 per channel only) the two-tile rule
- * above, else one tile a warp (2 x 2) where the plain grid would not be the balanced one (bit 27),
+ * above (at 2..8 rows, where that grid takes more than one round of resident blocks: four tiles a
+ * warp at twice its split, 2 slots of 1 step, if that split is at most 8 with slices of at least 4
+ * steps and as many tiles resident; 36864 x 7168: 8 splits, 2-5% faster at M = 2..8, twelfth
+ * session), else one tile a warp (2 x 2) where the plain grid would not be the balanced one (bit 27),
  * else the plain or balanced kernel as before (measured, H200, same run: 5-16% faster than the
  * previous choice on the three large DeepSeek-V3 shapes at M = 1, 4, 8, 1-5% on the three small ones,
  * four tiles 4-11% at 9..16 rows on 7168 x 18432 and 24576 x 1536). At 1..8 rows auto's bits are
