@@ -308,13 +308,18 @@ AUTO_H200 = {
 }
 
 
+def skip_unless_h200():
+    """The automatic rules count blocks against SMs: their expected choices are the H200's (132 SMs)."""
+    sms = ctypes.c_int()  # (cudaDevAttrMultiProcessorCount = 16, device 0)
+    if cuda.cudart().cudaDeviceGetAttribute(ctypes.byref(sms), 16, 0) != 0 or sms.value != 132:
+        pytest.skip("the expected choices are the H200's (132 SMs)")
+
+
 @pytest.mark.parametrize("case", sorted(AUTO_H200))
 def test_automatic_two_tiles_rule_on_h200(case):
     """The automatic choice at 9..16 rows on DeepSeek-V3 shapes (config only: no data), as measured
     and documented; skipped on GPUs with another SM count (the rule counts blocks against SMs)."""
-    sms = ctypes.c_int()  # (cudaDevAttrMultiProcessorCount = 16, device 0)
-    if cuda.cudart().cudaDeviceGetAttribute(ctypes.byref(sms), 16, 0) != 0 or sms.value != 132:
-        pytest.skip("the expected choices are the H200's (132 SMs)")
+    skip_unless_h200()
     n, k, bits, group, m = case
     got = G.cuda_path(m, n, k, bits, group)
     assert (got["ws"], got["tiles"]) == AUTO_H200[case], f"{case}: {got} {G.cuda_config(m, n, k, bits, group)}"
@@ -353,9 +358,7 @@ def test_four_tiles_at_twice_the_split_on_h200(m):
     of the existing path at 8 splits and of two tiles a warp at 8 splits (the contract the other tests
     check against float64 at every split), and is reproducible. Random weight bytes (every byte a
     valid code), no float64 reference at this size."""
-    sms = ctypes.c_int()
-    if cuda.cudart().cudaDeviceGetAttribute(ctypes.byref(sms), 16, 0) != 0 or sms.value != 132:
-        pytest.skip("the expected choice is the H200's (132 SMs)")
+    skip_unless_h200()
     n, k = 36864, 7168
     assert G.cuda_path(m, n, k, 4, -1) == {"ws": True, "tiles": 4}
     cfg = G.cuda_config(m, n, k, 4, -1)
