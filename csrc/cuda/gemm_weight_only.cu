@@ -135,17 +135,6 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MT == 1 ? 4 : MT == 2 ? 3 : 1)
                                     nwarps * p.stages * slot_bytes(GMODE, p.box) +
                                     (whole ? 2 * p.m * (p.chunk * kStepK + kXPadElems) : 0));
   };
-  // Q136 (int4, up to 16 rows): the x sums of the staged steps (x_sums_int4), after the x buffers
-  // and the partial tile (as smem_bytes counts them).
-  auto nx_of = [&]() {
-    const int xb = 2 * p.m * (p.chunk * kStepK + kXPadElems), pb = 4 * p.m * 16 * nwarps;
-    return reinterpret_cast<float*>(smem + barrier_bytes(nwarps, p.stages) + nwarps * p.stages * slot_bytes(GMODE, p.box) +
-                                    (whole ? xb + pb : max(2 * xb, pb)));
-  };
-  constexpr int kPer = GMODE == 2 ? 2 : 1;  // x sums a step (int4)
-  auto x_sums = [&](const uint16_t* buf, int steps) {
-    if constexpr (dsx_wo::kQ136<BITS, MT>) dsx_wo::x_sums_int4<kPer>(nx_of(), buf, ld, p.m, steps, threadIdx.x, blockDim.x);
-  };
 
   // This lane's 16 bytes of rows g and g+8 in a step (the same bytes, lane for lane, as
   // Paddle's layout gives: see the .cuh): row g lies in channel-group row wrow (row g+8 in
@@ -251,10 +240,6 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MT == 1 ? 4 : MT == 2 ? 3 : 1)
     stage_x(0, xbuf);
     dsx_wo::cp_async_wait<0>();
     __syncthreads();
-    if (dsx_wo::kQ136<BITS, MT>) {
-      x_sums(xbuf, nloc);
-      __syncthreads();
-    }
   }
   for (int u = blockIdx.y; u < p.groups; u += ustride) {
     const int n_blk = u * 16 * nwarps, n0 = n_blk + warp * 16;
@@ -275,10 +260,6 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MT == 1 ? 4 : MT == 2 ? 3 : 1)
         __syncthreads();
       }
       const int cs = s_begin + ci * p.chunk, ce = min(cs + p.chunk, s_end);
-      if (dsx_wo::kQ136<BITS, MT> && !whole) {  // (the previous chunk's sums were read before the barrier above)
-        x_sums(buf, ce - cs);
-        __syncthreads();
-      }
       if (active) {
         for (int step = cs; step < ce;) {
           if (j == 0) {
@@ -294,8 +275,6 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MT == 1 ? 4 : MT == 2 ? 3 : 1)
           }
           const uint8_t* sl = ring + slot * slot_sz;
           const uint16_t* xs = buf + (step - cs) * kStepK;
-          const float* nx = dsx_wo::kQ136<BITS, MT> ? nx_of() + (step - cs) * kPer * (dsx_wo::x_sums_rows(p.m)) + 2 * c : nullptr;
-          const int nxs = dsx_wo::x_sums_rows(p.m);
           // EARLY: once the slot's last steps are in registers the copy engine may refill it
           // while their arithmetic runs. The refill is issued after a shared store of a value
           // folded from every loaded word (into a scratch word of the warp behind its one
@@ -326,7 +305,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MT == 1 ? 4 : MT == 2 ? 3 : 1)
             if (BITS == 8) {
               dsx_wo::step_q<8, MT, GMODE, 2>(acc, st, xs, xo);
             } else {
-              dsx_wo::step_q<4, MT, GMODE, 2>(acc, st, xs, xo, nx, nxs);
+              dsx_wo::step_q<4, MT, GMODE, 2>(acc, st, xs, xo);
             }
 #else  // diagnostic build (bench --diag-lib): the weight stream alone, wrong results
             acc[0][0] += __uint_as_float((st[0].w[0].x ^ st[1].w[1].y) & 1u) + __uint_as_float(xs[0] & 1u);
@@ -348,9 +327,9 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MT == 1 ? 4 : MT == 2 ? 3 : 1)
             if (BITS == 8) {
               dsx_wo::step_q<8, MT, GMODE, 1>(acc, st, xs, xo);
             } else if (GMODE == 2) {
-              dsx_wo::step_int4_g64<MT>(acc, st[0], xs, xo, c, nx, nxs);
+              dsx_wo::step_int4_g64<MT>(acc, st[0], xs, xo, c);
             } else {
-              dsx_wo::step_q<4, MT, GMODE, 1>(acc, st, xs, xo, nx, nxs);
+              dsx_wo::step_q<4, MT, GMODE, 1>(acc, st, xs, xo);
             }
 #else
             acc[0][0] += __uint_as_float((st[0].w[0].x ^ st[0].w[1].y) & 1u) + __uint_as_float(xs[0] & 1u);
@@ -469,13 +448,10 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 4)
   const uint8_t* ring = smem + bar_bytes + warp * nst * slot_sz;
   const uint32_t ring_s = dsx_wo::smem_addr(ring);
   uint16_t* xbuf = reinterpret_cast<uint16_t*>(smem + bar_bytes + nwarps * nst * slot_sz);
-  // [x sums (x_sums_int4) of the staged steps] between x and the upper pieces.
-  auto nx_of = [&]() {
-    return reinterpret_cast<float*>(smem + barrier_bytes(nwarps, p.stages) +
-                                    nwarps * p.stages * slot_bytes(GMODE, p.box) + 2 * p.m * ld);
-  };
   auto carry_of = [&](int w) {
-    return nx_of() + dsx_wo::x_sums_floats(p.m, p.chunk, GMODE) + w * (MT * 4 * 32);
+    return reinterpret_cast<float*>(smem + barrier_bytes(nwarps, p.stages) +
+                                    nwarps * p.stages * slot_bytes(GMODE, p.box) + 2 * p.m * ld) +
+           w * (MT * 4 * 32);
   };
   auto part_of = [&]() { return carry_of(nwarps); };
 
@@ -531,10 +507,6 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 4)
     dsx_wo::cp_async_wait<0>();
   }
   __syncthreads();
-  if (L > 0) {
-    dsx_wo::x_sums_int4<1>(nx_of(), xbuf, ld, p.m, L, threadIdx.x, blockDim.x);
-    __syncthreads();
-  }
 
   const int width = 16 * T;
   float acc[MT][4];
@@ -560,7 +532,6 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 4)
         wbase = ring + slot * slot_sz + wrow * rstride + win;
       }
       const uint16_t* xs = xbuf + (v - t * L) * kStepK;
-      const float* nx = nx_of() + (v - t * L) * (dsx_wo::x_sums_rows(p.m)) + 2 * c;
       auto release = [&](uint32_t dep) {
         *reinterpret_cast<volatile uint32_t*>(smem + 8 * nwarps + 4 * warp) = dep;
         __syncwarp();
@@ -582,7 +553,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 4)
         }
         if (EARLY && j + 2 == slot_len) release(fold(st[0]) ^ fold(st[1]));
 #ifndef DSX_WO_NOMATH
-        dsx_wo::step_q<BITS, MT, GMODE, 2>(acc, st, xs, xo, nx, dsx_wo::x_sums_rows(p.m));
+        dsx_wo::step_q<BITS, MT, GMODE, 2>(acc, st, xs, xo);
 #else
         acc[0][0] += __uint_as_float((st[0].w[0].x ^ st[1].w[1].y) & 1u) + __uint_as_float(xs[0] & 1u);
 #endif
@@ -594,7 +565,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 4)
         st[0].w[1] = dsx_wo::lds128(wp + rgap);
         if (EARLY && j + 1 == slot_len) release(fold(st[0]));
 #ifndef DSX_WO_NOMATH
-        dsx_wo::step_q<BITS, MT, GMODE, 1>(acc, st, xs, xo, nx, dsx_wo::x_sums_rows(p.m));
+        dsx_wo::step_q<BITS, MT, GMODE, 1>(acc, st, xs, xo);
 #else
         acc[0][0] += __uint_as_float((st[0].w[0].x ^ st[0].w[1].y) & 1u) + __uint_as_float(xs[0] & 1u);
 #endif
@@ -710,10 +681,8 @@ int64_t smem_bytes(int rows, int bits, int gmode, int warps, int stages, int box
   const int64_t x_bytes = int64_t(nbuf) * rows * (int64_t(chunk) * step_k + kXPadElems) * 2;
   const int64_t part_bytes = int64_t(rows) * 16 * warps * 4;
   // x staged whole stays for all the block's tile groups: the partial tile gets its own room.
-  // (int4 up to 16 rows: then the x sums of a chunk's steps, dsx_wo::x_sums_int4)
-  const int64_t sums_bytes = bits == 4 ? 4 * int64_t(dsx_wo::x_sums_floats(rows, chunk, gmode)) : 0;
   return barrier_bytes(warps, stages) + int64_t(warps) * stages * slot_bytes(gmode, box) +
-         (nbuf == 1 ? x_bytes + part_bytes : std::max(x_bytes, part_bytes)) + sums_bytes;
+         (nbuf == 1 ? x_bytes + part_bytes : std::max(x_bytes, part_bytes));
 }
 
 // Blocks of `warps` warps that one SM holds with `smem` bytes each (registers: about what
@@ -1119,8 +1088,7 @@ std::atomic<int>* bal_smem_allowed() {
 int64_t bal_smem_bytes(int rows, const Config& cfg, int64_t tiles_max) {
   const int step_k = 128;
   return barrier_bytes(cfg.warps, cfg.stages) + int64_t(cfg.warps) * cfg.stages * slot_bytes(0, cfg.box) +
-         int64_t(rows) * (int64_t(cfg.chunk) * step_k + kXPadElems) * 2 + 4 * int64_t(dsx_wo::x_sums_floats(rows, cfg.chunk, 0)) +
-         int64_t(cfg.warps) * cfg.mt * 4 * 32 * 4 +
+         int64_t(rows) * (int64_t(cfg.chunk) * step_k + kXPadElems) * 2 + int64_t(cfg.warps) * cfg.mt * 4 * 32 * 4 +
          int64_t(rows) * 16 * tiles_max * 4;
 }
 

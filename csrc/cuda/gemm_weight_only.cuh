@@ -32,11 +32,21 @@
 // i-th piece, IPC = 4 pieces a lane for int4, 2 for int8) sits at position 4 * i + c. Rows are
 // 64 bytes apart modulo 128, so the two rows a quarter-warp reads fall in disjoint banks.
 //
-// Values: int8 byte u = q + 128, int4 nibble u = q + 8. An int8 pair is turned into bf16 q
-// exactly with two lop3 (mask and magic exponent) and one bf16x2 fma: bf16 bits 0x4300 | v is
-// 128 + v for v < 128. An int4 pair is left at 128 + u = q + 136 (a shift for most nibbles and
-// one lop3, no fma), and each mma chain starts from -136 times the sum of the x it covers
-// instead of 0 (sum_k (q_k + 136) x_k - 136 sum_k x_k = sum_k q_k x_k): see x_sums_int4.
+// Values: int8 byte u = q + 128, int4 nibble u = q + 8. Each is turned into bf16 q exactly
+// with one lop3 (mask and magic exponent), a shift for most nibbles, and one bf16x2 fma:
+// bf16 bits 0x4300 | v is 128 + v for v < 128.
+// Tried and dropped (wo15, 2026-12-01; code in branch wt-wo15, commit 16476db): int4 pairs left at
+// 128 + u = q + 136 (no fma), each mma chain started from -136 * (the fp32 sum of the x it covers,
+// computed once per staged x in a fixed order) instead of 0, at up to 16 rows. Exact algebra, the
+// same bits on every path, GPU tests passed; precision (numpy model of the tensor cores, truncating):
+// the fp32 error grew from 0.04% to 2.7% of the tests' bound with one x of 500 among N(0, 1), >= 98%
+// still correctly rounded. Speed (H200, interleaved A/B against this kernel, us, new / this):
+// 36864 x 7168 M = 4 / 9 / 16 44.18 / 45.00, 54.94 / 55.51, 62.68 / 63.34 (1-2% faster), but
+// 7168 x 18432 M = 1 / 16 27.01 / 26.56, 35.75 / 33.55, 4096 x 7168 M = 16 17.35 / 15.40, 2048 x 7168
+// M = 16 13.20 / 11.57 (up to 14% slower): the sums, taken before a block's first step, delay every
+// block of a one-round grid, and the chain starts (a shared load per token tile a step, live before
+// the first mma) cost about what the 32 fma a step saved. So the fma is not where M = 16's ~15 us of
+// arithmetic goes. (At 64 rows the chain starts cost registers, 163 -> 195: 213.1 against 198.0 us.)
 #pragma once
 
 #include <cuda_runtime.h>
@@ -177,27 +187,21 @@ __device__ __forceinline__ uint32_t i8_pair(uint32_t w) {
   return bf16x2_add(val, neg);
 }
 
-// int4 chains of up to 16 rows (MT <= 2) run on q + 136, larger ones on q (see the values note).
-template <int BITS, int MT>
-constexpr bool kQ136 = BITS == 4 && MT <= 2;
-
-// int4: nibbles {J, J + 4} of a word -> bf16x2 q = u - 8 (low half from nibble J); Q136: 128 + u =
-// q + 136, no fma (the chains that multiply these start from -136 sum x instead: x_sums_int4).
-template <int J, bool Q136>
+// int4: nibbles {J, J + 4} of a word -> bf16x2 q = u - 8 (low half from nibble J).
+template <int J>
 __device__ __forceinline__ uint32_t i4_pair(uint32_t w) {
   const uint32_t val = and_or(J ? (w >> (4 * J)) : w, 0x000F000Fu, 0x43004300u);  // 128 + u
-  return Q136 ? val : bf16x2_add(val, 0xC308C308u);                                // (- 136)
+  return bf16x2_add(val, 0xC308C308u);                                              // - 136
 }
 
 // The same with the nibble / byte pair as an argument (a constant once the loops unroll).
-template <bool Q136>
 __device__ __forceinline__ uint32_t i4_pairj(uint32_t w, int j) {
 #ifndef DSX_WO_DIAG_NOSHIFT
   const uint32_t val = and_or(j ? (w >> (4 * j)) : w, 0x000F000Fu, 0x43004300u);
 #else  // diagnostic build (bench --alt-lib): the same but for the shifts, wrong values
   const uint32_t val = and_or(w, 0x000F000Fu << (4 * j), 0x43004300u);
 #endif
-  return Q136 ? val : bf16x2_add(val, 0xC308C308u);
+  return bf16x2_add(val, 0xC308C308u);
 }
 __device__ __forceinline__ uint32_t i8_pairj(uint32_t w, int pair) {
   return pair ? i8_pair<1>(w) : i8_pair<0>(w);
@@ -244,21 +248,7 @@ __device__ __forceinline__ void add_scaled(float (&acc)[4], const float (&part)[
   acc[3] = fmaf(part[3], s1, acc[3]);
 }
 
-// The start of a Q136 mma chain (part) for this lane's tokens 8t + 2c, 8t + 2c + 1 (the same two
-// for both channel halves): nx points at the chain's -136 sum x entries of token 8t + 2c, + 1
-// (x_sums_int4); other chains start from 0.
-template <bool Q136>
-__device__ __forceinline__ void chain_start(float (&part)[4], const float* nx) {
-  if constexpr (Q136) {
-    const float2 v = *reinterpret_cast<const float2*>(nx);
-    part[0] = part[2] = v.x;
-    part[1] = part[3] = v.y;
-  } else {
-    part[0] = part[1] = part[2] = part[3] = 0.f;
-  }
-}
-
-// A step's tensor-core partial (at most 8 chained mma, started from 0, int4: from -136 sum x) joins the fp32
+// A step's tensor-core partial (at most 8 chained mma, started from 0) joins the fp32
 // accumulator on the CUDA cores: acc += part (per channel: scaled at the very end) or
 // acc = fma(part, s, acc) (group scales). Short mma chains keep the tensor cores' own
 // accumulation (which aligns and truncates internally) to 128 products.
@@ -281,20 +271,18 @@ __device__ __forceinline__ void promote(float (&acc)[4], const float (&part)[4],
 // {i, i + 4}; int8: byte pair i).
 // xs: the first step's x (the next one kStepK elements further); xo[t]: this lane's offset
 // of tile t's x row in the buffer (row min(8t + g, M-1), plus 8c: the lane's first piece).
-// int4: nx the first step's x sums at this lane's token 2c (x_sums_int4; the next step nxs
-// floats further; token tile t 8 further).
 template <int BITS, int MT, int GMODE, int NS>
 __device__ __forceinline__ void step_q(float (&acc)[MT][4], const Stage (&st)[NS], const uint16_t* xs,
-                                       const int (&xo)[MT], const float* nx = nullptr, int nxs = 0) {
+                                       const int (&xo)[MT]) {
   // int8: 4 mma k-steps over 64 K (2 pieces of x a lane); int4 (per channel or group 128): 8 over
   // 128 K (lane c's pieces of x at positions c, 4 + c, 8 + c, 12 + c).
   constexpr int kPiecesPerLane = BITS == 8 ? 2 : 4, kStepElems = BITS == 8 ? 64 : 128;
-  auto pair = [](uint32_t w, int i) { return BITS == 8 ? i8_pairj(w, i) : i4_pairj<kQ136<BITS, MT>>(w, i); };
+  auto pair = [](uint32_t w, int i) { return BITS == 8 ? i8_pairj(w, i) : i4_pairj(w, i); };
   float part[NS][MT][4];
 #pragma unroll
   for (int n = 0; n < NS; ++n)
 #pragma unroll
-    for (int t = 0; t < MT; ++t) chain_start<kQ136<BITS, MT>>(part[n][t], nx + n * nxs + 8 * t);
+    for (int t = 0; t < MT; ++t) part[n][t][0] = part[n][t][1] = part[n][t][2] = part[n][t][3] = 0.f;
 #pragma unroll
   for (int i = 0; i < kPiecesPerLane; ++i) {
     uint4 u[NS][MT];
@@ -326,14 +314,14 @@ __device__ __forceinline__ void step_q(float (&acc)[MT][4], const Stage (&st)[NS
 // with NS = 1: the same bits.
 template <int BITS, int MT, int GMODE, int CT>
 __device__ __forceinline__ void step_q_tiles(float (&acc)[CT][MT][4], const Stage (&st)[CT], const uint16_t* xs,
-                                             const int (&xo)[MT], const float* nx = nullptr) {
+                                             const int (&xo)[MT]) {
   constexpr int kPiecesPerLane = BITS == 8 ? 2 : 4;
-  auto pair = [](uint32_t w, int i) { return BITS == 8 ? i8_pairj(w, i) : i4_pairj<kQ136<BITS, MT>>(w, i); };
+  auto pair = [](uint32_t w, int i) { return BITS == 8 ? i8_pairj(w, i) : i4_pairj(w, i); };
   float part[CT][MT][4];
 #pragma unroll
   for (int n = 0; n < CT; ++n)
 #pragma unroll
-    for (int t = 0; t < MT; ++t) chain_start<kQ136<BITS, MT>>(part[n][t], nx + 8 * t);
+    for (int t = 0; t < MT; ++t) part[n][t][0] = part[n][t][1] = part[n][t][2] = part[n][t][3] = 0.f;
 #pragma unroll
   for (int i = 0; i < kPiecesPerLane; ++i) {
     uint4 u[MT];
@@ -362,13 +350,9 @@ __device__ __forceinline__ void step_q_tiles(float (&acc)[CT][MT][4], const Stag
 // (w & 1) | (c/2) << 1 of lane (w/2 == c/2 ? c : c ^ 2)), and mma k-steps 0..3 / 4..7
 // cover one 64-group each, with their own partial sums and scales.
 // (xo[t] here: row offset plus 8 (c & 1) + 4 (c >> 1), see below.)
-// nx: the step's first 64-group's x sums at this lane's token 2c (x_sums_int4: the second
-// group's nxs floats further).
 template <int MT>
 __device__ __forceinline__ void step_int4_g64(float (&acc)[MT][4], const Stage& st,
-                                              const uint16_t* xs, const int (&xo)[MT], int c,
-                                              const float* nx, int nxs) {
-  constexpr bool kQ = kQ136<4, MT>;
+                                              const uint16_t* xs, const int (&xo)[MT], int c) {
   const bool hi = (c >> 1) != 0;
   uint32_t wd[2][4];
 #pragma unroll
@@ -385,14 +369,14 @@ __device__ __forceinline__ void step_int4_g64(float (&acc)[MT][4], const Stage& 
 #pragma unroll
   for (int w = 0; w < 4; ++w) {
     const uint32_t r0 = wd[0][w], r1 = wd[1][w];
-    a[2 * w][0] = dsx_wo::i4_pair<0, kQ>(r0);
-    a[2 * w][1] = dsx_wo::i4_pair<0, kQ>(r1);
-    a[2 * w][2] = dsx_wo::i4_pair<1, kQ>(r0);
-    a[2 * w][3] = dsx_wo::i4_pair<1, kQ>(r1);
-    a[2 * w + 1][0] = dsx_wo::i4_pair<2, kQ>(r0);
-    a[2 * w + 1][1] = dsx_wo::i4_pair<2, kQ>(r1);
-    a[2 * w + 1][2] = dsx_wo::i4_pair<3, kQ>(r0);
-    a[2 * w + 1][3] = dsx_wo::i4_pair<3, kQ>(r1);
+    a[2 * w][0] = dsx_wo::i4_pair<0>(r0);
+    a[2 * w][1] = dsx_wo::i4_pair<0>(r1);
+    a[2 * w][2] = dsx_wo::i4_pair<1>(r0);
+    a[2 * w][3] = dsx_wo::i4_pair<1>(r1);
+    a[2 * w + 1][0] = dsx_wo::i4_pair<2>(r0);
+    a[2 * w + 1][1] = dsx_wo::i4_pair<2>(r1);
+    a[2 * w + 1][2] = dsx_wo::i4_pair<3>(r0);
+    a[2 * w + 1][3] = dsx_wo::i4_pair<3>(r1);
   }
   // slot w, half h, pair lo: real k = 64 (w/2) + 32 (c&1) + 2 ((w&1) | hi << 1) + 16 h + {0,1},
   // i.e. piece 8 sg + 4 (c&1) + 2 h (+1 for the pair 8 above), at position 4 i + 2 sg + (c&1)
@@ -407,8 +391,7 @@ __device__ __forceinline__ void step_int4_g64(float (&acc)[MT][4], const Stage& 
       for (int i = 0; i < 4; ++i) xv[sg][i] = dsx_wo::lds64(p + 16 * sg + 32 * i);
 #pragma unroll
     for (int sg = 0; sg < 2; ++sg) {
-      float part[4];
-      chain_start<kQ>(part, nx + sg * nxs + 8 * t);
+      float part[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
       for (int s = 4 * sg; s < 4 * sg + 4; ++s) {
         const int w = s >> 1, h = s & 1;
@@ -438,58 +421,6 @@ __device__ __forceinline__ void stage_x_steps(uint16_t* buf, int ld, const uint1
                in ? x + static_cast<int64_t>(row) * k + kk : x, in ? 16 : 0);
   }
   cp_async_commit();
-}
-
-// Q136 (int4, up to 16 rows): the x sums the mma chains start from (see the values note). For the
-// staged steps [0, steps) of buf (stage_x_steps<4>, row stride ld) and rows [0, m),
-// nx[(PER * step + h) * x_sums_rows(m) + row] = -136 * (the fp32 sum of the row's x over the step
-// (PER 1: per channel, group 128) or over its 64-group h (PER 2: group 64)); rows m .. up to the
-// token tiles' 8 MT are left unwritten (they only feed mma columns of tokens past M, which are
-// dropped: an mma's output column depends on its own input columns only). Each sum is taken by a
-// quad of consecutive lanes in a fixed order: lane q of the quad sums the pieces [16q, 16q + 16) /
-// PER / 4 of the group in eight running sums (element e of each 16-byte piece, storage order),
-// ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7)), then the quad adds (q0 + q1) + (q2 + q3) by
-// two xor shuffles (the same bits in every lane). So a sum does not depend on the block size or
-// kernel: every path's chains start from the same bits. Threads [0, nthr) (whole warps) share the
-// work; the caller syncs before the sums are read.
-__host__ __device__ constexpr int x_sums_rows(int rows) { return rows <= 8 ? 8 : 16; }
-__host__ __device__ constexpr int x_sums_floats(int rows, int steps, int gmode) {
-  return rows <= 16 ? steps * (gmode == 2 ? 2 : 1) * x_sums_rows(rows) : 0;
-}
-template <int PER>
-__device__ __forceinline__ void x_sums_int4(float* nx, const uint16_t* buf, int ld, int m, int steps, int tid,
-                                            int nthr) {
-  const int mpad = x_sums_rows(m), total = steps * PER * m;
-  constexpr int kPieces = 16 / PER / 4;  // pieces a lane (of the sum's 16 / PER)
-  for (int e0 = tid & ~31; e0 < 4 * total; e0 += nthr) {  // (warp-uniform trip count: the shuffles)
-    const int e = (e0 + (tid & 31)) >> 2, q = tid & 3;
-    float v = 0.f;
-    if (e < total) {
-      const int row = e % m, sh = e / m, st = sh / PER, h = sh - st * PER;
-      const uint16_t* p = buf + row * ld + st * 128;
-      float a[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-      for (int i = 0; i < kPieces; ++i) {
-        const int r = kPieces * q + i;  // the group's r-th piece
-        // PER 2: 64-group h is the pieces of real k 64h .. 64h + 63, stored at positions 4i + 2h + {0, 1}.
-        const int pos = PER == 2 ? 4 * (r >> 1) + 2 * h + (r & 1) : r;
-        const uint4 u = lds128(p + 8 * pos);
-        const uint32_t wv[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          a[2 * j] += __uint_as_float(wv[j] << 16);
-          a[2 * j + 1] += __uint_as_float(wv[j] & 0xFFFF0000u);
-        }
-      }
-      v = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
-    }
-    v += __shfl_xor_sync(0xffffffffu, v, 1);
-    v += __shfl_xor_sync(0xffffffffu, v, 2);
-    if (e < total && q == 0) {
-      const int row = e % m, sh = e / m;
-      nx[sh * mpad + row] = -136.f * v;
-    }
-  }
 }
 
 // A warp's accumulator tile (MT x 8 rows x 16 channels: row 8 t + 2 c + (i & 1), channel g + 8 (i >> 1)

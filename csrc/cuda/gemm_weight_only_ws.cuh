@@ -79,9 +79,6 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? (MT == 1 ? 2 :
     return reinterpret_cast<float*>(smem + ws_barrier_bytes(p.stages) + p.stages * ws_slot_bytes(GMODE, p.box, CT * nwarps, CT) +
                                     2 * p.m * (p.chunk * kStepK + kXPadElems));
   };
-  // int4: [x sums (x_sums_int4)] after the partial tile.
-  auto nx_of = [&]() { return part_of() + p.m * 16 * CT * nwarps; };
-  constexpr int kPer = GMODE == 2 ? 2 : 1;
   auto ngroups = [&]() { return GMODE == 2 ? kt : p.group > 0 ? (p.k + p.group - 1) / p.group : 1; };
   auto lead = [&]() { return static_cast<uint32_t>(reinterpret_cast<uintptr_t>(p.scale) & 15); };
 
@@ -184,10 +181,6 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? (MT == 1 ? 2 :
 #endif
     dsx_wo::cp_async_wait<0>();
     ws_consumer_sync(cthreads);
-    if constexpr (BITS == 4) {
-      dsx_wo::x_sums_int4<kPer>(nx_of(), xbuf, ld, p.m, nloc, threadIdx.x, cthreads);
-      ws_consumer_sync(cthreads);
-    }
   }
   int xo[MT];
 #pragma unroll
@@ -223,8 +216,6 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? (MT == 1 ? 2 :
         const int tstride = kRowsPerWarp * rstride;  // from one tile's rows to the next's
         for (int j = 0; j < slot_len;) {
           const uint16_t* xs = xbuf + (first + j - s_begin) * kStepK;
-          const int nxs = dsx_wo::x_sums_rows(p.m);
-          const float* nx = BITS == 4 ? nx_of() + (first + j - s_begin) * kPer * nxs + 2 * c : nullptr;
           if constexpr (CT > 1) {
             Stage st[CT];
 #pragma unroll
@@ -235,7 +226,7 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? (MT == 1 ? 2 :
               if (GMODE == 1) st[q].s[0] = read_scale(sl, j, 0, CT * warp + q);
             }
 #ifndef DSX_WO_NOMATH
-            dsx_wo::step_q_tiles<BITS, MT, GMODE, CT>(acc, st, xs, xo, nx);
+            dsx_wo::step_q_tiles<BITS, MT, GMODE, CT>(acc, st, xs, xo);
 #else
             acc[0][0][0] += __uint_as_float((st[0].w[0].x ^ st[CT - 1].w[1].y) & 1u) + __uint_as_float(xs[0] & 1u);
 #endif
@@ -253,7 +244,7 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? (MT == 1 ? 2 :
             if (BITS == 8) {
               dsx_wo::step_q<8, MT, GMODE, 2>(acc[0], st, xs, xo);
             } else {
-              dsx_wo::step_q<4, MT, GMODE, 2>(acc[0], st, xs, xo, nx, nxs);
+              dsx_wo::step_q<4, MT, GMODE, 2>(acc[0], st, xs, xo);
             }
 #else  // diagnostic build: the weight stream alone, wrong results
             acc[0][0][0] += __uint_as_float((st[0].w[0].x ^ st[1].w[1].y) & 1u) + __uint_as_float(xs[0] & 1u);
@@ -274,9 +265,9 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? (MT == 1 ? 2 :
             if (BITS == 8) {
               dsx_wo::step_q<8, MT, GMODE, 1>(acc[0], st, xs, xo);
             } else if (GMODE == 2) {
-              dsx_wo::step_int4_g64<MT>(acc[0], st[0], xs, xo, c, nx, nxs);
+              dsx_wo::step_int4_g64<MT>(acc[0], st[0], xs, xo, c);
             } else {
-              dsx_wo::step_q<4, MT, GMODE, 1>(acc[0], st, xs, xo, nx, nxs);
+              dsx_wo::step_q<4, MT, GMODE, 1>(acc[0], st, xs, xo);
             }
 #else
             acc[0][0][0] += __uint_as_float((st[0].w[0].x ^ st[0].w[1].y) & 1u) + __uint_as_float(xs[0] & 1u);
