@@ -35,6 +35,18 @@
 // Values: int8 byte u = q + 128, int4 nibble u = q + 8. Each is turned into bf16 q exactly
 // with one lop3 (mask and magic exponent), a shift for most nibbles, and one bf16x2 fma:
 // bf16 bits 0x4300 | v is 128 + v for v < 128.
+// Tried and dropped (wo15, 2026-12-01; code in branch wt-wo15, commit 16476db): int4 pairs left at
+// 128 + u = q + 136 (no fma), each mma chain started from -136 * (the fp32 sum of the x it covers,
+// computed once per staged x in a fixed order) instead of 0, at up to 16 rows. Exact algebra, the
+// same bits on every path, GPU tests passed; precision (numpy model of the tensor cores, truncating):
+// the fp32 error grew from 0.04% to 2.7% of the tests' bound with one x of 500 among N(0, 1), >= 98%
+// still correctly rounded. Speed (H200, interleaved A/B against this kernel, us, new / this):
+// 36864 x 7168 M = 4 / 9 / 16 44.18 / 45.00, 54.94 / 55.51, 62.68 / 63.34 (1-2% faster), but
+// 7168 x 18432 M = 1 / 16 27.01 / 26.56, 35.75 / 33.55, 4096 x 7168 M = 16 17.35 / 15.40, 2048 x 7168
+// M = 16 13.20 / 11.57 (up to 14% slower): the sums, taken before a block's first step, delay every
+// block of a one-round grid, and the chain starts (a shared load per token tile a step, live before
+// the first mma) cost about what the 32 fma a step saved. So the fma is not where M = 16's ~15 us of
+// arithmetic goes. (At 64 rows the chain starts cost registers, 163 -> 195: 213.1 against 198.0 us.)
 #pragma once
 
 #include <cuda_runtime.h>
