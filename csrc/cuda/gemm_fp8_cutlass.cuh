@@ -197,6 +197,31 @@ struct OverlappedPromotion : Base {
   }
 };
 
+// The epilogue and mainloop CUTLASS builds for one block-scaled FP8 configuration: tile,
+// cluster, output layout (a pointer for ptr-array grouping), epilogue schedule, the mainloop's
+// A and B (element, tuple of data and scale layouts) and its kernel schedule. The mainloop's
+// stages fill the shared memory the epilogue leaves.
+template <class Tile, class Cluster, class LayoutOut, class EpiSchedule, class ElemA, class LayA,
+          class ElemB, class LayB, class MainSchedule>
+struct Collectives {
+  using Epi = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, Cluster,
+      cutlass::epilogue::collective::EpilogueTileAuto, ElementAcc, float, void, LayoutOut, 1,
+      ElementD, LayoutOut, kAlignD, EpiSchedule, Epilogue1>::CollectiveOp;
+  using Main = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElemA, LayA, kAlignAB, ElemB, LayB,
+      kAlignAB, ElementAcc, Tile, Cluster,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+          sizeof(typename Epi::SharedStorage))>,
+      MainSchedule>::CollectiveOp;
+};
+
+// dsx's nt layout (activations A, weights B, row-major D) with its (1, 128, 128) scales.
+template <class Tile, class Cluster, class EpiSchedule, class MainSchedule>
+using NtCollectives = Collectives<Tile, Cluster, LayoutD, EpiSchedule, ElementA,
+                                  cute::tuple<LayoutA, LayoutSFA>, ElementB,
+                                  cute::tuple<LayoutB, LayoutSFB>, MainSchedule>;
+
 // Dense: 128x128x128 tiles, 2 CTAs per cluster along N (A multicast), cooperative
 // warp-specialized FP8 block-wise mainloop, stream-K tile scheduler (full waves run
 // data-parallel, the tail is split along K so small-M problems fill all SMs).
@@ -204,18 +229,10 @@ struct Dense {
   static constexpr bool kStreamK = true;
   using Tile = Shape<_128, _128, _128>;
   using Cluster = Shape<_1, _2, _1>;
-  using Epi = typename cutlass::epilogue::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, Cluster,
-      cutlass::epilogue::collective::EpilogueTileAuto, ElementAcc, float, void, LayoutD, 1,
-      ElementD, LayoutD, kAlignD, cutlass::epilogue::TmaWarpSpecializedCooperative,
-      Epilogue1>::CollectiveOp;
-  using Main = typename cutlass::gemm::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementA,
-      cute::tuple<LayoutA, LayoutSFA>, kAlignAB, ElementB, cute::tuple<LayoutB, LayoutSFB>,
-      kAlignAB, ElementAcc, Tile, Cluster,
-      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
-          sizeof(typename Epi::SharedStorage))>,
-      cutlass::gemm::KernelTmaWarpSpecializedCooperativeFP8Blockwise>::CollectiveOp;
+  using C = NtCollectives<Tile, Cluster, cutlass::epilogue::TmaWarpSpecializedCooperative,
+                          cutlass::gemm::KernelTmaWarpSpecializedCooperativeFP8Blockwise>;
+  using Epi = typename C::Epi;
+  using Main = typename C::Main;
   using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Main, Epi,
                                                       cutlass::gemm::StreamKScheduler>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
@@ -227,17 +244,10 @@ struct DensePingpong {
   static constexpr bool kStreamK = false;
   using Tile = Shape<_64, _128, _128>;
   using Cluster = Shape<_1, _2, _1>;
-  using Epi = typename cutlass::epilogue::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, Cluster,
-      cutlass::epilogue::collective::EpilogueTileAuto, ElementAcc, float, void, LayoutD, 1,
-      ElementD, LayoutD, kAlignD, cutlass::epilogue::TmaWarpSpecialized, Epilogue1>::CollectiveOp;
-  using Main = typename cutlass::gemm::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementA,
-      cute::tuple<LayoutA, LayoutSFA>, kAlignAB, ElementB, cute::tuple<LayoutB, LayoutSFB>,
-      kAlignAB, ElementAcc, Tile, Cluster,
-      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
-          sizeof(typename Epi::SharedStorage))>,
-      cutlass::gemm::KernelTmaWarpSpecializedPingpongFP8Blockwise>::CollectiveOp;
+  using C = NtCollectives<Tile, Cluster, cutlass::epilogue::TmaWarpSpecialized,
+                          cutlass::gemm::KernelTmaWarpSpecializedPingpongFP8Blockwise>;
+  using Epi = typename C::Epi;
+  using Main = typename C::Main;
   using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Main, Epi>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 };
@@ -269,18 +279,12 @@ struct DenseSwapAB {
                                                           cute::GMMA::Major::K>;
   using LayoutSFW = decltype(Scale::deduce_layoutSFA());
   using LayoutSFX = decltype(Scale::deduce_layoutSFB());
-  using Epi = typename cutlass::epilogue::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, Cluster,
-      cutlass::epilogue::collective::EpilogueTileAuto, ElementAcc, float, void, LayoutDt, 1,
-      ElementD, LayoutDt, kAlignD, cutlass::epilogue::TmaWarpSpecializedCooperative,
-      Epilogue1>::CollectiveOp;
-  using Main = typename cutlass::gemm::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementB,
-      cute::tuple<LayoutA, LayoutSFW>, kAlignAB, ElementA, cute::tuple<LayoutB, LayoutSFX>,
-      kAlignAB, ElementAcc, Tile, Cluster,
-      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
-          sizeof(typename Epi::SharedStorage))>,
-      cutlass::gemm::KernelTmaWarpSpecializedCooperativeFP8Blockwise>::CollectiveOp;
+  using C = Collectives<Tile, Cluster, LayoutDt, cutlass::epilogue::TmaWarpSpecializedCooperative,
+                        ElementB, cute::tuple<LayoutA, LayoutSFW>, ElementA,
+                        cute::tuple<LayoutB, LayoutSFX>,
+                        cutlass::gemm::KernelTmaWarpSpecializedCooperativeFP8Blockwise>;
+  using Epi = typename C::Epi;
+  using Main = typename C::Main;
   using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Main, Epi,
                                                       cutlass::gemm::StreamKScheduler>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
@@ -291,18 +295,13 @@ struct Grouped {
   using Problem = cutlass::gemm::GroupProblemShape<Shape<int, int, int>>;
   using Tile = Shape<_128, _128, _128>;
   using Cluster = Shape<_1, _1, _1>;
-  using Epi = typename cutlass::epilogue::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, Cluster,
-      cutlass::epilogue::collective::EpilogueTileAuto, ElementAcc, float, void, LayoutD*, 1,
-      ElementD, LayoutD*, kAlignD, cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
-      Epilogue1>::CollectiveOp;
-  using Main = typename cutlass::gemm::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementA,
-      cute::tuple<LayoutA*, LayoutSFA*>, kAlignAB, ElementB, cute::tuple<LayoutB*, LayoutSFB*>,
-      kAlignAB, ElementAcc, Tile, Cluster,
-      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
-          sizeof(typename Epi::SharedStorage))>,
-      cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise>::CollectiveOp;
+  using C = Collectives<Tile, Cluster, LayoutD*,
+                        cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative, ElementA,
+                        cute::tuple<LayoutA*, LayoutSFA*>, ElementB,
+                        cute::tuple<LayoutB*, LayoutSFB*>,
+                        cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise>;
+  using Epi = typename C::Epi;
+  using Main = typename C::Main;
   using Kernel = cutlass::gemm::kernel::GemmUniversal<Problem, Main, Epi>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 };
