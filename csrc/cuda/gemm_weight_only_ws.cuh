@@ -41,23 +41,6 @@ __device__ __forceinline__ void ws_mbar_arrive(uint32_t bar) {
 __device__ __forceinline__ void ws_consumer_sync(int threads) {  // the consumer warps only (named barrier 1)
   asm volatile("bar.sync 1, %0;" ::"r"(threads) : "memory");
 }
-__device__ __forceinline__ void ws_cluster_arrive_release() {
-  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
-}
-__device__ __forceinline__ void ws_cluster_wait_acquire() {
-  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-// Block `rank`'s shared::cluster address of this block's shared address a; a float there.
-__device__ __forceinline__ uint32_t ws_mapa(uint32_t a, int rank) {
-  uint32_t d;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(rank));
-  return d;
-}
-__device__ __forceinline__ float ws_ld_cluster(uint32_t a) {
-  float v;
-  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(a) : "memory");
-  return v;
-}
 __device__ __forceinline__ void ws_cluster_sync_release() {
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
@@ -135,10 +118,9 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? (MT == 1 ? 2 :
         const uint32_t srow = (lead() + 2 * nch + 15) & ~15u;
         for (int first = s_begin; first < s_end; first += box, ++f) {
           if (f >= nst) {
-            // The slot was last filled by fill f - nst, of group g: the consumers read group g's
-            // slots once past the reductions of the groups before g - 1 (group g - 1's is
-            // finished only after group g's loop: split-phase, below), so those must be joined.
-            while (joined < (f - nst) / fpg - 1) join();
+            // The slot was last filled by fill f - nst: its consumption may need the consumers to
+            // have passed the reductions of the groups before that fill's group.
+            while (joined < (f - nst) / fpg) join();
             dsx_wo::mbar_wait(empty0 + 8 * slot, static_cast<uint32_t>((f / nst - 1) & 1));
           }
           if (lane == 0) {
@@ -206,41 +188,6 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? (MT == 1 ? 2 :
     xo[t] = min(8 * t + g, p.m - 1) * ld + (BITS == 4 && GMODE == 2 ? 8 * (c & 1) + 4 * (c >> 1) : 8 * c);
   constexpr bool kPair = MT == 1 ? !(BITS == 4 && GMODE == 2) : MT == 2 && BITS == 4 && GMODE == 0;
   const bool pair = kPair && p.pair != 0;
-  // The cluster reduction of tile group u (whose partial tiles every block of the cluster wrote
-  // and arrived on): wait for the first barrier, sum this block's share of the elements over the
-  // slices in slice order (deterministic), then the second barrier (relaxed).
-  auto ws_reduce_prev = [&](float* part, int u) {
-#if defined(DSX_WO_DIAG_NORED) && DSX_WO_DIAG_NORED >= 2  // diagnostic: no cross-slice sum, no barriers
-    (void)part, (void)u;
-    return;
-#endif
-    ws_cluster_wait_acquire();
-#ifndef DSX_WO_DIAG_NORED
-    const int n_blk = u * 16 * tiles, width = 16 * tiles, total = p.m * width;
-    // (32-bit shared::cluster addresses, mapped per element: 64-bit pointers to the 8 slices
-    // stayed live beside the next group's accumulators and spilled)
-    const uint32_t part_a = dsx_wo::smem_addr(part);
-    const int e0 = static_cast<int>(static_cast<int64_t>(total) * rank / splits);
-    const int e1 = static_cast<int>(static_cast<int64_t>(total) * (rank + 1) / splits);
-    for (int e = e0 + threadIdx.x; e < e1; e += cthreads) {
-      const int tok = e / width, n = n_blk + (e - tok * width);
-      if (n >= p.n) continue;
-      float x[kMaxSplits];
-#pragma unroll
-      for (int r = 0; r < kMaxSplits; ++r)
-        if (r < splits) x[r] = ws_ld_cluster(ws_mapa(part_a + 4 * e, r));
-      float v = x[0];
-#pragma unroll
-      for (int r = 1; r < kMaxSplits; ++r)
-        if (r < splits) v += x[r];  // slice order: deterministic
-      p.out[static_cast<int64_t>(tok) * p.n + n] = dsx_wo::f32_to_bf16_rne(v);
-    }
-#else
-    (void)part, (void)u;
-#endif
-    dsx_wo::cluster_arrive_relaxed();
-    dsx_wo::cluster_wait();
-  };
   int slot = 0;
   uint32_t parity = 0;
   for (int o = 0; o < my_groups; ++o) {
@@ -338,12 +285,12 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? (MT == 1 ? 2 :
 
     float* part = part_of();
     const int width = 16 * tiles, total = p.m * width;
-    if (splits == 1) {
-      if (active) {
+    if (active) {
 #pragma unroll
-        for (int q = 0; q < CT; ++q)
-          dsx_wo::put_partial<MT, GMODE == 0>(part, width, (CT * warp + q) * 16, acc[q], p.scale, n0 + 16 * q, p.m, g, c);
-      }
+      for (int q = 0; q < CT; ++q)
+        dsx_wo::put_partial<MT, GMODE == 0>(part, width, (CT * warp + q) * 16, acc[q], p.scale, n0 + 16 * q, p.m, g, c);
+    }
+    if (splits == 1) {
       ws_consumer_sync(cthreads);
       for (int e = threadIdx.x; e < total; e += cthreads) {
         const int tok = e / width, n = n_blk + (e - tok * width);
@@ -352,24 +299,32 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? (MT == 1 ? 2 :
       ws_consumer_sync(cthreads);
       continue;
     }
-    // Split-phase cluster reduction (sixteenth session): group u's partial tile was written and
-    // its first barrier arrived on (release) before this group's loop, so the wait for the slowest
-    // slice of the cluster overlapped this group's arithmetic; now wait, sum group u's slices
-    // (this block's share, in slice order), then the second barrier (nobody overwrites a partial
-    // tile another block still reads), then write this group's partial and arrive.
-    if (o > 0) ws_reduce_prev(part, blockIdx.y + (o - 1) * ustride);
-    if (active) {
-#pragma unroll
-      for (int q = 0; q < CT; ++q)
-        dsx_wo::put_partial<MT, GMODE == 0>(part, width, (CT * warp + q) * 16, acc[q], p.scale, n0 + 16 * q, p.m, g, c);
-    }
-#if defined(DSX_WO_DIAG_NORED) && DSX_WO_DIAG_NORED >= 2
-    (void)0;
-#else
-    ws_cluster_arrive_release();  // every slice's partial tile of group u is written (the producer joins too)
+#ifdef DSX_WO_DIAG_NORED  // diagnostic builds: 1 = no cross-slice sum (barriers kept), 2 = no barriers either
+    if (DSX_WO_DIAG_NORED >= 2) continue;
+    ws_cluster_sync_release();
+    dsx_wo::cluster_arrive_relaxed();
+    dsx_wo::cluster_wait();
+    continue;
 #endif
+    ws_cluster_sync_release();  // every slice's partial tile is written (the producer joins too)
+    cg::cluster_group cluster = cg::this_cluster();
+    const float* src[kMaxSplits];
+#pragma unroll
+    for (int r = 0; r < kMaxSplits; ++r) src[r] = r < splits ? cluster.map_shared_rank(part, r) : nullptr;
+    const int e0 = static_cast<int>(static_cast<int64_t>(total) * rank / splits);
+    const int e1 = static_cast<int>(static_cast<int64_t>(total) * (rank + 1) / splits);
+    for (int e = e0 + threadIdx.x; e < e1; e += cthreads) {
+      const int tok = e / width, n = n_blk + (e - tok * width);
+      if (n >= p.n) continue;
+      float v = src[0][e];
+#pragma unroll
+      for (int r = 1; r < kMaxSplits; ++r)
+        if (r < splits) v += src[r][e];  // slice order: deterministic
+      p.out[static_cast<int64_t>(tok) * p.n + n] = dsx_wo::f32_to_bf16_rne(v);
+    }
+    dsx_wo::cluster_arrive_relaxed();
+    dsx_wo::cluster_wait();
   }
-  if (splits > 1 && my_groups > 0) ws_reduce_prev(part_of(), blockIdx.y + (my_groups - 1) * ustride);
 }
 
 // ------------------------------------------------------------------ host side (bit 28)
