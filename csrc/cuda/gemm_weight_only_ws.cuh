@@ -19,6 +19,38 @@
 // (barrier.cluster counts every thread): it joins group u's barriers only once its next wait
 // would depend on the consumers having passed them (the slot to refill was last filled with a
 // later group's steps), so it never blocks the consumers and is never blocked by them.
+//
+// Where M = 16's time goes (wo16, 2026-12-01; Nsight Compute of the CUDA 13 toolkit, --set full, a
+// -lineinfo build of this kernel, one lone launch (no PDL overlap) of 36864 x 7168 int4 per
+// channel, auto config; ncu locks the SM clock at 1.36 GHz: 76.8 us there, 63.3 in the bench).
+// Instance <4, 2, 0, 2> (two token tiles, two channel tiles a warp), 8 x 30 blocks of 288 threads,
+// clusters of 8 (30 resident: 144 tile groups, 5 rounds for 24 clusters, 4 for 6), 95 registers,
+// 111.7 KB shared: 2 blocks an SM, by registers and by shared memory alike. No pipe is near its
+// limit: issue slots 43% busy (4.2 warps a scheduler, 1.0 eligible), tensor pipe (mma.sync) 22% of
+// peak, ALU 34.5%, FMA 21.8%, LSU 9.5%, DRAM 36.6%. Shared loads: 25.5% of wavefronts are
+// bank-conflict replays; shared stores (put_partial): 78.8% (4-way: lanes c of a quad write rows
+// 2c, 2c + 1 of a row-stride of 16 * tiles floats). Warp-state samples by code region (5772 in all;
+// the producer warp 506, mostly waiting for empty slots: the ring is full, the consumers set the
+// pace), as a share of the consumer warps' 5266: the step loop 52% (stalls spread over wait /
+// selected / not selected / math / dispatch: dependent unpack -> mma chains; waiting for a full
+// slot only 1.8%), the cluster reduction 35% (put_partial 4.1%; first cluster barrier 13.6%:
+// barrier 320, membar 290 samples, the .release arrive compiles to MEMBAR.ALL.CTA + MEMBAR.ALL.GPU
+// + ERRBAR, the acquire wait to CCTL.IVALL; the DSMEM sum 13.1%, long-scoreboard waits on the
+// remote loads; second barrier 4.4%), staging x 10.4% (cp.async of the block's 28 KB x slice before
+// its first step), setup 2.2%. M = 8 for contrast (<4, 1, 0, 4>, 56.3 us under ncu, 72 tile groups:
+// 3 or 2 rounds): step loop 62%, reduction 24%, x 11%. At the same sampling rate (both ~75 samples
+// a us) M = 16 - M = 8 = 20.5 us under ncu is +12.5 us of reduction (5 groups a cluster against 3,
+// each group's partial tile the same 16 KB), +4.5 of step loop, +1.6 of x staging. So at 9..16 rows
+// the per-group cluster reduction, not the arithmetic, is the larger part.
+// Tried and dropped (wo16, commit 1907015, reverted): split-phase reduction (group u's first
+// barrier arrived on after its partial tile, waited on only after group u + 1's loop, so the slow
+// slice's skew and the membar overlap the next group's steps; same bits, 114 ws GPU tests passed):
+// 36864 x 7168 M = 16 / 12 / 9 64.35 / 62.15 / 55.07 against 63.23 / 61.47 / 54.66 us (interleaved,
+// same run), 7168 x 18432 ties: so the fast slices' wait is not the critical path (the slowest
+// slice's own serial work, loop + sum + barriers, seems to be). Kept (wo16): the DSMEM sum four
+// elements at a time (below). Not tried yet: put_partial without its 4-way store conflicts (a
+// padded row stride: 512 B more at M = 16, which should still leave 2 blocks an SM), x staged step by
+// step.
 #pragma once
 
 namespace {
@@ -308,19 +340,32 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? (MT == 1 ? 2 :
 #endif
     ws_cluster_sync_release();  // every slice's partial tile is written (the producer joins too)
     cg::cluster_group cluster = cg::this_cluster();
-    const float* src[kMaxSplits];
+    // Four elements a thread at a time (16-byte remote loads; width % 16 == 0 and N % 64 == 0:
+    // a quad is one token's, all inside N or all past it); each element's sum as before (same
+    // bits). Measured (wo16, H200, bench --ab --alt-lib HEAD.so, 8 rounds interleaved, one call,
+    // us, this / one element at a time): 36864 x 7168 M = 16 / 12 / 9 / 8 63.49 / 63.94, 62.66 /
+    // 63.22, 53.82 / 55.28, 49.46 / 49.60; 7168 x 18432 33.80 / 33.94, 32.70 / 32.87, 31.60 /
+    // 32.03, 28.99 / 29.08 (0.3-2.6% faster; the profile put the sum at 13% of the consumers' time).
+    const float4* src[kMaxSplits];
 #pragma unroll
-    for (int r = 0; r < kMaxSplits; ++r) src[r] = r < splits ? cluster.map_shared_rank(part, r) : nullptr;
-    const int e0 = static_cast<int>(static_cast<int64_t>(total) * rank / splits);
-    const int e1 = static_cast<int>(static_cast<int64_t>(total) * (rank + 1) / splits);
+    for (int r = 0; r < kMaxSplits; ++r)
+      src[r] = r < splits ? reinterpret_cast<const float4*>(cluster.map_shared_rank(part, r)) : nullptr;
+    const int quads = total / 4;
+    const int e0 = static_cast<int>(static_cast<int64_t>(quads) * rank / splits);
+    const int e1 = static_cast<int>(static_cast<int64_t>(quads) * (rank + 1) / splits);
     for (int e = e0 + threadIdx.x; e < e1; e += cthreads) {
-      const int tok = e / width, n = n_blk + (e - tok * width);
+      const int tok = 4 * e / width, n = n_blk + (4 * e - tok * width);
       if (n >= p.n) continue;
-      float v = src[0][e];
+      float4 v = src[0][e];
 #pragma unroll
       for (int r = 1; r < kMaxSplits; ++r)
-        if (r < splits) v += src[r][e];  // slice order: deterministic
-      p.out[static_cast<int64_t>(tok) * p.n + n] = dsx_wo::f32_to_bf16_rne(v);
+        if (r < splits) {  // slice order: deterministic
+          const float4 w = src[r][e];
+          v.x += w.x, v.y += w.y, v.z += w.z, v.w += w.w;
+        }
+      uint16_t* o = p.out + static_cast<int64_t>(tok) * p.n + n;
+      o[0] = dsx_wo::f32_to_bf16_rne(v.x), o[1] = dsx_wo::f32_to_bf16_rne(v.y);
+      o[2] = dsx_wo::f32_to_bf16_rne(v.z), o[3] = dsx_wo::f32_to_bf16_rne(v.w);
     }
     dsx_wo::cluster_arrive_relaxed();
     dsx_wo::cluster_wait();

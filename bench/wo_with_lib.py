@@ -1,0 +1,37 @@
+"""Run a script or pytest with ds_export.native.cuda.lib() replaced by a standalone weight-only build.
+
+bench/wo_alt_lib.sh builds the weight-only GEMM alone (seconds, no CUTLASS units); this loads it as
+the library every weight-only entry resolves through, so the GPU tests and benches of that kernel
+run on it (other kernels' entries are absent from it: only the weight-only files work).
+  python3 bench/wo_with_lib.py new.so pytest -q tests/gpu/test_gemm_weight_only_ws_cuda.py
+  python3 bench/wo_with_lib.py new.so bench/gpu_gemm_weight_only.py --alt-lib old.so --ab ...
+"""
+
+from __future__ import annotations
+
+import ctypes
+import runpy
+import sys
+
+from ds_export.native import cuda
+
+
+def main() -> int:
+    if len(sys.argv) < 3:
+        print(__doc__)
+        return 2
+    cuda.cudart()  # (the CUDA runtime first, RTLD_GLOBAL, as lib() does)
+    so = ctypes.CDLL(sys.argv[1])
+    cuda.lib = lambda: so  # _fn looks lib up at call time
+    args = sys.argv[2:]
+    if args[0] == "pytest":
+        import pytest
+
+        return pytest.main(args[1:])
+    sys.argv = args
+    runpy.run_path(args[0], run_name="__main__")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
