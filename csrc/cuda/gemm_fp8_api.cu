@@ -44,7 +44,7 @@ bool decode(int algo, Algo* out) {
          // loop's form (0..3), 12..13 wgmma temporaries, 14..15 when the scales are read, 24..27 tokens per CTA
          (out->base != kSmall ||
           ((out->tuning.decomposition & 3) <= 2 &&
-           (out->tuning.raster >> 2) <= 2 && out->tuning.reduction <= 4));
+           (out->tuning.raster >> 2) <= 2 && out->tuning.reduction <= 5));
 }
 
 bool shape_ok(int64_t m, int64_t n, int64_t k) { return m >= 0 && n > 0 && k > 0; }
