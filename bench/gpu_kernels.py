@@ -89,9 +89,9 @@ TUNE_SMALL = {"auto": 0, "auto_pdl": PDL, "pingpong": 3, "swapAB_dp": 4 | 1 << 1
               "ks": 6 | KS, "ks_st8": 6 | KS | 8 << 20, "ks_t1": 6 | KS | T1,
               # four consumer warpgroups a CTA (with PDL, as auto_pdl): the K halves with the token halves of all of M
               # on two warpgroups each (tokens 5; 33..128 tokens), with one temporary; the K quarters (rows 3 with the
-              # split count 4; at most 64 tokens a tile), with 32 tokens a tile
+              # split count 4; at most 64 tokens a tile), with 32 / 64 tokens a tile
               "ks_th": 6 | KS | TH | PDL, "ks_th_t1": 6 | KS | TH | T1 | PDL, "kq": 6 | KQ | PDL,
-              "kq_w32": 6 | KQ | W32 | PDL, "ks_pdl": 6 | KS | PDL}
+              "kq_w32": 6 | KQ | W32 | PDL, "kq_w64": 6 | KQ | 3 << 24 | PDL, "ks_pdl": 6 | KS | PDL}
 # --focus: the shapes and variants of one question, each shape several times (they move +-5% within a run)
 # (the three M <= 128 shapes at or short of 1.5x cuBLAS, and 64x7168x2048: auto (algo 6, uniform loop form), the
 # scales one step ahead and the output from the registers (both automatic now), the form before (prev: neither),
