@@ -79,6 +79,19 @@
 // against 5.40 for one CTA a 64-row tile (bench/fp8_read_probe.cu); one warpgroup on a 64-row tile with all
 // tokens was slower still (one wgmma stream: 8.3 us at 64x7168x2048). The halves keep one read of every weight
 // tile and two wgmma streams a SM: see halves_auto for the figures.
+// Tried and dropped (kept behind knobs, off by default, tested for bits): four consumer warpgroups on the
+// halves' 64-row tile, each stage still read once, for more wgmma / promotion streams a SM: the K halves with
+// the two token halves of all of M on two warpgroups each (tokens knob 5; m64n(M/2) wgmma, the bits of S = 2),
+// and the K quarters (rows 3 with the split count 4; the bits of S = 4, at most 64 tokens a tile). 576 threads
+// leave ptxas 96 registers a thread (five warps on one SM sub-partition), so two temporaries fit only at 32
+// tokens a warpgroup (no spills). H200, bench --small, one call, three rounds each, all with PDL, against auto
+// (the K halves) in the same run: 64x7168x2048 token halves 6.91-6.94 us (one temporary 6.94), quarters
+// 6.85-6.88, against 6.42-6.45; 128x7168x2048 token halves 9.22-9.24 against 8.20-8.24; 16x7168x2048 quarters
+// 5.73-5.75 against 5.57 (quarters over two token tiles: 11.6 at M = 64 with 32 tokens, 13.2 at M = 128 with
+// 64). By arithmetic (not profiled): the token halves read each weight K step from shared memory twice (two
+// m64n64k32 wgmma read 8 KB where one m64n128k32 reads 6 KB; 6 KB against 4 KB at M = 64), on top of the
+// halves' 768 KB a SM at M = 128 (about 3.4 us at 128 B a clock); the quarters keep the traffic but run one
+// temporary a stream at 64 tokens (96 registers) and a ring of 3 stages a part.
 #include "gemm_fp8_internal.cuh"
 #include "sm90_ptx.cuh"
 
@@ -972,7 +985,8 @@ bool small_supported(const GemmNt& g) {
 // size, 0 automatic), bits 4..7 the stage count (20..23: 0 automatic = 8, else 2..12, clamped to what
 // shared memory holds and to what the partial tile needs), bits 8..9 the weight rows per CTA (8..9:
 // 0 automatic, 1: 128, one CTA per SM; 2: 64, two or three CTAs per SM; 3: 64 with the K halves over two
-// consumer warpgroups, one CTA per SM, the bits of S = 2: S 0 or 1 only, K > 128), bits 10..11 the consumer
+// consumer warpgroups, one CTA per SM, the bits of S = 2: S 0 or 1 only, K > 128; with S = 4 the K quarters
+// over four warpgroups, the bits of S = 4, K > 384, at most 64 tokens a tile), bits 10..11 the consumer
 // loop's form (10..11: 0 automatic = 3, or 2 with bits 14..15 non-zero; 1: the form before; 2: stage
 // counters, wgmma descriptors in uniform registers, scales by ld.shared (kUni); 3: 2 with the scales one
 // step ahead (kAhead) where two temporaries run, else 2; with bits 14..15 non-zero refused), bits 28..29 the output path (29..30: 0 automatic = 2; 1: through the fp32
@@ -986,7 +1000,8 @@ bool small_supported(const GemmNt& g) {
 // bits 18..19 the grid order (6..7: 0 automatic = 2; 1: weight tiles adjacent, grid (S, weight
 // tiles, token tiles); 2: the token tiles of one weight tile adjacent, grid (S, token tiles, weight
 // tiles)), bits 24..27 the tokens per CTA (24..27: 0 automatic (auto_width), 1: 16, 2: 32, 3: 64, M split
-// over the grid; 4: all of M).
+// over the grid; 4: all of M; 5: all of M as two token halves on two warpgroups of each K half, with rows 3
+// and S 0 or 1 only, 33..128 tokens: four consumer warpgroups, the bits of S = 2).
 int small_run(const GemmNt& g, int knobs, bool pdl, cudaStream_t s) {
   if (!small_supported(g)) return DSX_EINVAL;
   const int splits = knobs & 15, stages = (knobs >> 4) & 15;  // algo bits 16..19 and 20..23

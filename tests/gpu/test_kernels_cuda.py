@@ -266,7 +266,10 @@ def test_small_m_kernel_matches_float64_and_is_deterministic(m, n, k):
     path (from the registers at S = 1 and 2, ragged M and N; through shared memory, the form before).
     The K halves over two warpgroups of one CTA (rows 3) give bitwise the 2-CTA cluster split (S = 2), odd
     K block counts (1040: 9 blocks, the second warpgroup takes 5) and every stage count (odd ones rounded
-    down to even) included."""
+    down to even) included; so do the K halves with the token halves on two warpgroups each (tokens 5, more
+    than 32 tokens; refused at fewer), and the K quarters over four warpgroups give the 4-CTA split (S = 4:
+    9 blocks as 2, 2, 2, 3; stage counts rounded to multiples of 4, at least 8; refused at more than 64
+    tokens a tile)."""
     rng = np.random.default_rng(m * 3 + n + k)
     a, sa, b, sb = make_gemm(rng, m, n, k)
     kb = K.cdiv(k, 128)
