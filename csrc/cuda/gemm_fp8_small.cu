@@ -306,10 +306,18 @@ __global__ void __launch_bounds__(Config<MN, BM, KS, TS>::kThreads, Config<MN, B
     }
   };
   // KS > 1: the i-th load goes to K part w = i % KS (its j-th K block, j = i / KS: K block w nk / KS + j; the
-  // parts' sizes differ by at most one, the larger ones last), stage KS (j % (stages / KS)) + w
-  const int nl = KS > 1 ? KS * ((nk + KS - 1) / KS) : nk;  // KS > 1: load slots (some empty unless KS | nk)
+  // parts' sizes differ by at most one, the larger ones last), stage KS (j % (stages / KS)) + w. (KS = 2 in the
+  // form it had before the quarters, nh = nk / 2: the same values, and the halves' code as it was)
+  const int nh = nk / 2;
+  const int nl = KS == 2 ? 2 * (nk - nh) : KS > 1 ? KS * ((nk + KS - 1) / KS) : nk;  // KS > 1: load slots
   auto slot_of = [&](int i, int& s, uint32_t& ph, int& kb) {
-    if constexpr (KS > 1) {
+    if constexpr (KS == 2) {
+      const int w = i & 1, j = i >> 1, hs = stages / 2;
+      s = 2 * (j % hs) + w;
+      ph = static_cast<uint32_t>(j / hs) & 1;
+      kb = kb0 + (w == 0 ? j : nh + j);
+      return w == 1 || j < nh;
+    } else if constexpr (KS > 1) {
       const int w = i % KS, j = i / KS, hs = stages / KS;
       const int start = w * nk / KS, size = (w + 1) * nk / KS - start;
       s = KS * (j % hs) + w;
@@ -356,7 +364,8 @@ __global__ void __launch_bounds__(Config<MN, BM, KS, TS>::kThreads, Config<MN, B
   } else {  // consumers: warpgroup cw takes weight rows [64 cw, 64 cw + 64) of the tile (KS > 1: K part kq)
     const int cw = warp / 4, wl = warp % 4, kq = cw / TS;
     // KS > 1: this warpgroup's K blocks, its ring of stages / KS (local stage s is stage KS s + kq)
-    const int nkc = KS > 1 ? (kq + 1) * nk / KS - kq * nk / KS : nk, ring = stages / KS;
+    const int nkc = KS == 2 ? (kq == 0 ? nh : nk - nh) : KS > 1 ? (kq + 1) * nk / KS - kq * nk / KS : nk;
+    const int ring = stages / KS;
     auto phys = [&](int s) { return KS > 1 ? KS * s + kq : s; };
 #pragma unroll
     for (int r = 0; r < NW / 2; ++r) acc[r] = 0.f;
@@ -570,15 +579,16 @@ __global__ void __launch_bounds__(Config<MN, BM, KS, TS>::kThreads, Config<MN, B
       asm volatile("bar.sync 1, %0;" ::"n"(32 * kConsumerWarps) : "memory");
       constexpr uint32_t kPart = 16u * 128 * (NW / 8) * TS;  // bytes of one part's partial sums
       const uint32_t xb = smem_u32(smem) + 16u * (tid % 128) + th * (16u * 128 * (NW / 8));
-      if (kq > 0) {
+      // (KS = 2: warpgroup(s) of part 1 at offset 0, as the halves had it)
+      if (KS == 2 && TS == 1 ? cw == 1 : kq > 0) {
 #pragma unroll
         for (int j = 0; j < NW / 8; ++j) {
-          st_shared_f4(xb + (kq - 1) * kPart + 16u * 128 * j,
+          st_shared_f4(xb + (KS == 2 ? 0u : (kq - 1) * kPart) + 16u * 128 * j,
                        make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]));
         }
       }
       asm volatile("bar.sync 1, %0;" ::"n"(32 * kConsumerWarps) : "memory");
-      if (kq == 0) {
+      if (KS == 2 && TS == 1 ? cw == 0 : kq == 0) {
 #pragma unroll
         for (int j = 0; j < NW / 8; ++j) {
           float v[4] = {acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]};
