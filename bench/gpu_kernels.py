@@ -58,9 +58,6 @@ UNI = 2 << 10  # the uniform form without the scales one step ahead (automatic: 
 SMEMOUT = 1 << 29
 ST10, ST12 = 10 << 20, 12 << 20
 KS = 3 << 8  # kernel 6's rows 3: 64 weight rows, the two consumer warpgroups on the two halves of K (the bits of S = 2)
-# rows 3 with the split count 4: the K quarters over four consumer warpgroups (the bits of S = 4); tokens 5 with rows 3:
-# the two token halves of all of M on two warpgroups of each K half (four consumer warpgroups, the bits of S = 2)
-KQ, TH = KS | 4 << 16, 5 << 24
 TUNE_SMALL = {"auto": 0, "auto_pdl": PDL, "pingpong": 3, "swapAB_dp": 4 | 1 << 12, "swapAB_splitK2": 4 | 2 << 12 | 2 << 16,
               "small": 6 | R128, "small_pdl": 6 | R128 | PDL, "small_s1": 6 | R128 | 1 << 16,
               "small_s2": 6 | R128 | 2 << 16, "small_s4": 6 | R128 | 4 << 16,
@@ -86,12 +83,7 @@ TUNE_SMALL = {"auto": 0, "auto_pdl": PDL, "pingpong": 3, "swapAB_dp": 4 | 1 << 1
               # the K halves (rows 3): 64 weight rows, all tokens, two consumer warpgroups on the two halves of K
               # (one CTA a weight tile; automatic stages: the deepest even ring one CTA a SM holds), 8 stages, one
               # wgmma temporary
-              "ks": 6 | KS, "ks_st8": 6 | KS | 8 << 20, "ks_t1": 6 | KS | T1,
-              # four consumer warpgroups a CTA (with PDL, as auto_pdl): the K halves with the token halves of all of M
-              # on two warpgroups each (tokens 5; 33..128 tokens), with one temporary; the K quarters (rows 3 with the
-              # split count 4; at most 64 tokens a tile), with 32 / 64 tokens a tile
-              "ks_th": 6 | KS | TH | PDL, "ks_th_t1": 6 | KS | TH | T1 | PDL, "kq": 6 | KQ | PDL,
-              "kq_w32": 6 | KQ | W32 | PDL, "kq_w64": 6 | KQ | 3 << 24 | PDL, "ks_pdl": 6 | KS | PDL}
+              "ks": 6 | KS, "ks_st8": 6 | KS | 8 << 20, "ks_t1": 6 | KS | T1}
 # --focus: the shapes and variants of one question, each shape several times (they move +-5% within a run)
 # (the three M <= 128 shapes at or short of 1.5x cuBLAS, and 64x7168x2048: auto (algo 6, uniform loop form), the
 # scales one step ahead and the output from the registers (both automatic now), the form before (prev: neither),

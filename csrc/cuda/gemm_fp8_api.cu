@@ -41,10 +41,10 @@ bool decode(int algo, Algo* out) {
          ((algo >> (kPdlBit + 1)) == 0 || out->base == kSmall) &&  // algo 6: bits 29..30 its output path
          (!out->pdl || out->base == kSmall || out->base == kAuto) &&
          // algo 6: bits 4..5 L2 promotion, 6..7 grid order, 8..9 weight rows per CTA (0..3), 10..11 the consumer
-         // loop's form (0..3), 12..13 wgmma temporaries, 14..15 when the scales are read, 24..27 tokens per CTA (0..5)
+         // loop's form (0..3), 12..13 wgmma temporaries, 14..15 when the scales are read, 24..27 tokens per CTA
          (out->base != kSmall ||
           ((out->tuning.decomposition & 3) <= 2 &&
-           (out->tuning.raster >> 2) <= 2 && out->tuning.reduction <= 5));
+           (out->tuning.raster >> 2) <= 2 && out->tuning.reduction <= 4));
 }
 
 bool shape_ok(int64_t m, int64_t n, int64_t k) { return m >= 0 && n > 0 && k > 0; }
@@ -210,12 +210,10 @@ extern "C" int dsx_gemm_fp8_nt_cuda(const uint8_t* a, const float* sa, const uin
   const GemmNt g{a, sa, b, sb, out, m, n, k};
   const auto s = static_cast<cudaStream_t>(stream);
   // kSmall's knobs: bits 16..23 K splits (cluster size, 0 automatic), bits 8..9 weight rows per CTA
-  // (0 automatic, 1: 128, 2: 64, 3: 64 with the K halves over two consumer warpgroups, with K splits 4 the K quarters
-  // over four), bits 10..11 the consumer loop's form (0 automatic, 1: the form before,
+  // (0 automatic, 1: 128, 2: 64, 3: 64 with the K halves over two consumer warpgroups), bits 10..11 the consumer loop's form (0 automatic, 1: the form before,
   // 2: stage counters, uniform descriptors, ld.shared scales, 3: 2 with the scales one step ahead), bits 12..13 wgmma temporaries (0 automatic, 1, 2), bits 14..15 scale reads
   // (0 automatic = 2, 1: after the wgmma wait, 2: before it, 3: before the next K step's issue), bits 24..27
-  // tokens per CTA (0 automatic, 1: 16, 2: 32, 3: 64, 4: all, 5: all as two token halves over warpgroups, rows 3),
-  // bits 4..5 L2 promotion (0 automatic, 1: 256 B, 2: 128 B,
+  // tokens per CTA (0 automatic, 1: 16, 2: 32, 3: 64, 4: all), bits 4..5 L2 promotion (0 automatic, 1: 256 B, 2: 128 B,
   // 3: none), bits 6..7 grid order (0 automatic, 1: weight tiles adjacent, 2: token tiles adjacent), bit 28 PDL,
   // bits 29..30 the output path (0 automatic = 2, 1: through the fp32 tile in shared memory, the form before, 2: from
   // the registers at S <= 2; 3 refused by small_run)

@@ -79,19 +79,17 @@
 // against 5.40 for one CTA a 64-row tile (bench/fp8_read_probe.cu); one warpgroup on a 64-row tile with all
 // tokens was slower still (one wgmma stream: 8.3 us at 64x7168x2048). The halves keep one read of every weight
 // tile and two wgmma streams a SM: see halves_auto for the figures.
-// Tried and dropped (kept behind knobs, off by default, tested for bits): four consumer warpgroups on the
-// halves' 64-row tile, each stage still read once, for more wgmma / promotion streams a SM: the K halves with
-// the two token halves of all of M on two warpgroups each (tokens knob 5; m64n(M/2) wgmma, the bits of S = 2),
-// and the K quarters (rows 3 with the split count 4; the bits of S = 4, at most 64 tokens a tile). 576 threads
-// leave ptxas 96 registers a thread (five warps on one SM sub-partition), so two temporaries fit only at 32
-// tokens a warpgroup (no spills). H200, bench --small, one call, three rounds each, all with PDL, against auto
-// (the K halves) in the same run: 64x7168x2048 token halves 6.91-6.94 us (one temporary 6.94), quarters
+// Tried and dropped (fp8s10, thirteenth session; the code, knobs and bit tests are in history, merge e48eb3a,
+// taken out of the tree after it): four consumer warpgroups on the halves' 64-row tile, each stage still read
+// once, for more wgmma / promotion streams a SM: the K halves with the two token halves of all of M on two
+// warpgroups each (m64n(M/2) wgmma, the bits of S = 2), and the K quarters (the bits of S = 4 when the four
+// partials add as ((p0 + p1) + p2) + p3, at most 64 tokens a tile). 576 threads leave ptxas 96 registers a
+// thread, so two temporaries fit only at 32 tokens a warpgroup (no spills). H200, bench --small, three rounds,
+// all with PDL, against auto (the K halves) in the same run: 64x7168x2048 token halves 6.91-6.94 us, quarters
 // 6.85-6.88, against 6.42-6.45; 128x7168x2048 token halves 9.22-9.24 against 8.20-8.24; 16x7168x2048 quarters
-// 5.73-5.75 against 5.57 (quarters over two token tiles: 11.6 at M = 64 with 32 tokens, 13.2 at M = 128 with
-// 64). By arithmetic (not profiled): the token halves read each weight K step from shared memory twice (two
-// m64n64k32 wgmma read 8 KB where one m64n128k32 reads 6 KB; 6 KB against 4 KB at M = 64), on top of the
-// halves' 768 KB a SM at M = 128 (about 3.4 us at 128 B a clock); the quarters keep the traffic but run one
-// temporary a stream at 64 tokens (96 registers) and a ring of 3 stages a part.
+// 5.73-5.75 against 5.57. ncu (M = 128): 11.07 against 9.95 us, SM active cycles 13.6k against 12.1k with
+// higher IPC: more streams add instructions, not data; the loop waits on its loads. The token halves also
+// read each weight K step from shared memory twice (two m64n64k32 read 8 KB where one m64n128k32 reads 6 KB).
 #include "gemm_fp8_internal.cuh"
 #include "sm90_ptx.cuh"
 
@@ -113,23 +111,18 @@ constexpr int kSmemPerSm = 228 * 1024;  // shared memory of one SM, 1 KB of it r
 constexpr int kSmemLimit = 227 * 1024;  // most one CTA may take
 
 // Tile configurations: BM weight rows per CTA (BM / 64 consumer warpgroups, then the TMA warp and the
-// scale warp), sized so that kBlocks CTAs share an SM (shared memory and the register cap). KS = 2 or 4 (64
-// rows only): KS consumer warpgroups (times TS) on the same 64 weight rows, part q taking the K blocks
-// [q nk / KS, (q + 1) nk / KS) of the CTA's nk with its own KS-th of the stage ring, their partial sums
-// added at the end in part order, ((p0 + p1) + p2) + p3: the bits of a KS-CTA cluster split (S = KS), with
-// one CTA a SM and no cluster. TS = 2 (with KS = 2, MN >= 64): the two token halves of the tile on two
-// warpgroups of each part (wgmma N = MN / 2; a token's sums are those of the whole tile: same bits).
-template <int MN, int BM, int KS = 1, int TS = 1>
+// scale warp), sized so that kBlocks CTAs share an SM (shared memory and the register cap). KS = 2 (64 rows
+// only): two consumer warpgroups on the same 64 weight rows, warpgroup w taking the K blocks [w nk / 2,
+// (w + 1) nk / 2) of the CTA's nk with its own half of the stage ring, their two partial sums added at the
+// end, p0 + p1: the bits of a 2-CTA cluster split (S = 2), with one CTA a SM and no cluster.
+template <int MN, int BM, int KS = 1>
 struct Config {
-  static constexpr int kConsumerWarpgroups = BM / 64 * KS * TS;
+  static constexpr int kConsumerWarpgroups = BM / 64 * KS;
   static constexpr int kThreads = 128 * kConsumerWarpgroups + 64;
-  static constexpr int kBlocks = KS * TS > 1 || BM == 128 ? 1 : MN <= 64 ? 3 : 2;
+  static constexpr int kBlocks = KS == 2 || BM == 128 ? 1 : MN <= 64 ? 3 : 2;
   static constexpr int kSmemCap = kBlocks == 1 ? kSmemLimit : kSmemPerSm / kBlocks - 1024;
-  static constexpr int kNW = MN / TS;  // wgmma N (tokens) of one consumer warpgroup
   static_assert(BM == 64 || BM == 128, "one or two consumer warpgroups");
-  static_assert(KS * TS == 1 || BM == 64, "K parts or token halves over warpgroups: 64 rows");
-  static_assert((KS == 1 || KS == 2 || KS == 4) && (TS == 1 || (TS == 2 && KS == 2 && MN >= 64)),
-                "K halves or quarters; token halves of 64 tokens or more with the K halves (four warpgroups)");
+  static_assert(KS == 1 || (KS == 2 && BM == 64), "K halves over two warpgroups: 64 rows");
 };
 
 struct Params {
@@ -220,7 +213,7 @@ __device__ __forceinline__ void wgmma_tile(float* d, uint64_t da, uint64_t db, i
 // tiles [stages][MN rows][128 B] (both 128B-swizzled by TMA), scale slots [stages][MN + 4] fp32
 // (token scales, then the weight block scale), barriers full[stages], empty[stages].
 // After the main loop the front is reused for the fp32 partial tile [MN][kRedLd].
-template <int MN, int BM, int KS = 1, int TS = 1>
+template <int MN, int BM, int KS = 1>
 struct Layout {
   static constexpr int kRedLd = BM + 4;  // fp32 row pitch of the reduction tile (bank-conflict free)
   static constexpr int kW = BM * kBK;
@@ -229,10 +222,10 @@ struct Layout {
   static constexpr int kScale = MN * 4 + 16;
   static constexpr int kRed = MN * kRedLd * 4;
   static constexpr int bytes(int stages) { return 1024 + stages * (kStage + kScale + 2 * 8); }
-  static constexpr int max_stages(int cap = Config<MN, BM, KS, TS>::kSmemCap) {
+  static constexpr int max_stages(int cap = Config<MN, BM, KS>::kSmemCap) {
     int s = kMaxStages;
     while (s > 2 && bytes(s) > cap) --s;
-    return s - s % KS;  // KS > 1: a multiple of KS, a KS-th of the ring a K part
+    return KS == 2 ? s & ~1 : s;  // KS = 2: an even count, half of the ring a warpgroup
   }
   static_assert(kX % 1024 == 0 && kW % 1024 == 0, "tiles stay 1024-byte aligned");
 };
@@ -242,19 +235,16 @@ struct Layout {
 // kAhead (with kOverlap and kUni): each K step's scales are read right after its stage's barrier wait,
 // into the register set of its temporary, and multiplied at its promotion one step later (no scale
 // load waited for between the wgmma of a step; the same products, the same bits).
-// KS = 2 / 4 (Config): consumer warpgroups over the K halves / quarters of 64 weight rows (the uniform form
-// only, one CTA split); stage KS j + q of the ring belongs to K part q (its j-th), the producers fill the
-// parts in turn in K order. TS = 2: warpgroup cw works on K part cw / 2 and token half cw % 2 (both halves
-// wait for the same full barrier and both give the stage back).
-template <int MN, int BM, bool kOverlap, bool kUni, bool kAhead, int KS, int TS>
-__global__ void __launch_bounds__(Config<MN, BM, KS, TS>::kThreads, Config<MN, BM, KS, TS>::kBlocks)
+// KS = 2 (Config): two consumer warpgroups over the K halves of 64 weight rows (the uniform form only, one
+// CTA split); stage 2 j + w of the ring belongs to warpgroup w (its j-th), the producers fill the two halves
+// alternately in K order.
+template <int MN, int BM, bool kOverlap, bool kUni, bool kAhead, int KS>
+__global__ void __launch_bounds__(Config<MN, BM, KS>::kThreads, Config<MN, BM, KS>::kBlocks)
     small_gemm_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtensorMap tx, const Params p) {
-  using L = Layout<MN, BM, KS, TS>;
-  static_assert(KS * TS == 1 || kUni, "K parts, token halves: the uniform form");
-  constexpr int NW = Config<MN, BM, KS, TS>::kNW;
-  constexpr bool kParts = KS * TS > 1;  // 64 rows, several warpgroups on them
-  constexpr int kThreads = Config<MN, BM, KS, TS>::kThreads;
-  constexpr int kConsumerWarps = 4 * Config<MN, BM, KS, TS>::kConsumerWarpgroups;
+  using L = Layout<MN, BM, KS>;
+  static_assert(KS == 1 || kUni, "K halves: the uniform form");
+  constexpr int kThreads = Config<MN, BM, KS>::kThreads;
+  constexpr int kConsumerWarps = 4 * Config<MN, BM, KS>::kConsumerWarpgroups;
   constexpr int kRedLd = L::kRedLd;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
@@ -274,7 +264,7 @@ __global__ void __launch_bounds__(Config<MN, BM, KS, TS>::kThreads, Config<MN, B
   if (tid == 0) {
     for (int s = 0; s < stages; ++s) {
       mbar_init(full(s), 1 + 32);               // the TMA thread's arrive.expect_tx + 32 scale lanes
-      mbar_init(empty(s), 32 * kConsumerWarps / KS);  // every consumer thread (KS > 1: of the stage's K part)
+      mbar_init(empty(s), 32 * kConsumerWarps / KS);  // every consumer thread (KS = 2: of the stage's warpgroup)
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   } else if (tid == 32) {
@@ -286,14 +276,12 @@ __global__ void __launch_bounds__(Config<MN, BM, KS, TS>::kThreads, Config<MN, B
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   asm volatile("griddepcontrol.wait;" ::: "memory");
 
-  float acc[NW / 2];
+  float acc[MN / 2];
   // reg_out: accumulator group j of a consumer thread (tokens c = 8j + 2 (lane % 4) and c + 1, weight rows
   // r and r + 8) rounded to bf16 and stored; two adjacent weight rows of one token paired with the
-  // neighbouring row's lane (lane ^ 4) into one 4-byte store (N is a multiple of 8). TS = 2: the tokens of
-  // the warpgroup's half, th NW + c.
-  const int th = TS == 2 ? (warp / 4) % 2 : 0;
+  // neighbouring row's lane (lane ^ 4) into one 4-byte store (N is a multiple of 8)
   auto store_group = [&](int j, const float* v) {
-    const int r = (kParts ? 0 : warp / 4) * 64 + (warp % 4) * 16 + lane / 4, c = th * NW + 8 * j + 2 * (lane % 4);
+    const int r = (KS == 2 ? 0 : warp / 4) * 64 + (warp % 4) * 16 + lane / 4, c = 8 * j + 2 * (lane % 4);
     const bool odd = (lane / 4) & 1;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -305,11 +293,9 @@ __global__ void __launch_bounds__(Config<MN, BM, KS, TS>::kThreads, Config<MN, B
       if (tok < p.m && row < p.n) *reinterpret_cast<__nv_bfloat162*>(p.out + static_cast<size_t>(tok) * p.n + row) = pr;
     }
   };
-  // KS > 1: the i-th load goes to K part w = i % KS (its j-th K block, j = i / KS: K block w nk / KS + j; the
-  // parts' sizes differ by at most one, the larger ones last), stage KS (j % (stages / KS)) + w. (KS = 2 in the
-  // form it had before the quarters, nh = nk / 2: the same values, and the halves' code as it was)
-  const int nh = nk / 2;
-  const int nl = KS == 2 ? 2 * (nk - nh) : KS > 1 ? KS * ((nk + KS - 1) / KS) : nk;  // KS > 1: load slots
+  // KS = 2: the i-th load goes to warpgroup w = i % 2 (its j-th K block, j = i / 2; K block nh w + j with
+  // nh = nk / 2, the last one of an odd nk to warpgroup 1 alone), stage 2 (j % (stages / 2)) + w
+  const int nh = nk / 2, nl = KS == 2 ? 2 * (nk - nh) : nk;  // KS = 2: load slots (nk odd: one empty)
   auto slot_of = [&](int i, int& s, uint32_t& ph, int& kb) {
     if constexpr (KS == 2) {
       const int w = i & 1, j = i >> 1, hs = stages / 2;
@@ -317,13 +303,6 @@ __global__ void __launch_bounds__(Config<MN, BM, KS, TS>::kThreads, Config<MN, B
       ph = static_cast<uint32_t>(j / hs) & 1;
       kb = kb0 + (w == 0 ? j : nh + j);
       return w == 1 || j < nh;
-    } else if constexpr (KS > 1) {
-      const int w = i % KS, j = i / KS, hs = stages / KS;
-      const int start = w * nk / KS, size = (w + 1) * nk / KS - start;
-      s = KS * (j % hs) + w;
-      ph = static_cast<uint32_t>(j / hs) & 1;
-      kb = kb0 + start + j;
-      return j < size;
     } else {
       s = i % stages;
       ph = static_cast<uint32_t>(i / stages) & 1;
@@ -361,14 +340,13 @@ __global__ void __launch_bounds__(Config<MN, BM, KS, TS>::kThreads, Config<MN, B
       if (lane == 0) cp_async_4(smem_u32(slot + MN), p.sb + static_cast<size_t>(sb_row) * p.kbt + kb, 4);
       cp_async_arrive_noinc(full(s));
     }
-  } else {  // consumers: warpgroup cw takes weight rows [64 cw, 64 cw + 64) of the tile (KS > 1: K part kq)
-    const int cw = warp / 4, wl = warp % 4, kq = cw / TS;
-    // KS > 1: this warpgroup's K blocks, its ring of stages / KS (local stage s is stage KS s + kq)
-    const int nkc = KS == 2 ? (kq == 0 ? nh : nk - nh) : KS > 1 ? (kq + 1) * nk / KS - kq * nk / KS : nk;
-    const int ring = stages / KS;
-    auto phys = [&](int s) { return KS > 1 ? KS * s + kq : s; };
+  } else {  // consumers: warpgroup cw takes weight rows [64 cw, 64 cw + 64) of the tile (KS = 2: K half cw)
+    const int cw = warp / 4, wl = warp % 4;
+    // KS = 2: this warpgroup's K blocks, its ring of stages / 2 (local stage s is stage 2 s + cw)
+    const int nkc = KS == 2 ? (cw == 0 ? nh : nk - nh) : nk, ring = stages / KS;
+    auto phys = [&](int s) { return KS == 2 ? 2 * s + cw : s; };
 #pragma unroll
-    for (int r = 0; r < NW / 2; ++r) acc[r] = 0.f;
+    for (int r = 0; r < MN / 2; ++r) acc[r] = 0.f;
     // K step i: wait for its stage, issue its 4 wgmma into t (one commit group).
     // kUni: the stage and its parity are counted along (no division by the runtime stage count), the
     // wgmma descriptors are the low words of the ring's first tiles plus stage and K offsets, with the
@@ -378,12 +356,10 @@ __global__ void __launch_bounds__(Config<MN, BM, KS, TS>::kThreads, Config<MN, B
     // Without kUni: the form before (same arithmetic, same bits).
     int s_iss = 0, s_pro = 0;  // kUni: the stage of the next K step to issue / to promote
     uint32_t ph_iss = 0;       // kUni: the full-barrier parity of the next K step to issue
-    // (KS, TS > 1: all warpgroups on rows [0, 64), the ring's first tiles at stage kq; TS = 2: the token half's
-    // rows th NW of the token tile, 1024-byte aligned)
+    // (KS = 2: both warpgroups on rows [0, 64), the ring's first tiles at stage cw)
     const uint32_t w_lo0 = sw128_desc_lo(w_smem) +
-                           __shfl_sync(0xffffffffu, kParts ? kq * (L::kW / 16) : cw * (64 * kBK / 16), 0);
-    const uint32_t x_lo0 =
-        sw128_desc_lo(x_smem) + __shfl_sync(0xffffffffu, kParts ? kq * (L::kX / 16) + th * (NW * kBK / 16) : 0, 0);
+                           __shfl_sync(0xffffffffu, KS == 2 ? cw * (L::kW / 16) : cw * (64 * kBK / 16), 0);
+    const uint32_t x_lo0 = sw128_desc_lo(x_smem) + __shfl_sync(0xffffffffu, KS == 2 ? cw * (L::kX / 16) : 0, 0);
     const uint32_t sc_u32 = smem_u32(scales);
     auto issue = [&](float* t, int i) {
       if constexpr (kUni) {
@@ -393,24 +369,24 @@ __global__ void __launch_bounds__(Config<MN, BM, KS, TS>::kThreads, Config<MN, B
         ph_iss ^= s1 == 0 ? 1u : 0u;
         s_iss = s1;
 #pragma unroll
-        for (int r = 0; r < NW / 2; ++r) fence_reg(t[r]);
+        for (int r = 0; r < MN / 2; ++r) fence_reg(t[r]);
         wgmma_fence();
         const uint32_t wl_ = w_lo0 + s * (KS * L::kW / 16), xl_ = x_lo0 + s * (KS * L::kX / 16);
 #pragma unroll
         for (int kk = 0; kk < kBK / 32; ++kk) {
-          wgmma_tile<NW>(t, sw128_desc_of_lo(wl_ + kk * (32 / 16)), sw128_desc_of_lo(xl_ + kk * (32 / 16)), kk > 0);
+          wgmma_tile<MN>(t, sw128_desc_of_lo(wl_ + kk * (32 / 16)), sw128_desc_of_lo(xl_ + kk * (32 / 16)), kk > 0);
         }
         wgmma_commit();
       } else {
         const int s = i % stages;
         mbar_wait(full(s), (i / stages) & 1);
 #pragma unroll
-        for (int r = 0; r < NW / 2; ++r) fence_reg(t[r]);
+        for (int r = 0; r < MN / 2; ++r) fence_reg(t[r]);
         wgmma_fence();
         const uint32_t wa = w_smem + s * L::kW + cw * 64 * kBK, xa = x_smem + s * L::kX;
 #pragma unroll
         for (int kk = 0; kk < kBK / 32; ++kk) {
-          wgmma_tile<NW>(t, sw128_desc(wa + kk * 32), sw128_desc(xa + kk * 32), kk > 0);
+          wgmma_tile<MN>(t, sw128_desc(wa + kk * 32), sw128_desc(xa + kk * 32), kk > 0);
         }
         wgmma_commit();
       }
@@ -422,8 +398,8 @@ __global__ void __launch_bounds__(Config<MN, BM, KS, TS>::kThreads, Config<MN, B
         const uint32_t slot = sc_u32 + phys(s_pro) * L::kScale;
         const float sbv = ld_shared_f32(slot + 4 * MN);
 #pragma unroll
-        for (int j = 0; j < NW / 8; ++j) {
-          const float2 v = ld_shared_f32x2(slot + 4 * (th * NW + 8 * j + 2 * (lane % 4)));
+        for (int j = 0; j < MN / 8; ++j) {
+          const float2 v = ld_shared_f32x2(slot + 4 * (8 * j + 2 * (lane % 4)));
           sc[2 * j] = v.x * sbv;
           sc[2 * j + 1] = v.y * sbv;
         }
@@ -431,7 +407,7 @@ __global__ void __launch_bounds__(Config<MN, BM, KS, TS>::kThreads, Config<MN, B
         const float* slot = scales + (i % stages) * (L::kScale / 4);
         const float sbv = slot[MN];
 #pragma unroll
-        for (int j = 0; j < NW / 8; ++j) {
+        for (int j = 0; j < MN / 8; ++j) {
           const float2 v = *reinterpret_cast<const float2*>(slot + 8 * j + 2 * (lane % 4));
           sc[2 * j] = v.x * sbv;
           sc[2 * j + 1] = v.y * sbv;
@@ -441,7 +417,7 @@ __global__ void __launch_bounds__(Config<MN, BM, KS, TS>::kThreads, Config<MN, B
     // K step i's wgmma has completed into t: the stage given back, then acc += t * sc
     auto promote = [&](float* t, const float* sc, int i) {
 #pragma unroll
-      for (int r = 0; r < NW / 2; ++r) fence_reg(t[r]);
+      for (int r = 0; r < MN / 2; ++r) fence_reg(t[r]);
       if constexpr (kUni) {
         mbar_arrive(empty(phys(s_pro)));
         s_pro = s_pro + 1 < ring ? s_pro + 1 : 0;
@@ -449,14 +425,14 @@ __global__ void __launch_bounds__(Config<MN, BM, KS, TS>::kThreads, Config<MN, B
         mbar_arrive(empty(i % stages));
       }
 #pragma unroll
-      for (int j = 0; j < NW / 8; ++j) {
+      for (int j = 0; j < MN / 8; ++j) {
         acc[4 * j + 0] = fmaf(t[4 * j + 0], sc[2 * j], acc[4 * j + 0]);
         acc[4 * j + 1] = fmaf(t[4 * j + 1], sc[2 * j + 1], acc[4 * j + 1]);
         acc[4 * j + 2] = fmaf(t[4 * j + 2], sc[2 * j], acc[4 * j + 2]);
         acc[4 * j + 3] = fmaf(t[4 * j + 3], sc[2 * j + 1], acc[4 * j + 3]);
       }
     };
-    float t0[NW / 2], sc[NW / 4];
+    float t0[MN / 2], sc[MN / 4];
     if constexpr (kAhead) {
       static_assert(kOverlap && kUni, "scales ahead: two temporaries, the uniform form");
       // K step i's raw scales (token scales v, weight block scale sbv) from the stage of the K step just
@@ -466,20 +442,20 @@ __global__ void __launch_bounds__(Config<MN, BM, KS, TS>::kThreads, Config<MN, B
         const uint32_t slot = sc_u32 + phys(s) * L::kScale;
         sbv = ld_shared_f32(slot + 4 * MN);
 #pragma unroll
-        for (int j = 0; j < NW / 8; ++j) {
-          const float2 x = ld_shared_f32x2(slot + 4 * (th * NW + 8 * j + 2 * (lane % 4)));
+        for (int j = 0; j < MN / 8; ++j) {
+          const float2 x = ld_shared_f32x2(slot + 4 * (8 * j + 2 * (lane % 4)));
           v[2 * j] = x.x;
           v[2 * j + 1] = x.y;
         }
       };
       // the products v * sbv formed here, one step after their loads (load_scales' products)
       auto promote_raw = [&](float* t, const float* v, float sbv) {
-        float q[NW / 4];
+        float q[MN / 4];
 #pragma unroll
-        for (int j = 0; j < NW / 4; ++j) q[j] = v[j] * sbv;
+        for (int j = 0; j < MN / 4; ++j) q[j] = v[j] * sbv;
         promote(t, q, 0);
       };
-      float t1[NW / 2], va[NW / 4], vb[NW / 4], sba, sbb;
+      float t1[MN / 2], va[MN / 4], vb[MN / 4], sba, sbb;
       issue(t0, 0);
       load_raw(va, sba);
       int i = 1;
@@ -507,7 +483,7 @@ __global__ void __launch_bounds__(Config<MN, BM, KS, TS>::kThreads, Config<MN, B
     } else if constexpr (kOverlap) {
       // t0 pending at the loop head, t1 issued before t0 is promoted (one shape of in-flight state
       // at the back-edge, so that ptxas sees which accumulators are free; nkc >= 1)
-      float t1[NW / 2];
+      float t1[MN / 2];
       issue(t0, 0);
       int i = 1;
       if (p.scale_point == 2) {
@@ -561,7 +537,7 @@ __global__ void __launch_bounds__(Config<MN, BM, KS, TS>::kThreads, Config<MN, B
       }
     } else {
       // (at 128 tokens the scale products are read after the wait: held across it, they spilled)
-      const bool late = NW == 128 || p.scale_point == 1;
+      const bool late = MN == 128 || p.scale_point == 1;
       for (int i = 0; i < nkc; ++i) {
         issue(t0, i);
         if (!late) load_scales(sc, i);
@@ -570,36 +546,24 @@ __global__ void __launch_bounds__(Config<MN, BM, KS, TS>::kThreads, Config<MN, B
         promote(t0, sc, i);
       }
     }
-    if constexpr (KS > 1) {
-      // The K parts: once all warpgroups are done with the stage buffers (every load was waited for), the
-      // warpgroups of parts 1..KS-1 leave their partial sums in the front of shared memory (each thread its
-      // own 16-byte slots: part q, token half th, thread, group j), those of part 0 add them to their own in
-      // part order, ((p0 + p1) + p2) + p3 (the order of the cluster reduction: the bits of S = KS; at KS = 2
-      // one commutative addition), and store.
+    if constexpr (KS == 2) {
+      // The K halves: once both warpgroups are done with the stage buffers (every load was waited for),
+      // warpgroup 1 leaves its partial sums in the front of shared memory (each thread its own 16-byte
+      // slots), warpgroup 0 adds them to its own, p0 + p1 (commutative: the bits of S = 2), and stores.
       asm volatile("bar.sync 1, %0;" ::"n"(32 * kConsumerWarps) : "memory");
-      constexpr uint32_t kPart = 16u * 128 * (NW / 8) * TS;  // bytes of one part's partial sums
-      const uint32_t xb = smem_u32(smem) + 16u * (tid % 128) + th * (16u * 128 * (NW / 8));
-      // (KS = 2: warpgroup(s) of part 1 at offset 0, as the halves had it)
-      if (KS == 2 && TS == 1 ? cw == 1 : kq > 0) {
+      const uint32_t xb = smem_u32(smem) + 16u * (tid % 128);
+      if (cw == 1) {
 #pragma unroll
-        for (int j = 0; j < NW / 8; ++j) {
-          st_shared_f4(xb + (KS == 2 ? 0u : (kq - 1) * kPart) + 16u * 128 * j,
-                       make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]));
+        for (int j = 0; j < MN / 8; ++j) {
+          st_shared_f4(xb + 16u * 128 * j, make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]));
         }
       }
       asm volatile("bar.sync 1, %0;" ::"n"(32 * kConsumerWarps) : "memory");
-      if (KS == 2 && TS == 1 ? cw == 0 : kq == 0) {
+      if (cw == 0) {
 #pragma unroll
-        for (int j = 0; j < NW / 8; ++j) {
-          float v[4] = {acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]};
-#pragma unroll
-          for (int q = 1; q < KS; ++q) {
-            const float4 u = ld_shared_f4(xb + (q - 1) * kPart + 16u * 128 * j);
-            v[0] += u.x;
-            v[1] += u.y;
-            v[2] += u.z;
-            v[3] += u.w;
-          }
+        for (int j = 0; j < MN / 8; ++j) {
+          const float4 u = ld_shared_f4(xb + 16u * 128 * j);
+          const float v[4] = {acc[4 * j] + u.x, acc[4 * j + 1] + u.y, acc[4 * j + 2] + u.z, acc[4 * j + 3] + u.w};
           store_group(j, v);
         }
       }
@@ -607,7 +571,7 @@ __global__ void __launch_bounds__(Config<MN, BM, KS, TS>::kThreads, Config<MN, B
     }
     if (p.reg_out && p.splits == 1) {  // no K split: the output straight from the registers
 #pragma unroll
-      for (int j = 0; j < NW / 8; ++j) store_group(j, acc + 4 * j);
+      for (int j = 0; j < MN / 8; ++j) store_group(j, acc + 4 * j);
       return;
     }
     if (!p.reg_out) {  // (two K splits with reg_out: exchanged below)
@@ -617,7 +581,7 @@ __global__ void __launch_bounds__(Config<MN, BM, KS, TS>::kThreads, Config<MN, B
       float* red = reinterpret_cast<float*>(smem);
       const int r = cw * 64 + wl * 16 + lane / 4;
 #pragma unroll
-      for (int j = 0; j < NW / 8; ++j) {
+      for (int j = 0; j < MN / 8; ++j) {
         const int c = 8 * j + 2 * (lane % 4);
         red[c * kRedLd + r] = acc[4 * j + 0];
         red[(c + 1) * kRedLd + r] = acc[4 * j + 1];
@@ -635,13 +599,13 @@ __global__ void __launch_bounds__(Config<MN, BM, KS, TS>::kThreads, Config<MN, B
     // second cluster barrier adds what it received to its own: p0 + p1 (one addition, commutative: the
     // bits of the split-order reduction below).
     if (S == 1) return;
-    constexpr int kHalf = NW / 16, kConsumerThreads = 32 * kConsumerWarps;
+    constexpr int kHalf = MN / 16, kConsumerThreads = 32 * kConsumerWarps;
     cluster_sync();
     const uint32_t me = cluster_rank(), xb = smem_u32(smem) + 16u * tid;
     // (the groups are walked with constant indices and chosen by rank: acc stays in registers)
     if (warp < kConsumerWarps) {
 #pragma unroll
-      for (int j = 0; j < NW / 8; ++j) {
+      for (int j = 0; j < MN / 8; ++j) {
         if ((j < kHalf) == (me == 1)) {
           st_cluster_f4(xb + 16u * kConsumerThreads * (j % kHalf), me ^ 1,
                         make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]));
@@ -651,7 +615,7 @@ __global__ void __launch_bounds__(Config<MN, BM, KS, TS>::kThreads, Config<MN, B
     cluster_sync();
     if (warp < kConsumerWarps) {
 #pragma unroll
-      for (int j = 0; j < NW / 8; ++j) {
+      for (int j = 0; j < MN / 8; ++j) {
         if ((j < kHalf) == (me == 0)) {
           const float4 u = ld_shared_f4(xb + 16u * kConsumerThreads * (j % kHalf));
           const float v[4] = {acc[4 * j] + u.x, acc[4 * j + 1] + u.y, acc[4 * j + 2] + u.z, acc[4 * j + 3] + u.w};
@@ -723,10 +687,10 @@ int auto_splits64(int tiles, int kbt) {
   return s < 1 ? 1 : s > 2 ? 2 : s;
 }
 
-template <int MN, int BM, bool kOverlap, bool kUni, bool kAhead, int KS, int TS>
+template <int MN, int BM, bool kOverlap, bool kUni, bool kAhead, int KS>
 struct Launcher {
-  using L = Layout<MN, BM, KS, TS>;
-  static constexpr int kThreads = Config<MN, BM, KS, TS>::kThreads;
+  using L = Layout<MN, BM, KS>;
+  static constexpr int kThreads = Config<MN, BM, KS>::kThreads;
   static constexpr int kStages = L::max_stages();  // at kBlocks CTAs a SM
   static constexpr int kSmem = L::bytes(kStages);
   static constexpr int kForcedStages = L::max_stages(kSmemLimit);  // a forced count: fewer CTAs a SM
@@ -734,10 +698,8 @@ struct Launcher {
   // the fp32 partial tile reuses the stage buffers: at least this many stages
   static constexpr int kMinStages = (L::kRed + L::kStage - 1) / L::kStage > 2 ? (L::kRed + L::kStage - 1) / L::kStage : 2;
   static_assert(kMinStages <= kStages, "the partial tile fits the stage buffers");
-  static_assert(kSmem <= Config<MN, BM, KS, TS>::kSmemCap, "kBlocks CTAs fit one SM");
-  // K parts: the partial sums of parts 1..KS-1 (256 MN bytes each) in the front of 2 KS stages, two stages a part
-  static_assert(KS == 1 || ((KS - 1) * 256 * MN <= 2 * KS * L::kStage && kForcedStages >= 2 * KS),
-                "K parts: partial sums, two stages a part");
+  static_assert(kSmem <= Config<MN, BM, KS>::kSmemCap, "kBlocks CTAs fit one SM");
+  static_assert(KS == 1 || (256 * MN <= 2 * L::kStage && kForcedStages >= 4), "K halves: partial sums, four stages");
 
   // Once per device: the shared-memory limit, then how many CTAs fit at once (max_clusters[1]) and
   // for each cluster size how many clusters (the automatic split count keeps the grid in one wave).
@@ -746,7 +708,7 @@ struct Launcher {
     static int clusters[kMaxDevices][kMaxSplits + 1];
     if (dev < 0 || dev >= kMaxDevices) return DSX_ECUDA;
     if (state[dev].load(std::memory_order_acquire) == 0) {
-      auto kernel = small_gemm_kernel<MN, BM, kOverlap, kUni, kAhead, KS, TS>;
+      auto kernel = small_gemm_kernel<MN, BM, kOverlap, kUni, kAhead, KS>;
       bool ok = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemMax) == cudaSuccess;
       int per_sm = 0;
       ok = ok && cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, kSmem) == cudaSuccess;
@@ -780,13 +742,13 @@ struct Launcher {
   // [kMinStages, kForcedStages] (more than kStages: fewer CTAs a SM)
   static int run(const GemmNt& g, int splits, int stages, int promo, bool token_major, int scale_point, bool reg_out,
                  bool pdl, cudaStream_t stream) {
-    // (KS > 1: automatic the deepest ring one CTA a SM holds, a multiple of KS: a KS-th a K part)
-    if (stages == 0) stages = KS > 1 ? kStages : kAutoStages < kStages ? kAutoStages : kStages;
+    // (KS = 2: automatic the deepest ring one CTA a SM holds, an even count: half a warpgroup)
+    if (stages == 0) stages = KS == 2 ? kStages : kAutoStages < kStages ? kAutoStages : kStages;
     if (stages > kForcedStages) stages = kForcedStages;
     if (stages < kMinStages) stages = kMinStages;
-    // K parts: a multiple of KS, at least two stages a part (with two temporaries a warpgroup waits for its
-    // next stage before it gives the current one back: one stage a part would never be refilled)
-    if (KS > 1) stages = stages < 2 * KS ? 2 * KS : stages - stages % KS;
+    // K halves: an even count, at least two stages a warpgroup (with two temporaries a warpgroup waits for its
+    // next stage before it gives the current one back: one stage a warpgroup would never be refilled)
+    if (KS == 2) stages = stages < 4 ? 4 : stages & ~1;
     int dev = 0;
     if (cudaGetDevice(&dev) != cudaSuccess) return DSX_ECUDA;
     if (sm_count() <= 0) return DSX_ECUDA;
@@ -796,8 +758,8 @@ struct Launcher {
     const int mtiles = static_cast<int>((g.m + MN - 1) / MN);  // token tiles (M split) of the grid
     const int tiles = static_cast<int>((g.n + BM - 1) / BM) * mtiles;  // CTAs of one split
     const int kbt = static_cast<int>((g.k + kBK - 1) / kBK);
-    if (KS > 1 && splits <= 0) splits = 1;  // K parts: one CTA a weight tile, at least one K block a part
-    if (KS > 1 && (splits != 1 || kbt < KS)) return DSX_EINVAL;
+    if (KS == 2 && splits <= 0) splits = 1;  // K halves: one CTA a weight tile
+    if (KS == 2 && (splits != 1 || kbt < 2)) return DSX_EINVAL;
     if (splits <= 0) {
       // Automatic: as many K splits as keep every weight tile's cluster resident in one wave; with
       // 64-row tiles auto_splits64 (at most 2).
@@ -835,16 +797,15 @@ struct Launcher {
     }
     lc.attrs = attr;
     lc.numAttrs = na;
-    return cuda_rc(cudaLaunchKernelEx(&lc, small_gemm_kernel<MN, BM, kOverlap, kUni, kAhead, KS, TS>, tw, tx, p));
+    return cuda_rc(cudaLaunchKernelEx(&lc, small_gemm_kernel<MN, BM, kOverlap, kUni, kAhead, KS>, tw, tx, p));
   }
 };
 
 // Two temporaries (kOverlap) where their registers fit under the CTAs-per-SM cap: M <= 64 at 128
-// rows, M <= 32 at 64 rows, M <= 64 with the K halves (KS = 2, one CTA a SM); with four consumer
-// warpgroups (576 threads: 112 registers a thread) at 32 tokens a warpgroup; elsewhere the one-temporary
-// loop (the same bits).
-template <int MN, int BM, int KS, int TS>
-constexpr bool kCanOverlap = KS * TS == 4 ? MN / TS <= 32 : MN <= (BM == 128 || KS == 2 ? 64 : 32);
+// rows, M <= 32 at 64 rows, M <= 64 with the K halves (KS = 2, one CTA a SM); elsewhere the
+// one-temporary loop (the same bits).
+template <int MN, int BM, int KS>
+constexpr bool kCanOverlap = MN <= (BM == 128 || KS == 2 ? 64 : 32);
 
 struct Knobs {
   int splits, stages, promo, width;
@@ -852,55 +813,42 @@ struct Knobs {
   bool overlap, token_major, uni, ahead, reg_out;
 };
 
-template <int MN, int BM, bool kOverlap, int KS, int TS>
+template <int MN, int BM, bool kOverlap, int KS>
 int run_form(const GemmNt& g, const Knobs& k, bool pdl, cudaStream_t s) {
   if constexpr (kOverlap) {  // the scales one step ahead: two temporaries only (else the uniform form)
     if (k.uni && k.ahead) {
-      return Launcher<MN, BM, true, true, true, KS, TS>::run(g, k.splits, k.stages, k.promo, k.token_major,
-                                                             k.scale_point, k.reg_out, pdl, s);
+      return Launcher<MN, BM, true, true, true, KS>::run(g, k.splits, k.stages, k.promo, k.token_major,
+                                                         k.scale_point, k.reg_out, pdl, s);
     }
   }
   if (k.uni) {
-    return Launcher<MN, BM, kOverlap, true, false, KS, TS>::run(g, k.splits, k.stages, k.promo, k.token_major,
-                                                                k.scale_point, k.reg_out, pdl, s);
+    return Launcher<MN, BM, kOverlap, true, false, KS>::run(g, k.splits, k.stages, k.promo, k.token_major,
+                                                            k.scale_point, k.reg_out, pdl, s);
   }
-  if constexpr (KS * TS == 1) {
-    return Launcher<MN, BM, kOverlap, false, false, 1, 1>::run(g, k.splits, k.stages, k.promo, k.token_major,
-                                                               k.scale_point, k.reg_out, pdl, s);
+  if constexpr (KS == 1) {
+    return Launcher<MN, BM, kOverlap, false, false, 1>::run(g, k.splits, k.stages, k.promo, k.token_major,
+                                                            k.scale_point, k.reg_out, pdl, s);
   }
-  return DSX_EINVAL;  // K parts: the uniform form only (small_run refuses the form before)
+  return DSX_EINVAL;  // K halves: the uniform form only (small_run refuses the form before)
 }
 
-template <int MN, int BM, int KS, int TS = 1>
+template <int MN, int BM, int KS>
 int run_width(const GemmNt& g, const Knobs& k, bool pdl, cudaStream_t s) {
-  if constexpr (kCanOverlap<MN, BM, KS, TS>) {
-    if (k.overlap) return run_form<MN, BM, true, KS, TS>(g, k, pdl, s);
+  if constexpr (kCanOverlap<MN, BM, KS>) {
+    if (k.overlap) return run_form<MN, BM, true, KS>(g, k, pdl, s);
   }
-  return run_form<MN, BM, false, KS, TS>(g, k, pdl, s);
+  return run_form<MN, BM, false, KS>(g, k, pdl, s);
 }
 
 // width: tokens per CTA (0: M rounded up to 16, 32, 64 or 128, one token tile; else M is split
-// over ceil(M / width) token tiles). K quarters (KS = 4): at most 64 tokens a tile (128: 64 accumulators
-// and a 64-register temporary a thread, over the 112 registers of 576 threads; refused).
+// over ceil(M / width) token tiles)
 template <int BM, int KS = 1>
 int run_rows(const GemmNt& g, const Knobs& k, bool pdl, cudaStream_t s) {
   const int64_t w = k.width > 0 && k.width < g.m ? k.width : g.m;
   if (w <= 16) return run_width<16, BM, KS>(g, k, pdl, s);
   if (w <= 32) return run_width<32, BM, KS>(g, k, pdl, s);
   if (w <= 64) return run_width<64, BM, KS>(g, k, pdl, s);
-  if constexpr (KS == 4) {
-    return DSX_EINVAL;
-  } else {
-    return run_width<128, BM, KS>(g, k, pdl, s);
-  }
-}
-
-// The K halves with the token halves on two warpgroups each (four consumer warpgroups): one token tile of
-// all of M, 33..128 tokens (64 or 128 a tile); fewer refused (a warpgroup's wgmma at least 32 wide)
-int run_halves_th(const GemmNt& g, const Knobs& k, bool pdl, cudaStream_t s) {
-  if (g.m <= 32) return DSX_EINVAL;
-  if (g.m <= 64) return run_width<64, 64, 2, 2>(g, k, pdl, s);
-  return run_width<128, 64, 2, 2>(g, k, pdl, s);
+  return run_width<128, BM, KS>(g, k, pdl, s);
 }
 
 // Weight rows per CTA when not forced: 64 (two or three CTAs a SM, each with its own pipeline) when
@@ -995,8 +943,7 @@ bool small_supported(const GemmNt& g) {
 // size, 0 automatic), bits 4..7 the stage count (20..23: 0 automatic = 8, else 2..12, clamped to what
 // shared memory holds and to what the partial tile needs), bits 8..9 the weight rows per CTA (8..9:
 // 0 automatic, 1: 128, one CTA per SM; 2: 64, two or three CTAs per SM; 3: 64 with the K halves over two
-// consumer warpgroups, one CTA per SM, the bits of S = 2: S 0 or 1 only, K > 128; with S = 4 the K quarters
-// over four warpgroups, the bits of S = 4, K > 384, at most 64 tokens a tile), bits 10..11 the consumer
+// consumer warpgroups, one CTA per SM, the bits of S = 2: S 0 or 1 only, K > 128), bits 10..11 the consumer
 // loop's form (10..11: 0 automatic = 3, or 2 with bits 14..15 non-zero; 1: the form before; 2: stage
 // counters, wgmma descriptors in uniform registers, scales by ld.shared (kUni); 3: 2 with the scales one
 // step ahead (kAhead) where two temporaries run, else 2; with bits 14..15 non-zero refused), bits 28..29 the output path (29..30: 0 automatic = 2; 1: through the fp32
@@ -1010,8 +957,7 @@ bool small_supported(const GemmNt& g) {
 // bits 18..19 the grid order (6..7: 0 automatic = 2; 1: weight tiles adjacent, grid (S, weight
 // tiles, token tiles); 2: the token tiles of one weight tile adjacent, grid (S, token tiles, weight
 // tiles)), bits 24..27 the tokens per CTA (24..27: 0 automatic (auto_width), 1: 16, 2: 32, 3: 64, M split
-// over the grid; 4: all of M; 5: all of M as two token halves on two warpgroups of each K half, with rows 3
-// and S 0 or 1 only, 33..128 tokens: four consumer warpgroups, the bits of S = 2).
+// over the grid; 4: all of M).
 int small_run(const GemmNt& g, int knobs, bool pdl, cudaStream_t s) {
   if (!small_supported(g)) return DSX_EINVAL;
   const int splits = knobs & 15, stages = (knobs >> 4) & 15;  // algo bits 16..19 and 20..23
@@ -1019,7 +965,7 @@ int small_run(const GemmNt& g, int knobs, bool pdl, cudaStream_t s) {
   const int width_knob = (knobs >> 24) & 15, promo = (knobs >> 16) & 3, order = (knobs >> 18) & 3;
   const int out_knob = (knobs >> 28) & 3;
   // (form 3 reads the scales at its own point: with a scale-read point named, refused)
-  if (out_knob > 2 || temps_knob > 2 || width_knob > 5 || order > 2 || stages == 1 ||
+  if (out_knob > 2 || temps_knob > 2 || width_knob > 4 || order > 2 || stages == 1 ||
       stages > kMaxStages || (form_knob == 3 && scales_knob != 0)) {
     return DSX_EINVAL;
   }
@@ -1027,15 +973,9 @@ int small_run(const GemmNt& g, int knobs, bool pdl, cudaStream_t s) {
   // split, at least two K blocks, the uniform loop form (2 or 3) and the output from the registers
   // (automatic where halves_auto holds and the split count, the token width, the loop form and the output
   // path are automatic too)
-  // With rows 3 the split count names the K parts over the warpgroups instead of a cluster: 0 or 1 the halves,
-  // 4 the quarters (four consumer warpgroups, the bits of S = 4: at least four K blocks, at most 64 tokens a
-  // tile), others refused. Tokens 5: the K halves with the two token halves of all of M on two warpgroups
-  // each (four consumer warpgroups, the bits of S = 2; 33..128 tokens).
   const bool halves = rows_knob == 3 || (rows_knob == 0 && splits == 0 && width_knob == 0 && form_knob != 1 &&
                                          out_knob != 1 && halves_auto(g));
-  const bool quarters = halves && splits == 4, token_halves = width_knob == 5;
-  if (halves && ((splits > 1 && !quarters) || g.k <= kBK || form_knob == 1 || out_knob == 1)) return DSX_EINVAL;
-  if (token_halves && (!halves || quarters)) return DSX_EINVAL;
+  if (halves && (splits > 1 || g.k <= kBK || form_knob == 1 || out_knob == 1)) return DSX_EINVAL;
   const int rows = rows_knob == 1 ? 128 : rows_knob >= 2 ? 64 : auto_rows(g);
   // automatic: two temporaries where they fit (H200, same run, M = 16: 1-4% faster on the five
   // DeepSeek-V3 shapes; M = 64 at 128 rows: 4096x7168 and 7168x18432 2% faster, 7168x2048 2% slower),
@@ -1045,7 +985,7 @@ int small_run(const GemmNt& g, int knobs, bool pdl, cudaStream_t s) {
   // -> 0.52M, CUTLASS swap-AB's counts; time the same or up to 1.5% less on the M = 128 shapes)
   const bool overlap = temps_knob != 1;
   // (K halves: automatic all of M, one token tile)
-  const int width = width_knob == 0 ? (halves ? 0 : auto_width(g)) : width_knob >= 4 ? 0 : 8 << width_knob;
+  const int width = width_knob == 0 ? (halves ? 0 : auto_width(g)) : width_knob == 4 ? 0 : 8 << width_knob;
   const int l2 = promo == 0 ? 2 : promo;
   // scale products: automatic = 2, before the wgmma wait. 3 (before the next K step's issue) measured
   // within noise of it (H200, 128x4096x7168, 16x4096x7168, 16x7168x2048: one call 0.3-2% faster in 3
@@ -1060,10 +1000,7 @@ int small_run(const GemmNt& g, int knobs, bool pdl, cudaStream_t s) {
   // 64x7168x2048 7.34 / 7.78, 16x7168x2048 6.65 / 7.03, 16x4096x7168 10.92 / 11.19), each alone
   // within +0.5% of the forms before where it does not help
   const bool ahead = form_knob == 3 || (form_knob == 0 && scales_knob == 0), reg_out = out_knob != 1;
-  const Knobs k{quarters ? 0 : splits, stages, l2, width, scale_point, overlap, order != 1, form_knob != 1, ahead,
-                reg_out};
-  if (token_halves) return run_halves_th(g, k, pdl, s);
-  if (quarters) return run_rows<64, 4>(g, k, pdl, s);
+  const Knobs k{splits, stages, l2, width, scale_point, overlap, order != 1, form_knob != 1, ahead, reg_out};
   if (halves) return run_rows<64, 2>(g, k, pdl, s);
   return rows == 64 ? run_rows<64>(g, k, pdl, s) : run_rows<128>(g, k, pdl, s);
 }

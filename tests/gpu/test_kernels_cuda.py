@@ -27,10 +27,6 @@ ROWS128, ROWS64 = 1 << 8, 2 << 8
 # bits 8..9 = 3: 64 weight rows, two consumer warpgroups on the K halves (one CTA a weight tile, K >= 2 blocks): the
 # bits of S = 2
 HALVES = 3 << 8
-# with rows 3, the split count 4 (bits 16..19): the K quarters over four consumer warpgroups (the bits of S = 4, at
-# least four K blocks, at most 64 tokens a tile); tokens 5 (bits 24..27): the K halves with the two token halves of
-# all of M on two warpgroups each (four consumer warpgroups, the bits of S = 2; 33..128 tokens)
-QUARTERS, TOKEN_HALVES = HALVES | 4 << 16, 5 << 24
 TEMPS1, TEMPS2 = 1 << 12, 2 << 12
 WIDTH16, WIDTH32, WIDTH64, WIDTH_ALL = 1 << 24, 2 << 24, 3 << 24, 4 << 24
 L2_128B, L2_NONE = 2 << 4, 3 << 4  # bits 4..5: the TMA loads' L2 promotion (0 automatic, 1: 256 bytes)
@@ -266,10 +262,7 @@ def test_small_m_kernel_matches_float64_and_is_deterministic(m, n, k):
     path (from the registers at S = 1 and 2, ragged M and N; through shared memory, the form before).
     The K halves over two warpgroups of one CTA (rows 3) give bitwise the 2-CTA cluster split (S = 2), odd
     K block counts (1040: 9 blocks, the second warpgroup takes 5) and every stage count (odd ones rounded
-    down to even) included; so do the K halves with the token halves on two warpgroups each (tokens 5, more
-    than 32 tokens; refused at fewer), and the K quarters over four warpgroups give the 4-CTA split (S = 4:
-    9 blocks as 2, 2, 2, 3; stage counts rounded to multiples of 4, at least 8; refused at more than 64
-    tokens a tile)."""
+    down to even) included."""
     rng = np.random.default_rng(m * 3 + n + k)
     a, sa, b, sb = make_gemm(rng, m, n, k)
     kb = K.cdiv(k, 128)
@@ -317,48 +310,10 @@ def test_small_m_kernel_matches_float64_and_is_deterministic(m, n, k):
             got = cuda.gemm_fp8_nt(a, sa, b, sb, algo=SMALL | HALVES | knobs)
             assert np.array_equal(got.view(np.uint16), s2.view(np.uint16)), f"K halves: knobs {knobs:#x}"
         assert_gemm_close(got, a, sa, b, sb, f"small K halves {(m, n, k)}")
-        if m > 32:  # the token halves on two warpgroups of each K half: the bits of the K halves
-            for knobs in (0, TEMPS1, TEMPS2, FORM_UNI, FORM_AHEAD, 4 * STAGES, 7 * STAGES, 12 * STAGES,
-                          SCALES_LATE | TEMPS1, L2_NONE, 1 << 28):
-                got = cuda.gemm_fp8_nt(a, sa, b, sb, algo=SMALL | HALVES | TOKEN_HALVES | knobs)
-                assert np.array_equal(got.view(np.uint16), s2.view(np.uint16)), f"token halves: knobs {knobs:#x}"
-        else:
-            with pytest.raises(DsxError, match="invalid"):
-                cuda.gemm_fp8_nt(a, sa, b, sb, algo=SMALL | HALVES | TOKEN_HALVES)
-    if kb >= 4:  # the K quarters over four warpgroups: the bits of the 4-CTA cluster split
-        s4 = cuda.gemm_fp8_nt(a, sa, b, sb, algo=SMALL | ROWS128 | 4 << 16)
-        for knobs in (0, TEMPS1, TEMPS2, WIDTH16, WIDTH32 | TEMPS2, WIDTH64, WIDTH64 | TEMPS1, FORM_UNI,
-                      FORM_AHEAD | WIDTH32, 2 * STAGES, 5 * STAGES, 12 * STAGES | WIDTH16, SCALES_LATE | TEMPS1,
-                      WEIGHT_MAJOR | WIDTH16, 1 << 28):
-            if m > 64 and not knobs & (3 << 24):  # (more than 64 tokens a tile: refused)
-                with pytest.raises(DsxError, match="invalid"):
-                    cuda.gemm_fp8_nt(a, sa, b, sb, algo=SMALL | QUARTERS | knobs)
-                continue
-            got = cuda.gemm_fp8_nt(a, sa, b, sb, algo=SMALL | QUARTERS | knobs)
-            assert np.array_equal(got.view(np.uint16), s4.view(np.uint16)), f"K quarters: knobs {knobs:#x}"
-        assert_gemm_close(got, a, sa, b, sb, f"small K quarters {(m, n, k)}")
     if kb < 8:
         for rows in (ROWS128, ROWS64):
             with pytest.raises(DsxError, match="invalid"):
                 cuda.gemm_fp8_nt(a, sa, b, sb, algo=SMALL | rows | (kb + 1) << 16)
-
-
-@pytest.mark.parametrize("m,k", [(33, 1024), (64, 2048), (65, 2048), (100, 3200), (128, 2048), (128, 4080)])
-def test_small_m_kernel_four_warpgroups_keep_the_cluster_split_bits(m, k):
-    """On N = 7168 (the K halves' shapes; ragged M 33, 65, 100; K 1024..4095, 4080: 32 blocks, 3200: 25, odd
-    halves and uneven quarters): the token halves over the K halves give bitwise the 2-CTA cluster split, the K
-    quarters (at most 64 tokens) the 4-CTA one, with one and two wgmma temporaries."""
-    rng = np.random.default_rng(m * 5 + k)
-    a, sa, b, sb = make_gemm(rng, m, 7168, k)
-    s2 = cuda.gemm_fp8_nt(a, sa, b, sb, algo=SMALL | ROWS128 | 2 << 16)
-    for knobs in (TOKEN_HALVES, TOKEN_HALVES | TEMPS1, TOKEN_HALVES | 1 << 28):
-        got = cuda.gemm_fp8_nt(a, sa, b, sb, algo=SMALL | HALVES | knobs)
-        assert np.array_equal(got.view(np.uint16), s2.view(np.uint16)), f"token halves {knobs:#x} {(m, k)}"
-    assert_gemm_close(got, a, sa, b, sb, f"token halves {(m, k)}")
-    s4 = cuda.gemm_fp8_nt(a, sa, b, sb, algo=SMALL | ROWS128 | 4 << 16)
-    for knobs in (0, TEMPS1, 1 << 28) if m <= 64 else (WIDTH64, WIDTH32 | TEMPS2):
-        got = cuda.gemm_fp8_nt(a, sa, b, sb, algo=SMALL | QUARTERS | knobs)
-        assert np.array_equal(got.view(np.uint16), s4.view(np.uint16)), f"K quarters {knobs:#x} {(m, k)}"
 
 
 def test_small_m_kernel_rejects_what_it_cannot_take():
@@ -372,22 +327,9 @@ def test_small_m_kernel_rejects_what_it_cannot_take():
     for bad in (SMALL | HALVES | 2 << 16, SMALL | HALVES | FORM_OLD, SMALL | HALVES | OUT_SMEM):
         with pytest.raises(DsxError, match="invalid"):
             cuda.gemm_fp8_nt(a, sa, b, sb, algo=bad)
-    # the K parts as split counts 0, 1 (halves) and 4 (quarters) only; the token halves with the K halves only, on
-    # more than 32 tokens; at most 64 tokens a tile in the quarters
-    for bad in (SMALL | HALVES | 3 << 16, SMALL | HALVES | 8 << 16, SMALL | QUARTERS | TOKEN_HALVES,
-                SMALL | ROWS64 | TOKEN_HALVES, SMALL | TOKEN_HALVES, SMALL | HALVES | TOKEN_HALVES, SMALL | 6 << 24):
-        with pytest.raises(DsxError, match="invalid"):
-            cuda.gemm_fp8_nt(a, sa, b, sb, algo=bad)
-    a3, sa3, b3, sb3 = make_gemm(rng, 100, 256, 1024)
-    for bad in (SMALL | QUARTERS, SMALL | QUARTERS | WIDTH_ALL, SMALL | ROWS64 | TOKEN_HALVES):
-        with pytest.raises(DsxError, match="invalid"):
-            cuda.gemm_fp8_nt(a3, sa3, b3, sb3, algo=bad)
     a1, sa1, b1, sb1 = make_gemm(rng, 16, 256, 128)
     with pytest.raises(DsxError, match="invalid"):
         cuda.gemm_fp8_nt(a1, sa1, b1, sb1, algo=SMALL | HALVES)
-    a1, sa1, b1, sb1 = make_gemm(rng, 16, 256, 384)  # three K blocks: no K quarters
-    with pytest.raises(DsxError, match="invalid"):
-        cuda.gemm_fp8_nt(a1, sa1, b1, sb1, algo=SMALL | QUARTERS)
     with pytest.raises(DsxError, match="invalid"):  # at most two temporaries
         cuda.gemm_fp8_nt(a, sa, b, sb, algo=SMALL | 3 << 12)
     with pytest.raises(DsxError, match="invalid"):  # token widths 16, 32, 64, all
