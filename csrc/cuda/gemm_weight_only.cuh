@@ -424,10 +424,12 @@ __device__ __forceinline__ void stage_x_steps(uint16_t* buf, int ld, const uint1
 }
 
 // A warp's accumulator tile (MT x 8 rows x 16 channels: row 8 t + 2 c + (i & 1), channel g + 8 (i >> 1)
-// of acc[t][i]) into the fp32 partial tile part [m][width] from column col0; with SCALE (per-channel
-// weights: group scales were applied in the loop) times the bf16 scales of channels n0 + g, n0 + g + 8.
+// of acc[t][i]) into the fp32 partial tile part [m][rs] (rows rs floats apart: gemm_weight_only.cu's
+// kernels pass the tile's width, the warp-specialized one width + 4) from column col0; with SCALE
+// (per-channel weights: group scales were applied in the loop) times the bf16 scales of channels
+// n0 + g, n0 + g + 8.
 template <int MT, bool SCALE>
-__device__ __forceinline__ void put_partial(float* part, int width, int col0, const float (&acc)[MT][4],
+__device__ __forceinline__ void put_partial(float* part, int rs, int col0, const float (&acc)[MT][4],
                                             const uint16_t* scale, int n0, int m, int g, int c) {
   float s_lo = 1.f, s_hi = 1.f;
   if (SCALE) {
@@ -439,7 +441,7 @@ __device__ __forceinline__ void put_partial(float* part, int width, int col0, co
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int tok = 8 * t + 2 * c + (i & 1), ch = col0 + g + 8 * (i >> 1);
-      if (tok < m) part[tok * width + ch] = SCALE ? acc[t][i] * (i < 2 ? s_lo : s_hi) : acc[t][i];
+      if (tok < m) part[tok * rs + ch] = SCALE ? acc[t][i] * (i < 2 ? s_lo : s_hi) : acc[t][i];
     }
 }
 

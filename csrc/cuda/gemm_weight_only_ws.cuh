@@ -48,9 +48,15 @@
 // 36864 x 7168 M = 16 / 12 / 9 64.35 / 62.15 / 55.07 against 63.23 / 61.47 / 54.66 us (interleaved,
 // same run), 7168 x 18432 ties: so the fast slices' wait is not the critical path (the slowest
 // slice's own serial work, loop + sum + barriers, seems to be). Kept (wo16): the DSMEM sum four
-// elements at a time (below). Not tried yet: put_partial without its 4-way store conflicts (a
-// padded row stride: 512 B more at M = 16, which should still leave 2 blocks an SM), x staged step by
-// step.
+// elements at a time (below).
+// wo17 (2026-12-01): the two items the profile left. (1) The partial tile's rows are
+// ws_part_stride = width + 4 floats apart (put_partial's quad lanes 8 banks apart: conflict-free;
+// 16 B a row more, 256 B at M = 16: 111744 -> 112000 B for the M = 16 instance, still 2 blocks an
+// SM; the automatic choices at 1..16 rows on the six DeepSeek-V3 shapes and every layout unchanged,
+// host probe on the H200). (2) x committed in four cp.async groups in ring-slot order, the first
+// tile group waiting for a slot's group just before it reads it, instead of the whole slice before
+// the first step. Same bits. Registers (ptxas, no spills) within -6 .. +5 of the kernel before
+// (<4, 2, 0, 2>: 95 -> 93; the launch bounds hold the blocks an SM). WO17_RESULT
 #pragma once
 
 namespace {
@@ -64,6 +70,14 @@ __host__ __device__ constexpr int ws_scale_row(int ct) { return 16 + 32 * kMaxWa
 __host__ __device__ constexpr int ws_slot_bytes(int gmode, int box, int tiles, int ct) {
   return (box * (tiles * kWBytes + (gmode ? 2 * ws_scale_row(ct) : 0)) + 127) / 128 * 128;
 }
+// The partial tile's row stride in floats: the tile's width (16 * tiles) + 4. put_partial's lanes c
+// of a quad write rows 2c, 2c + 1: with a stride of a multiple of 32 words those are 4-way bank
+// conflicts; + 4 puts 8 words of bank offset between the rows 2 apart (conflict-free), and keeps
+// rows 16-byte aligned for the float4 reads of the cluster sum.
+__host__ __device__ constexpr int ws_part_stride(int tiles) { return 16 * tiles + 4; }
+// x is committed in kWsXGroups cp.async groups in step order: slot f's steps (f < kWsXGroups - 1)
+// one group each, the rest of the slice the last one.
+constexpr int kWsXGroups = 4;
 // full[stages] then empty[stages] mbarriers.
 __host__ __device__ constexpr int ws_barrier_bytes(int stages) { return (2 * stages * 8 + 127) / 128 * 128; }
 
@@ -72,6 +86,14 @@ __device__ __forceinline__ void ws_mbar_arrive(uint32_t bar) {
 }
 __device__ __forceinline__ void ws_consumer_sync(int threads) {  // the consumer warps only (named barrier 1)
   asm volatile("bar.sync 1, %0;" ::"r"(threads) : "memory");
+}
+// cp.async.wait_group n with n a run-time value, 0 <= n < kWsXGroups (wait_group takes a constant).
+__device__ __forceinline__ void ws_cp_async_wait(int n) {
+  static_assert(kWsXGroups == 4, "one case per depth");
+  if (n <= 0) dsx_wo::cp_async_wait<0>();
+  else if (n == 1) dsx_wo::cp_async_wait<1>();
+  else if (n == 2) dsx_wo::cp_async_wait<2>();
+  else dsx_wo::cp_async_wait<3>();
 }
 __device__ __forceinline__ void ws_cluster_sync_release() {
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
@@ -205,14 +227,24 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? (MT == 1 ? 2 :
            static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(b + 16)) << 16;
   };
   // x: the block's whole K slice, staged once (ws_choose requires that it fits), pieces permuted
-  // as in the existing path (gemm_weight_only.cuh).
+  // as in the existing path (gemm_weight_only.cuh), issued all at once but committed in
+  // kWsXGroups cp.async groups in step order (ring slot by ring slot: slots 0, 1, 2 one group each,
+  // the rest of the slice the fourth; empty groups where the slice has fewer slots); the first tile
+  // group waits for a slot's group (wait_group of the right depth + a consumer barrier) just
+  // before it reads that slot, so the first steps need not wait for the whole slice (later tile
+  // groups find it all there). The same values at the same places: the same bits.
   {
     dsx_wo::pdl_wait();  // x may come from the previous kernel (the producer does not read it)
+    for (int gi = 0; gi < kWsXGroups; ++gi) {
+      const int a = min(nloc, gi * box), b = gi + 1 < kWsXGroups ? min(nloc, (gi + 1) * box) : nloc;
 #ifndef DSX_WO_DIAG_NOX  // (diagnostic builds: x not staged, wrong results)
-    dsx_wo::stage_x_steps<BITS>(xbuf, ld, p.x, p.m, p.k, s_begin, nloc, threadIdx.x, cthreads);
+      if (b > a) {
+        dsx_wo::stage_x_steps<BITS>(xbuf + a * kStepK, ld, p.x, p.m, p.k, s_begin + a, b - a, threadIdx.x, cthreads);
+        continue;
+      }
 #endif
-    dsx_wo::cp_async_wait<0>();
-    ws_consumer_sync(cthreads);
+      dsx_wo::cp_async_commit();  // (an empty group: the depths stay those of the slots)
+    }
   }
   int xo[MT];
 #pragma unroll
@@ -232,7 +264,12 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? (MT == 1 ? 2 :
 #pragma unroll
       for (int t = 0; t < MT; ++t) acc[q][t][0] = acc[q][t][1] = acc[q][t][2] = acc[q][t][3] = 0.f;
     // Slot by slot (a group's slots start at s_begin + a multiple of box, as the producer fills them).
-    for (int first = s_begin; first < s_end; first += box) {
+    // The first tile group waits for each slot's x group (uniform over the consumer warps).
+    for (int first = s_begin, xg = o == 0 ? 0 : kWsXGroups; first < s_end; first += box) {
+      if (xg < kWsXGroups) {
+        ws_cp_async_wait(kWsXGroups - 1 - xg++);
+        ws_consumer_sync(cthreads);
+      }
       dsx_wo::mbar_wait(full0 + 8 * slot, parity);
       const int slot_len = min(box, s_end - first);
       if (active) {
@@ -316,17 +353,17 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? (MT == 1 ? 2 :
     if (o + 1 == my_groups) dsx_wo::pdl_launch_dependents();
 
     float* part = part_of();
-    const int width = 16 * tiles, total = p.m * width;
+    const int width = 16 * tiles, total = p.m * width, rs = ws_part_stride(tiles);  // (rows rs floats apart)
     if (active) {
 #pragma unroll
       for (int q = 0; q < CT; ++q)
-        dsx_wo::put_partial<MT, GMODE == 0>(part, width, (CT * warp + q) * 16, acc[q], p.scale, n0 + 16 * q, p.m, g, c);
+        dsx_wo::put_partial<MT, GMODE == 0>(part, rs, (CT * warp + q) * 16, acc[q], p.scale, n0 + 16 * q, p.m, g, c);
     }
     if (splits == 1) {
       ws_consumer_sync(cthreads);
       for (int e = threadIdx.x; e < total; e += cthreads) {
-        const int tok = e / width, n = n_blk + (e - tok * width);
-        if (n < p.n) p.out[static_cast<int64_t>(tok) * p.n + n] = dsx_wo::f32_to_bf16_rne(part[e]);
+        const int tok = e / width, col = e - tok * width, n = n_blk + col;
+        if (n < p.n) p.out[static_cast<int64_t>(tok) * p.n + n] = dsx_wo::f32_to_bf16_rne(part[tok * rs + col]);
       }
       ws_consumer_sync(cthreads);
       continue;
@@ -354,13 +391,14 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? (MT == 1 ? 2 :
     const int e0 = static_cast<int>(static_cast<int64_t>(quads) * rank / splits);
     const int e1 = static_cast<int>(static_cast<int64_t>(quads) * (rank + 1) / splits);
     for (int e = e0 + threadIdx.x; e < e1; e += cthreads) {
-      const int tok = 4 * e / width, n = n_blk + (4 * e - tok * width);
+      const int tok = 4 * e / width, col = 4 * e - tok * width, n = n_blk + col;
       if (n >= p.n) continue;
-      float4 v = src[0][e];
+      const int at = (tok * rs + col) / 4;  // (rs % 4 == 0)
+      float4 v = src[0][at];
 #pragma unroll
       for (int r = 1; r < kMaxSplits; ++r)
         if (r < splits) {  // slice order: deterministic
-          const float4 w = src[r][e];
+          const float4 w = src[r][at];
           v.x += w.x, v.y += w.y, v.z += w.z, v.w += w.w;
         }
       uint16_t* o = p.out + static_cast<int64_t>(tok) * p.n + n;
@@ -370,6 +408,7 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? (MT == 1 ? 2 :
     dsx_wo::cluster_arrive_relaxed();
     dsx_wo::cluster_wait();
   }
+  dsx_wo::cp_async_wait<0>();  // (a block without tile groups, or with fewer slots than x groups: none left in flight)
 }
 
 // ------------------------------------------------------------------ host side (bit 28)
@@ -416,9 +455,11 @@ int ws_choose(int rows, int64_t n, int64_t k, int bits, int group, int algo, int
   const bool auto_chunk = ((algo >> 8) & 255) == 0;
   if (auto_chunk) cfg->chunk = per_split;
   if (cfg->chunk < per_split) return DSX_EINVAL;
-  // (smem_bytes with `tiles` warps and no ring: x whole and the partial tile of 16 * tiles channels)
+  // (smem_bytes with `tiles` warps and no ring: x whole and the partial tile of 16 * tiles channels;
+  // plus the partial tile's row padding, ws_part_stride: 16 bytes a row)
   const int64_t smem = ws_barrier_bytes(cfg->stages) + int64_t(cfg->stages) * ws_slot_bytes(gmode, cfg->box, tiles, cfg->ct) +
-                       smem_bytes(rows, bits, gmode, tiles, 0, cfg->box, cfg->chunk, per_split);
+                       smem_bytes(rows, bits, gmode, tiles, 0, cfg->box, cfg->chunk, per_split) +
+                       int64_t(rows) * (ws_part_stride(tiles) - 16 * tiles) * 4;
   if (smem > kSmemPerBlock) return auto_chunk && (algo & 0xFF0000) == 0 ? kWsNoFit : DSX_EINVAL;
   cfg->smem = static_cast<int>(smem);
   return DSX_OK;

@@ -79,6 +79,30 @@ def test_persistent_blocks_many_tile_groups(bits, group, m):
             assert same(run_raw(x, q, s, bits, group, algo | PDL), ref), f"algo {algo:#x}: PDL differs"
 
 
+@pytest.mark.parametrize("tiles", [1, 2])
+def test_x_groups_read_fresh_every_launch(tiles):
+    """x is committed in 4 cp.async groups in step order (ring slot by ring slot) and the first tile
+    group waits for a slot's group just before it reads that slot (gemm_weight_only_ws.cuh). Two
+    inputs alternate through launches of the same configuration (the same shared-memory layout on
+    every SM; at 1 split every block stages the same K slice), so a slot read before its group
+    landed would see the other input's values left there by the launch before: each output must
+    have the existing path's bits for its own x. K = 2048 / 7168: 16 / 56 steps, slices of 16 / 14
+    steps in slots of 2 (the last group several slots), and of 1 step (slot 3's group the rest)."""
+    two = 1 << 29 if tiles == 2 else 0
+    m = 16
+    for n, k, splits in ((4096, 2048, 1), (2048, 7168, 4)):
+        xs = [make(m, n, k, 4, -1, seed=s) for s in (31, 32)]
+        _, q, sc, wd = xs[0]  # (x of the second, the weights of the first)
+        refs = [run_raw(x, q, sc, 4, -1, word(8, splits, 0, 0, 0)) for x, *_ in xs]
+        for i in range(2):
+            check_bound(refs[i], xs[i][0], wd, f"existing {n}x{k} x{i}")
+        for stages, box in ((2, 2), (4, 1)):
+            algo = word(8, splits, 0, stages, box) | WS | two
+            for rnd in range(3):
+                for i, (x, *_) in enumerate(xs):
+                    assert same(run_raw(x, q, sc, 4, -1, algo), refs[i]), f"{n}x{k} algo {algo:#x} x{i} round {rnd}"
+
+
 def ws_config(m, n, k, bits, group, algo):
     """(warps, splits, chunk, stages, box) of the C config entry (any algo word, bit 28 too)."""
     v = [ctypes.c_int() for _ in range(5)]
