@@ -55,8 +55,18 @@
 // SM; the automatic choices at 1..16 rows on the six DeepSeek-V3 shapes and every layout unchanged,
 // host probe on the H200). (2) x committed in four cp.async groups in ring-slot order, the first
 // tile group waiting for a slot's group just before it reads it, instead of the whole slice before
-// the first step. Same bits. Registers (ptxas, no spills) within -6 .. +5 of the kernel before
-// (<4, 2, 0, 2>: 95 -> 93; the launch bounds hold the blocks an SM). WO17_RESULT
+// the first step. Same bits. Registers (ptxas, no spills) within -7 .. +4 of the kernel before
+// (<4, 2, 0, 2>: 95 -> 93; none crosses its launch bounds' blocks an SM). Measured both together
+// (H200, bench/wo_with_lib.py new.so bench/gpu_gemm_weight_only.py --ab w3s1d1b1 --alt-lib old.so
+// --ab-rounds 8, interleaved in one call, us, before -> wo17, torch): 36864 x 7168 M = 9 / 12 / 16
+// 54.05 / 62.17 / 63.72 -> 53.90 / 61.03 / 62.73 (-0.3 / -1.8 / -1.6%; torch 139.5: 2.22x at 16);
+// 7168 x 18432 31.57 / 32.41 / 33.69 -> 30.84 / 31.84 / 33.09 (-2.3 / -1.8 / -1.8%); but 2048 x 7168
+// (one tile a warp, 128 blocks, one round: a single tile group a block) 10.71 / 11.09 / 11.63 ->
+// 10.78 / 11.21 / 12.06 (+0.7 / +1.1 / +3.7%). The two changes were not timed apart (one call):
+// -DDSX_WO_DIAG_XWHOLE builds the x wait as before for that. A hint that (2) buys little: with
+// the x wait removed altogether (a planted fault) the outputs were still right in the test that
+// alternates inputs, which suggests x from L2 lands before the ring's first weights; the first
+// group's 4 consumer barriers may be what 2048 x 7168 pays.
 #pragma once
 
 namespace {
@@ -245,6 +255,10 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? (MT == 1 ? 2 :
 #endif
       dsx_wo::cp_async_commit();  // (an empty group: the depths stay those of the slots)
     }
+#ifdef DSX_WO_DIAG_XWHOLE  // (diagnostic builds: the whole slice waited for before the first step, as
+    dsx_wo::cp_async_wait<0>();  // before wo17; same bits: to time the x groups apart from the rest)
+    ws_consumer_sync(cthreads);
+#endif
   }
   int xo[MT];
 #pragma unroll
@@ -265,7 +279,11 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? (MT == 1 ? 2 :
       for (int t = 0; t < MT; ++t) acc[q][t][0] = acc[q][t][1] = acc[q][t][2] = acc[q][t][3] = 0.f;
     // Slot by slot (a group's slots start at s_begin + a multiple of box, as the producer fills them).
     // The first tile group waits for each slot's x group (uniform over the consumer warps).
+#ifndef DSX_WO_DIAG_XWHOLE
     for (int first = s_begin, xg = o == 0 ? 0 : kWsXGroups; first < s_end; first += box) {
+#else
+    for (int first = s_begin, xg = kWsXGroups; first < s_end; first += box) {
+#endif
       if (xg < kWsXGroups) {
         ws_cp_async_wait(kWsXGroups - 1 - xg++);
         ws_consumer_sync(cthreads);

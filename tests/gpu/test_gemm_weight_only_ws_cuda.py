@@ -87,7 +87,10 @@ def test_x_groups_read_fresh_every_launch(tiles):
     every SM; at 1 split every block stages the same K slice), so a slot read before its group
     landed would see the other input's values left there by the launch before: each output must
     have the existing path's bits for its own x. K = 2048 / 7168: 16 / 56 steps, slices of 16 / 14
-    steps in slots of 2 (the last group several slots), and of 1 step (slot 3's group the rest)."""
+    steps in slots of 2 (the last group several slots), and of 1 step (slot 3's group the rest).
+    Limit (wo17, H200): this passed on two planted faults as well (no x wait at all; each slot
+    waiting for the group before its own), the x copies from L2 landing before the ring's first
+    weights do; so it guards the x layout and bits across launches, not the wait's timing."""
     two = 1 << 29 if tiles == 2 else 0
     m = 16
     for n, k, splits in ((4096, 2048, 1), (2048, 7168, 4)):
