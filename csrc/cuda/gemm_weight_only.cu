@@ -47,6 +47,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <type_traits>
 
 #include "dsx.h"
 #include "gemm_weight_only.cuh"

@@ -50,7 +50,9 @@
 // slice's own serial work, loop + sum + barriers, seems to be). Kept (wo16): the DSMEM sum four
 // elements at a time (below). Not tried yet: put_partial without its 4-way store conflicts (a
 // padded row stride: 512 B more at M = 16, which should still leave 2 blocks an SM), x staged step by
-// step.
+// step. Fourteenth session: at 4 and 8 splits the sum is now pushed instead (PUSH, ws_push below: each
+// block st.async's its pieces to the owner of their tiles, no cluster barrier, no GPU-scope fence, no
+// remote loads): 36864 x 7168 M = 16 63.37 -> 58.47 us, M = 8 49.22 -> 45.22.
 #pragma once
 
 namespace {
@@ -64,7 +66,9 @@ __host__ __device__ constexpr int ws_scale_row(int ct) { return 16 + 32 * kMaxWa
 __host__ __device__ constexpr int ws_slot_bytes(int gmode, int box, int tiles, int ct) {
   return (box * (tiles * kWBytes + (gmode ? 2 * ws_scale_row(ct) : 0)) + 127) / 128 * 128;
 }
-// full[stages] then empty[stages] mbarriers.
+// full[stages] then empty[stages] mbarriers; a kernel that pushes its cluster sum (PUSH) has two more
+// in the padding after them (ws_push: only where they fit): recv (this block's pieces of a tile group
+// have landed) and send (every block of the cluster has read the pieces this one sent it).
 __host__ __device__ constexpr int ws_barrier_bytes(int stages) { return (2 * stages * 8 + 127) / 128 * 128; }
 
 __device__ __forceinline__ void ws_mbar_arrive(uint32_t bar) {
@@ -76,11 +80,32 @@ __device__ __forceinline__ void ws_consumer_sync(int threads) {  // the consumer
 __device__ __forceinline__ void ws_cluster_sync_release() {
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
+// The address of this CTA's shared-memory byte `addr` in CTA `rank` of the cluster.
+__device__ __forceinline__ uint32_t ws_mapa(uint32_t addr, int rank) {
+  uint32_t r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(rank));
+  return r;
+}
+// Two floats into another CTA's shared memory, their 8 bytes completing on that CTA's barrier
+// (no fence, no wait: the sender goes on at once).
+__device__ __forceinline__ void ws_st_async2(uint32_t raddr, float a, float b, uint32_t rbar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];" ::"r"(raddr),
+               "f"(a), "f"(b), "r"(rbar)
+               : "memory");
+}
+__device__ __forceinline__ void ws_st_shared2(uint32_t addr, float a, float b) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(addr), "f"(a), "f"(b) : "memory");
+}
+// One arrival on the barrier at shared byte `bar` of CTA `rank` (default semantics, as
+// sm90::mbar_arrive_rank: the .release.cluster form would compile to a GPU-scope fence).
+__device__ __forceinline__ void ws_arrive_rank(uint32_t bar, int rank) {
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(ws_mapa(bar, rank)) : "memory");
+}
 
 // The block's tensor maps (Params::wmap: `box` steps x all tiles' rows; wmap1: one step).
 // CT: 16-channel tiles a consumer warp owns (2, 4: algo bits 29..30; warp w owns tiles CT w .. CT w +
 // CT - 1, contiguous channels; one x load feeds the mma of all of them: step_q_tiles).
-template <int BITS, int MT, int GMODE, int CT = 1>
+template <int BITS, int MT, int GMODE, int CT = 1, bool PUSH = false>
 __global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? (MT == 1 ? 2 : 1) : CT == 2 || (MT == 2 && GMODE == 2) ? 2 : 3)
     wo_gemm_ws_kernel(const __grid_constant__ Params p) {
   extern __shared__ __align__(128) uint8_t smem[];
@@ -105,6 +130,14 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? (MT == 1 ? 2 :
 
   // Shared memory: [full, empty barriers][ring][x slice][partial tile].
   const uint32_t full0 = dsx_wo::smem_addr(smem), empty0 = full0 + 8 * nst;
+  // (computed where used, from kernel parameters: no register held through the step loop)
+  auto recv_bar = [&]() { return dsx_wo::smem_addr(smem) + 16 * p.stages; };
+  auto send_bar = [&]() { return dsx_wo::smem_addr(smem) + 16 * p.stages + 8; };
+  // PUSH: the cluster's sum of a tile group is pushed (the host takes it where the block's tiles
+  // divide by splits, ws_push): 16-channel tile v of the group is summed by block v / (tiles /
+  // splits); each block sends its pieces there (st.async, completing on the owner's recv barrier)
+  // and sums only what it owns. Otherwise pulled (below). (A template argument, not a runtime
+  // branch: with both sums in one kernel the pulled instances lost 1-2%, register allocation.)
   const uint8_t* ring = smem + ws_barrier_bytes(nst);
   uint16_t* xbuf = reinterpret_cast<uint16_t*>(smem + ws_barrier_bytes(nst) + nst * slot_sz);
   auto part_of = [&]() {
@@ -120,9 +153,16 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? (MT == 1 ? 2 :
       dsx_wo::mbar_init(full0 + 8 * i, 1);
       dsx_wo::mbar_init(empty0 + 8 * i, nwarps);
     }
+    if constexpr (PUSH) {
+      dsx_wo::mbar_init(recv_bar(), 1);
+      dsx_wo::mbar_init(send_bar(), splits);
+    }
   }
   dsx_wo::fence_barrier_init();
   __syncthreads();
+  // (pushed sum: no block writes into a peer before the peer's barriers are initialized; waited on
+  // just before the first send)
+  if constexpr (PUSH) dsx_wo::cluster_arrive_relaxed();
 
   // Tile groups of this block: blockIdx.y, + gridDim.y, ... (every block of a cluster the same).
   const int my_groups = static_cast<int>(blockIdx.y) < p.groups ? (p.groups - 1 - blockIdx.y) / ustride + 1 : 0;
@@ -132,7 +172,7 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? (MT == 1 ? 2 :
     int joined = 0;                          // tile groups whose cluster barriers this warp has passed
     auto join = [&]() {                      // the two cluster barriers of one group's reduction
 #if !defined(DSX_WO_DIAG_NORED) || DSX_WO_DIAG_NORED < 2
-      if (splits > 1) {
+      if (splits > 1 && !PUSH) {
         ws_cluster_sync_release();
         dsx_wo::cluster_arrive_relaxed();
         dsx_wo::cluster_wait();
@@ -152,7 +192,8 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? (MT == 1 ? 2 :
           if (f >= nst) {
             // The slot was last filled by fill f - nst: its consumption may need the consumers to
             // have passed the reductions of the groups before that fill's group.
-            while (joined < (f - nst) / fpg) join();
+            if (!PUSH)
+              while (joined < (f - nst) / fpg) join();
             dsx_wo::mbar_wait(empty0 + 8 * slot, static_cast<uint32_t>((f / nst - 1) & 1));
           }
           if (lane == 0) {
@@ -190,7 +231,10 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? (MT == 1 ? 2 :
         }
       }
     }
-    while (joined < my_groups) join();
+    if constexpr (PUSH)
+      dsx_wo::cluster_wait();
+    else
+      while (joined < my_groups) join();
     return;
   }
 
@@ -317,6 +361,84 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? (MT == 1 ? 2 :
 
     float* part = part_of();
     const int width = 16 * tiles, total = p.m * width;
+    if constexpr (PUSH) {
+      // Pushed sum. The owner's partial-tile room holds one piece a slice, in slice order: piece r
+      // = [owned tiles][rows][16 channels] fp32 from block r, each row's four 4-channel quads
+      // swizzled (quad ^ 2 on rows 2, 3 mod 4) so that neither the senders' 8-byte stores nor the
+      // owner's 16-byte loads meet bank conflicts. The values are put_partial's (scaled where it
+      // scales) and each element's sum runs in slice order: the bits of the pulled sum.
+      // (rows, rank, split made opaque here: what is computed from them stays in this section instead of
+      // being hoisted out of the group loop into registers held through the step loop; it spilled)
+      int rows = p.m, me = rank, sp = splits, ln = lane;
+      asm volatile("" : "+r"(rows), "+r"(me), "+r"(sp), "+r"(ln));
+      const int g = ln >> 2, c = ln & 3;
+      const int owned = tiles / sp, blk = owned * rows * 16;
+      const uint32_t recv = dsx_wo::smem_addr(part);
+      if (o == 0)
+        dsx_wo::cluster_wait();  // (the start's arrive: every peer's barriers are initialized)
+      else
+        dsx_wo::mbar_wait(send_bar(), static_cast<uint32_t>((o - 1) & 1));  // peers done with group o - 1
+      const bool odd = g & 1;
+      const int chb = g & ~1;
+#pragma unroll
+      for (int q = 0; q < CT; ++q) {
+        const int v = CT * warp + q, dst = v / owned;
+        float s_lo = 1.f, s_hi = 1.f;
+        if (GMODE == 0 && active) {
+          s_lo = dsx_wo::bf16_bits_to_f32(__ldg(p.scale + n0 + 16 * q + g));
+          s_hi = dsx_wo::bf16_bits_to_f32(__ldg(p.scale + n0 + 16 * q + g + 8));
+        }
+        const uint32_t mine = recv + 4u * static_cast<uint32_t>(me * blk + (v - dst * owned) * rows * 16);
+        const uint32_t to = dst == me ? mine : ws_mapa(mine, dst), bar = ws_mapa(recv_bar(), dst);
+#pragma unroll
+        for (int t = 0; t < MT; ++t) {
+          // Lanes g, g ^ 1 trade values so that each holds two adjacent channels of one row:
+          // even g row 2c (channels g, g + 1 and g + 8, g + 9), odd g row 2c + 1 (g - 1, g; g + 7, g + 8).
+          const float a0 = acc[q][t][0] * s_lo, a1 = acc[q][t][1] * s_lo;
+          const float a2 = acc[q][t][2] * s_hi, a3 = acc[q][t][3] * s_hi;
+          const float r0 = __shfl_xor_sync(0xffffffffu, odd ? a0 : a1, 4);
+          const float r2 = __shfl_xor_sync(0xffffffffu, odd ? a2 : a3, 4);
+          const int tok = 8 * t + 2 * c + (odd ? 1 : 0);
+          if (tok < rows) {
+            const int sw = tok & 2;
+            const uint32_t lo = to + 4u * (tok * 16 + 4 * ((chb >> 2) ^ sw) + (chb & 2));
+            const uint32_t hi = to + 4u * (tok * 16 + 4 * (((chb + 8) >> 2) ^ sw) + (chb & 2));
+            if (dst == me) {
+              ws_st_shared2(lo, odd ? r0 : a0, odd ? a1 : r0);
+              ws_st_shared2(hi, odd ? r2 : a2, odd ? a3 : r2);
+            } else {
+              ws_st_async2(lo, odd ? r0 : a0, odd ? a1 : r0, bar);
+              ws_st_async2(hi, odd ? r2 : a2, odd ? a3 : r2, bar);
+            }
+          }
+        }
+      }
+      ws_consumer_sync(cthreads);  // this block's own piece is written
+      if (threadIdx.x == 0) dsx_wo::mbar_arrive_expect_tx(recv_bar(), static_cast<uint32_t>((sp - 1) * blk * 4));
+      dsx_wo::mbar_wait(recv_bar(), static_cast<uint32_t>(o & 1));  // the peers' pieces have landed
+      const int quads = owned * rows * 4;
+      for (int e = threadIdx.x; e < quads; e += cthreads) {
+        const int q4 = e & 3, row = e >> 2, lv = row / rows, tok = row - lv * rows;
+        const int n = n_blk + (me * owned + lv) * 16 + 4 * q4;
+        if (n >= p.n) continue;
+        const int off = row * 16 + 4 * (q4 ^ (tok & 2));
+        float4 s = *reinterpret_cast<const float4*>(part + off);
+#pragma unroll
+        for (int r = 1; r < kMaxSplits; ++r)
+          if (r < sp) {  // slice order: deterministic, the pulled sum's bits
+            const float4 w = *reinterpret_cast<const float4*>(part + r * blk + off);
+            s.x += w.x, s.y += w.y, s.z += w.z, s.w += w.w;
+          }
+        uint16_t* out = p.out + static_cast<int64_t>(tok) * p.n + n;
+        out[0] = dsx_wo::f32_to_bf16_rne(s.x), out[1] = dsx_wo::f32_to_bf16_rne(s.y);
+        out[2] = dsx_wo::f32_to_bf16_rne(s.z), out[3] = dsx_wo::f32_to_bf16_rne(s.w);
+      }
+      if (o + 1 < my_groups) {
+        ws_consumer_sync(cthreads);  // every read of this group's pieces is done:
+        if (static_cast<int>(threadIdx.x) < sp) ws_arrive_rank(send_bar(), threadIdx.x);  // peers may send again
+      }
+      continue;
+    }
     if (active) {
 #pragma unroll
       for (int q = 0; q < CT; ++q)
@@ -370,6 +492,7 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? (MT == 1 ? 2 :
     dsx_wo::cluster_arrive_relaxed();
     dsx_wo::cluster_wait();
   }
+  if (PUSH && my_groups == 0) dsx_wo::cluster_wait();  // (the start's arrive, never waited on above)
 }
 
 // ------------------------------------------------------------------ host side (bit 28)
@@ -588,16 +711,39 @@ bool ws_encode_map(CUtensorMap* map, const void* q, int64_t n, int64_t k, int bi
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <int BITS, int MT, int GMODE, int CT>
+template <int BITS, int MT, int GMODE, int CT, bool PUSH>
 std::atomic<int>* ws_smem_allowed() {
   static std::atomic<int> set[kMaxDevices];
   return set;
 }
 
-template <int BITS, int MT, int GMODE, int CT = 1>
+// Whether a launch pushes its cluster sum (the kernel's PUSH): the block's tiles divide by the split,
+// the split is at least 4, and the two barriers fit. Fourteenth session (H200, 2026-12-01,
+// bench/gpu_gemm_weight_only.py --ab, auto interleaved with HEAD's kernel built alone (--alt-lib) and
+// torch, us, pulled -> pushed): 36864 x 7168 M = 1 / 8 / 9 / 12 / 16 45.59 / 49.22 / 54.66 / 61.66 /
+// 63.37 -> 43.91 / 45.22 / 52.66 / 57.33 / 58.47 (torch 132-134: M = 8 2.71x -> 2.95x, M = 16 2.11x ->
+// 2.29x); 2048 x 7168 M = 9 / 12 / 16 (8 splits, one tile a warp) 10.76 / 11.11 / 11.61 -> 10.24 /
+// 10.56 / 10.96; 7168 x 2048 M = 9 / 12 / 16 (4 splits) 9.88 / 10.32 / 11.09 -> 9.54 / 9.96 / 10.77;
+// 7168 x 18432 (8 splits, one tile group a block) M = 1 / 8 26.68 / 29.15 -> 26.77 / 28.70, M = 9 /
+// 12 / 16 31.66 / 32.75 / 33.91 -> 31.38 / 32.43 / 33.30. The pulled sum's cost was its first cluster
+// barrier (a .release arrive: a GPU-scope fence behind the group's global stores) and the latency of
+// the remote loads, once a tile group; the pushed one has neither (st.async and the remote arrive
+// compile to STAS / SYNCS.ARRIVE.TRANS64.RED with no MEMBAR). At 2 splits pushing lost where pulling
+// is one cheap barrier of two blocks (24576 x 1536, four tiles a warp, M = 1 / 16 12.14 / 16.12
+// pulled -> 12.43 / 16.79 pushed, one build with both) and won a little on 7168 x 2048 (M = 1 7.99 ->
+// 7.66): not taken. The int4-per-channel instance with two token tiles and one tile a warp spills 16
+// bytes (3 reloads a step: at its 72-register cap the pulled one has none) and still wins (2048 x 7168
+// above).
+constexpr int kWsPushMinSplits = 4;
+bool ws_push(const Config& c) {
+  return c.splits >= kWsPushMinSplits && (c.ct * c.warps) % c.splits == 0 &&
+         (2 * c.stages + 2) * 8 <= ws_barrier_bytes(c.stages);  // (its two barriers in the padding)
+}
+
+template <int BITS, int MT, int GMODE, int CT = 1, bool PUSH = false>
 cudaError_t ws_launch_inst(const Params& p, const Config& cfg, cudaStream_t stream) {
-  auto kernel = wo_gemm_ws_kernel<BITS, MT, GMODE, CT>;
-  const cudaError_t se = ensure_smem(kernel, cfg.smem, ws_smem_allowed<BITS, MT, GMODE, CT>());
+  auto kernel = wo_gemm_ws_kernel<BITS, MT, GMODE, CT, PUSH>;
+  const cudaError_t se = ensure_smem(kernel, cfg.smem, ws_smem_allowed<BITS, MT, GMODE, CT, PUSH>());
   if (se != cudaSuccess) return se;
   cudaLaunchConfig_t lc = {};
   lc.gridDim = dim3(cfg.splits, cfg.blocks_n, 1);
@@ -622,13 +768,19 @@ int ws_launch(Params& p, const void* qweight, int64_t n, int64_t k, int bits, in
     return DSX_ECUDA;
   p.chunk = cfg.chunk, p.stages = cfg.stages, p.box = cfg.box, p.pair = cfg.pair ? 1 : 0;
   p.groups = cfg.blocks_n;
-  auto by_mt = [&](auto bg) {
+  auto by_ct = [&](auto bg, auto pg) {
     constexpr int B = decltype(bg)::kBits, G = decltype(bg)::kGmode;
+    constexpr bool P = decltype(pg)::value;
     if constexpr (G != 2) {  // (several tiles a warp: not int4 group 64; ws_choose)
-      if (cfg.ct == 2) return cfg.mt == 1 ? ws_launch_inst<B, 1, G, 2>(p, cfg, stream) : ws_launch_inst<B, 2, G, 2>(p, cfg, stream);
-      if (cfg.ct == 4) return cfg.mt == 1 ? ws_launch_inst<B, 1, G, 4>(p, cfg, stream) : ws_launch_inst<B, 2, G, 4>(p, cfg, stream);
+      if (cfg.ct == 2)
+        return cfg.mt == 1 ? ws_launch_inst<B, 1, G, 2, P>(p, cfg, stream) : ws_launch_inst<B, 2, G, 2, P>(p, cfg, stream);
+      if (cfg.ct == 4)
+        return cfg.mt == 1 ? ws_launch_inst<B, 1, G, 4, P>(p, cfg, stream) : ws_launch_inst<B, 2, G, 4, P>(p, cfg, stream);
     }
-    return cfg.mt == 1 ? ws_launch_inst<B, 1, G>(p, cfg, stream) : ws_launch_inst<B, 2, G>(p, cfg, stream);
+    return cfg.mt == 1 ? ws_launch_inst<B, 1, G, 1, P>(p, cfg, stream) : ws_launch_inst<B, 2, G, 1, P>(p, cfg, stream);
+  };
+  auto by_mt = [&](auto bg) {
+    return ws_push(cfg) ? by_ct(bg, std::true_type{}) : by_ct(bg, std::false_type{});
   };
   cudaError_t e;
   if (bits == 8)

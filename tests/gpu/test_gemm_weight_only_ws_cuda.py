@@ -223,6 +223,31 @@ def test_two_tiles_persistent_blocks(bits, group, m, tiles):
             assert same(run_raw(x, q, s, bits, group, algo | PDL), ref), f"algo {algo:#x}: PDL differs"
 
 
+@pytest.mark.parametrize("tiles", [1, 2, 4])
+@pytest.mark.parametrize("m", [3, 11, 16])
+@pytest.mark.parametrize("bits,group", [(4, -1), (4, 128), (8, -1)])
+def test_pushed_sum_persistent_blocks(bits, group, m, tiles):
+    """Where the split is 4 or 8 and divides the block's 16-channel tiles, the cluster's sum is
+    pushed (ws_push): each block sends its pieces to the tile's owner (st.async on the owner's
+    barrier) and the blocks hand the room back group after group (split 2: pulled, for contrast).
+    N = 23104 (1444 tiles: the last group part empty, its idle warps still send), a deep ring (one
+    block an SM) so that blocks loop over many groups. Right, and the same bits as the existing
+    path (pulled sum), as one group a block, and with PDL."""
+    n, k = 23104, 1152
+    x, q, s, wd = make(m, n, k, bits, group, seed=23)
+    bit = TILES.get(tiles, 0)
+    for splits in (2, 4, 8):
+        ref = run_raw(x, q, s, bits, group, word(8, splits, 0, 0, 0))
+        # (7 slots at most: the pushed sum's two barriers sit in the padding after the ring's)
+        for warps, stages, box in ((8, {1: 7, 2: 4, 4: 2}[tiles], 2), (4, 3, 1)):
+            algo = word(warps, splits, 0, stages, box) | WS | bit
+            a = run_raw(x, q, s, bits, group, algo)
+            check_bound(a, x, wd, f"pushed m {m} algo {algo:#x}")
+            assert same(a, ref), f"algo {algo:#x}: bits differ from the existing path"
+            assert same(run_raw(x, q, s, bits, group, algo | ONE_GROUP), ref), f"algo {algo:#x}: one group differs"
+            assert same(run_raw(x, q, s, bits, group, algo | PDL), ref), f"algo {algo:#x}: PDL differs"
+
+
 @pytest.mark.parametrize("tiles", [2, 4])
 @pytest.mark.parametrize("bits,group", TWO_LAYOUTS)
 def test_several_tiles_up_to_8_rows_same_bits(bits, group, tiles):
