@@ -409,11 +409,10 @@ __device__ __forceinline__ void step_int4_g64(float (&acc)[MT][4], const Stage& 
 // as one cp.async group and commit it.
 template <int BITS>
 __device__ __forceinline__ void stage_x_steps(uint16_t* buf, int ld, const uint16_t* x, int m, int k, int s0,
-                                              int steps, int tid, int nthr, int rot = 0) {
+                                              int steps, int tid, int nthr) {
   constexpr int kStepK = BITS == 8 ? 64 : 128, kPieces = kStepK / 8, kIpc = kPieces / 4;
-  const int per_row = steps * kPieces, k0 = s0 * kStepK, total = m * per_row;
-  for (int i0 = tid; i0 < total; i0 += nthr) {
-    const int i = i0 + rot < total ? i0 + rot : i0 + rot - total;  // (rot < total: a rotated order, the same copies)
+  const int per_row = steps * kPieces, k0 = s0 * kStepK;
+  for (int i = tid; i < m * per_row; i += nthr) {
     const int row = i / per_row, rem = i - row * per_row;
     const int st = rem / kPieces, q = rem % kPieces;
     const int kk = k0 + rem * 8;

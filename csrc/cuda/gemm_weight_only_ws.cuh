@@ -253,12 +253,7 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? (MT == 1 ? 2 :
   {
     dsx_wo::pdl_wait();  // x may come from the previous kernel (the producer does not read it)
 #ifndef DSX_WO_DIAG_NOX  // (diagnostic builds: x not staged, wrong results)
-    {
-      // The blocks that read the same slice (one a cluster) start at different 512-byte runs of it.
-      const int total = p.m * nloc * (kStepK / 8);
-      const int rot = static_cast<int>((static_cast<int64_t>(blockIdx.y) * 32 * 7) % max(total, 1)) & ~31;
-      dsx_wo::stage_x_steps<BITS>(xbuf, ld, p.x, p.m, p.k, s_begin, nloc, threadIdx.x, cthreads, rot);
-    }
+    dsx_wo::stage_x_steps<BITS>(xbuf, ld, p.x, p.m, p.k, s_begin, nloc, threadIdx.x, cthreads);
 #endif
     dsx_wo::cp_async_wait<0>();
     ws_consumer_sync(cthreads);
