@@ -580,6 +580,29 @@ int ws_choose(int rows, int64_t n, int64_t k, int bits, int group, int algo, int
 // M = 16 / 9: 36864 x 7168 86.07 / 78.36 -> 71.28 (one tile: two would be one block an SM, 88.23) /
 // 56.74; 7168 x 18432 52.57 / 47.87 -> 38.14 / 36.58. int8 per channel M = 16 / 9: 36864 x 7168
 // 90.21 / 86.31 -> 84.49 / 82.03; 7168 x 18432 58.54 / 52.56 -> 49.45 / 47.80.
+// Whether a launch pushes its cluster sum (the kernel's PUSH): the block's tiles divide by the split,
+// the split is at least 4, and the two barriers fit. Fourteenth session (H200, 2026-12-01,
+// bench/gpu_gemm_weight_only.py --ab, auto interleaved with HEAD's kernel built alone (--alt-lib) and
+// torch, us, pulled -> pushed): 36864 x 7168 M = 1 / 8 / 9 / 12 / 16 45.59 / 49.22 / 54.66 / 61.66 /
+// 63.37 -> 43.91 / 45.22 / 52.66 / 57.33 / 58.47 (torch 132-134: M = 8 2.71x -> 2.95x, M = 16 2.11x ->
+// 2.29x); 2048 x 7168 M = 9 / 12 / 16 (8 splits, one tile a warp) 10.76 / 11.11 / 11.61 -> 10.24 /
+// 10.56 / 10.96; 7168 x 2048 M = 9 / 12 / 16 (4 splits) 9.88 / 10.32 / 11.09 -> 9.54 / 9.96 / 10.77;
+// 7168 x 18432 (8 splits, one tile group a block) M = 1 / 8 26.68 / 29.15 -> 26.77 / 28.70, M = 9 /
+// 12 / 16 31.66 / 32.75 / 33.91 -> 31.38 / 32.43 / 33.30. The pulled sum's cost was its first cluster
+// barrier (a .release arrive: a GPU-scope fence behind the group's global stores) and the latency of
+// the remote loads, once a tile group; the pushed one has neither (st.async and the remote arrive
+// compile to STAS / SYNCS.ARRIVE.TRANS64.RED with no MEMBAR). At 2 splits pushing lost where pulling
+// is one cheap barrier of two blocks (24576 x 1536, four tiles a warp, M = 1 / 16 12.14 / 16.12
+// pulled -> 12.43 / 16.79 pushed, one build with both) and won a little on 7168 x 2048 (M = 1 7.99 ->
+// 7.66): not taken. The int4-per-channel instance with two token tiles and one tile a warp spills 16
+// bytes (3 reloads a step: at its 72-register cap the pulled one has none) and still wins (2048 x 7168
+// above).
+constexpr int kWsPushMinSplits = 4;
+bool ws_push(const Config& c) {
+  return c.splits >= kWsPushMinSplits && (c.ct * c.warps) % c.splits == 0 &&
+         (2 * c.stages + 2) * 8 <= ws_barrier_bytes(c.stages);  // (its two barriers in the padding)
+}
+
 // Blocks of the warp-specialized kernel one SM holds by its registers (ptxas, no spills: one token
 // tile (MT 1) 60-68 / 72 / 77-91 registers a thread with 1 / 2 / 4 tiles a warp; two token tiles
 // (MT 2) 60-96 / 93-95 / 117-138) and by shared memory.
@@ -628,7 +651,14 @@ bool ws_auto_rule(int rows, int64_t n, int64_t k, int bits, int group, int algo,
                                        &four) == DSX_OK;
   if (ok4 && ok2) {
     const int64_t blocks4 = int64_t(four.blocks_n) * four.splits;
-    if (blocks4 <= int64_t(ws_blocks_per_sm(four)) * sms && 3 * blocks4 >= 2 * int64_t(sms) &&
+    // Fourteenth session: up to 6 rows, where four tiles leave SMs without a block and two tiles at a
+    // pushed split (ws_push) give every SM one, two tiles. H200, bench --ab, interleaved, one run, us,
+    // 7168 x 18432 (four: 112 blocks; two: 224 at 8 splits) M = 1 / 2 / 3 / 4 / 6 / 8 / 9, four -> two:
+    // 26.50 / 26.48 / 26.99 / 27.15 / 27.87 / 28.25 / 30.58 -> 24.57 / 25.39 / 25.83 / 26.28 / 27.54 /
+    // 28.43 / 33.06. (24576 x 1536, two tiles at 2 splits, pulled: four stayed faster, 11.79 against
+    // 13.28 at M = 1.)
+    const bool two_fills = rows <= 6 && blocks4 < sms && int64_t(two.blocks_n) * two.splits >= sms && ws_push(two);
+    if (!two_fills && blocks4 <= int64_t(ws_blocks_per_sm(four)) * sms && 3 * blocks4 >= 2 * int64_t(sms) &&
         ws_resident_tiles(four) >= ws_resident_tiles(two)) {
       *cfg = four;
       return true;
@@ -715,29 +745,6 @@ template <int BITS, int MT, int GMODE, int CT, bool PUSH>
 std::atomic<int>* ws_smem_allowed() {
   static std::atomic<int> set[kMaxDevices];
   return set;
-}
-
-// Whether a launch pushes its cluster sum (the kernel's PUSH): the block's tiles divide by the split,
-// the split is at least 4, and the two barriers fit. Fourteenth session (H200, 2026-12-01,
-// bench/gpu_gemm_weight_only.py --ab, auto interleaved with HEAD's kernel built alone (--alt-lib) and
-// torch, us, pulled -> pushed): 36864 x 7168 M = 1 / 8 / 9 / 12 / 16 45.59 / 49.22 / 54.66 / 61.66 /
-// 63.37 -> 43.91 / 45.22 / 52.66 / 57.33 / 58.47 (torch 132-134: M = 8 2.71x -> 2.95x, M = 16 2.11x ->
-// 2.29x); 2048 x 7168 M = 9 / 12 / 16 (8 splits, one tile a warp) 10.76 / 11.11 / 11.61 -> 10.24 /
-// 10.56 / 10.96; 7168 x 2048 M = 9 / 12 / 16 (4 splits) 9.88 / 10.32 / 11.09 -> 9.54 / 9.96 / 10.77;
-// 7168 x 18432 (8 splits, one tile group a block) M = 1 / 8 26.68 / 29.15 -> 26.77 / 28.70, M = 9 /
-// 12 / 16 31.66 / 32.75 / 33.91 -> 31.38 / 32.43 / 33.30. The pulled sum's cost was its first cluster
-// barrier (a .release arrive: a GPU-scope fence behind the group's global stores) and the latency of
-// the remote loads, once a tile group; the pushed one has neither (st.async and the remote arrive
-// compile to STAS / SYNCS.ARRIVE.TRANS64.RED with no MEMBAR). At 2 splits pushing lost where pulling
-// is one cheap barrier of two blocks (24576 x 1536, four tiles a warp, M = 1 / 16 12.14 / 16.12
-// pulled -> 12.43 / 16.79 pushed, one build with both) and won a little on 7168 x 2048 (M = 1 7.99 ->
-// 7.66): not taken. The int4-per-channel instance with two token tiles and one tile a warp spills 16
-// bytes (3 reloads a step: at its 72-register cap the pulled one has none) and still wins (2048 x 7168
-// above).
-constexpr int kWsPushMinSplits = 4;
-bool ws_push(const Config& c) {
-  return c.splits >= kWsPushMinSplits && (c.ct * c.warps) % c.splits == 0 &&
-         (2 * c.stages + 2) * 8 <= ws_barrier_bytes(c.stages);  // (its two barriers in the padding)
 }
 
 template <int BITS, int MT, int GMODE, int CT = 1, bool PUSH = false>
