@@ -405,22 +405,57 @@ __device__ __forceinline__ void step_int4_g64(float (&acc)[MT][4], const Stage& 
 // x steps [s0, s0 + steps) of rows [0, m) (row-major [m, k] bf16) into buf, row stride ld elements:
 // each step's values as 16-byte pieces in the order the lanes' fragment loads read them (piece q of
 // a step at ((q % ipc) * 4 + q / ipc) * 8, ipc = the pieces one lane reads); pieces at or past K
-// read nothing and fill zeros (the int4 half step). Threads tid, tid + nthr, ... issue the copies
-// as one cp.async group and commit it.
-template <int BITS>
+// read nothing and fill zeros (the int4 half step). Threads tid, tid + nthr, ... copy the pieces:
+// SYNC = false: as one cp.async group, committed (for chunks staged ahead of their use);
+// SYNC = true: through registers, 8 loads in flight a thread, stored before returning (for x
+// staged whole and waited for at once; the caller's barrier makes it visible: the warp-specialized
+// kernel with one or two tiles a warp; the others keep cp.async, not measured). Fourteenth session:
+// the register path was much faster where the kernel waits for x before its first step (H200, bench
+// --ab, interleaved, one run, us, cp.async -> registers, the warp-specialized kernel: 36864 x 7168
+// M = 1 / 8 / 16 43.96 / 45.31 / 59.26 -> 41.82 / 44.11 / 56.81; 4096 x 7168 10.38 / 12.06 / 15.11 ->
+// 9.75 / 10.84 / 12.47; 2048 x 7168 7.62 / 9.42 / 11.03 -> 7.15 / 7.93 / 10.17; 7168 x 18432 25.10 /
+// 28.09 / 32.58 -> 23.91 / 27.73 / 32.46), within 1.5 us of not staging x at all (a diagnostic
+// build): the cp.async copies of all blocks (16-byte, zero-fill form) landed late; why is not known.
+template <int BITS, bool SYNC = false>
 __device__ __forceinline__ void stage_x_steps(uint16_t* buf, int ld, const uint16_t* x, int m, int k, int s0,
                                               int steps, int tid, int nthr) {
   constexpr int kStepK = BITS == 8 ? 64 : 128, kPieces = kStepK / 8, kIpc = kPieces / 4;
-  const int per_row = steps * kPieces, k0 = s0 * kStepK;
-  for (int i = tid; i < m * per_row; i += nthr) {
-    const int row = i / per_row, rem = i - row * per_row;
-    const int st = rem / kPieces, q = rem % kPieces;
-    const int kk = k0 + rem * 8;
-    const bool in = kk < k;
-    cp_async16(buf + row * ld + st * kStepK + ((q % kIpc) * 4 + q / kIpc) * 8,
-               in ? x + static_cast<int64_t>(row) * k + kk : x, in ? 16 : 0);
+  const int per_row = steps * kPieces, k0 = s0 * kStepK, total = m * per_row;
+  if constexpr (SYNC) {
+    constexpr int kB = 8;
+    for (int i0 = tid; i0 < total; i0 += kB * nthr) {
+      uint4 v[kB];
+#pragma unroll
+      for (int b = 0; b < kB; ++b) {
+        const int i = i0 + b * nthr;
+        if (i < total) {
+          const int row = i / per_row, rem = i - row * per_row;
+          const int kk = k0 + rem * 8;
+          v[b] = kk < k ? __ldg(reinterpret_cast<const uint4*>(x + static_cast<int64_t>(row) * k + kk))
+                        : make_uint4(0, 0, 0, 0);
+        }
+      }
+#pragma unroll
+      for (int b = 0; b < kB; ++b) {  // (the places computed again: fewer registers held across the loads)
+        const int i = i0 + b * nthr;
+        if (i < total) {
+          const int row = i / per_row, rem = i - row * per_row;
+          const int st = rem / kPieces, q = rem % kPieces;
+          *reinterpret_cast<uint4*>(buf + row * ld + st * kStepK + ((q % kIpc) * 4 + q / kIpc) * 8) = v[b];
+        }
+      }
+    }
+  } else {
+    for (int i = tid; i < total; i += nthr) {
+      const int row = i / per_row, rem = i - row * per_row;
+      const int st = rem / kPieces, q = rem % kPieces;
+      const int kk = k0 + rem * 8;
+      const bool in = kk < k;
+      cp_async16(buf + row * ld + st * kStepK + ((q % kIpc) * 4 + q / kIpc) * 8,
+                 in ? x + static_cast<int64_t>(row) * k + kk : x, in ? 16 : 0);
+    }
+    cp_async_commit();
   }
-  cp_async_commit();
 }
 
 // A warp's accumulator tile (MT x 8 rows x 16 channels: row 8 t + 2 c + (i & 1), channel g + 8 (i >> 1)

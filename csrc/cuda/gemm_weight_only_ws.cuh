@@ -253,9 +253,12 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? (MT == 1 ? 2 :
   {
     dsx_wo::pdl_wait();  // x may come from the previous kernel (the producer does not read it)
 #ifndef DSX_WO_DIAG_NOX  // (diagnostic builds: x not staged, wrong results)
-    dsx_wo::stage_x_steps<BITS>(xbuf, ld, p.x, p.m, p.k, s_begin, nloc, threadIdx.x, cthreads);
+    // (through registers with one or two tiles a warp; four keep cp.async: there the register path
+    // was 0.7-5% slower on 36864 x 7168 M = 8 and 7168 x 18432 M = 8..16 in the same run, 1-4% faster
+    // on 24576 x 1536; stage_x_steps has the figures)
+    dsx_wo::stage_x_steps<BITS, CT <= 2>(xbuf, ld, p.x, p.m, p.k, s_begin, nloc, threadIdx.x, cthreads);
 #endif
-    dsx_wo::cp_async_wait<0>();
+    if constexpr (CT > 2) dsx_wo::cp_async_wait<0>();
     ws_consumer_sync(cthreads);
   }
   int xo[MT];
