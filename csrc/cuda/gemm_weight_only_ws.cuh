@@ -645,7 +645,7 @@ int ws_resident_tiles(const Config& c) { return c.ct * c.warps * ws_blocks_per_s
 bool ws_auto_rule(int rows, int64_t n, int64_t k, int bits, int group, int algo, int sms, Config* cfg) {
   if (rows > 16 || (algo & 0xFFFFFF) != 0 || (algo & (1 << 27 | kWsAlgoBit | kWsTilesBit))) return false;
   const bool int4pc = bits == 4 && group == -1, int4g128 = bits == 4 && group == 128, int8pc = bits == 8 && group == -1;
-  if (rows <= 8 ? !int4pc : !int4pc && !int4g128 && !int8pc) return false;
+  if (!int4pc && !int4g128 && !int8pc) return false;
   const int ring = algo | kWsAlgoBit | 2 << 16 | 2 << 20;
   Config one, two, four;
   const bool ok1 = ws_choose(rows, n, k, bits, group, ring, sms, &one) == DSX_OK;
@@ -695,6 +695,18 @@ bool ws_auto_rule(int rows, int64_t n, int64_t k, int bits, int group, int algo,
     *cfg = two;
     return true;
   }
+  // Fourteenth session: int4 group 128 and int8 per channel up to 8 rows take the warp-specialized
+  // kernel only through the two-tile rule just above (its grid a block for every SM); before, they
+  // never took it up to 8 rows. H200, bench --ab --ab-layout, interleaved, one run, us, auto before ->
+  // two tiles at the rule's split (M = 1 / 4 / 8): int4 g128 36864 x 7168 60.13 / 65.36 / 67.77 -> 43.80
+  // / 45.98 / 46.39 (4 splits; torch 141-142: 3.05x at M = 8), 7168 x 18432 33.88 / 38.22 / 43.32 ->
+  // 25.92 / 26.69 / 29.22 (8 splits); int8 36864 x 7168 80.02 / 80.50 / 82.25 -> 72.03 / 71.54 / 71.94,
+  // 7168 x 18432 42.62 / 49.60 / 50.60 -> 39.56 / 39.99 / 41.70. The rule keeps choose()'s warps: 4 on
+  // 4096 x 7168 (224 blocks of 128 channels at 7 splits), where the next run gave int4 g128 11.88 /
+  // 13.73 / 16.56 -> 9.53 / 9.76 / 11.07 and int8 13.96 / 16.27 / 18.66 -> 12.83 / 13.71 / 14.43; on
+  // 2048 x 7168 (fewer blocks than SMs) the rule does not fire (two tiles at 8 splits, forced, won at
+  // M = 4 and 8 and lost or tied at M = 1; left alone).
+  if (rows <= 8 && !int4pc) return false;
   if (ok1 && rows <= 8) {
     Config plain;
     if (choose(rows, n, k, bits, group, algo, sms, &plain) != DSX_OK || plain.bal) return false;
