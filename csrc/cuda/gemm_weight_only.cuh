@@ -407,7 +407,7 @@ __device__ __forceinline__ void step_int4_g64(float (&acc)[MT][4], const Stage& 
 // a step at ((q % ipc) * 4 + q / ipc) * 8, ipc = the pieces one lane reads); pieces at or past K
 // read nothing and fill zeros (the int4 half step). Threads tid, tid + nthr, ... copy the pieces:
 // SYNC = false: as one cp.async group, committed (for chunks staged ahead of their use);
-// SYNC = true: through registers, 8 loads in flight a thread, stored before returning (for x
+// SYNC = true: through registers, KB loads in flight a thread, stored before returning (for x
 // staged whole and waited for at once; the caller's barrier makes it visible: the warp-specialized
 // kernel with one or two tiles a warp; the others keep cp.async, not measured). Fourteenth session:
 // the register path was much faster where the kernel waits for x before its first step (H200, bench
@@ -416,13 +416,13 @@ __device__ __forceinline__ void step_int4_g64(float (&acc)[MT][4], const Stage& 
 // 9.75 / 10.84 / 12.47; 2048 x 7168 7.62 / 9.42 / 11.03 -> 7.15 / 7.93 / 10.17; 7168 x 18432 25.10 /
 // 28.09 / 32.58 -> 23.91 / 27.73 / 32.46), within 1.5 us of not staging x at all (a diagnostic
 // build): the cp.async copies of all blocks (16-byte, zero-fill form) landed late; why is not known.
-template <int BITS, bool SYNC = false>
+template <int BITS, bool SYNC = false, int KB = 8>
 __device__ __forceinline__ void stage_x_steps(uint16_t* buf, int ld, const uint16_t* x, int m, int k, int s0,
                                               int steps, int tid, int nthr) {
   constexpr int kStepK = BITS == 8 ? 64 : 128, kPieces = kStepK / 8, kIpc = kPieces / 4;
   const int per_row = steps * kPieces, k0 = s0 * kStepK, total = m * per_row;
   if constexpr (SYNC) {
-    constexpr int kB = 8;
+    constexpr int kB = KB;  // (loads in flight a thread: fewer where the kernel sits at its register cap)
     for (int i0 = tid; i0 < total; i0 += kB * nthr) {
       uint4 v[kB];
 #pragma unroll

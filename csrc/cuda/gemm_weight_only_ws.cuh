@@ -106,7 +106,8 @@ __device__ __forceinline__ void ws_arrive_rank(uint32_t bar, int rank) {
 // CT: 16-channel tiles a consumer warp owns (2, 4: algo bits 29..30; warp w owns tiles CT w .. CT w +
 // CT - 1, contiguous channels; one x load feeds the mma of all of them: step_q_tiles).
 template <int BITS, int MT, int GMODE, int CT = 1, bool PUSH = false>
-__global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? (MT == 1 ? 2 : 1) : CT == 2 || (MT == 2 && GMODE == 2) ? 2 : 3)
+__global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? (MT == 1 ? 2 : 1)
+                                                                  : (CT == 2 && (MT == 2 || PUSH)) || (MT == 2 && GMODE == 2) ? 2 : 3)
     wo_gemm_ws_kernel(const __grid_constant__ Params p) {
   extern __shared__ __align__(128) uint8_t smem[];
   constexpr int kStepK = BITS == 8 ? 64 : 128;
@@ -256,7 +257,10 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? (MT == 1 ? 2 :
     // (through registers with one or two tiles a warp; four keep cp.async: there the register path
     // was 0.7-5% slower on 36864 x 7168 M = 8 and 7168 x 18432 M = 8..16 in the same run, 1-4% faster
     // on 24576 x 1536; stage_x_steps has the figures)
-    dsx_wo::stage_x_steps<BITS, CT <= 2>(xbuf, ld, p.x, p.m, p.k, s_begin, nloc, threadIdx.x, cthreads);
+    // (4 loads in flight in the pulled int4-per-channel instance with one tile a warp and two token
+    // tiles: 8 spilled there at its 72 registers)
+    constexpr int kXLoads = BITS == 4 && GMODE == 0 && CT == 1 && MT == 2 && !PUSH ? 4 : 8;
+    dsx_wo::stage_x_steps<BITS, CT <= 2, kXLoads>(xbuf, ld, p.x, p.m, p.k, s_begin, nloc, threadIdx.x, cthreads);
 #endif
     if constexpr (CT > 2) dsx_wo::cp_async_wait<0>();
     ws_consumer_sync(cthreads);
