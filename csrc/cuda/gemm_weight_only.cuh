@@ -431,8 +431,8 @@ __device__ __forceinline__ void stage_x_steps(uint16_t* buf, int ld, const uint1
         if (i < total) {
           const int row = i / per_row, rem = i - row * per_row;
           const int kk = k0 + rem * 8;
-          v[b] = kk < k ? __ldg(reinterpret_cast<const uint4*>(x + static_cast<int64_t>(row) * k + kk))
-                        : make_uint4(0, 0, 0, 0);
+          // (a coherent load, not __ldg: under PDL x may have been written by the grid just before)
+          v[b] = kk < k ? *reinterpret_cast<const uint4*>(x + static_cast<int64_t>(row) * k + kk) : make_uint4(0, 0, 0, 0);
         }
       }
 #pragma unroll
