@@ -422,11 +422,10 @@ __device__ __forceinline__ void stage_x_steps(uint16_t* buf, int ld, const uint1
   constexpr int kStepK = BITS == 8 ? 64 : 128, kPieces = kStepK / 8, kIpc = kPieces / 4;
   const int per_row = steps * kPieces, k0 = s0 * kStepK, total = m * per_row;
   if constexpr (SYNC) {
-    constexpr int kB = KB;  // (loads in flight a thread: fewer where the kernel sits at its register cap)
-    for (int i0 = tid; i0 < total; i0 += kB * nthr) {
-      uint4 v[kB];
+    for (int i0 = tid; i0 < total; i0 += KB * nthr) {  // (KB: fewer where the kernel sits at its register cap)
+      uint4 v[KB];
 #pragma unroll
-      for (int b = 0; b < kB; ++b) {
+      for (int b = 0; b < KB; ++b) {
         const int i = i0 + b * nthr;
         if (i < total) {
           const int row = i / per_row, rem = i - row * per_row;
@@ -436,7 +435,7 @@ __device__ __forceinline__ void stage_x_steps(uint16_t* buf, int ld, const uint1
         }
       }
 #pragma unroll
-      for (int b = 0; b < kB; ++b) {  // (the places computed again: fewer registers held across the loads)
+      for (int b = 0; b < KB; ++b) {  // (the places computed again: fewer registers held across the loads)
         const int i = i0 + b * nthr;
         if (i < total) {
           const int row = i / per_row, rem = i - row * per_row;
