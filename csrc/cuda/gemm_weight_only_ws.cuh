@@ -518,11 +518,7 @@ constexpr int kWsNoFit = 1;  // (ws_choose: x whole does not fit, every field au
 int ws_choose(int rows, int64_t n, int64_t k, int bits, int group, int algo, int sms, Config* cfg) {
   if (rows > 16) return DSX_EINVAL;
   const int stages = (algo >> 16) & 15, box = (algo >> 20) & 15;
-  // Any count of consumer warps 1..8 (choose() knows powers of two only, for the existing kernel; it
-  // is asked with 8 and the count put back below): 3, 5, 6 or 7 let a grid match the SMs better.
-  const int want_warps = algo & 15;
-  const bool odd_warps = want_warps > 0 && want_warps <= kMaxWarps && (want_warps & (want_warps - 1)) != 0;
-  const int fields = (algo & ~(kWsAlgoBit | kWsTilesBit | 0xFF0000) & ~(odd_warps ? 15 : 0)) | (odd_warps ? kMaxWarps : 0);
+  const int fields = algo & ~(kWsAlgoBit | kWsTilesBit | 0xFF0000);
   int rc = choose(rows, n, k, bits, group, fields, sms, cfg);
   if (rc != DSX_OK) return rc;
   const int nsteps = static_cast<int>(bits == 8 ? k / 64 : (k / 64 + 1) / 2);
@@ -534,9 +530,11 @@ int ws_choose(int rows, int64_t n, int64_t k, int bits, int group, int algo, int
   }
   cfg->bal = false, cfg->grid_y = 0;  // (choose's automatic balanced grid at <= 8 rows: not this kernel)
   cfg->ct = 1 << ((algo & kWsTilesBit) >> 29);
-  if (cfg->ct > 1 && gmode_of(bits, group) == 2) return DSX_EINVAL;  // (int4 group 64: one tile a warp only)
-  if (odd_warps) cfg->warps = want_warps;
-  cfg->blocks_n = static_cast<int>((n / 16 + cfg->ct * cfg->warps - 1) / (cfg->ct * cfg->warps));
+  if (cfg->ct > 1) {
+    if (gmode_of(bits, group) == 2) return DSX_EINVAL;  // (int4 group 64: one tile a warp only)
+    const int64_t blocks_n = (n / 16 + cfg->ct * cfg->warps - 1) / (cfg->ct * cfg->warps);
+    cfg->blocks_n = static_cast<int>(blocks_n);
+  }
   const int tiles = cfg->ct * cfg->warps;
   cfg->stages = stages ? stages : 4;
   cfg->box = box ? box : 1;

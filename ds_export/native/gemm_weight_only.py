@@ -117,8 +117,7 @@ def check_algo(algo: int) -> None:
     """Raise DsxError unless `algo` is 0 or a well-formed tuning word (see algo_word)."""
     warps, splits, stages, box = algo & 15, (algo >> 4) & 15, (algo >> 16) & 15, (algo >> 20) & 15
     tiles = (algo >> 29) & 3  # (bits 29..30: 1 or 2, only with bit 28)
-    ws = (algo >> 28) & 1  # (the warp-specialized kernel takes any count of warps up to 8, the others powers of two)
-    if algo < 0 or algo >> 31 or tiles == 3 or (tiles and not ws) or warps not in ((0, 1, 2, 4, 8) if not ws else range(9)) or not 0 <= splits <= 8 or box > 8:
+    if algo < 0 or algo >> 31 or tiles == 3 or (tiles and not (algo >> 28) & 1) or warps not in (0, 1, 2, 4, 8) or not 0 <= splits <= 8 or box > 8:
         raise DsxError(f"algo: expected 0 (automatic) or a word from algo_word(), got {algo:#x}")
 
 

@@ -248,33 +248,6 @@ def test_pushed_sum_persistent_blocks(bits, group, m, tiles):
             assert same(run_raw(x, q, s, bits, group, algo | PDL), ref), f"algo {algo:#x}: PDL differs"
 
 
-@pytest.mark.parametrize("tiles", [1, 2, 4])
-@pytest.mark.parametrize("m", [1, 10, 16])
-@pytest.mark.parametrize("bits,group", [(4, -1), (4, 128), (8, -1)])
-def test_odd_warp_counts(bits, group, m, tiles):
-    """Bit 28 takes 3, 5, 6 or 7 consumer warps (blocks of 48..448 channels, so that a grid can match the
-    SMs): N = 2752 (172 tiles: the last group partly past N for every count), K = 2112 (ragged
-    slices, short ring slots); splits that divide the block's tiles push their cluster sum, the
-    others pull; a deep ring so that blocks loop over groups. Right, and the same bits as the existing
-    path at that split (which itself refuses these counts)."""
-    n, k = 2752, 2112
-    x, q, s, wd = make(m, n, k, bits, group, seed=37)
-    bit = TILES.get(tiles, 0)
-    for warps, splits, stages, box in ((7, 7, 2, 2), (7, 8, 2, 1), (6, 4, 3, 1), (6, 3, 2, 2), (5, 5, 2, 2), (3, 2, 4, 1)):
-        ref = run_raw(x, q, s, bits, group, word(8, splits, 0, 0, 0))
-        check_bound(ref, x, wd, f"existing m {m} splits {splits}")
-        algo = word(warps, splits, 0, stages, box) | WS | bit
-        a = run_raw(x, q, s, bits, group, algo)
-        check_bound(a, x, wd, f"{warps} warps m {m} algo {algo:#x}")
-        assert same(a, ref), f"{warps} warps m {m} algo {algo:#x}: bits differ from the existing path"
-        assert same(run_raw(x, q, s, bits, group, algo | ONE_GROUP | PDL), ref), f"{algo:#x}: one group, PDL"
-    v = [ctypes.c_int() for _ in range(5)]
-    cfg = G._cuda_fns()[1]
-    assert cfg(m, n, k, bits, group, word(7, 7, 0, 2, 2) | WS | bit, *[ctypes.byref(i) for i in v]) == 0
-    assert v[0].value == 7, "the config entry reports the odd warp count"
-    assert cfg(m, n, k, bits, group, word(7, 7, 0, 2, 2), *[ctypes.byref(i) for i in v]) != 0, "existing path: 7 warps"
-
-
 @pytest.mark.parametrize("tiles", [2, 4])
 @pytest.mark.parametrize("bits,group", TWO_LAYOUTS)
 def test_several_tiles_up_to_8_rows_same_bits(bits, group, tiles):
