@@ -245,11 +245,6 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MT == 1 ? 4 : MT == 2 ? 3 : 1)
   for (int u = blockIdx.y; u < p.groups; u += ustride) {
     const int n_blk = u * 16 * nwarps, n0 = n_blk + warp * 16;
     const bool active = n0 < p.n;  // warp-uniform (N % 64 == 0: all 16 channels or none)
-    if (GMODE == 0 && active) {  // (the scales read at the group's end: prefetch_l1)
-      int ch = n0 + (lane & 15);
-      asm volatile("" : "+r"(ch));  // (opaque: no address shared with the end's loads, held through the loop)
-      dsx_wo::prefetch_l1(p.scale + ch);
-    }
     float acc[MT][4];
 #pragma unroll
     for (int t = 0; t < MT; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.f;

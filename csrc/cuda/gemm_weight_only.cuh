@@ -142,13 +142,6 @@ __device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.w
 
 // Shared-memory reads are plain C++ loads, so the compiler orders them with the barriers
 // and the asm volatile waits (which clobber memory).
-// A hint: bring the line holding `p` into L1 (no register, no wait). The per-channel scales are read
-// after a tile group's step loop, on the way to the cluster sum; fetched then, from DRAM, their
-// latency sat on that path (ncu, 36864 x 7168 M = 16: 145 of the consumer warps' ~4700 stall samples
-// on the two scale loads of the pushed sum), so the kernels prefetch them as a group starts.
-__device__ __forceinline__ void prefetch_l1(const void* p) {
-  asm volatile("prefetch.global.L1 [%0];" ::"l"(reinterpret_cast<uint64_t>(p)));
-}
 __device__ __forceinline__ uint4 lds128(const void* p) { return *reinterpret_cast<const uint4*>(p); }
 __device__ __forceinline__ uint2 lds64(const void* p) { return *reinterpret_cast<const uint2*>(p); }
 

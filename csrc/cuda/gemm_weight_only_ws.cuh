@@ -277,14 +277,6 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? (MT == 1 ? 2 :
     const int u = blockIdx.y + o * ustride;
     const int n_blk = u * 16 * tiles, n0 = n_blk + warp * 16 * CT;
     const bool active = n0 < p.n;  // warp-uniform (N % 64 == 0: all CT tiles or none)
-    // (the scales this group ends with: prefetch_l1; not in the instances with one tile a warp and two token
-    // tiles, at their 72-register cap: 8 bytes spilled there)
-    if (GMODE == 0 && !(MT == 2 && CT == 1) && active) {
-      int ch = n0 + (lane & 15);
-      asm volatile("" : "+r"(ch));  // (opaque: no address shared with the end's loads, held through the loop)
-#pragma unroll
-      for (int q = 0; q < CT; ++q) dsx_wo::prefetch_l1(p.scale + ch + 16 * q);
-    }
     float acc[CT][MT][4];
 #pragma unroll
     for (int q = 0; q < CT; ++q)
