@@ -308,7 +308,7 @@ def test_two_tiles_refused_combinations():
 # (132 SMs; gemm_weight_only_ws.cuh, ws_auto_rule): int4 per channel four tiles a warp where that grid
 # runs in one round with a block for at least 2/3 of the SMs and as many tiles resident as two; two
 # tiles a warp where that grid has a block for every SM and keeps at least as many tiles resident an
-# SM; else at 9..16 rows int4 one tile a warp, int8 the kernel without bit 28; at <= 8 rows (int4 per
+# SM; else at 9..16 rows int4 one tile a warp, int8 one tile a warp at 8 splits (fifteenth session); at <= 8 rows (int4 per
 # channel only) one tile a warp where the plain grid would not be the balanced one. At 2..8 rows, where
 # the two-tile grid takes more than one round of resident blocks: four tiles at twice its split
 # (36864 x 7168: 8 splits; twelfth session).
@@ -320,7 +320,7 @@ AUTO_H200 = {
     (36864, 7168, 4, 128, 16): (True, 1),  # (two tiles: one block an SM, 16 tiles against 24)
     (36864, 7168, 4, 128, 9): (True, 2), (7168, 18432, 4, 128, 16): (True, 2),
     (36864, 7168, 8, -1, 16): (True, 2), (7168, 18432, 8, -1, 9): (True, 2),
-    (4096, 7168, 8, -1, 16): (False, 1),
+    (4096, 7168, 8, -1, 16): (True, 1), (7168, 2048, 8, -1, 12): (True, 1), (2048, 7168, 8, -1, 9): (True, 1),
     (36864, 7168, 4, 64, 16): (False, 1), (36864, 7168, 4, -1, 17): (False, 1),
     # up to 8 rows (int4 per channel)
     (36864, 7168, 4, -1, 1): (True, 2), (36864, 7168, 4, -1, 2): (True, 4), (36864, 7168, 4, -1, 4): (True, 4),
@@ -380,6 +380,24 @@ def test_automatic_two_tiles_same_bits(bits, group, m):
     assert same(a, G.gemm_weight_only_cuda(x, q, s, bits, group, 90)), "not reproducible"
     assert G.cuda_path(m, n, k, bits, group, algo=word(8, 4, 0, 2, 2) | WS | TWO) == {"ws": True, "tiles": 2}
     assert G.cuda_path(m, n, k, bits, group, algo=word(8, 4, 0, 0, 0)) == {"ws": False, "tiles": 1}
+
+
+@pytest.mark.parametrize("m", [9, 12, 16])
+@pytest.mark.parametrize("n,k", [(7168, 2048), (2048, 7168)])
+def test_int8_one_tile_rule_on_h200(n, k, m):
+    """int8 per channel at 9..16 rows where two tiles a warp do not fill an H200's SMs: auto takes the
+    warp-specialized kernel with one tile a warp at 8 splits (fifteenth session; before, the kernel
+    without bit 28). Right against float64, the same bits as the existing path at 8 splits, and
+    reproducible."""
+    skip_unless_h200()
+    assert G.cuda_path(m, n, k, 8, -1) == {"ws": True, "tiles": 1}
+    cfg = G.cuda_config(m, n, k, 8, -1)
+    assert (cfg["warps"], cfg["splits"], cfg["stages"], cfg["box"]) == (8, 8, 2, 2), cfg
+    x, q, s, wd = make(m, n, k, 8, -1, seed=29)
+    a = G.gemm_weight_only_cuda(x, q, s, 8, -1, 90)
+    check_bound(a, x, wd, f"auto {cfg} m {m}")
+    assert same(a, run_raw(x, q, s, 8, -1, word(8, 8, 0, 0, 0))), "bits differ from the existing path"
+    assert same(a, G.gemm_weight_only_cuda(x, q, s, 8, -1, 90)), "not reproducible"
 
 
 @pytest.mark.parametrize("m", [2, 5, 8])
