@@ -93,14 +93,6 @@ __device__ __forceinline__ void ws_st_async2(uint32_t raddr, float a, float b, u
                "f"(a), "f"(b), "r"(rbar)
                : "memory");
 }
-__device__ __forceinline__ void ws_st_shared2(uint32_t addr, float a, float b) {
-  asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(addr), "f"(a), "f"(b) : "memory");
-}
-// One arrival on the barrier at shared byte `bar` of CTA `rank` (default semantics, as
-// sm90::mbar_arrive_rank: the .release.cluster form would compile to a GPU-scope fence).
-__device__ __forceinline__ void ws_arrive_rank(uint32_t bar, int rank) {
-  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(ws_mapa(bar, rank)) : "memory");
-}
 
 // The block's tensor maps (Params::wmap: `box` steps x all tiles' rows; wmap1: one step).
 // CT: 16-channel tiles a consumer warp owns (2, 4: algo bits 29..30; warp w owns tiles CT w .. CT w +
@@ -372,8 +364,8 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? (MT == 1 ? 2 :
       // Pushed sum. The owner's partial-tile room holds one piece a slice, in slice order: piece r
       // = [owned tiles][rows][16 channels] fp32 from block r, each row's four 4-channel quads
       // swizzled (quad ^ 2 on rows 2, 3 mod 4) so that neither the senders' 8-byte stores nor the
-      // owner's 16-byte loads meet bank conflicts. The values are put_partial's (scaled where it
-      // scales) and each element's sum runs in slice order: the bits of the pulled sum.
+      // owner's 16-byte loads meet bank conflicts. The values are the accumulators (the owner applies
+      // per-channel scales, below) and each element's sum runs in slice order: the bits of the pulled sum.
       // (rows, rank, split made opaque here: what is computed from them stays in this section instead of
       // being hoisted out of the group loop into registers held through the step loop; it spilled)
       int rows = p.m, me = rank, sp = splits, ln = lane;
@@ -390,19 +382,13 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? (MT == 1 ? 2 :
 #pragma unroll
       for (int q = 0; q < CT; ++q) {
         const int v = CT * warp + q, dst = v / owned;
-        float s_lo = 1.f, s_hi = 1.f;
-        if (GMODE == 0 && active) {
-          s_lo = dsx_wo::bf16_bits_to_f32(__ldg(p.scale + n0 + 16 * q + g));
-          s_hi = dsx_wo::bf16_bits_to_f32(__ldg(p.scale + n0 + 16 * q + g + 8));
-        }
         const uint32_t mine = recv + 4u * static_cast<uint32_t>(me * blk + (v - dst * owned) * rows * 16);
         const uint32_t to = dst == me ? mine : ws_mapa(mine, dst), bar = ws_mapa(recv_bar(), dst);
 #pragma unroll
         for (int t = 0; t < MT; ++t) {
           // Lanes g, g ^ 1 trade values so that each holds two adjacent channels of one row:
           // even g row 2c (channels g, g + 1 and g + 8, g + 9), odd g row 2c + 1 (g - 1, g; g + 7, g + 8).
-          const float a0 = acc[q][t][0] * s_lo, a1 = acc[q][t][1] * s_lo;
-          const float a2 = acc[q][t][2] * s_hi, a3 = acc[q][t][3] * s_hi;
+          const float a0 = acc[q][t][0], a1 = acc[q][t][1], a2 = acc[q][t][2], a3 = acc[q][t][3];
           const float r0 = __shfl_xor_sync(0xffffffffu, odd ? a0 : a1, 4);
           const float r2 = __shfl_xor_sync(0xffffffffu, odd ? a2 : a3, 4);
           const int tok = 8 * t + 2 * c + (odd ? 1 : 0);
@@ -411,8 +397,8 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? (MT == 1 ? 2 :
             const uint32_t lo = to + 4u * (tok * 16 + 4 * ((chb >> 2) ^ sw) + (chb & 2));
             const uint32_t hi = to + 4u * (tok * 16 + 4 * (((chb + 8) >> 2) ^ sw) + (chb & 2));
             if (dst == me) {
-              ws_st_shared2(lo, odd ? r0 : a0, odd ? a1 : r0);
-              ws_st_shared2(hi, odd ? r2 : a2, odd ? a3 : r2);
+              dsx_cuda::sm90::st_shared_u32x2(lo, __float_as_uint(odd ? r0 : a0), __float_as_uint(odd ? a1 : r0));
+              dsx_cuda::sm90::st_shared_u32x2(hi, __float_as_uint(odd ? r2 : a2), __float_as_uint(odd ? a3 : r2));
             } else {
               ws_st_async2(lo, odd ? r0 : a0, odd ? a1 : r0, bar);
               ws_st_async2(hi, odd ? r2 : a2, odd ? a3 : r2, bar);
@@ -429,12 +415,24 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? (MT == 1 ? 2 :
         const int n = n_blk + (me * owned + lv) * 16 + 4 * q4;
         if (n >= p.n) continue;
         const int off = row * 16 + 4 * (q4 ^ (tok & 2));
-        float4 s = *reinterpret_cast<const float4*>(part + off);
+        // Per-channel scales: applied here, by the owner, to each piece before it is added (rounded
+        // products, then rounded sums in slice order: the bits of the pulled sum, whose blocks scale their
+        // partial tiles in put_partial); the senders hold no scales.
+        float sc[4] = {1.f, 1.f, 1.f, 1.f};
+        if (GMODE == 0)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) sc[i] = dsx_wo::bf16_bits_to_f32(__ldg(p.scale + n + i));
+        auto scaled = [&](float4 w) {
+          if (GMODE == 0)
+            w.x = __fmul_rn(w.x, sc[0]), w.y = __fmul_rn(w.y, sc[1]), w.z = __fmul_rn(w.z, sc[2]), w.w = __fmul_rn(w.w, sc[3]);
+          return w;
+        };
+        float4 s = scaled(*reinterpret_cast<const float4*>(part + off));
 #pragma unroll
         for (int r = 1; r < kMaxSplits; ++r)
           if (r < sp) {  // slice order: deterministic, the pulled sum's bits
-            const float4 w = *reinterpret_cast<const float4*>(part + r * blk + off);
-            s.x += w.x, s.y += w.y, s.z += w.z, s.w += w.w;
+            const float4 w = scaled(*reinterpret_cast<const float4*>(part + r * blk + off));
+            s.x = __fadd_rn(s.x, w.x), s.y = __fadd_rn(s.y, w.y), s.z = __fadd_rn(s.z, w.z), s.w = __fadd_rn(s.w, w.w);
           }
         uint16_t* out = p.out + static_cast<int64_t>(tok) * p.n + n;
         out[0] = dsx_wo::f32_to_bf16_rne(s.x), out[1] = dsx_wo::f32_to_bf16_rne(s.y);
@@ -442,7 +440,7 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? (MT == 1 ? 2 :
       }
       if (o + 1 < my_groups) {
         ws_consumer_sync(cthreads);  // every read of this group's pieces is done:
-        if (static_cast<int>(threadIdx.x) < sp) ws_arrive_rank(send_bar(), threadIdx.x);  // peers may send again
+        if (static_cast<int>(threadIdx.x) < sp) dsx_cuda::sm90::mbar_arrive_rank(send_bar(), threadIdx.x);  // peers may send again
       }
       continue;
     }
@@ -601,9 +599,13 @@ int ws_choose(int rows, int64_t n, int64_t k, int bits, int group, int algo, int
 // compile to STAS / SYNCS.ARRIVE.TRANS64.RED with no MEMBAR). At 2 splits pushing lost where pulling
 // is one cheap barrier of two blocks (24576 x 1536, four tiles a warp, M = 1 / 16 12.14 / 16.12
 // pulled -> 12.43 / 16.79 pushed, one build with both) and won a little on 7168 x 2048 (M = 1 7.99 ->
-// 7.66): not taken. The int4-per-channel instance with two token tiles and one tile a warp spills 16
-// bytes (3 reloads a step: at its 72-register cap the pulled one has none) and still wins (2048 x 7168
-// above).
+// 7.66): not taken. The int4-per-channel instance with two token tiles and one tile a warp spilled 16
+// bytes (3 reloads a step: at its 72-register cap the pulled one has none) and still won (2048 x 7168
+// above). Fifteenth session: the owner applies the per-channel scales (the senders hold none; same
+// bits): that spill 16 -> 4 bytes; H200, bench --ab, this vs the sender-scaled build, interleaved, one
+// run, us: 36864 x 7168 M = 1 / 8 / 9 / 16 42.83 / 44.07 / 50.17 / 56.97 against 43.09 / 45.00 / 50.35
+// / 57.32, 7168 x 18432 M = 1 / 16 24.00 / 32.11 against 23.85 / 32.46, 2048 x 7168 M = 9 / 16 10.06 /
+// 10.56 against 9.94 / 10.44, 7168 x 2048 within 0.7%: neutral, kept for the lighter senders.
 constexpr int kWsPushMinSplits = 4;
 bool ws_push(const Config& c) {
   return c.splits >= kWsPushMinSplits && (c.ct * c.warps) % c.splits == 0 &&
