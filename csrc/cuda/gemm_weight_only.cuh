@@ -196,6 +196,9 @@ __device__ __forceinline__ uint32_t i4_pair(uint32_t w) {
 
 // The same with the nibble / byte pair as an argument (a constant once the loops unroll).
 __device__ __forceinline__ uint32_t i4_pairj(uint32_t w, int j) {
+#ifdef DSX_WO_DIAG_NOUNPACK  // diagnostic build (bench --ab-libs): the raw word to the mma, no unpack, wrong values
+  return w;
+#endif
 #ifndef DSX_WO_DIAG_NOSHIFT
   const uint32_t val = and_or(j ? (w >> (4 * j)) : w, 0x000F000Fu, 0x43004300u);
 #else  // diagnostic build (bench --alt-lib): the same but for the shifts, wrong values
@@ -204,12 +207,19 @@ __device__ __forceinline__ uint32_t i4_pairj(uint32_t w, int j) {
   return bf16x2_add(val, 0xC308C308u);
 }
 __device__ __forceinline__ uint32_t i8_pairj(uint32_t w, int pair) {
+#ifdef DSX_WO_DIAG_NOUNPACK
+  return w;
+#endif
   return pair ? i8_pair<1>(w) : i8_pair<0>(w);
 }
 
 // d += A (16x16, row) * B (16x8, col), bf16 in, fp32 accumulate.
 __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
                                          uint32_t b1) {
+#ifdef DSX_WO_DIAG_NOMMA  // diagnostic build (bench --ab-libs): the operands consumed on the CUDA cores, no mma
+  d[0] += __uint_as_float((a[0] ^ a[1] ^ a[2] ^ a[3] ^ b0 ^ b1) & 1u);
+  return;
+#endif
   asm(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
       "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"

@@ -53,6 +53,14 @@
 // step. Fourteenth session: at 4 and 8 splits the sum is now pushed instead (PUSH, ws_push below: each
 // block st.async's its pieces to the owner of their tiles, no cluster barrier, no GPU-scope fence, no
 // remote loads): 36864 x 7168 M = 16 63.37 -> 58.47 us, M = 8 49.22 -> 45.22.
+// Fifteenth session, diagnostic builds timed interleaved with the real one (H200, bench --ab-libs, us, real /
+// no unpack (-DDSX_WO_DIAG_NOUNPACK: raw words to the mma) / no mma (-DDSX_WO_DIAG_NOMMA: the operands
+// consumed by a few CUDA-core instructions instead) / neither (-DDSX_WO_NOMATH) / no cross-slice sum
+// (-DDSX_WO_DIAG_NORED=2)): 36864 x 7168 M = 16 57.05 / 49.35 / 53.07 / 40.43 / 56.95 (another call), M = 1
+// 43.04 / 39.87 / 42.50 / 37.58; 7168 x 18432 M = 16 32.60 / 30.31 / 30.41 / 25.36, M = 1 24.37 / 22.74 / 23.68 /
+// 21.29. The sum is now cheap; the unpack and the mma each cost part and together more than the sum of
+// their parts: the loop's instruction stream, not one unit (mma.sync alone, or the unpack alone, would not
+// give 9..16 rows their 3x).
 #pragma once
 
 namespace {
