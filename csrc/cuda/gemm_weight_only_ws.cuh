@@ -658,9 +658,7 @@ int ws_resident_tiles(const Config& c) { return c.ct * c.warps * ws_blocks_per_s
 // -> 7.90 / 8.32 / 9.23; the rows it leaves alone within 0.9%.
 bool ws_auto_rule(int rows, int64_t n, int64_t k, int bits, int group, int algo, int sms, Config* cfg) {
   if (rows > 16 || (algo & 0xFFFFFF) != 0 || (algo & (1 << 27 | kWsAlgoBit | kWsTilesBit))) return false;
-  // (int8 group 128 takes int8 per channel's rules since the fifteenth session, below)
-  const bool int4pc = bits == 4 && group == -1, int4g128 = bits == 4 && group == 128;
-  const bool int8pc = bits == 8 && (group == -1 || group == 128);
+  const bool int4pc = bits == 4 && group == -1, int4g128 = bits == 4 && group == 128, int8pc = bits == 8 && group == -1;
   if (!int4pc && !int4g128 && !int8pc) return false;
   const int ring = algo | kWsAlgoBit | 2 << 16 | 2 << 20;
   Config one, two, four;
@@ -740,14 +738,6 @@ bool ws_auto_rule(int rows, int64_t n, int64_t k, int bits, int group, int algo,
   // 2048 x 7168 13.02 / 13.36 / 13.86 -> 11.40 / 11.62 / 11.94 (torch 13.5); 4096 x 7168 18.92 / 19.60 /
   // 20.69 -> 15.84 / 16.21 / 16.66 (torch 20.4-21.7). (One tile a warp lost to the existing path where
   // two tiles fill the SMs: 7168 x 18432 M = 16, above.)
-  // int8 group 128 takes these int8 rules too (the two-tile rule where it fills the SMs, at any rows up to 16;
-  // else this one at 9..16 rows): before, it never took bit 28's kernel, and was slower than torch at 9..16
-  // rows on every DeepSeek-V3 shape but 36864 x 7168. H200, bench --ab --ab-layout 8,128, one run, us, auto
-  // before -> two tiles at 8 splits / one tile at 8 splits (M = 9 / 16; torch 11.0, 13.3, 20.7-21.5, 140,
-  // 73-74, 23.1): 7168 x 2048 13.28 / 14.15 -> 9.56 / 9.84, 9.70 / 9.94; 2048 x 7168 15.79 / 16.59 -> 11.14 /
-  // 12.20, 12.24 / 13.14; 4096 x 7168 22.47 / 24.48 -> 16.86 / 21.73, 16.46 / 18.12; 36864 x 7168 119.87 /
-  // 123.47 -> 75.54 / 91.33, 81.73 / 83.89; 7168 x 18432 69.84 / 74.96 -> 47.62 / 49.95, 49.73 / 66.59;
-  // 24576 x 1536 24.70 / 27.72 -> 18.79 / 19.49, 20.19 / 20.34; M = 1, 7168 x 2048 11.08 -> 8.80 (two tiles).
   if (int8pc && rows > 8) {
     Config one8;
     if (k / 64 / kMaxSplits >= 4 &&
