@@ -725,11 +725,7 @@ bool ws_auto_rule(int rows, int64_t n, int64_t k, int bits, int group, int algo,
     Config plain;
     if (choose(rows, n, k, bits, group, algo, sms, &plain) != DSX_OK || plain.bal) return false;
   }
-  if (ok1 && !int8pc) {
-    *cfg = one;
-    return true;
-  }
-  // Fifteenth session: int8 per channel at 9..16 rows where two tiles a warp do not fill the SMs (the
+  // Fifteenth session: int8 per channel (here always 9..16 rows) where two tiles a warp do not fill the SMs (the
   // two-tile rule above did not fire): one tile a warp (2 x 2 ring) at 8 splits where the slices keep at
   // least 4 steps, else at choose()'s split; before, the kernel without bit 28, slower than torch's bf16
   // matmul on 7168 x 2048 and 2048 x 7168. H200, bench --ab --ab-layout 8,-1, interleaved, one run, us,
@@ -738,19 +734,14 @@ bool ws_auto_rule(int rows, int64_t n, int64_t k, int bits, int group, int algo,
   // 2048 x 7168 13.02 / 13.36 / 13.86 -> 11.40 / 11.62 / 11.94 (torch 13.5); 4096 x 7168 18.92 / 19.60 /
   // 20.69 -> 15.84 / 16.21 / 16.66 (torch 20.4-21.7). (One tile a warp lost to the existing path where
   // two tiles fill the SMs: 7168 x 18432 M = 16, above.)
-  if (int8pc && rows > 8) {
-    Config one8;
-    if (k / 64 / kMaxSplits >= 4 &&
-        ws_choose(rows, n, k, bits, group, ring | kMaxSplits << 4, sms, &one8) == DSX_OK) {
-      *cfg = one8;
-      return true;
-    }
-    if (ok1) {
-      *cfg = one;
-      return true;
-    }
+  Config one8;
+  if (int8pc && k / 64 / kMaxSplits >= 4 &&
+      ws_choose(rows, n, k, bits, group, ring | kMaxSplits << 4, sms, &one8) == DSX_OK) {
+    *cfg = one8;
+    return true;
   }
-  return false;
+  if (ok1) *cfg = one;
+  return ok1;
 }
 
 // The configuration of one launch of `rows` rows, and whether it takes the warp-specialized
