@@ -658,8 +658,10 @@ int ws_resident_tiles(const Config& c) { return c.ct * c.warps * ws_blocks_per_s
 // -> 7.90 / 8.32 / 9.23; the rows it leaves alone within 0.9%.
 bool ws_auto_rule(int rows, int64_t n, int64_t k, int bits, int group, int algo, int sms, Config* cfg) {
   if (rows > 16 || (algo & 0xFFFFFF) != 0 || (algo & (1 << 27 | kWsAlgoBit | kWsTilesBit))) return false;
-  const bool int4pc = bits == 4 && group == -1, int4g128 = bits == 4 && group == 128, int8pc = bits == 8 && group == -1;
-  if (!int4pc && !int4g128 && !int8pc) return false;
+  // (int8 groups of 128 and 64 take int8 per channel's rules since the sixteenth session, below)
+  const bool int4pc = bits == 4 && group == -1, int4g128 = bits == 4 && group == 128;
+  const bool int8 = bits == 8;
+  if (!int4pc && !int4g128 && !int8) return false;
   const int ring = algo | kWsAlgoBit | 2 << 16 | 2 << 20;
   Config one, two, four;
   const bool ok1 = ws_choose(rows, n, k, bits, group, ring, sms, &one) == DSX_OK;
@@ -734,8 +736,20 @@ bool ws_auto_rule(int rows, int64_t n, int64_t k, int bits, int group, int algo,
   // 2048 x 7168 13.02 / 13.36 / 13.86 -> 11.40 / 11.62 / 11.94 (torch 13.5); 4096 x 7168 18.92 / 19.60 /
   // 20.69 -> 15.84 / 16.21 / 16.66 (torch 20.4-21.7). (One tile a warp lost to the existing path where
   // two tiles fill the SMs: 7168 x 18432 M = 16, above.)
+  // Sixteenth session: int8 groups of 128 and 64 take these int8 rules too (the two-tile rule where it fills
+  // the SMs, at any rows up to 16; else this one at 9..16 rows); before, they never took bit 28's kernel and
+  // were slower than torch at 9..16 rows on every DeepSeek-V3 shape but 36864 x 7168. H200, bench --ab
+  // --ab-layout 8,128 / 8,64, interleaved with the build before, one run, us, before -> after (M = 1 / 8 / 9 /
+  // 16), group 128: 36864 x 7168 95.17 / 98.70 / 119.39 / 123.60 -> 74.53 / 74.37 / 77.04 / 86.10 (torch 140-142;
+  // at M = 16 one tile a warp: two tiles at 8 splits 91.49); 7168 x 18432 48.19 / 58.05 / 70.05 / 74.43 ->
+  // 40.96 / 43.38 / 48.53 / 50.70 (torch 73-76); 4096 x 7168 15.95 / 21.01 / 22.64 / 24.54 -> 13.08 / 14.61 /
+  // 16.72 / 18.26 (torch 21-22); 7168 x 2048 11.14 / 12.30 / 13.20 / 14.04 -> 9.00 / 9.07 / 9.84 / 10.07 (torch
+  // 11.2-11.4); 24576 x 1536 17.98 / 22.66 / 25.32 / 27.85 -> 15.71 / 16.61 / 18.16 / 19.80 (torch 23.7-24.9);
+  // 2048 x 7168 at 9 / 16 15.83 / 16.68 -> 12.27 / 13.23 (torch 13.6-13.9; at <= 8 rows unchanged). Group 64
+  // within 2% of group 128 on every point (36864 x 7168 94.11 / 99.33 / 119.39 / 122.35 -> 74.90 / 74.43 / 76.30
+  // / 84.46).
   Config one8;
-  if (int8pc && k / 64 / kMaxSplits >= 4 &&
+  if (int8 && k / 64 / kMaxSplits >= 4 &&
       ws_choose(rows, n, k, bits, group, ring | kMaxSplits << 4, sms, &one8) == DSX_OK) {
     *cfg = one8;
     return true;

@@ -321,6 +321,11 @@ AUTO_H200 = {
     (36864, 7168, 4, 128, 9): (True, 2), (7168, 18432, 4, 128, 16): (True, 2),
     (36864, 7168, 8, -1, 16): (True, 2), (7168, 18432, 8, -1, 9): (True, 2),
     (4096, 7168, 8, -1, 16): (True, 1), (7168, 2048, 8, -1, 12): (True, 1), (2048, 7168, 8, -1, 9): (True, 1),
+    # int8 groups of 128 and 64: int8 per channel's rules (sixteenth session)
+    (7168, 2048, 8, 128, 16): (True, 1), (4096, 7168, 8, 128, 16): (True, 1), (24576, 1536, 8, 128, 16): (True, 2),
+    (36864, 7168, 8, 128, 16): (True, 1), (36864, 7168, 8, 128, 12): (True, 2), (7168, 2048, 8, 128, 1): (True, 2),
+    (2048, 7168, 8, 128, 1): (False, 1), (7168, 2048, 8, 64, 1): (True, 2), (2048, 7168, 8, 64, 9): (True, 1),
+    (36864, 7168, 8, 64, 16): (True, 1), (24576, 1536, 8, 64, 9): (True, 2), (7168, 18432, 8, 64, 16): (True, 2),
     (36864, 7168, 4, 64, 16): (False, 1), (36864, 7168, 4, -1, 17): (False, 1),
     # up to 8 rows (int4 per channel)
     (36864, 7168, 4, -1, 1): (True, 2), (36864, 7168, 4, -1, 2): (True, 4), (36864, 7168, 4, -1, 4): (True, 4),
@@ -363,7 +368,7 @@ def test_automatic_two_tiles_rule_on_h200(case):
 
 
 @pytest.mark.parametrize("m", [1, 8, 9, 16])
-@pytest.mark.parametrize("bits,group", [(4, -1), (4, 128), (8, -1)])
+@pytest.mark.parametrize("bits,group", [(4, -1), (4, 128), (8, -1), (8, 128), (8, 64)])
 def test_automatic_two_tiles_same_bits(bits, group, m):
     """24576 x 1536, where auto takes several tiles a warp on an H200 at 9..16 rows (int4 per channel
     four, 48 groups of 512 channels; the others two, 96 groups of 256 channels; 2 splits) and, int4 per
@@ -382,22 +387,23 @@ def test_automatic_two_tiles_same_bits(bits, group, m):
     assert G.cuda_path(m, n, k, bits, group, algo=word(8, 4, 0, 0, 0)) == {"ws": False, "tiles": 1}
 
 
+@pytest.mark.parametrize("group", [-1, 128, 64])
 @pytest.mark.parametrize("m", [9, 12, 16])
 @pytest.mark.parametrize("n,k", [(7168, 2048), (2048, 7168)])
-def test_int8_one_tile_rule_on_h200(n, k, m):
-    """int8 per channel at 9..16 rows where two tiles a warp do not fill an H200's SMs: auto takes the
-    warp-specialized kernel with one tile a warp at 8 splits (fifteenth session; before, the kernel
-    without bit 28). Right against float64, the same bits as the existing path at 8 splits, and
-    reproducible."""
+def test_int8_one_tile_rule_on_h200(n, k, m, group):
+    """int8 (per channel, groups of 128 and 64) at 9..16 rows where two tiles a warp do not fill an
+    H200's SMs: auto takes the warp-specialized kernel with one tile a warp at 8 splits (fifteenth
+    session, groups sixteenth; before, the kernel without bit 28). Right against float64, the same bits
+    as the existing path at 8 splits, and reproducible."""
     skip_unless_h200()
-    assert G.cuda_path(m, n, k, 8, -1) == {"ws": True, "tiles": 1}
-    cfg = G.cuda_config(m, n, k, 8, -1)
+    assert G.cuda_path(m, n, k, 8, group) == {"ws": True, "tiles": 1}
+    cfg = G.cuda_config(m, n, k, 8, group)
     assert (cfg["warps"], cfg["splits"], cfg["stages"], cfg["box"]) == (8, 8, 2, 2), cfg
-    x, q, s, wd = make(m, n, k, 8, -1, seed=29)
-    a = G.gemm_weight_only_cuda(x, q, s, 8, -1, 90)
+    x, q, s, wd = make(m, n, k, 8, group, seed=29)
+    a = G.gemm_weight_only_cuda(x, q, s, 8, group, 90)
     check_bound(a, x, wd, f"auto {cfg} m {m}")
-    assert same(a, run_raw(x, q, s, 8, -1, word(8, 8, 0, 0, 0))), "bits differ from the existing path"
-    assert same(a, G.gemm_weight_only_cuda(x, q, s, 8, -1, 90)), "not reproducible"
+    assert same(a, run_raw(x, q, s, 8, group, word(8, 8, 0, 0, 0))), "bits differ from the existing path"
+    assert same(a, G.gemm_weight_only_cuda(x, q, s, 8, group, 90)), "not reproducible"
 
 
 @pytest.mark.parametrize("m", [2, 5, 8])
