@@ -722,6 +722,28 @@ bool ws_auto_rule(int rows, int64_t n, int64_t k, int bits, int group, int algo,
   // 13.73 / 16.56 -> 9.53 / 9.76 / 11.07 and int8 13.96 / 16.27 / 18.66 -> 12.83 / 13.71 / 14.43; on
   // 2048 x 7168 (fewer blocks than SMs) the rule does not fire (two tiles at 8 splits, forced, won at
   // M = 4 and 8 and lost or tied at M = 1; left alone).
+  // Sixteenth session: int8 with group scales and int4 group 128 at 2..16 rows where the rules above did
+  // not fire and one tile a warp at 8 warps and 8 splits leaves SMs without a block (2048 x 7168 of the
+  // DeepSeek-V3 shapes): two tiles a warp, 8 warps, at 8 splits, where the slices keep at least 4 steps;
+  // before, the kernel without bit 28 up to 8 rows, one tile a warp above. H200, bench --ab --ab-layout,
+  // interleaved with the build before, one run each, us, before -> after (torch 12.5-13.6): int8 group 128
+  // M = 2 / 4 / 8 11.06 / 11.48 / 12.56 -> 10.27 / 10.28 / 10.42, M = 9 / 12 / 16 12.20 / 12.76 / 13.21 ->
+  // 11.26 / 11.68 / 12.26; group 64 M = 2 / 8 / 9 / 16 11.11 / 12.90 / 12.22 / 13.19 -> 10.41 / 10.62 / 11.25 /
+  // 12.26; int4 group 128 M = 2 / 4 / 8 8.62 / 9.17 / 10.19 -> 8.49 / 8.55 / 8.46, M = 9 / 12 / 16 9.69 /
+  // 10.25 / 10.60 -> 9.20 / 9.97 / 10.27. Left alone: int8 per channel (M = 2 10.05 -> 10.41 forced, M = 8
+  // 11.50 -> 10.89; at 9..16 1-2%), one row (int8 group 128 10.64 -> 10.30 forced, int4 group 128 8.24 ->
+  // 8.43), and 4 warps for int4 group 128 (M = 2 / 4 / 8 8.13 / 8.22 / 9.10 forced).
+  if (((int8 && group != -1) || int4g128) && rows >= 2) {
+    const int64_t steps = k / (bits == 8 ? 64 : 128);
+    Config one8, two8;
+    if (steps / kMaxSplits >= 4 &&
+        ws_choose(rows, n, k, bits, group, ring | kMaxSplits << 4 | 8, sms, &one8) == DSX_OK &&
+        int64_t(one8.blocks_n) * one8.splits <= sms &&
+        ws_choose(rows, n, k, bits, group, ring | 1 << 29 | kMaxSplits << 4 | 8, sms, &two8) == DSX_OK) {
+      *cfg = two8;
+      return true;
+    }
+  }
   if (rows <= 8 && !int4pc) return false;
   if (ok1 && rows <= 8) {
     Config plain;

@@ -308,8 +308,10 @@ def test_two_tiles_refused_combinations():
 # (132 SMs; gemm_weight_only_ws.cuh, ws_auto_rule): int4 per channel four tiles a warp where that grid
 # runs in one round with a block for at least 2/3 of the SMs and as many tiles resident as two; two
 # tiles a warp where that grid has a block for every SM and keeps at least as many tiles resident an
-# SM; else at 9..16 rows int4 one tile a warp, int8 one tile a warp at 8 splits (fifteenth session); at <= 8 rows (int4 per
-# channel only) one tile a warp where the plain grid would not be the balanced one. At 2..8 rows, where
+# SM; else int8 with group scales and int4 group 128 at 2..16 rows two tiles a warp at 8 splits where one
+# tile a warp at 8 splits leaves SMs without a block (2048 x 7168; sixteenth session); else at 9..16 rows
+# int4 one tile a warp, int8 one tile a warp at 8 splits (fifteenth session; groups sixteenth); at <= 8 rows
+# (int4 per channel only) one tile a warp where the plain grid would not be the balanced one. At 2..8 rows, where
 # the two-tile grid takes more than one round of resident blocks: four tiles at twice its split
 # (36864 x 7168: 8 splits; twelfth session).
 AUTO_H200 = {
@@ -324,7 +326,7 @@ AUTO_H200 = {
     # int8 groups of 128 and 64: int8 per channel's rules (sixteenth session)
     (7168, 2048, 8, 128, 16): (True, 1), (4096, 7168, 8, 128, 16): (True, 1), (24576, 1536, 8, 128, 16): (True, 2),
     (36864, 7168, 8, 128, 16): (True, 1), (36864, 7168, 8, 128, 12): (True, 2), (7168, 2048, 8, 128, 1): (True, 2),
-    (2048, 7168, 8, 128, 1): (False, 1), (7168, 2048, 8, 64, 1): (True, 2), (2048, 7168, 8, 64, 9): (True, 1),
+    (2048, 7168, 8, 128, 1): (False, 1), (7168, 2048, 8, 64, 1): (True, 2), (2048, 7168, 8, -1, 12): (True, 1),
     (36864, 7168, 8, 64, 16): (True, 1), (24576, 1536, 8, 64, 9): (True, 2), (7168, 18432, 8, 64, 16): (True, 2),
     (36864, 7168, 4, 64, 16): (False, 1), (36864, 7168, 4, -1, 17): (False, 1),
     # up to 8 rows (int4 per channel)
@@ -337,7 +339,10 @@ AUTO_H200 = {
     (7168, 2048, 4, -1, 1): (True, 1), (7168, 2048, 4, -1, 8): (True, 1),
     # int4 group 128 and int8 up to 8 rows: two tiles where that grid fills the SMs (fourteenth session)
     (36864, 7168, 4, 128, 8): (True, 2), (36864, 7168, 8, -1, 4): (True, 2), (7168, 18432, 4, 128, 1): (True, 2),
-    (7168, 18432, 8, -1, 8): (True, 2), (4096, 7168, 4, 128, 8): (True, 2), (2048, 7168, 8, -1, 4): (False, 1),
+    (7168, 18432, 8, -1, 8): (True, 2), (4096, 7168, 4, 128, 8): (True, 2), (2048, 7168, 8, -1, 1): (False, 1),
+    # else at 2..8 rows two tiles at 8 splits (sixteenth session)
+    (2048, 7168, 8, -1, 4): (False, 1), (2048, 7168, 8, 128, 8): (True, 2), (2048, 7168, 4, 128, 2): (True, 2),
+    (2048, 7168, 8, 64, 16): (True, 2), (2048, 7168, 4, 128, 12): (True, 2),
     (7168, 18432, 4, 64, 1): (False, 1),
 }
 
@@ -367,6 +372,26 @@ def test_automatic_two_tiles_rule_on_h200(case):
         assert cfg["warps"] == (8 if got["tiles"] > 1 and (m > 8 or (bits, group) == (4, -1)) else cfg["warps"]), cfg
 
 
+@pytest.mark.parametrize("m", [2, 5, 8, 9, 16])
+@pytest.mark.parametrize("bits,group", [(8, 128), (8, 64), (4, 128)])
+def test_two_tiles_eight_splits_rule_on_h200(bits, group, m):
+    """2048 x 7168 at 2..16 rows, int8 with group scales and int4 group 128, where one tile a warp at 8
+    splits leaves SMs without a block: auto takes two tiles a warp, 8 warps, at 8 splits (sixteenth
+    session; before, the kernel without bit 28 up to 8 rows, one tile a warp above). Right against float64, the same bits as the existing path and
+    one tile a warp at 8 splits, and reproducible."""
+    skip_unless_h200()
+    n, k = 2048, 7168
+    assert G.cuda_path(m, n, k, bits, group) == {"ws": True, "tiles": 2}
+    cfg = G.cuda_config(m, n, k, bits, group)
+    assert (cfg["warps"], cfg["splits"], cfg["stages"], cfg["box"]) == (8, 8, 2, 2), cfg
+    x, q, s, wd = make(m, n, k, bits, group, seed=31)
+    a = G.gemm_weight_only_cuda(x, q, s, bits, group, 90)
+    check_bound(a, x, wd, f"auto {cfg} m {m}")
+    assert same(a, run_raw(x, q, s, bits, group, word(8, 8, 0, 0, 0))), "bits differ from the existing path"
+    assert same(a, run_raw(x, q, s, bits, group, word(8, 8, 0, 2, 2) | WS)), "bits differ from one tile"
+    assert same(a, G.gemm_weight_only_cuda(x, q, s, bits, group, 90)), "not reproducible"
+
+
 @pytest.mark.parametrize("m", [1, 8, 9, 16])
 @pytest.mark.parametrize("bits,group", [(4, -1), (4, 128), (8, -1), (8, 128), (8, 64)])
 def test_automatic_two_tiles_same_bits(bits, group, m):
@@ -387,9 +412,8 @@ def test_automatic_two_tiles_same_bits(bits, group, m):
     assert G.cuda_path(m, n, k, bits, group, algo=word(8, 4, 0, 0, 0)) == {"ws": False, "tiles": 1}
 
 
-@pytest.mark.parametrize("group", [-1, 128, 64])
 @pytest.mark.parametrize("m", [9, 12, 16])
-@pytest.mark.parametrize("n,k", [(7168, 2048), (2048, 7168)])
+@pytest.mark.parametrize("n,k,group", [(7168, 2048, -1), (2048, 7168, -1), (7168, 2048, 128), (7168, 2048, 64)])
 def test_int8_one_tile_rule_on_h200(n, k, m, group):
     """int8 (per channel, groups of 128 and 64) at 9..16 rows where two tiles a warp do not fill an
     H200's SMs: auto takes the warp-specialized kernel with one tile a warp at 8 splits (fifteenth
