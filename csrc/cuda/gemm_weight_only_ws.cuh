@@ -708,6 +708,26 @@ bool ws_auto_rule(int rows, int64_t n, int64_t k, int bits, int group, int algo,
       *cfg = four2;
       return true;
     }
+    // Sixteenth session: int8 up to 8 rows where the two-tile slices keep at most 4 steps (7168 x 2048 at
+    // 8 splits): half the split, the same blocks of 128 channels (twice the K slice) where that grid still
+    // gives every SM a block: two tiles a warp and 4 warps with group scales, and per channel up to 4
+    // rows; else (per channel at 5..8 rows) one tile a warp and 8 warps. H200, bench --ab, interleaved,
+    // us, 7168 x 2048, auto before (two tiles, 8 warps, 8 splits) -> half the split; per channel,
+    // one tile 8 warps (build A/B) M = 1 / 2 / 4 / 6 / 8 8.77 / 8.84 / 8.84 / 8.86 / 8.92 -> 8.42 / 8.46 /
+    // 8.43 / 8.44 / 8.56 (torch 10.7-10.9); two tiles 4 warps (forced, two runs) M = 1 / 2 / 4 8.28 / 8.23,
+    // 8.31 / 8.23, 8.25 / 8.20 but M = 6 / 8 9.15 / 9.54 and 9.59 at 8 in a third; group 128 two tiles 4
+    // warps (three runs) M = 1 8.23 / 8.26 / 8.19, M = 4 8.07 / 8.30 / 8.30, M = 8 8.49 / 8.69 / 8.56 against
+    // 8.80-8.96, 8.83-9.00, 8.94-9.12 (one tile 8 warps: 8.70 / 8.78 / 8.82); group 64 M = 1 / 8 8.26 / 8.63
+    // against 8.84 / 9.05.
+    Config half;
+    const bool half_two = group != -1 || rows <= 4;
+    if (int8 && rows <= 8 && two.chunk <= 4 && two.splits >= 2 &&
+        ws_choose(rows, n, k, bits, group, ring | (half_two ? 1 << 29 | 4 : 8) | (two.splits / 2) << 4, sms, &half) ==
+            DSX_OK &&
+        int64_t(half.blocks_n) * half.splits >= sms) {
+      *cfg = half;
+      return true;
+    }
     *cfg = two;
     return true;
   }
@@ -733,7 +753,7 @@ bool ws_auto_rule(int rows, int64_t n, int64_t k, int bits, int group, int algo,
   // 10.25 / 10.60 -> 9.20 / 9.97 / 10.27. Left alone: int8 per channel (M = 2 10.05 -> 10.41 forced, M = 8
   // 11.50 -> 10.89; at 9..16 1-2%), one row (int8 group 128 10.64 -> 10.30 forced, int4 group 128 8.24 ->
   // 8.43), and 4 warps for int4 group 128 (M = 2 / 4 / 8 8.13 / 8.22 / 9.10 forced).
-  if (((int8 && group != -1) || int4g128) && rows >= 2) {
+  if (((int8 && group != -1) || int4g128 || (int4pc && rows > 8)) && rows >= 2) {
     const int64_t steps = k / (bits == 8 ? 64 : 128);
     Config one8, two8;
     if (steps / kMaxSplits >= 4 &&
@@ -774,6 +794,18 @@ bool ws_auto_rule(int rows, int64_t n, int64_t k, int bits, int group, int algo,
   if (int8 && k / 64 / kMaxSplits >= 4 &&
       ws_choose(rows, n, k, bits, group, ring | kMaxSplits << 4, sms, &one8) == DSX_OK) {
     *cfg = one8;
+    return true;
+  }
+  // Sixteenth session: int4 per channel at 9..16 rows, one tile a warp with slices of at most 4 steps
+  // (7168 x 2048 at 4 splits): slots of one step (2 x 1 ring); before, 2 x 2 (the slice in one fill).
+  // H200, bench --ab, interleaved with the build before, us, M = 9 / 12 / 16: 8.85 / 9.09 / 9.37 -> 8.33 /
+  // 8.59 / 8.79 (torch 11.2); the session before, two tiles with one-step slots, forced, 8.24 / - / 8.69
+  // against 8.80 / - / 9.37.
+  Config oneb1;
+  if (ok1 && int4pc && rows > 8 && one.chunk <= 4 &&
+      ws_choose(rows, n, k, bits, group, algo | kWsAlgoBit | 2 << 16 | 1 << 20 | one.splits << 4 | one.warps, sms,
+                &oneb1) == DSX_OK) {
+    *cfg = oneb1;
     return true;
   }
   if (ok1) *cfg = one;

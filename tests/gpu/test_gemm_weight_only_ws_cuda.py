@@ -91,7 +91,7 @@ def ws_config(m, n, k, bits, group, algo):
 def test_automatic_fields_on_decode_shapes(m, n, k, bits, group):
     """Bit 28 with every field automatic: x whole, the ring 4 x 1, and the same bits as the
     existing path at the split it resolves to (int4 per channel: as auto itself, which takes this
-    path with one tile a warp on these shapes, at any M up to 16); right against float64."""
+    path on these shapes at any M up to 16); right against float64."""
     warps, splits, chunk, stages, box = ws_config(m, n, k, bits, group, WS)
     nsteps = k // 64 if bits == 8 else (k // 64 + 1) // 2
     assert chunk == -(-nsteps // splits) and (stages, box) == (4, 1), (warps, splits, chunk, stages, box)
@@ -99,8 +99,8 @@ def test_automatic_fields_on_decode_shapes(m, n, k, bits, group):
     a = run_raw(x, q, s, bits, group, WS)
     check_bound(a, x, wd, f"ws auto {(m, n, k, bits, group)}")
     assert same(a, run_raw(x, q, s, bits, group, word(warps, splits, 0, 0, 0))), "bits differ from the existing path"
-    if bits == 4 and group == -1:
-        assert G.cuda_path(m, n, k, bits, group) == {"ws": True, "tiles": 1}
+    if bits == 4 and group == -1:  # (two tiles a warp at 9..16 rows since the sixteenth session)
+        assert G.cuda_path(m, n, k, bits, group) == {"ws": True, "tiles": 2 if m > 8 else 1}
         assert same(a, G.gemm_weight_only_cuda(x, q, s, bits, group, 90)), "bits differ from auto"
 
 
@@ -318,7 +318,7 @@ AUTO_H200 = {
     (36864, 7168, 4, -1, 16): (True, 2), (36864, 7168, 4, -1, 12): (True, 2), (36864, 7168, 4, -1, 9): (True, 2),
     (7168, 18432, 4, -1, 16): (True, 4), (24576, 1536, 4, -1, 16): (True, 4), (7168, 18432, 4, -1, 9): (True, 4),
     (4096, 7168, 4, -1, 16): (True, 1), (4096, 7168, 4, -1, 9): (True, 1),  # (112 blocks of two tiles)
-    (2048, 7168, 4, -1, 16): (True, 1), (7168, 2048, 4, -1, 12): (True, 1),
+    (2048, 7168, 4, -1, 16): (True, 2), (7168, 2048, 4, -1, 12): (True, 1),
     (36864, 7168, 4, 128, 16): (True, 1),  # (two tiles: one block an SM, 16 tiles against 24)
     (36864, 7168, 4, 128, 9): (True, 2), (7168, 18432, 4, 128, 16): (True, 2),
     (36864, 7168, 8, -1, 16): (True, 2), (7168, 18432, 8, -1, 9): (True, 2),
@@ -326,7 +326,8 @@ AUTO_H200 = {
     # int8 groups of 128 and 64: int8 per channel's rules (sixteenth session)
     (7168, 2048, 8, 128, 16): (True, 1), (4096, 7168, 8, 128, 16): (True, 1), (24576, 1536, 8, 128, 16): (True, 2),
     (36864, 7168, 8, 128, 16): (True, 1), (36864, 7168, 8, 128, 12): (True, 2), (7168, 2048, 8, 128, 1): (True, 2),
-    (2048, 7168, 8, 128, 1): (False, 1), (7168, 2048, 8, 64, 1): (True, 2), (2048, 7168, 8, -1, 12): (True, 1),
+    (2048, 7168, 8, 128, 1): (False, 1), (7168, 2048, 8, 64, 1): (True, 2), (7168, 2048, 8, -1, 4): (True, 2),
+    (7168, 2048, 8, -1, 8): (True, 1), (2048, 7168, 8, -1, 12): (True, 1),
     (36864, 7168, 8, 64, 16): (True, 1), (24576, 1536, 8, 64, 9): (True, 2), (7168, 18432, 8, 64, 16): (True, 2),
     (36864, 7168, 4, 64, 16): (False, 1), (36864, 7168, 4, -1, 17): (False, 1),
     # up to 8 rows (int4 per channel)
@@ -365,20 +366,25 @@ def test_automatic_two_tiles_rule_on_h200(case):
     if got["ws"]:
         cfg = G.cuda_config(m, n, k, bits, group)
         nsteps = k // 64 if bits == 8 else (k // 64 + 1) // 2
-        ring = (2, 1) if got["tiles"] == 4 else (2, 2)
+        # (one-step slots: four tiles; int4 per channel one tile at 9..16 rows with slices of <= 4 steps)
+        short = (bits, group) == (4, -1) and m > 8 and got["tiles"] == 1 and -(-nsteps // cfg["splits"]) <= 4
+        ring = (2, 1) if got["tiles"] == 4 or short else (2, 2)
         assert (cfg["stages"], cfg["box"], cfg["chunk"]) == (*ring, -(-nsteps // cfg["splits"])), cfg
         # (two tiles come with 8 warps, except int4 group 128 / int8 up to 8 rows: choose()'s warps,
         # 4 on 4096 x 7168, whose 224 blocks then give every SM one)
         assert cfg["warps"] == (8 if got["tiles"] > 1 and (m > 8 or (bits, group) == (4, -1)) else cfg["warps"]), cfg
 
 
-@pytest.mark.parametrize("m", [2, 5, 8, 9, 16])
-@pytest.mark.parametrize("bits,group", [(8, 128), (8, 64), (4, 128)])
+@pytest.mark.parametrize(
+    "bits,group,m",
+    [(b, g, m) for b, g in [(8, 128), (8, 64), (4, 128)] for m in (2, 5, 8, 9, 16)] + [(4, -1, 9), (4, -1, 16)],
+)
 def test_two_tiles_eight_splits_rule_on_h200(bits, group, m):
-    """2048 x 7168 at 2..16 rows, int8 with group scales and int4 group 128, where one tile a warp at 8
-    splits leaves SMs without a block: auto takes two tiles a warp, 8 warps, at 8 splits (sixteenth
-    session; before, the kernel without bit 28 up to 8 rows, one tile a warp above). Right against float64, the same bits as the existing path and
-    one tile a warp at 8 splits, and reproducible."""
+    """2048 x 7168, int8 with group scales and int4 group 128 at 2..16 rows, int4 per channel at 9..16,
+    where one tile a warp at 8 splits leaves SMs without a block: auto takes two tiles a warp, 8 warps,
+    at 8 splits (sixteenth session; before, the kernel without bit 28 up to 8 rows, one tile a warp
+    above). Right against float64, the same bits as the existing path and one tile a warp at 8 splits,
+    and reproducible."""
     skip_unless_h200()
     n, k = 2048, 7168
     assert G.cuda_path(m, n, k, bits, group) == {"ws": True, "tiles": 2}
@@ -389,6 +395,31 @@ def test_two_tiles_eight_splits_rule_on_h200(bits, group, m):
     check_bound(a, x, wd, f"auto {cfg} m {m}")
     assert same(a, run_raw(x, q, s, bits, group, word(8, 8, 0, 0, 0))), "bits differ from the existing path"
     assert same(a, run_raw(x, q, s, bits, group, word(8, 8, 0, 2, 2) | WS)), "bits differ from one tile"
+    assert same(a, G.gemm_weight_only_cuda(x, q, s, bits, group, 90)), "not reproducible"
+
+
+@pytest.mark.parametrize(
+    "bits,group,m,want",
+    [(8, g, m, (2, 4, 4, 2, 2)) for g in (128, 64) for m in (1, 4, 8)]
+    + [(8, -1, m, (2, 4, 4, 2, 2)) for m in (1, 4)] + [(8, -1, m, (1, 8, 4, 2, 2)) for m in (5, 8)]
+    + [(4, -1, m, (1, 8, 4, 2, 1)) for m in (9, 16)],
+)
+def test_short_slice_rules_on_h200(bits, group, m, want):
+    """7168 x 2048 (32 int8 / 16 int4 steps), where the slices auto took kept at most 4 steps: int8 up
+    to 8 rows at half the two-tile split (4), two tiles a warp and 4 warps with group scales and per
+    channel up to 4 rows, else one tile and 8 warps; int4 per channel at 9..16 rows one-step slots
+    (sixteenth session). Right against float64, the same bits as the existing path at that split, and
+    reproducible."""
+    skip_unless_h200()
+    n, k = 7168, 2048
+    tiles, *fields = want
+    assert G.cuda_path(m, n, k, bits, group) == {"ws": True, "tiles": tiles}
+    cfg = G.cuda_config(m, n, k, bits, group)
+    assert [cfg["warps"], cfg["splits"], cfg["stages"], cfg["box"]] == fields, cfg
+    x, q, s, wd = make(m, n, k, bits, group, seed=37)
+    a = G.gemm_weight_only_cuda(x, q, s, bits, group, 90)
+    check_bound(a, x, wd, f"auto {cfg} m {m}")
+    assert same(a, run_raw(x, q, s, bits, group, word(8, 4, 0, 0, 0))), "bits differ from the existing path"
     assert same(a, G.gemm_weight_only_cuda(x, q, s, bits, group, 90)), "not reproducible"
 
 
