@@ -752,7 +752,8 @@ bool ws_auto_rule(int rows, int64_t n, int64_t k, int bits, int group, int algo,
   // 12.26; int4 group 128 M = 2 / 4 / 8 8.62 / 9.17 / 10.19 -> 8.49 / 8.55 / 8.46, M = 9 / 12 / 16 9.69 /
   // 10.25 / 10.60 -> 9.20 / 9.97 / 10.27. Left alone: int8 per channel (M = 2 10.05 -> 10.41 forced, M = 8
   // 11.50 -> 10.89; at 9..16 1-2%), one row (int8 group 128 10.64 -> 10.30 forced, int4 group 128 8.24 ->
-  // 8.43), and 4 warps for int4 group 128 (M = 2 / 4 / 8 8.13 / 8.22 / 9.10 forced).
+  // 8.43), and 4 warps for int4 group 128 (M = 2 / 4 / 8 8.13 / 8.22 / 9.10 forced). Int4 per channel at
+  // 9..16 rows too (before, one tile a warp): M = 9 / 12 / 16 10.02 / 10.16 / 10.53 -> 9.71 / 9.85 / 10.27.
   if (((int8 && group != -1) || int4g128 || (int4pc && rows > 8)) && rows >= 2) {
     const int64_t steps = k / (bits == 8 ? 64 : 128);
     Config one8, two8;
