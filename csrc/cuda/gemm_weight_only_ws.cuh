@@ -718,10 +718,12 @@ bool ws_auto_rule(int rows, int64_t n, int64_t k, int bits, int group, int algo,
     // 8.31 / 8.23, 8.25 / 8.20 but M = 6 / 8 9.15 / 9.54 and 9.59 at 8 in a third; group 128 two tiles 4
     // warps (three runs) M = 1 8.23 / 8.26 / 8.19, M = 4 8.07 / 8.30 / 8.30, M = 8 8.49 / 8.69 / 8.56 against
     // 8.80-8.96, 8.83-9.00, 8.94-9.12 (one tile 8 warps: 8.70 / 8.78 / 8.82); group 64 M = 1 / 8 8.26 / 8.63
-    // against 8.84 / 9.05.
+    // against 8.84 / 9.05. Int4 group 128 too (7168 x 2048: 8 splits of 2 steps; two tiles 4 warps at 4
+    // splits, forced, two passes, M = 1 / 8 7.01 / 7.28 and 6.95 / 7.34 against 7.73 / 7.85 and 7.73 / 7.89;
+    // build A/B M = 1 / 4 / 8 7.80 / 7.79 / 7.95 -> 7.06 / 7.13 / 7.43, torch 10.9-11.2).
     Config half;
     const bool half_two = group != -1 || rows <= 4;
-    if (int8 && rows <= 8 && two.chunk <= 4 && two.splits >= 2 &&
+    if ((int8 || int4g128) && rows <= 8 && two.chunk <= 4 && two.splits >= 2 &&
         ws_choose(rows, n, k, bits, group, ring | (half_two ? 1 << 29 | 4 : 8) | (two.splits / 2) << 4, sms, &half) ==
             DSX_OK &&
         int64_t(half.blocks_n) * half.splits >= sms) {
@@ -797,16 +799,24 @@ bool ws_auto_rule(int rows, int64_t n, int64_t k, int bits, int group, int algo,
     *cfg = one8;
     return true;
   }
-  // Sixteenth session: int4 per channel at 9..16 rows, one tile a warp with slices of at most 4 steps
-  // (7168 x 2048 at 4 splits): slots of one step (2 x 1 ring); before, 2 x 2 (the slice in one fill).
-  // H200, bench --ab, interleaved with the build before, us, M = 9 / 12 / 16: 8.85 / 9.09 / 9.37 -> 8.33 /
-  // 8.59 / 8.79 (torch 11.2); the session before, two tiles with one-step slots, forced, 8.24 / - / 8.69
-  // against 8.80 / - / 9.37.
-  Config oneb1;
-  if (ok1 && int4pc && rows > 8 && one.chunk <= 4 &&
-      ws_choose(rows, n, k, bits, group, algo | kWsAlgoBit | 2 << 16 | 1 << 20 | one.splits << 4 | one.warps, sms,
-                &oneb1) == DSX_OK) {
-    *cfg = oneb1;
+  // Sixteenth session: int4 per channel, one tile a warp: where its grid leaves SMs without a block (up to
+  // 8 rows; 7168 x 2048 at 2 splits, 112 blocks), twice the split if the slices keep at least 4 steps;
+  // then, with slices of at most 4 steps, slots of one step (2 x 1 ring; before, 2 x 2: the slice in one
+  // fill). H200, bench --ab, us, 7168 x 2048: M = 9 / 12 / 16 (4 splits) 8.85 / 9.09 / 9.37 -> 8.33 / 8.59
+  // / 8.79 (build A/B; torch 11.2; the session before, two tiles with one-step slots, forced, 8.24 / - /
+  // 8.69 against 8.80 / - / 9.37); M = 1 / 4 / 8 (2 -> 4 splits, one-step slots; forced, two passes)
+  // 7.52 / 7.54 / 8.18 and 7.46 / 7.53 / 8.21 -> 7.14 / 7.09 / 7.38 and 7.09 / 7.08 / 7.36 (2-step slots:
+  // 7.16 / 7.15 / 7.52; torch 10.6-10.9); build A/B 7.54 / 7.63 / 8.29 -> 7.22 / 7.21 / 7.47.
+  if (ok1 && int4pc) {
+    const int64_t steps = k / 128;
+    Config adj = one, c;
+    if (int64_t(one.blocks_n) * one.splits < sms && 2 * one.splits <= kMaxSplits && steps / (2 * one.splits) >= 4 &&
+        ws_choose(rows, n, k, bits, group, ring | 2 * one.splits << 4 | one.warps, sms, &c) == DSX_OK)
+      adj = c;
+    if (adj.chunk <= 4 && ws_choose(rows, n, k, bits, group,
+                                    algo | kWsAlgoBit | 2 << 16 | 1 << 20 | adj.splits << 4 | adj.warps, sms, &c) == DSX_OK)
+      adj = c;
+    *cfg = adj;
     return true;
   }
   if (ok1) *cfg = one;

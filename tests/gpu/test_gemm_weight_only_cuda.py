@@ -244,19 +244,24 @@ def test_whole_x_rule_up_to_8_rows():
 
 @pytest.mark.parametrize("m", [1, 4, 8])
 def test_short_slice_rule_up_to_8_rows(m):
-    """Int4 per channel up to 8 rows: where the split score leaves slices of <= 2 steps, auto takes
-    the most splits whose slices hold >= 8 steps while the grid keeps a block for 3/4 of the SMs
-    (7168 x 2048: 16 steps, 56 blocks of 8 warps a slice: 2 splits). Right against float64, and the
-    same bits as 2 splits with other ring / x fields, one step at a time, one tile group a block."""
+    """Int4 per channel up to 8 rows on 7168 x 2048 (16 steps): the kernel without bit 28 took 2 splits
+    (the most splits whose slices hold >= 8 steps while the grid keeps a block for 3/4 of the SMs: 56
+    blocks of 8 warps a slice); since the sixteenth session auto takes the warp-specialized kernel at
+    twice that split (224 blocks) with one-step slots. Right against float64, the same bits as the
+    existing path at 4 splits; the 2-split words agree with each other (other ring / x fields, one step
+    at a time, one tile group a block)."""
     n, k = 7168, 2048
     cfg = G.cuda_config(m, n, k, 4, -1)
-    assert (cfg["warps"], cfg["splits"]) == (8, 2), cfg
+    assert (cfg["warps"], cfg["splits"], cfg["stages"], cfg["box"]) == (8, 4, 2, 1), cfg
     x, q, s, wd = make(m, n, k, 4, -1, seed=13)
     a = G.gemm_weight_only_cuda(x, q, s, 4, -1, 90)
     check_bound(a, x, wd, f"short-slice rule, m {m}")
+    assert np.array_equal(a.view(np.uint16), run_raw(x, q, s, 4, -1, word(8, 4, 0, 0, 0)).view(np.uint16))
+    two = run_raw(x, q, s, 4, -1, word(8, 2, 0, 0, 0))
+    check_bound(two, x, wd, f"2 splits, m {m}")
     for w in (word(8, 2, 3, 2, 2) | ONE_STEP, word(8, 2, 0, 1, 2) | ONE_GROUP, word(4, 2, 1, 3, 1)):
         b = run_raw(x, q, s, 4, -1, w)
-        assert np.array_equal(a.view(np.uint16), b.view(np.uint16)), f"auto vs {w:#x}: bits differ"
+        assert np.array_equal(two.view(np.uint16), b.view(np.uint16)), f"2 splits vs {w:#x}: bits differ"
 
 
 @pytest.mark.parametrize("m,n,k", [(17, 16896, 2048), (32, 16896, 2048), (40, 16896, 2048), (64, 8576, 2048),

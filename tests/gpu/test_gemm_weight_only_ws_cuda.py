@@ -327,7 +327,7 @@ AUTO_H200 = {
     (7168, 2048, 8, 128, 16): (True, 1), (4096, 7168, 8, 128, 16): (True, 1), (24576, 1536, 8, 128, 16): (True, 2),
     (36864, 7168, 8, 128, 16): (True, 1), (36864, 7168, 8, 128, 12): (True, 2), (7168, 2048, 8, 128, 1): (True, 2),
     (2048, 7168, 8, 128, 1): (False, 1), (7168, 2048, 8, 64, 1): (True, 2), (7168, 2048, 8, -1, 4): (True, 2),
-    (7168, 2048, 8, -1, 8): (True, 1), (2048, 7168, 8, -1, 12): (True, 1),
+    (7168, 2048, 8, -1, 8): (True, 1), (7168, 2048, 4, 128, 4): (True, 2), (2048, 7168, 8, -1, 12): (True, 1),
     (36864, 7168, 8, 64, 16): (True, 1), (24576, 1536, 8, 64, 9): (True, 2), (7168, 18432, 8, 64, 16): (True, 2),
     (36864, 7168, 4, 64, 16): (False, 1), (36864, 7168, 4, -1, 17): (False, 1),
     # up to 8 rows (int4 per channel)
@@ -366,8 +366,8 @@ def test_automatic_two_tiles_rule_on_h200(case):
     if got["ws"]:
         cfg = G.cuda_config(m, n, k, bits, group)
         nsteps = k // 64 if bits == 8 else (k // 64 + 1) // 2
-        # (one-step slots: four tiles; int4 per channel one tile at 9..16 rows with slices of <= 4 steps)
-        short = (bits, group) == (4, -1) and m > 8 and got["tiles"] == 1 and -(-nsteps // cfg["splits"]) <= 4
+        # (one-step slots: four tiles; int4 per channel one tile with slices of <= 4 steps)
+        short = (bits, group) == (4, -1) and got["tiles"] == 1 and -(-nsteps // cfg["splits"]) <= 4
         ring = (2, 1) if got["tiles"] == 4 or short else (2, 2)
         assert (cfg["stages"], cfg["box"], cfg["chunk"]) == (*ring, -(-nsteps // cfg["splits"])), cfg
         # (two tiles come with 8 warps, except int4 group 128 / int8 up to 8 rows: choose()'s warps,
@@ -402,13 +402,13 @@ def test_two_tiles_eight_splits_rule_on_h200(bits, group, m):
     "bits,group,m,want",
     [(8, g, m, (2, 4, 4, 2, 2)) for g in (128, 64) for m in (1, 4, 8)]
     + [(8, -1, m, (2, 4, 4, 2, 2)) for m in (1, 4)] + [(8, -1, m, (1, 8, 4, 2, 2)) for m in (5, 8)]
-    + [(4, -1, m, (1, 8, 4, 2, 1)) for m in (9, 16)],
+    + [(4, 128, m, (2, 4, 4, 2, 2)) for m in (1, 4, 8)] + [(4, -1, m, (1, 8, 4, 2, 1)) for m in (1, 4, 8, 9, 16)],
 )
 def test_short_slice_rules_on_h200(bits, group, m, want):
-    """7168 x 2048 (32 int8 / 16 int4 steps), where the slices auto took kept at most 4 steps: int8 up
-    to 8 rows at half the two-tile split (4), two tiles a warp and 4 warps with group scales and per
-    channel up to 4 rows, else one tile and 8 warps; int4 per channel at 9..16 rows one-step slots
-    (sixteenth session). Right against float64, the same bits as the existing path at that split, and
+    """7168 x 2048 (32 int8 / 16 int4 steps), where the slices auto took kept at most 4 steps: int8 and
+    int4 group 128 up to 8 rows at half the two-tile split (4), two tiles a warp and 4 warps with group
+    scales and int8 per channel up to 4 rows, else one tile and 8 warps; int4 per channel one-step slots,
+    up to 8 rows at twice the split (4) auto took before (sixteenth session). Right against float64, the same bits as the existing path at that split, and
     reproducible."""
     skip_unless_h200()
     n, k = 7168, 2048
