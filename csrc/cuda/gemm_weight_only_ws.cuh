@@ -656,6 +656,15 @@ int ws_resident_tiles(const Config& c) { return c.ct * c.warps * ws_blocks_per_s
 // 12.03 / 13.28 / 14.77 (/ 16.18 / 17.36 / 18.86); 4096 x 7168 10.75 / 11.48 / 12.69 -> 10.47 /
 // 10.90 / 12.07; 2048 x 7168 7.73 / 8.57 / 9.55 -> 7.52 / 8.26 / 9.26; 7168 x 2048 7.94 / 8.53 / 9.35
 // -> 7.90 / 8.32 / 9.23; the rows it leaves alone within 0.9%.
+// The rules in the order they are tried (int4 per channel, int4 group 128, int8 with any scales; each
+// comment below has its measurements): (1) four tiles a warp (int4 per channel) where that grid runs in one
+// round on at least 2/3 of the SMs; (2) two tiles a warp where that grid gives every SM a block, refined at
+// 2..8 rows to four tiles at twice the split (int4 per channel, more than one round) or to half the split
+// where the slices keep <= 4 steps (int8, int4 group 128); (3) two tiles a warp at 8 splits where one tile
+// at 8 splits leaves SMs idle (group scales at 2..16 rows, int4 per channel at 9..16); (4) the existing path
+// at <= 8 rows except int4 per channel; (5) int8 one tile a warp at 8 splits; (6) int4 per channel one tile
+// a warp (twice the split where SMs idle, one-step slots for slices of <= 4 steps); (7) one tile a warp at
+// choose()'s split.
 bool ws_auto_rule(int rows, int64_t n, int64_t k, int bits, int group, int algo, int sms, Config* cfg) {
   if (rows > 16 || (algo & 0xFFFFFF) != 0 || (algo & (1 << 27 | kWsAlgoBit | kWsTilesBit))) return false;
   // (int8 groups of 128 and 64 take int8 per channel's rules since the sixteenth session, below)
