@@ -408,8 +408,8 @@ def test_short_slice_rules_on_h200(bits, group, m, want):
     """7168 x 2048 (32 int8 / 16 int4 steps), where the slices auto took kept at most 4 steps: int8 and
     int4 group 128 up to 8 rows at half the two-tile split (4), two tiles a warp and 4 warps with group
     scales and int8 per channel up to 4 rows, else one tile and 8 warps; int4 per channel one-step slots,
-    up to 8 rows at twice the split (4) auto took before (sixteenth session). Right against float64, the same bits as the existing path at that split, and
-    reproducible."""
+    up to 8 rows at twice the split (4) auto took before (sixteenth session). Right against float64, the
+    same bits as the existing path at that split, and reproducible."""
     skip_unless_h200()
     n, k = 7168, 2048
     tiles, *fields = want
