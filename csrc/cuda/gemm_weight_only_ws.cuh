@@ -672,6 +672,7 @@ bool ws_auto_rule(int rows, int64_t n, int64_t k, int bits, int group, int algo,
   const bool int8 = bits == 8;
   if (!int4pc && !int4g128 && !int8) return false;
   const int ring = algo | kWsAlgoBit | 2 << 16 | 2 << 20;
+  const int64_t steps = k / (bits == 8 ? 64 : 128);  // whole steps of K (the slice-length thresholds below)
   Config one, two, four;
   const bool ok1 = ws_choose(rows, n, k, bits, group, ring, sms, &one) == DSX_OK;
   const bool ok2 = ws_choose(rows, n, k, bits, group, ring | 1 << 29, sms, &two) == DSX_OK;
@@ -766,7 +767,6 @@ bool ws_auto_rule(int rows, int64_t n, int64_t k, int bits, int group, int algo,
   // 8.43), and 4 warps for int4 group 128 (M = 2 / 4 / 8 8.13 / 8.22 / 9.10 forced). Int4 per channel at
   // 9..16 rows too (before, one tile a warp): M = 9 / 12 / 16 10.02 / 10.16 / 10.53 -> 9.71 / 9.85 / 10.27.
   if (((int8 && group != -1) || int4g128 || (int4pc && rows > 8)) && rows >= 2) {
-    const int64_t steps = k / (bits == 8 ? 64 : 128);
     Config one8, two8;
     if (steps / kMaxSplits >= 4 &&
         ws_choose(rows, n, k, bits, group, ring | kMaxSplits << 4 | 8, sms, &one8) == DSX_OK &&
@@ -803,7 +803,7 @@ bool ws_auto_rule(int rows, int64_t n, int64_t k, int bits, int group, int algo,
   // within 2% of group 128 on every point (36864 x 7168 94.11 / 99.33 / 119.39 / 122.35 -> 74.90 / 74.43 / 76.30
   // / 84.46).
   Config one8;
-  if (int8 && k / 64 / kMaxSplits >= 4 &&
+  if (int8 && steps / kMaxSplits >= 4 &&
       ws_choose(rows, n, k, bits, group, ring | kMaxSplits << 4, sms, &one8) == DSX_OK) {
     *cfg = one8;
     return true;
@@ -817,7 +817,6 @@ bool ws_auto_rule(int rows, int64_t n, int64_t k, int bits, int group, int algo,
   // 7.52 / 7.54 / 8.18 and 7.46 / 7.53 / 8.21 -> 7.14 / 7.09 / 7.38 and 7.09 / 7.08 / 7.36 (2-step slots:
   // 7.16 / 7.15 / 7.52; torch 10.6-10.9); build A/B 7.54 / 7.63 / 8.29 -> 7.22 / 7.21 / 7.47.
   if (ok1 && int4pc) {
-    const int64_t steps = k / 128;
     Config adj = one, c;
     if (int64_t(one.blocks_n) * one.splits < sms && 2 * one.splits <= kMaxSplits && steps / (2 * one.splits) >= 4 &&
         ws_choose(rows, n, k, bits, group, ring | 2 * one.splits << 4 | one.warps, sms, &c) == DSX_OK)
