@@ -375,6 +375,23 @@ def test_automatic_two_tiles_rule_on_h200(case):
         assert cfg["warps"] == (8 if got["tiles"] > 1 and (m > 8 or (bits, group) == (4, -1)) else cfg["warps"]), cfg
 
 
+def check_auto_choice(m, n, k, bits, group, tiles, fields, seed, also=()):
+    """On an H200: auto takes the path with `tiles` tiles a warp and (warps, splits, stages, box) =
+    `fields`; its output is right against float64, has the bits of the existing path at that split
+    (and of each (word, message) of `also`), and is reproducible."""
+    skip_unless_h200()
+    assert G.cuda_path(m, n, k, bits, group) == {"ws": True, "tiles": tiles}
+    cfg = G.cuda_config(m, n, k, bits, group)
+    assert (cfg["warps"], cfg["splits"], cfg["stages"], cfg["box"]) == tuple(fields), cfg
+    x, q, s, wd = make(m, n, k, bits, group, seed=seed)
+    a = G.gemm_weight_only_cuda(x, q, s, bits, group, 90)
+    check_bound(a, x, wd, f"auto {cfg} m {m}")
+    assert same(a, run_raw(x, q, s, bits, group, word(8, fields[1], 0, 0, 0))), "bits differ from the existing path"
+    for w, what in also:
+        assert same(a, run_raw(x, q, s, bits, group, w)), what
+    assert same(a, G.gemm_weight_only_cuda(x, q, s, bits, group, 90)), "not reproducible"
+
+
 @pytest.mark.parametrize(
     "bits,group,m",
     [(b, g, m) for b, g in [(8, 128), (8, 64), (4, 128)] for m in (2, 5, 8, 9, 16)] + [(4, -1, 9), (4, -1, 16)],
@@ -385,17 +402,8 @@ def test_two_tiles_eight_splits_rule_on_h200(bits, group, m):
     at 8 splits (sixteenth session; before, the kernel without bit 28 up to 8 rows, one tile a warp
     above). Right against float64, the same bits as the existing path and one tile a warp at 8 splits,
     and reproducible."""
-    skip_unless_h200()
-    n, k = 2048, 7168
-    assert G.cuda_path(m, n, k, bits, group) == {"ws": True, "tiles": 2}
-    cfg = G.cuda_config(m, n, k, bits, group)
-    assert (cfg["warps"], cfg["splits"], cfg["stages"], cfg["box"]) == (8, 8, 2, 2), cfg
-    x, q, s, wd = make(m, n, k, bits, group, seed=31)
-    a = G.gemm_weight_only_cuda(x, q, s, bits, group, 90)
-    check_bound(a, x, wd, f"auto {cfg} m {m}")
-    assert same(a, run_raw(x, q, s, bits, group, word(8, 8, 0, 0, 0))), "bits differ from the existing path"
-    assert same(a, run_raw(x, q, s, bits, group, word(8, 8, 0, 2, 2) | WS)), "bits differ from one tile"
-    assert same(a, G.gemm_weight_only_cuda(x, q, s, bits, group, 90)), "not reproducible"
+    check_auto_choice(m, 2048, 7168, bits, group, 2, (8, 8, 2, 2), seed=31,
+                      also=((word(8, 8, 0, 2, 2) | WS, "bits differ from one tile"),))
 
 
 @pytest.mark.parametrize(
@@ -410,17 +418,7 @@ def test_short_slice_rules_on_h200(bits, group, m, want):
     scales and int8 per channel up to 4 rows, else one tile and 8 warps; int4 per channel one-step slots,
     up to 8 rows at twice the split (4) auto took before (sixteenth session). Right against float64, the
     same bits as the existing path at that split, and reproducible."""
-    skip_unless_h200()
-    n, k = 7168, 2048
-    tiles, *fields = want
-    assert G.cuda_path(m, n, k, bits, group) == {"ws": True, "tiles": tiles}
-    cfg = G.cuda_config(m, n, k, bits, group)
-    assert [cfg["warps"], cfg["splits"], cfg["stages"], cfg["box"]] == fields, cfg
-    x, q, s, wd = make(m, n, k, bits, group, seed=37)
-    a = G.gemm_weight_only_cuda(x, q, s, bits, group, 90)
-    check_bound(a, x, wd, f"auto {cfg} m {m}")
-    assert same(a, run_raw(x, q, s, bits, group, word(8, 4, 0, 0, 0))), "bits differ from the existing path"
-    assert same(a, G.gemm_weight_only_cuda(x, q, s, bits, group, 90)), "not reproducible"
+    check_auto_choice(m, 7168, 2048, bits, group, want[0], want[1:], seed=37)
 
 
 @pytest.mark.parametrize("m", [1, 8, 9, 16])
@@ -450,15 +448,7 @@ def test_int8_one_tile_rule_on_h200(n, k, m, group):
     H200's SMs: auto takes the warp-specialized kernel with one tile a warp at 8 splits (fifteenth
     session, groups sixteenth; before, the kernel without bit 28). Right against float64, the same bits
     as the existing path at 8 splits, and reproducible."""
-    skip_unless_h200()
-    assert G.cuda_path(m, n, k, 8, group) == {"ws": True, "tiles": 1}
-    cfg = G.cuda_config(m, n, k, 8, group)
-    assert (cfg["warps"], cfg["splits"], cfg["stages"], cfg["box"]) == (8, 8, 2, 2), cfg
-    x, q, s, wd = make(m, n, k, 8, group, seed=29)
-    a = G.gemm_weight_only_cuda(x, q, s, 8, group, 90)
-    check_bound(a, x, wd, f"auto {cfg} m {m}")
-    assert same(a, run_raw(x, q, s, 8, group, word(8, 8, 0, 0, 0))), "bits differ from the existing path"
-    assert same(a, G.gemm_weight_only_cuda(x, q, s, 8, group, 90)), "not reproducible"
+    check_auto_choice(m, n, k, 8, group, 1, (8, 8, 2, 2), seed=29)
 
 
 @pytest.mark.parametrize("m", [2, 5, 8])
