@@ -105,3 +105,22 @@ def test_partners(real):
     roles = ds.map_tensors(["model.layers.5.self_attn.o_proj.weight"], real)
     with pytest.raises(ModelMapError, match="no model.layers.5.self_attn.o_proj.weight_scale_inv"):
         ds.check_fp8_partners(roles, {"model.layers.5.self_attn.o_proj.weight": "F8_E4M3"})
+
+
+def test_gemm_shapes_per_rank(real):
+    """The weight GEMMs a tensor-parallel rank of R1 runs, against the catalog's Linear shapes ([out, in]):
+    q_a 1536x7168, q_b 24576x1536, kv_a 576x7168, kv_b 32768x512, o_proj 7168x16384, dense gate/up
+    18432x7168 and down 7168x18432, shared/routed expert gate/up 2048x7168 and down 7168x2048, MTP eh_proj
+    7168x14336; "col" roles divide N by tp, "row" roles divide K, q_a / kv_a / eh_proj are replicated;
+    gate + up also fused (2N)."""
+    def want(tp):
+        return {(1536, 7168), (24576 // tp, 1536), (576, 7168), (32768 // tp, 512), (7168, 16384 // tp),
+                (18432 // tp, 7168), (36864 // tp, 7168), (7168, 18432 // tp), (2048 // tp, 7168),
+                (4096 // tp, 7168), (7168, 2048 // tp), (7168, 14336)}
+    for tp in (1, 2, 4, 8):
+        assert set(ds.gemm_shapes(real, tp)) == want(tp), tp
+    names = ds.gemm_shapes(real, 8)
+    assert names[(7168, 256)] == ("shared_down", "expert_down")
+    assert names[(4608, 7168)] == ("dense_gate_up",) and names[(2304, 7168)] == ("dense_gate/up",)
+    with pytest.raises(ModelMapError, match="kv_b: N = 32768 is not divisible by tp 3"):
+        ds.gemm_shapes(real, 3)

@@ -330,6 +330,51 @@ def _linear_shapes(cfg: DeepseekV3Config, layer: int) -> Iterator[tuple[str, tup
         yield p + "mlp.down_proj.weight", (H, I)
 
 
+# The quantizable Linears as one tensor-parallel rank multiplies by them: role -> (N, K) at tp = 1.
+# gate/up also fused ("gate_up": one GEMM of both, as PaddleNLP's serving runs its ffn1).
+def _gemm_roles(cfg: DeepseekV3Config) -> Iterator[tuple[str, str, int, int]]:
+    """(name, ROLES key whose split applies, N, K) of every distinct quantizable GEMM at tp = 1."""
+    H, nh = cfg.hidden_size, cfg.num_attention_heads
+    if cfg.q_lora_rank:
+        yield "q_a", "q_a", cfg.q_lora_rank, H
+        yield "q_b", "q_b", nh * cfg.qk_head_dim, cfg.q_lora_rank
+    else:
+        yield "q_proj", "q_proj", nh * cfg.qk_head_dim, H
+    yield "kv_a", "kv_a", cfg.kv_lora_rank + cfg.qk_rope_head_dim, H
+    yield "kv_b", "kv_b", nh * (cfg.qk_nope_head_dim + cfg.v_head_dim), cfg.kv_lora_rank
+    yield "o_proj", "o_proj", H, nh * cfg.v_head_dim
+    if cfg.first_k_dense_replace > 0 or not cfg.n_routed_experts:
+        I = cfg.intermediate_size
+        yield "dense_gate/up", "dense_gate", I, H
+        yield "dense_gate_up", "dense_gate", 2 * I, H
+        yield "dense_down", "dense_down", H, I
+    if cfg.n_routed_experts:
+        mi = cfg.moe_intermediate_size
+        for kind, n in (("shared", mi * cfg.n_shared_experts), ("expert", mi)):
+            if n:
+                yield f"{kind}_gate/up", f"{kind}_gate", n, H
+                yield f"{kind}_gate_up", f"{kind}_gate", 2 * n, H
+                yield f"{kind}_down", f"{kind}_down", H, n
+    if cfg.num_nextn_predict_layers:
+        yield "mtp_eh_proj", "mtp_eh_proj", H, 2 * H
+
+
+def gemm_shapes(cfg: DeepseekV3Config, tp: int = 1) -> dict[tuple[int, int], tuple[str, ...]]:
+    """{(N, K): names} of the weight GEMMs one of `tp` tensor-parallel ranks runs (ROLES' splits: "col"
+    divides N, "row" divides K), for tuning and benchmarking kernels at the shapes a deployment meets.
+    ModelMapError where tp does not divide a split dimension."""
+    out: dict[tuple[int, int], tuple[str, ...]] = {}
+    for name, role, n, k in _gemm_roles(cfg):
+        split = ROLES[role][0]
+        dim = n if split == "col" else k if split == "row" else None
+        if dim is not None and dim % tp:
+            raise ModelMapError(f"{name}: {'N' if split == 'col' else 'K'} = {dim} is not divisible by tp {tp}",
+                                hint="choose a tensor-parallel degree that divides the heads and MLP widths")
+        shape = (n // tp if split == "col" else n, k // tp if split == "row" else k)
+        out[shape] = out.get(shape, ()) + (name,)
+    return out
+
+
 def scale_shape(shape: tuple[int, int], block: tuple[int, int]) -> tuple[int, int]:
     return (-(-shape[0] // block[0]), -(-shape[1] // block[1]))
 
