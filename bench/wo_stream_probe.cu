@@ -141,6 +141,17 @@ int main(int argc, char** argv) {
     int n, k;
   };
   std::vector<Shape> shapes = {{36864, 7168}, {7168, 18432}};
+  // (PROBE_SHAPES=NxK,NxK,...: other shapes instead, e.g. the same N at two K to fit a fixed cost)
+  if (const char* env = std::getenv("PROBE_SHAPES")) {
+    shapes.clear();
+    for (const char* q = env; *q;) {
+      int n = 0, k = 0, used = 0;
+      if (std::sscanf(q, "%dx%d%n", &n, &k, &used) != 2) break;
+      shapes.push_back({n, k});
+      q += used;
+      if (*q == ',') ++q;
+    }
+  }
   std::vector<V> vs = {
       // name rh bw un uk st sp il hint promo linear occ
       {"cur: warp 4r x512 s8 contig", 4, 512, 8, 1, 2, 8, 0, 1, 2, 0, 4},
@@ -182,8 +193,22 @@ int main(int argc, char** argv) {
       {"linear 1d 8K x8 units", 1, 8192, 8, 1, 2, 1, 0, 1, 2, 1, 2},
       {"linear 1d 512 x8 units st4", 1, 512, 8, 1, 4, 1, 0, 1, 2, 1, 4},
       {"linear 1d 16K x1 unit", 1, 16384, 1, 1, 2, 1, 0, 1, 2, 1, 4},
+      // the warp-specialized kernel's block rings (one copy a slot of all the block's rows; seventeenth
+      // session): 64 rows = two tiles a warp x 8 warps, 32 = one tile; x512 = 2 steps a slot
+      {"ws 64r x512 s8 st2 occ2 (7168x18432 M1)", 64, 512, 1, 1, 2, 8, 0, 1, 2, 0, 2},
+      {"ws 64r x512 s4 st2 occ2 (36864x7168 M1)", 64, 512, 1, 1, 2, 4, 0, 1, 2, 0, 2},
+      {"ws 64r x256 s8 st2 occ2", 64, 256, 1, 1, 2, 8, 0, 1, 2, 0, 2},
+      {"ws 64r x256 s8 st3 occ2", 64, 256, 1, 1, 3, 8, 0, 1, 2, 0, 2},
+      {"ws 64r x256 s4 st2 occ2", 64, 256, 1, 1, 2, 4, 0, 1, 2, 0, 2},
+      {"ws 64r x1024 s8 st2 occ1", 64, 1024, 1, 1, 2, 8, 0, 1, 2, 0, 1},
+      {"ws 64r x512 s8 st2 occ2 nohint", 64, 512, 1, 1, 2, 8, 0, 0, 2, 0, 2},
+      {"ws 32r x512 s8 st2 occ3", 32, 512, 1, 1, 2, 8, 0, 1, 2, 0, 3},
+      {"ws 128r x512 s8 st2 occ1", 128, 512, 1, 1, 2, 8, 0, 1, 2, 0, 1},
+      {"ws 64r x512 s8 st2 occ2 ileave", 64, 512, 1, 1, 2, 8, 1, 1, 2, 0, 2},
   };
-  int only = argc > 1 ? std::atoi(argv[1]) : -1;
+  // argv[1]: one variant's index, or +I: the variants from index I on
+  const bool from = argc > 1 && argv[1][0] == '+';
+  int only = argc > 1 ? std::atoi(argv[1] + (from ? 1 : 0)) : -1;
   uint4* sink;
   CK(cudaMalloc(&sink, 4096));
   for (const Shape& sh : shapes) {
@@ -209,7 +234,7 @@ int main(int argc, char** argv) {
       std::printf("%6d x %5d  %-34s %8.2f us %6.3f TB/s\n", sh.n, sh.k, "anchor: ld.global 16B read", us, bytes / us / 1e6);
     }
     for (size_t vi = 0; vi < vs.size(); ++vi) {
-      if (only >= 0 && static_cast<int>(vi) != only) continue;
+      if (only >= 0 && (from ? static_cast<int>(vi) < only : static_cast<int>(vi) != only)) continue;
       const V& v = vs[vi];
       PP p{};
       p.rows = sh.n / 4, p.rowbytes = 2 * sh.k, p.rh = v.rh, p.bw = v.bw, p.un = v.un, p.uk = v.uk;
