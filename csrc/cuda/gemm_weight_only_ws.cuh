@@ -831,13 +831,47 @@ bool ws_auto_rule(int rows, int64_t n, int64_t k, int bits, int group, int algo,
   return ok1;
 }
 
+// Seventeenth session: the rules above were tuned on six DeepSeek-V3 shapes; a tensor-parallel rank
+// multiplies by others (N or K divided by tp), where they chose up to 29% slower configurations than
+// the best of a few explicit words (H200, bench/wo_tune.py's sweep: 18432 x 7168 int4 per channel M = 1
+// auto 32.17 us, one tile a warp at 4 splits 25.00). So the automatic choice first looks the launch up
+// in a table measured by bench/wo_tune.py (every weight GEMM shape of DeepSeek-V3 at tp 1, 2, 4, 8;
+// each word confirmed faster than the rules at both ends of its row range, interleaved in one process),
+// on GPUs with the SM count it was measured on; elsewhere, and for every launch it does not list, the
+// rules decide.
+struct WsTuned {
+  int bits, group;
+  int64_t n, k;
+  int rows_lo, rows_hi, word;
+};
+constexpr WsTuned kWsTuned[] = {
+#include "gemm_weight_only_tuned.inc"
+    {0, 0, 0, 0, 0, 0, 0},  // (end)
+};
+constexpr int kWsTunedSms = 132;  // H200 (and H100 SXM): the table's machine
+
+// The table's word for this launch, or 0.
+int ws_tuned_word(int rows, int64_t n, int64_t k, int bits, int group, int sms) {
+  if (sms != kWsTunedSms) return 0;
+  for (const WsTuned& t : kWsTuned)
+    if (t.bits == bits && t.group == group && t.n == n && t.k == k && rows >= t.rows_lo && rows <= t.rows_hi)
+      return t.word;
+  return 0;
+}
+
 // The configuration of one launch of `rows` rows, and whether it takes the warp-specialized
 // path: bit 28 up to 16 rows, unless x staged whole does not fit with every ring field and the
 // chunk automatic (then, as above 16 rows, the existing path with its own automatic ring); or
-// the automatic rule above.
+// the measured table (kWsTuned), then the automatic rule above.
 int ws_resolve(int rows, int64_t n, int64_t k, int bits, int group, int algo, int sms, Config* cfg, bool* ws) {
   *ws = false;
   if ((algo & kWsAlgoBit) && (algo & (1 << 27))) return DSX_EINVAL;  // (bit 27's grid is another kernel)
+  // (every tuning field automatic: bits 24..26, launch options, are kept; a table word has tuning fields)
+  if ((algo & 0xFFFFFF) == 0 && (algo & (1 << 27 | kWsAlgoBit | kWsTilesBit)) == 0)
+    if (const int word = ws_tuned_word(rows, n, k, bits, group, sms)) {
+      if (ws_resolve(rows, n, k, bits, group, word | algo, sms, cfg, ws) == DSX_OK) return DSX_OK;
+      *ws = false;  // (a word that does not fit this launch: the rules; tests/gpu check every entry fits)
+    }
   // Bits 29..30 only with bit 28, not 3, and not for int4 group 64 (its step pairs two lanes' words:
   // one tile a warp).
   if ((algo & kWsTilesBit) &&

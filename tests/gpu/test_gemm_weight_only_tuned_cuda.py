@@ -1,0 +1,57 @@
+"""CUDA weight-only GEMM: the measured table of the automatic choice (csrc/cuda/gemm_weight_only_tuned.inc,
+bench/wo_tune.py) on an H200.
+
+Every entry must be what auto takes at both ends of its row range (the same launch configuration and
+path as the entry's word; a word that did not fit would silently fall back to the rules), and auto's
+output at the table's shapes must be right against float64 (check_bound of test_gemm_weight_only_cuda.py,
+the output buffer NaN-poisoned) and reproducible.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ds_export.native import cuda
+from ds_export.native import gemm_weight_only as G
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from test_gemm_weight_only_cuda import check_bound, make, run_raw  # noqa: E402
+from test_gemm_weight_only_ws_cuda import same, skip_unless_h200  # noqa: E402
+import wo_tune  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not cuda.available(), reason="no CUDA device")
+
+TABLE = wo_tune.read_table()
+
+
+@pytest.mark.parametrize("entry", TABLE, ids=lambda e: f"{e[0]}/{e[1]}-{e[2]}x{e[3]}-m{e[4]}..{e[5]}")
+def test_table_entry_is_the_automatic_choice(entry):
+    bits, group, n, k, lo, hi, w = entry
+    skip_unless_h200()
+    for m in sorted({lo, hi}):
+        want = (G.cuda_config(m, n, k, bits, group, w), G.cuda_path(m, n, k, bits, group, w))
+        assert (G.cuda_config(m, n, k, bits, group), G.cuda_path(m, n, k, bits, group)) == want, f"m {m}"
+
+
+# (shapes up to 16M weights: the float64 reference of the larger ones takes minutes of host numpy; their
+# configurations are the same kernel instances, checked here on the smaller shapes)
+SHAPES = sorted({e[:4] for e in TABLE if e[2] * e[3] <= 16 * 2**20})
+
+
+@pytest.mark.parametrize("key", SHAPES, ids=lambda s: f"{s[0]}/{s[1]}-{s[2]}x{s[3]}")
+def test_table_shapes_right_against_float64(key):
+    bits, group, n, k = key
+    skip_unless_h200()
+    x, q, s, wd = make(16, n, k, bits, group, seed=41)
+    for _, _, _, _, lo, hi, w in (e for e in TABLE if e[:4] == key):
+        for m in sorted({lo, hi}):
+            xm = np.ascontiguousarray(x[:m])
+            a = run_raw(xm, q, s, bits, group, 0)
+            check_bound(a, xm, wd, f"auto {bits}/{group} {n}x{k} m {m} (word {w:#x})")
+            assert same(a, run_raw(xm, q, s, bits, group, w)), "bits differ from the entry's word"
+            assert same(a, run_raw(xm, q, s, bits, group, 0)), "not reproducible"

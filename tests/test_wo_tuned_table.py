@@ -1,0 +1,118 @@
+"""The weight-only GEMM's measured table (csrc/cuda/gemm_weight_only_tuned.inc, written by bench/wo_tune.py):
+well formed, only DeepSeek-V3 tensor-parallel shapes, and the emitter keeps exactly the confirmed words.
+(Whether each entry is what the automatic choice takes, and is right, is tests/gpu's: it needs an H200.)"""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from ds_export.models import deepseek_v3 as ds
+from ds_export.tiny import REAL_CONFIG
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import wo_tune  # noqa: E402
+
+WS, TILES = 1 << 28, 3 << 29
+
+
+def shapes_at_tp():
+    cfg = ds.DeepseekV3Config.from_dict(REAL_CONFIG)
+    return {s for tp in (1, 2, 4, 8) for s in ds.gemm_shapes(cfg, tp)}
+
+
+def problems(rows) -> list[str]:
+    """What is wrong with these table entries (empty: nothing)."""
+    known, out = shapes_at_tp(), []
+    seen: dict[tuple, list[tuple[int, int]]] = {}
+    for bits, group, n, k, lo, hi, word in rows:
+        where = f"entry {bits}, {group}, {n}x{k}, rows {lo}..{hi}"
+        if (bits, group) not in {(4, -1), (4, 128), (8, -1), (8, 128)}:
+            out.append(f"{where}: not a tuned layout")
+        if (n, k) not in known:
+            out.append(f"{where}: not a DeepSeek-V3 shape at tp 1, 2, 4 or 8")
+        if (n, k) in wo_tune.RULE_SHAPES:
+            out.append(f"{where}: the rules' own shapes are left to them")
+        if not 1 <= lo <= hi <= 16:
+            out.append(f"{where}: rows out of 1..16")
+        # the warp-specialized path with its ring fields given (so the automatic rules are not asked
+        # again), tiles a warp 1, 2 or 4 (bits 29..30 not 3), a split of at most 8, x's chunk automatic
+        if not (word & WS and (word >> 16) & 15 and (word >> 20) & 15) or (word & TILES) == TILES:
+            out.append(f"{where}: word {word:#x} is not a warp-specialized word with its ring")
+        if (word >> 4) & 15 > 8 or word & 15 not in (0, 4, 8) or (word >> 8) & 255:
+            out.append(f"{where}: word {word:#x} has a bad split, warp count or chunk")
+        seen.setdefault((bits, group, n, k), []).append((lo, hi))
+    for key, spans in seen.items():
+        spans.sort()
+        if any(a[1] >= b[0] for a, b in zip(spans, spans[1:])):
+            out.append(f"{key}: overlapping row ranges {spans}")
+    return out
+
+
+def test_table_entries_are_valid():
+    rows = wo_tune.read_table()
+    assert len(rows) >= 50, "the table lost its entries"
+    assert problems(rows) == []
+
+
+@pytest.mark.parametrize("fault,msg", [
+    ((4, -1, 4096, 7168, 1, 1, 0x10220044), "left to them"),  # a rules' shape
+    ((4, -1, 9216, 7000, 1, 1, 0x10220044), "not a DeepSeek-V3 shape"),
+    ((4, 64, 9216, 7168, 1, 1, 0x10220044), "not a tuned layout"),
+    ((4, -1, 9216, 7168, 1, 17, 0x10220044), "rows out of"),
+    ((4, -1, 9216, 7168, 1, 1, 0x00220044), "not a warp-specialized word"),
+    ((4, -1, 9216, 7168, 1, 1, 0x70220044), "not a warp-specialized word"),
+    ((4, -1, 9216, 7168, 1, 1, 0x10200044), "not a warp-specialized word"),  # no ring slots
+    ((4, -1, 9216, 7168, 1, 1, 0x10220094), "bad split"),
+])
+def test_planted_faults_are_caught(fault, msg):
+    rows = wo_tune.read_table()
+    assert any(msg in p for p in problems(rows + [fault]))
+
+
+def test_overlapping_ranges_are_caught():
+    rows = [(4, -1, 9216, 7168, 1, 4, 0x10220044), (4, -1, 9216, 7168, 4, 8, 0x10220088)]
+    assert any("overlapping" in p for p in problems(rows))
+
+
+def _confirm(bits, group, n, k, rows, word, value, taken, us=(10.0, 9.0)):
+    at = {str(r): {"us_auto": us[0], f"us_{word}": us[1]} for r in sorted(set(rows))}
+    return {"kind": "confirm", "bits": bits, "group": group, "N": n, "K": k, "rows": list(rows), "word": word,
+            "value": value, "taken": taken, "at": at}
+
+
+def test_emit_keeps_confirmed_words_and_merges_ranges(tmp_path):
+    log = tmp_path / "tune.jsonl"
+    rows = [
+        {"meta": True, "date": "2026-12-01"},
+        _confirm(4, -1, 9216, 7168, (2, 4), "w8s8d2b2+10000000", 0x10220088, True),
+        _confirm(4, -1, 9216, 7168, (5, 8), "w8s8d2b2+10000000", 0x10220088, True),  # same word: merged
+        _confirm(4, -1, 9216, 7168, (9, 16), "w0s0d2b2+10000000", 0x10220000, True),
+        _confirm(4, -1, 9216, 7168, (1, 1), "w4s4d2b2+10000000", 0x10220044, False),  # not confirmed: left out
+        _confirm(8, 128, 4096, 7168, (1, 1), "w8s4d2b2+30000000", 0x30220048, True),  # a rules' shape: left out
+        {"kind": "sweep", "N": 9216, "K": 7168, "M": 1},
+    ]
+    log.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = io.StringIO()
+    wo_tune.emit_table([str(log)], out=out)
+    table = tmp_path / "t.inc"
+    table.write_text(out.getvalue())
+    assert wo_tune.read_table(table) == [(4, -1, 9216, 7168, 2, 8, 0x10220088), (4, -1, 9216, 7168, 9, 16, 0x10220000)]
+    assert "2026-12-01" in out.getvalue() and "M=2 10.0 -> 9.0" in out.getvalue()
+
+
+def test_read_table_refuses_a_malformed_line(tmp_path):
+    bad = tmp_path / "t.inc"
+    bad.write_text("{4, -1, 9216, 7168, 2, 8},  // the word missing\n")
+    with pytest.raises(ValueError, match="not a table entry"):
+        wo_tune.read_table(bad)
+
+
+def test_word_names_pack_as_the_bench_does():
+    assert wo_tune.word_value(8, 4, 2, 2, wo_tune.TWO) == 0x30220048
+    assert wo_tune.word_name(8, 4, 2, 2, wo_tune.TWO) == "w8s4d2b2+30000000"
+    assert wo_tune.ranges([1, 4, 8, 16]) == {1: (1, 1), 4: (2, 4), 8: (5, 8), 16: (9, 16)}
