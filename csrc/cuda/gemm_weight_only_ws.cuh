@@ -833,9 +833,9 @@ bool ws_auto_rule(int rows, int64_t n, int64_t k, int bits, int group, int algo,
 
 // Seventeenth session: the rules above were tuned on six DeepSeek-V3 shapes; a tensor-parallel rank
 // multiplies by others (N or K divided by tp), where they chose up to 29% slower configurations than
-// the best of a few explicit words (H200, bench/tune_auto.py's sweep: 18432 x 7168 int4 per channel M = 1
+// the best of a few explicit words (H200, bench/wo_tune.py's sweep: 18432 x 7168 int4 per channel M = 1
 // auto 32.17 us, one tile a warp at 4 splits 25.00). So the automatic choice first looks the launch up
-// in a table measured by bench/tune_auto.py (every weight GEMM shape of DeepSeek-V3 at tp 1, 2, 4, 8;
+// in a table measured by bench/wo_tune.py (every weight GEMM shape of DeepSeek-V3 at tp 1, 2, 4, 8;
 // each word confirmed faster than the rules at both ends of its row range, interleaved in one process),
 // on GPUs with the SM count it was measured on; elsewhere, and for every launch it does not list, the
 // rules decide.

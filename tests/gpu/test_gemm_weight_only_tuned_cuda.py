@@ -1,5 +1,5 @@
 """CUDA weight-only GEMM: the measured table of the automatic choice (csrc/cuda/gemm_weight_only_tuned.inc,
-bench/tune_auto.py) on an H200.
+bench/wo_tune.py) on an H200.
 
 Every entry must be what auto takes at both ends of its row range (the same launch configuration and
 path as the entry's word; a word that did not fit would silently fall back to the rules), and auto's
@@ -22,11 +22,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 from test_gemm_weight_only_cuda import check_bound, make, run_raw  # noqa: E402
 from test_gemm_weight_only_ws_cuda import same, skip_unless_h200  # noqa: E402
-import tune_auto  # noqa: E402
+import wo_tune  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not cuda.available(), reason="no CUDA device")
 
-TABLE = tune_auto.read_table()
+TABLE = wo_tune.read_table()
 
 
 @pytest.mark.parametrize("entry", TABLE, ids=lambda e: f"{e[0]}/{e[1]}-{e[2]}x{e[3]}-m{e[4]}..{e[5]}")
