@@ -11,6 +11,8 @@
    planted faults show the check can fail.
 3. The header is plain C, and the Python device-array entry point refuses bad inputs
    before it touches the GPU.
+4. Every entry of the measured table (gemm_weight_only_tuned.inc) is what the automatic choice resolves
+   to on a 132-SM GPU, host code only (a harness compiled with the unit; a planted word is caught).
 """
 
 from __future__ import annotations
@@ -329,3 +331,60 @@ def test_warp_specialized_instances_compile_without_spills(entries):
         else:
             limit = 224 if ct == "4" else 112 if ct == "2" else 96 if (bits, mt, gm) == ("4", "2", "2") else 72
         assert regs <= limit, f"{regs} registers (more than {limit}) in {b[:120]}"
+
+
+# ------------------------------------------------- 4. the measured table, host side
+
+HARNESS = r'''
+#include "UNIT"
+#include <cstdio>
+// (Config fields that decide a launch; the automatic choice at rows against the explicit word)
+static bool same(int rows, const WsTuned& t, int word) {
+  Config a{}, b{};
+  bool wa = false, wb = false;
+  const int ra = ws_resolve(rows, t.n, t.k, t.bits, t.group, 0, kWsTunedSms, &a, &wa);
+  const int rb = ws_resolve(rows, t.n, t.k, t.bits, t.group, word, kWsTunedSms, &b, &wb);
+  return ra == 0 && rb == 0 && wa == wb && a.warps == b.warps && a.splits == b.splits && a.chunk == b.chunk &&
+         a.stages == b.stages && a.box == b.box && a.ct == b.ct;
+}
+int main() {
+  int n = 0, bad = 0;
+  for (const WsTuned& t : kWsTuned) {
+    if (!t.bits) break;
+    for (int rows : {t.rows_lo, t.rows_hi}) {
+      ++n;
+      if (!same(rows, t, t.word)) {
+        ++bad;
+        std::printf("differs: %d/%d %ldx%ld rows %d word %#x\n", t.bits, t.group, (long)t.n, (long)t.k, rows, t.word);
+      }
+    }
+  }
+  // planted: the first entry against its word with another split must differ
+  const WsTuned& t = kWsTuned[0];
+  const int other = (t.word & ~0xF0) | (((t.word >> 4) & 15) == 1 ? 2 : 1) << 4;
+  std::printf("planted %s\n", same(t.rows_lo, t, other) ? "missed" : "caught");
+  std::printf("%d checked, %d differ\n", n, bad);
+  return bad != 0;
+}
+'''
+
+
+def test_tuned_table_is_the_automatic_choice_host_side(tmp_path):
+    """Every entry of gemm_weight_only_tuned.inc, at both ends of its row range, is what the automatic choice
+    resolves to for a 132-SM GPU (ws_resolve, host code only: a word that did not fit would fall back to the
+    rules silently); tests/gpu checks the same on an H200, with data."""
+    if NVCC is None:
+        pytest.skip("nvcc not installed")
+    src = tmp_path / "harness.cu"
+    src.write_text(HARNESS.replace("UNIT", str(UNIT)))
+    exe = tmp_path / "harness"
+    # (PTX only: the device code is the unit's, compiled to SASS by the fixture above; this needs its host code)
+    cmd = [NVCC, "-std=c++17", "-O1", "-gencode=arch=compute_90a,code=compute_90a", f"-I{CSRC / 'include'}",
+           f"-I{UNIT.parent}", str(src), "-o", str(exe)]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    assert res.returncode == 0, f"nvcc failed:\n{(res.stdout + res.stderr)[-4000:]}"
+    run = subprocess.run([str(exe)], capture_output=True, text=True)
+    entries = sum(1 for line in (UNIT.parent / "gemm_weight_only_tuned.inc").read_text().splitlines()
+                  if line.startswith("{"))
+    assert f"{2 * entries} checked, 0 differ" in run.stdout, run.stdout[-3000:]
+    assert "planted caught" in run.stdout and run.returncode == 0
