@@ -220,11 +220,11 @@ def bench_row(pb: Problem, m: int, rng, sweep: bool, anchors: dict) -> dict:
     return row
 
 
-def ab_row(pb: Problem, m: int, rng, words: list, rounds: int) -> dict:
+def ab_row(pb: Problem, m: int, rng, words: list, rounds: int, anchor: bool = True) -> dict:
     """--ab: int4 per channel (or --ab-layout's) at M, the automatic config, each word of `words` ((name, algo)), the
     --alt-lib build's automatic config and torch, all timed interleaved (gpu_timing.interleaved:
     rounds of a few replays each, the order rotating), so that the clock's sag under load does not
-    favour whichever runs first. {name: median us} plus the configs."""
+    favour whichever runs first (anchor=False: without torch). {name: median us} plus the configs."""
     x = rng.standard_normal((m, pb.k)).astype(np.float32).astype(G.BF16)
     dx = [cuda.to_device(x.view(np.uint16)) for _ in range(pb.sets)]
     out = cuda.empty((m, pb.n), np.uint16)
@@ -250,7 +250,7 @@ def ab_row(pb: Problem, m: int, rng, words: list, rounds: int) -> dict:
                 samplers[f"{name}@{lib}"] = gpu_timing.ours_sampler(calls(algo, f))[0]
             except Exception as exc:
                 print(json.dumps({"N": pb.n, "K": pb.k, "M": m, "word": f"{name}@{lib}", "error": repr(exc)[:80]}))
-    if torch is not None:
+    if torch is not None and anchor:
         tw = pb.torch_weights()
         tx = torch.from_numpy(x.view(np.int16)).cuda().view(torch.bfloat16)
         samplers["torch"] = gpu_timing.torch_sampler([lambda w=w: tx @ w.t() for w in tw])

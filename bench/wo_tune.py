@@ -92,9 +92,8 @@ def measure(args) -> int:
             for (n, k), names in sorted(shapes.items()):
                 pb = B.Problem(n, k, bits, group, rng)
                 for m in ms:
-                    B.torch = None  # the sweep: ours only (torch's anchor in the confirmation)
-                    row = B.ab_row(pb, m, rng, words, args.rounds)
-                    B.torch = torch_mod
+                    # (the sweep: ours only; torch's anchor in the confirmation)
+                    row = B.ab_row(pb, m, rng, words, args.rounds, anchor=False)
                     timed = {kk[3:]: v for kk, v in row.items() if kk.startswith("us_") and kk != "us_auto"}
                     best = min(timed.items(), key=lambda kv: kv[1]) if timed else None
                     row.update({"kind": "sweep", "names": names, "best": best and best[0], "best_us": best and best[1]})
