@@ -665,8 +665,11 @@ int ws_resident_tiles(const Config& c) { return c.ct * c.warps * ws_blocks_per_s
 // at <= 8 rows except int4 per channel; (5) int8 one tile a warp at 8 splits; (6) int4 per channel one tile
 // a warp (twice the split where SMs idle, one-step slots for slices of <= 4 steps); (7) one tile a warp at
 // choose()'s split.
+// An automatic launch: every tuning field 0 (bits 24..26, launch options, may be set), not bits 27..30.
+bool ws_automatic(int algo) { return (algo & 0xFFFFFF) == 0 && (algo & (1 << 27 | kWsAlgoBit | kWsTilesBit)) == 0; }
+
 bool ws_auto_rule(int rows, int64_t n, int64_t k, int bits, int group, int algo, int sms, Config* cfg) {
-  if (rows > 16 || (algo & 0xFFFFFF) != 0 || (algo & (1 << 27 | kWsAlgoBit | kWsTilesBit))) return false;
+  if (rows > 16 || !ws_automatic(algo)) return false;
   // (int8 groups of 128 and 64 take int8 per channel's rules since the sixteenth session, below)
   const bool int4pc = bits == 4 && group == -1, int4g128 = bits == 4 && group == 128;
   const bool int8 = bits == 8;
@@ -866,8 +869,8 @@ int ws_tuned_word(int rows, int64_t n, int64_t k, int bits, int group, int sms) 
 int ws_resolve(int rows, int64_t n, int64_t k, int bits, int group, int algo, int sms, Config* cfg, bool* ws) {
   *ws = false;
   if ((algo & kWsAlgoBit) && (algo & (1 << 27))) return DSX_EINVAL;  // (bit 27's grid is another kernel)
-  // (every tuning field automatic: bits 24..26, launch options, are kept; a table word has tuning fields)
-  if ((algo & 0xFFFFFF) == 0 && (algo & (1 << 27 | kWsAlgoBit | kWsTilesBit)) == 0)
+  // (bits 24..26, launch options, are kept; a table word has tuning fields: no second lookup)
+  if (ws_automatic(algo))
     if (const int word = ws_tuned_word(rows, n, k, bits, group, sms)) {
       if (ws_resolve(rows, n, k, bits, group, word | algo, sms, cfg, ws) == DSX_OK) return DSX_OK;
       *ws = false;  // (a word that does not fit this launch: the rules; tests/gpu check every entry fits)
