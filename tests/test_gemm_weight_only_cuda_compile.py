@@ -12,11 +12,13 @@
 3. The header is plain C, and the Python device-array entry point refuses bad inputs
    before it touches the GPU.
 4. Every entry of the measured table (gemm_weight_only_tuned.inc) is what the automatic choice resolves
-   to on a 132-SM GPU, host code only (a harness compiled with the unit; a planted word is caught).
+   to on a 132-SM GPU, host code only (a harness compiled with the unit; a planted word is caught), and
+   none of them with DSX_TUNED_TABLES=0 (the rules alone).
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -338,14 +340,16 @@ def test_warp_specialized_instances_compile_without_spills(entries):
 HARNESS = r'''
 #include "UNIT"
 #include <cstdio>
-// (Config fields that decide a launch; the automatic choice at rows against the explicit word)
+// (every Config field: the automatic choice at rows against the explicit word)
 static bool same(int rows, const WsTuned& t, int word) {
   Config a{}, b{};
   bool wa = false, wb = false;
   const int ra = ws_resolve(rows, t.n, t.k, t.bits, t.group, 0, kWsTunedSms, &a, &wa);
   const int rb = ws_resolve(rows, t.n, t.k, t.bits, t.group, word, kWsTunedSms, &b, &wb);
   return ra == 0 && rb == 0 && wa == wb && a.warps == b.warps && a.splits == b.splits && a.chunk == b.chunk &&
-         a.stages == b.stages && a.box == b.box && a.ct == b.ct;
+         a.stages == b.stages && a.box == b.box && a.mt == b.mt && a.smem == b.smem && a.blocks_n == b.blocks_n &&
+         a.pdl == b.pdl && a.pair == b.pair && a.persist == b.persist && a.bal == b.bal && a.grid_y == b.grid_y &&
+         a.ct == b.ct;
 }
 int main() {
   int n = 0, bad = 0;
@@ -388,3 +392,10 @@ def test_tuned_table_is_the_automatic_choice_host_side(tmp_path):
                   if line.startswith("{"))
     assert f"{2 * entries} checked, 0 differ" in run.stdout, run.stdout[-3000:]
     assert "planted caught" in run.stdout and run.returncode == 0
+    # DSX_TUNED_TABLES=0 (bench/tune_auto.py's measuring runs): the rules alone. Each entry was confirmed faster
+    # than the rules' choice at both ends on the H200, so there every end resolves to another configuration
+    # (tests/gpu checks all of them); host-side, where the rules' occupancy queries get no answer, 8 of the 288
+    # ends come out as the word (7168x14336 int4, 12288x1536 int8)
+    off = subprocess.run([str(exe)], capture_output=True, text=True, env={**os.environ, "DSX_TUNED_TABLES": "0"})
+    differ = int(re.search(r"(\d+) checked, (\d+) differ", off.stdout).group(2))
+    assert differ >= 2 * entries - 16, off.stdout[-3000:]

@@ -1,7 +1,9 @@
 // C ABI of the CUDA block FP8 GEMMs (include/dsx/gemm_fp8.h): argument checks and the
 // choice between the CUTLASS sm90a kernels and the simple any-shape kernel.
 #include "gemm_fp8_internal.cuh"
+#include "tuned_tables.cuh"
 
+#include <algorithm>
 #include <atomic>
 
 namespace {
@@ -143,6 +145,37 @@ bool use_large(const GemmNt& g, Algo* a) {
   return true;
 }
 
+// Seventeenth session: the rules above were tuned on DeepSeek-V3's tp = 1 shapes; at the shapes a
+// tensor-parallel rank runs they chose up to 35% slower kernels than the best variant (H200,
+// bench/gpu_kernels.py --small: 16x9216x7168 27.5 us against 20.4 for the small-M kernel at 128
+// rows, slower than cuBLAS's 25.8). So algo 0 (alone or with the PDL bit) first looks the launch up
+// in a table measured by bench/tune_auto.py --kernel fp8 (every weight GEMM shape of DeepSeek-V3 at
+// tp 1, 2, 4, 8 and M ranges up to 128; each word confirmed faster than the rules at both ends of its
+// range, interleaved in one process), on GPUs with the SM count it was measured on (and unless
+// DSX_TUNED_TABLES=0: tuned_tables.cuh); elsewhere, for launches it does not list, and where its word
+// cannot take the launch, the rules decide.
+struct Fp8Tuned {
+  int64_t n, k;
+  int m_lo, m_hi, algo;
+};
+constexpr Fp8Tuned kFp8Tuned[] = {
+#include "gemm_fp8_tuned.inc"
+    {0, 0, 0, 0, 0},  // (end)
+};
+constexpr int kFp8TunedSms = 132;  // H200 (and H100 SXM): the table's machine
+
+// The table's word for an automatic launch (the PDL bit kept where the word is the small-M kernel, the
+// only one that takes it), else algo itself.
+int tuned(int64_t m, int64_t n, int64_t k, int algo) {
+  if ((algo & ~(1 << kPdlBit)) != 0 || m < 1 || !dsx_cuda::tuned_tables_on()) return algo;
+  for (const Fp8Tuned& t : kFp8Tuned)
+    if (t.n == n && t.k == k && m >= t.m_lo && m <= t.m_hi)
+      return dsx_cuda::sm_count() != kFp8TunedSms ? algo
+             : (t.algo & 15) == kSmall             ? t.algo | (algo & (1 << kPdlBit))
+                                                   : t.algo;
+  return algo;
+}
+
 }  // namespace
 
 namespace dsx_cuda {
@@ -166,8 +199,9 @@ int sm_count() {
 
 }  // namespace dsx_cuda
 
-extern "C" int dsx_gemm_fp8_nt_workspace_cuda(int64_t m, int64_t n, int64_t k, int algo,
-                                              int64_t* bytes) {
+namespace {
+
+int workspace_of(int64_t m, int64_t n, int64_t k, int algo, int64_t* bytes) {
   Algo a;
   if (!bytes || !decode(algo, &a) || !shape_ok(m, n, k)) return DSX_EINVAL;
   *bytes = 0;
@@ -199,10 +233,46 @@ extern "C" int dsx_gemm_fp8_nt_workspace_cuda(int64_t m, int64_t n, int64_t k, i
   return rc;
 }
 
+int run(const uint8_t* a, const float* sa, const uint8_t* b, const float* sb, uint16_t* out, int64_t m, int64_t n,
+        int64_t k, void* workspace, int64_t workspace_bytes, int algo, void* stream);
+
+}  // namespace
+
+// (algo 0 from the table: its word's workspace, and at least the rules' choice's, which runs where the
+// word cannot take the launch's pointers)
+extern "C" int dsx_gemm_fp8_nt_workspace_cuda(int64_t m, int64_t n, int64_t k, int algo,
+                                              int64_t* bytes) {
+  if (!bytes) return DSX_EINVAL;
+  const int rc = workspace_of(m, n, k, algo, bytes);
+  const int t = rc == DSX_OK ? tuned(m, n, k, algo) : algo;
+  int64_t word = 0;
+  if (t != algo && workspace_of(m, n, k, t, &word) == DSX_OK) *bytes = std::max(*bytes, word);
+  return rc;
+}
+
+extern "C" int dsx_gemm_fp8_nt_resolve_cuda(int64_t m, int64_t n, int64_t k, int algo, int* resolved) {
+  Algo a;
+  if (!resolved || !decode(algo, &a) || !shape_ok(m, n, k)) return DSX_EINVAL;
+  *resolved = tuned(m, n, k, algo);
+  return DSX_OK;
+}
+
 extern "C" int dsx_gemm_fp8_nt_cuda(const uint8_t* a, const float* sa, const uint8_t* b,
                                     const float* sb, uint16_t* out, int64_t m, int64_t n,
                                     int64_t k, void* workspace, int64_t workspace_bytes,
                                     int algo, void* stream) {
+  const int t = tuned(m, n, k, algo);
+  if (t != algo) {
+    const int rc = run(a, sa, b, sb, out, m, n, k, workspace, workspace_bytes, t, stream);
+    if (rc != DSX_EINVAL) return rc;  // (refused before any launch: the rules' choice instead)
+  }
+  return run(a, sa, b, sb, out, m, n, k, workspace, workspace_bytes, algo, stream);
+}
+
+namespace {
+
+int run(const uint8_t* a, const float* sa, const uint8_t* b, const float* sb, uint16_t* out, int64_t m, int64_t n,
+        int64_t k, void* workspace, int64_t workspace_bytes, int algo, void* stream) {
   Algo al;
   if (!decode(algo, &al) || !shape_ok(m, n, k) || workspace_bytes < 0) return DSX_EINVAL;
   if (m == 0) return DSX_OK;
@@ -240,6 +310,8 @@ extern "C" int dsx_gemm_fp8_nt_cuda(const uint8_t* a, const float* sa, const uin
   if (err != DSX_OK) return err;
   return dsx_cuda::simple_dense_run(g, s);
 }
+
+}  // namespace
 
 extern "C" int dsx_gemm_fp8_grouped_nt_contiguous_workspace_cuda(int64_t num_experts, int64_t m,
                                                                  int64_t n, int64_t k, int algo,

@@ -52,6 +52,7 @@
 #include "dsx.h"
 #include "gemm_weight_only.cuh"
 #include "sm90_ptx.cuh"
+#include "tuned_tables.cuh"
 
 namespace cg = cooperative_groups;
 

@@ -836,12 +836,12 @@ bool ws_auto_rule(int rows, int64_t n, int64_t k, int bits, int group, int algo,
 
 // Seventeenth session: the rules above were tuned on six DeepSeek-V3 shapes; a tensor-parallel rank
 // multiplies by others (N or K divided by tp), where they chose up to 29% slower configurations than
-// the best of a few explicit words (H200, bench/wo_tune.py's sweep: 18432 x 7168 int4 per channel M = 1
+// the best of a few explicit words (H200, bench/tune_auto.py's sweep: 18432 x 7168 int4 per channel M = 1
 // auto 32.17 us, one tile a warp at 4 splits 25.00). So the automatic choice first looks the launch up
-// in a table measured by bench/wo_tune.py (every weight GEMM shape of DeepSeek-V3 at tp 1, 2, 4, 8;
+// in a table measured by bench/tune_auto.py (every weight GEMM shape of DeepSeek-V3 at tp 1, 2, 4, 8;
 // each word confirmed faster than the rules at both ends of its row range, interleaved in one process),
-// on GPUs with the SM count it was measured on; elsewhere, and for every launch it does not list, the
-// rules decide.
+// on GPUs with the SM count it was measured on (and unless DSX_TUNED_TABLES=0: tuned_tables.cuh);
+// elsewhere, and for every launch it does not list, the rules decide.
 struct WsTuned {
   int bits, group;
   int64_t n, k;
@@ -855,7 +855,7 @@ constexpr int kWsTunedSms = 132;  // H200 (and H100 SXM): the table's machine
 
 // The table's word for this launch, or 0.
 int ws_tuned_word(int rows, int64_t n, int64_t k, int bits, int group, int sms) {
-  if (sms != kWsTunedSms) return 0;
+  if (sms != kWsTunedSms || !dsx_cuda::tuned_tables_on()) return 0;
   for (const WsTuned& t : kWsTuned)
     if (t.bits == bits && t.group == group && t.n == n && t.k == k && rows >= t.rows_lo && rows <= t.rows_hi)
       return t.word;

@@ -242,6 +242,15 @@ def gemm_workspace_bytes(m: int, n: int, k: int, algo: int = 0, experts: int | N
     return out.value
 
 
+def gemm_fp8_resolve(m: int, n: int, k: int, algo: int = 0) -> int:
+    """The algo word an automatic launch runs as on this GPU (the measured table's, where it lists the
+    launch; else algo itself): dsx_gemm_fp8_nt_resolve_cuda."""
+    out = I32(0)
+    check(_fn("dsx_gemm_fp8_nt_resolve_cuda", I64, I64, I64, I32, P)(m, n, k, algo, ctypes.byref(out)),
+          f"gemm_fp8 resolve (algo {algo})")
+    return out.value
+
+
 def gemm_fp8_nt_device(a, sa, b, sb, out, *, workspace=None, algo=0, stream=None) -> None:
     """out[M, N] bf16 (as uint16) = a[M, K] e4m3 (uint8) x b[N, K]^T with block scales."""
     m, k = a.shape

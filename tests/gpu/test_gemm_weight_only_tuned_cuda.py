@@ -1,5 +1,5 @@
 """CUDA weight-only GEMM: the measured table of the automatic choice (csrc/cuda/gemm_weight_only_tuned.inc,
-bench/wo_tune.py) on an H200.
+bench/tune_auto.py) on an H200.
 
 Every entry must be what auto takes at both ends of its row range (the same launch configuration and
 path as the entry's word; a word that did not fit would silently fall back to the rules), and auto's
@@ -9,6 +9,9 @@ the output buffer NaN-poisoned) and reproducible.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -22,11 +25,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 from test_gemm_weight_only_cuda import check_bound, make, run_raw  # noqa: E402
 from test_gemm_weight_only_ws_cuda import same, skip_unless_h200  # noqa: E402
-import wo_tune  # noqa: E402
+import tune_auto  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not cuda.available(), reason="no CUDA device")
 
-TABLE = wo_tune.read_table()
+TABLE = tune_auto.read_table()
 
 
 @pytest.mark.parametrize("entry", TABLE, ids=lambda e: f"{e[0]}/{e[1]}-{e[2]}x{e[3]}-m{e[4]}..{e[5]}")
@@ -55,3 +58,22 @@ def test_table_shapes_right_against_float64(key):
             check_bound(a, xm, wd, f"auto {bits}/{group} {n}x{k} m {m} (word {w:#x})")
             assert same(a, run_raw(xm, q, s, bits, group, w)), "bits differ from the entry's word"
             assert same(a, run_raw(xm, q, s, bits, group, 0)), "not reproducible"
+
+
+def test_tables_off_leaves_auto_to_the_rules():
+    """DSX_TUNED_TABLES=0 (bench/tune_auto.py's measuring runs): the rules alone. Every entry was confirmed
+    faster than the rules' choice at both ends of its range, so with the table off auto must resolve to
+    another configuration or path than the entry's word at every end."""
+    skip_unless_h200()
+    ends = [(m, n, k, bits, group) for bits, group, n, k, lo, hi, _ in TABLE for m in sorted({lo, hi})]
+    code = ("import json; from ds_export.native import gemm_weight_only as G; "
+            f"print(json.dumps([[G.cuda_config(*e), G.cuda_path(*e)] for e in {ends!r}]))")
+    env = {**os.environ, "DSX_TUNED_TABLES": "0"}
+    off = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                                    check=True).stdout)
+    words = [w for *_, lo, hi, w in TABLE for _ in sorted({lo, hi})]
+    same = [(e, f"{w:#x}") for e, w, o in zip(ends, words, off)
+            if o == [G.cuda_config(*e, w), G.cuda_path(*e, w)]]
+    assert same == [], f"{len(same)} of {len(ends)} ends: the rules' own choice"
+    assert all([G.cuda_config(*e), G.cuda_path(*e)] == [G.cuda_config(*e, w), G.cuda_path(*e, w)]
+               for e, w in zip(ends, words))  # (this process: the table)

@@ -140,6 +140,13 @@ int dsx_gemm_fp8_nt_cuda(const uint8_t* a, const float* sa, const uint8_t* b, co
                          uint16_t* out, int64_t m, int64_t n, int64_t k, void* workspace,
                          int64_t workspace_bytes, int algo, void* stream);
 
+/* The algo word an automatic launch (algo 0, or 0 with bit 28) runs as on this GPU: the word of the
+ * measured table (csrc/cuda/gemm_fp8_tuned.inc: DeepSeek-V3's tensor-parallel shapes, on GPUs with the
+ * table's SM count) where it lists (m, n, k), else algo itself (the rules above decide). Any other algo
+ * is returned as it is. If the table's word cannot take a launch's pointers, that launch runs the
+ * rules' choice (and the workspace query for algo 0 covers both). */
+int dsx_gemm_fp8_nt_resolve_cuda(int64_t m, int64_t n, int64_t k, int algo, int* resolved);
+
 /* Workspace of the grouped GEMM: per-expert argument arrays + CUTLASS scratch. `m` is the
  * total row count (offsets[E]); it must be known on the host, the split need not be. */
 int dsx_gemm_fp8_grouped_nt_contiguous_workspace_cuda(int64_t num_experts, int64_t m, int64_t n,

@@ -1,6 +1,7 @@
-"""The weight-only GEMM's measured table (csrc/cuda/gemm_weight_only_tuned.inc, written by bench/wo_tune.py):
-well formed, only DeepSeek-V3 tensor-parallel shapes, and the emitter keeps exactly the confirmed words.
-(Whether each entry is what the automatic choice takes, and is right, is tests/gpu's: it needs an H200.)"""
+"""The measured tables of the automatic choice (csrc/cuda/gemm_weight_only_tuned.inc and gemm_fp8_tuned.inc,
+written by bench/tune_auto.py): well formed, only DeepSeek-V3 tensor-parallel shapes, and the emitter keeps
+exactly the confirmed words. (Whether each entry is what the automatic choice takes, and is right, is
+tests/gpu's: it needs an H200.)"""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from ds_export.models import deepseek_v3 as ds
 from ds_export.tiny import REAL_CONFIG
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-import wo_tune  # noqa: E402
+import tune_auto  # noqa: E402
 
 WS, TILES = 1 << 28, 3 << 29
 
@@ -35,7 +36,7 @@ def problems(rows) -> list[str]:
             out.append(f"{where}: not a tuned layout")
         if (n, k) not in known:
             out.append(f"{where}: not a DeepSeek-V3 shape at tp 1, 2, 4 or 8")
-        if (n, k) in wo_tune.RULE_SHAPES:
+        if (n, k) in tune_auto.RULE_SHAPES["wo"]:
             out.append(f"{where}: the rules' own shapes are left to them")
         if not 1 <= lo <= hi <= 16:
             out.append(f"{where}: rows out of 1..16")
@@ -54,7 +55,7 @@ def problems(rows) -> list[str]:
 
 
 def test_table_entries_are_valid():
-    rows = wo_tune.read_table()
+    rows = tune_auto.read_table()
     assert len(rows) >= 50, "the table lost its entries"
     assert problems(rows) == []
 
@@ -70,7 +71,7 @@ def test_table_entries_are_valid():
     ((4, -1, 9216, 7168, 1, 1, 0x10220094), "bad split"),
 ])
 def test_planted_faults_are_caught(fault, msg):
-    rows = wo_tune.read_table()
+    rows = tune_auto.read_table()
     assert any(msg in p for p in problems(rows + [fault]))
 
 
@@ -98,10 +99,10 @@ def test_emit_keeps_confirmed_words_and_merges_ranges(tmp_path):
     ]
     log.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = io.StringIO()
-    wo_tune.emit_table([str(log)], out=out)
+    tune_auto.emit_table([str(log)], out=out)
     table = tmp_path / "t.inc"
     table.write_text(out.getvalue())
-    assert wo_tune.read_table(table) == [(4, -1, 9216, 7168, 2, 8, 0x10220088), (4, -1, 9216, 7168, 9, 16, 0x10220000)]
+    assert tune_auto.read_table(table) == [(4, -1, 9216, 7168, 2, 8, 0x10220088), (4, -1, 9216, 7168, 9, 16, 0x10220000)]
     assert "2026-12-01" in out.getvalue() and "M=2 10.0 -> 9.0" in out.getvalue()
 
 
@@ -109,10 +110,66 @@ def test_read_table_refuses_a_malformed_line(tmp_path):
     bad = tmp_path / "t.inc"
     bad.write_text("{4, -1, 9216, 7168, 2, 8},  // the word missing\n")
     with pytest.raises(ValueError, match="not a table entry"):
-        wo_tune.read_table(bad)
+        tune_auto.read_table(bad)
 
 
 def test_word_names_pack_as_the_bench_does():
-    assert wo_tune.word_value(8, 4, 2, 2, wo_tune.TWO) == 0x30220048
-    assert wo_tune.word_name(8, 4, 2, 2, wo_tune.TWO) == "w8s4d2b2+30000000"
-    assert wo_tune.ranges([1, 4, 8, 16]) == {1: (1, 1), 4: (2, 4), 8: (5, 8), 16: (9, 16)}
+    assert tune_auto.word_value(8, 4, 2, 2, tune_auto.TWO) == 0x30220048
+    assert tune_auto.word_name(8, 4, 2, 2, tune_auto.TWO) == "w8s4d2b2+30000000"
+    assert tune_auto.ranges([1, 4, 8, 16]) == {1: (1, 1), 4: (2, 4), 8: (5, 8), 16: (9, 16)}
+
+
+def fp8_problems(rows) -> list[str]:
+    """What is wrong with these block FP8 table entries (empty: nothing)."""
+    known, words, out = shapes_at_tp(), set(tune_auto.fp8_words().values()), []
+    seen: dict[tuple, list[tuple[int, int]]] = {}
+    for n, k, lo, hi, word in rows:
+        where = f"fp8 entry {n}x{k}, M {lo}..{hi}"
+        if (n, k) not in known:
+            out.append(f"{where}: not a DeepSeek-V3 shape at tp 1, 2, 4 or 8")
+        if (n, k) in tune_auto.RULE_SHAPES["fp8"]:
+            out.append(f"{where}: the rules' own shapes are left to them")
+        if not 1 <= lo <= hi <= 128:
+            out.append(f"{where}: M out of 1..128")
+        if word not in words:  # (a variant the bench times: no PDL bit)
+            out.append(f"{where}: word {word:#x} is not one of bench/gpu_kernels.py's non-PDL variants")
+        seen.setdefault((n, k), []).append((lo, hi))
+    for key, spans in seen.items():
+        spans.sort()
+        if any(a[1] >= b[0] for a, b in zip(spans, spans[1:])):
+            out.append(f"{key}: overlapping M ranges {spans}")
+    return out
+
+
+def test_fp8_table_entries_are_valid():
+    rows = tune_auto.read_table(tune_auto.TABLES["fp8"])
+    assert len(rows) >= 10, "the table lost its entries"
+    assert fp8_problems(rows) == []
+
+
+@pytest.mark.parametrize("fault,msg", [
+    ((7168, 2050, 1, 16, 6), "not a DeepSeek-V3 shape"),
+    ((9216, 7168, 1, 129, 6), "M out of"),
+    ((9216, 7168, 1, 16, 6 | 1 << 28), "non-PDL variants"),  # PDL is the caller's, never the table's
+    ((9216, 7168, 1, 16, 7 | 15 << 12), "non-PDL variants"),  # a large-M kernel variant the bench does not time
+])
+def test_fp8_planted_faults_are_caught(fault, msg):
+    rows = tune_auto.read_table(tune_auto.TABLES["fp8"])
+    assert any(msg in p for p in fp8_problems(rows + [fault]))
+    assert any("overlapping" in p for p in fp8_problems([(9216, 7168, 1, 16, 6), (9216, 7168, 16, 32, 3)]))
+
+
+def test_emit_fp8_rows(tmp_path):
+    log = tmp_path / "tune.jsonl"
+    rows = [{"meta": True, "kernel": "fp8", "date": "2026-12-01"},
+            {"kind": "confirm", "kernel": "fp8", "key": [9216, 7168], "rows": [1, 16], "word": "small", "value": 262,
+             "taken": True, "at": {"1": {"us_auto": 9.0, "us_small": 8.0}, "16": {"us_auto": 27.5, "us_small": 20.4}}},
+            {"kind": "confirm", "kernel": "wo", "key": [4, -1, 9216, 7168], "rows": [1, 1], "word": "w", "value": 1,
+             "taken": True, "at": {}}]  # another kernel's row: not in this table
+    log.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = io.StringIO()
+    tune_auto.emit_table([str(log)], "fp8", out=out)
+    table = tmp_path / "t.inc"
+    table.write_text(out.getvalue())
+    assert tune_auto.read_table(table) == [(9216, 7168, 1, 16, 262)]
+    assert "M=16 27.5 -> 20.4" in out.getvalue()

@@ -1,0 +1,68 @@
+"""CUDA block FP8 GEMM: the measured table of the automatic choice (csrc/cuda/gemm_fp8_tuned.inc,
+bench/tune_auto.py --kernel fp8) on an H200.
+
+Every entry must be what algo 0 runs at both ends of its M range (dsx_gemm_fp8_nt_resolve_cuda, and the
+same output bits as the entry's word: a word that could not take the launch would silently run the rules'
+choice instead), keep the caller's PDL bit only where its kernel takes it, and auto's output at the table's
+shapes must be right against float64 (assert_gemm_close of test_kernels_cuda.py, NaN-poisoned outputs).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ds_export.native import cuda
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from test_kernels_cuda import assert_gemm_close, make_gemm  # noqa: E402
+import tune_auto  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not cuda.available(), reason="no CUDA device")
+
+TABLE = tune_auto.read_table(tune_auto.TABLES["fp8"])
+PDL, SMALL = 1 << 28, 6
+
+
+def skip_unless_h200():
+    sms = ctypes.c_int()  # (cudaDevAttrMultiProcessorCount = 16, device 0)
+    if cuda.cudart().cudaDeviceGetAttribute(ctypes.byref(sms), 16, 0) != 0 or sms.value != 132:
+        pytest.skip("the table is the H200's (132 SMs)")
+
+
+@pytest.mark.parametrize("entry", TABLE, ids=lambda e: f"{e[0]}x{e[1]}-m{e[2]}..{e[3]}")
+def test_table_entry_is_what_auto_runs(entry):
+    n, k, lo, hi, w = entry
+    skip_unless_h200()
+    # (float64 only up to 16M weights: the larger references take minutes of host numpy; the same kernels)
+    check = n * k <= 16 * 2**20
+    for m in sorted({lo, hi}):
+        assert cuda.gemm_fp8_resolve(m, n, k) == w, f"m {m}"
+        assert cuda.gemm_fp8_resolve(m, n, k, PDL) == (w | PDL if (w & 15) == SMALL else w), f"m {m} with PDL"
+        assert cuda.gemm_fp8_resolve(m, n, k, w) == w  # (an explicit word is left as it is)
+        a, sa, b, sb = make_gemm(np.random.default_rng([m, n, k]), m, n, k)
+        auto = cuda.gemm_fp8_nt(a, sa, b, sb)
+        assert np.array_equal(auto.view(np.uint16), cuda.gemm_fp8_nt(a, sa, b, sb, algo=w).view(np.uint16)), f"m {m}"
+        if check:
+            assert_gemm_close(auto, a, sa, b, sb, f"auto {(m, n, k)} = {w:#x}")
+
+
+def test_tables_off_leaves_auto_to_the_rules():
+    """DSX_TUNED_TABLES=0 (bench/tune_auto.py's measuring runs): algo 0 resolves to itself at every entry."""
+    skip_unless_h200()
+    if not TABLE:
+        pytest.skip("empty table")
+    ends = [(m, n, k) for n, k, lo, hi, _ in TABLE for m in sorted({lo, hi})]
+    code = ("import sys; from ds_export.native import cuda; "
+            f"print([cuda.gemm_fp8_resolve(*e) for e in {ends!r}])")
+    env = {**os.environ, "DSX_TUNED_TABLES": "0"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert out.stdout.strip() == str([0] * len(ends)), out.stdout[-2000:]
+    assert [cuda.gemm_fp8_resolve(*e) for e in ends] != [0] * len(ends)  # (this process: the table)
