@@ -225,18 +225,27 @@ def emit_table(paths: list[str], kernel: str = "wo", exclude=None, out=sys.stdou
     exclude = RULE_SHAPES[kernel] if exclude is None else exclude
     taken, meta = {}, []
     for p in paths:
+        keep = 0.025
         for line in open(p):
             r = json.loads(line)
             if r.get("kernel", "wo") != kernel:
                 continue
             if r.get("meta"):
                 meta.append(r)
-            elif r.get("kind") == "confirm" and r["taken"]:
+                keep = r.get("keep", keep)
+            elif r.get("kind") == "confirm":
                 key = tuple(r.get("key") or (r["bits"], r["group"], r["N"], r["K"]))  # (rows before "key")
                 if tuple(key[-2:]) in exclude:
                     continue
                 lo, hi = r["rows"]
-                taken[key + (lo,)] = (hi, r["value"], r["word"], r["at"])
+                if r["taken"]:
+                    taken[key + (lo,)] = (hi, r["value"], r["word"], r["at"])
+                    continue
+                # not confirmed over its range: an end where the word held by itself is an entry of that row
+                # alone (the rules' cliffs: int8 group 128 7168x9216 at 7..8 rows, auto 23.67 / 34.06 us)
+                for row, v in r["at"].items():
+                    if v[f"us_{r['word']}"] < (1 - keep) * v["us_auto"]:
+                        taken[key + (int(row),)] = (int(row), r["value"], r["word"], {row: v})
     # adjacent row ranges of one key with the same word become one entry
     entries = []
     for full in sorted(taken):

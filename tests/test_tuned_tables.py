@@ -93,7 +93,7 @@ def test_emit_keeps_confirmed_words_and_merges_ranges(tmp_path):
         _confirm(4, -1, 9216, 7168, (2, 4), "w8s8d2b2+10000000", 0x10220088, True),
         _confirm(4, -1, 9216, 7168, (5, 8), "w8s8d2b2+10000000", 0x10220088, True),  # same word: merged
         _confirm(4, -1, 9216, 7168, (9, 16), "w0s0d2b2+10000000", 0x10220000, True),
-        _confirm(4, -1, 9216, 7168, (1, 1), "w4s4d2b2+10000000", 0x10220044, False),  # not confirmed: left out
+        _confirm(4, -1, 9216, 7168, (1, 1), "w4s4d2b2+10000000", 0x10220044, False, us=(10.0, 9.9)),  # not confirmed: left out
         _confirm(8, 128, 4096, 7168, (1, 1), "w8s4d2b2+30000000", 0x30220048, True),  # a rules' shape: left out
         {"kind": "sweep", "N": 9216, "K": 7168, "M": 1},
     ]
@@ -173,3 +173,20 @@ def test_emit_fp8_rows(tmp_path):
     table.write_text(out.getvalue())
     assert tune_auto.read_table(table) == [(9216, 7168, 1, 16, 262)]
     assert "M=16 27.5 -> 20.4" in out.getvalue()
+
+
+def test_emit_takes_the_one_end_a_failed_range_held(tmp_path):
+    """A winner that did not hold at both ends of its range is an entry of the end where it did (by more than
+    the run's --keep), and nothing where it did not."""
+    log = tmp_path / "tune.jsonl"
+    rows = [{"meta": True, "kernel": "wo", "date": "2026-12-01", "keep": 0.025},
+            _confirm(8, 128, 7168, 9216, (7, 8), "w8s8d2b2+30000000", 0x30220088, False, us=(34.06, 23.91)),
+            _confirm(8, 128, 7168, 14336, (5, 6), "w8s8d2b2+30000000", 0x30220088, False, us=(33.12, 32.8))]
+    rows[1]["at"]["7"] = {"us_auto": 23.67, "us_w8s8d2b2+30000000": 23.58}  # held at 8 only
+    log.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = io.StringIO()
+    tune_auto.emit_table([str(log)], "wo", out=out)
+    table = tmp_path / "t.inc"
+    table.write_text(out.getvalue())
+    assert tune_auto.read_table(table) == [(8, 128, 7168, 9216, 8, 8, 0x30220088)]
+    assert "M=8 34.06 -> 23.91" in out.getvalue() and "M=7" not in out.getvalue()
