@@ -393,9 +393,9 @@ def test_tuned_table_is_the_automatic_choice_host_side(tmp_path):
     assert f"{2 * entries} checked, 0 differ" in run.stdout, run.stdout[-3000:]
     assert "planted caught" in run.stdout and run.returncode == 0
     # DSX_TUNED_TABLES=0 (bench/tune_auto.py's measuring runs): the rules alone. Each entry was confirmed faster
-    # than the rules' choice at both ends on the H200, so there every end resolves to another configuration
-    # (tests/gpu checks all of them); host-side, where the rules' occupancy queries get no answer, 8 of the 288
-    # ends come out as the word (7168x14336 int4, 12288x1536 int8)
+    # than the rules' choice at its ends on the H200, so there every end resolves to another configuration
+    # (tests/gpu checks all of them); host-side, where the rules' occupancy queries get no answer, a few come
+    # out as the word (9 of 384 ends on 2026-12-01: 7168x14336 int4, 12288x1536 int8)
     off = subprocess.run([str(exe)], capture_output=True, text=True, env={**os.environ, "DSX_TUNED_TABLES": "0"})
     differ = int(re.search(r"(\d+) checked, (\d+) differ", off.stdout).group(2))
-    assert differ >= 2 * entries - 16, off.stdout[-3000:]
+    assert differ >= 0.95 * 2 * entries, off.stdout[-3000:]
