@@ -26,6 +26,17 @@ def shapes_at_tp():
     return {s for tp in (1, 2, 4, 8) for s in ds.gemm_shapes(cfg, tp)}
 
 
+def shape_and_range_problems(where, kernel, known, n, k, lo, hi, what, top) -> list[str]:
+    out = []
+    if (n, k) not in known:
+        out.append(f"{where}: not a DeepSeek-V3 shape at tp 1, 2, 4 or 8")
+    if (n, k) in tune_auto.RULE_SHAPES[kernel]:
+        out.append(f"{where}: the rules' own shapes are left to them")
+    if not 1 <= lo <= hi <= top:
+        out.append(f"{where}: {what} out of 1..{top}")
+    return out
+
+
 def problems(rows) -> list[str]:
     """What is wrong with these table entries (empty: nothing)."""
     known, out = shapes_at_tp(), []
@@ -34,12 +45,7 @@ def problems(rows) -> list[str]:
         where = f"entry {bits}, {group}, {n}x{k}, rows {lo}..{hi}"
         if (bits, group) not in {(4, -1), (4, 128), (8, -1), (8, 128)}:
             out.append(f"{where}: not a tuned layout")
-        if (n, k) not in known:
-            out.append(f"{where}: not a DeepSeek-V3 shape at tp 1, 2, 4 or 8")
-        if (n, k) in tune_auto.RULE_SHAPES["wo"]:
-            out.append(f"{where}: the rules' own shapes are left to them")
-        if not 1 <= lo <= hi <= 16:
-            out.append(f"{where}: rows out of 1..16")
+        out += shape_and_range_problems(where, "wo", known, n, k, lo, hi, "rows", 16)
         # the warp-specialized path with its ring fields given (so the automatic rules are not asked
         # again), tiles a warp 1, 2 or 4 (bits 29..30 not 3), a split of at most 8, x's chunk automatic
         if not (word & WS and (word >> 16) & 15 and (word >> 20) & 15) or (word & TILES) == TILES:
@@ -47,10 +53,16 @@ def problems(rows) -> list[str]:
         if (word >> 4) & 15 > 8 or word & 15 not in (0, 4, 8) or (word >> 8) & 255:
             out.append(f"{where}: word {word:#x} has a bad split, warp count or chunk")
         seen.setdefault((bits, group, n, k), []).append((lo, hi))
+    return out + overlaps(seen, "row")
+
+
+def overlaps(seen: dict[tuple, list[tuple[int, int]]], what: str) -> list[str]:
+    """Keys whose ranges (first, last) overlap: one launch would have two entries."""
+    out = []
     for key, spans in seen.items():
         spans.sort()
         if any(a[1] >= b[0] for a, b in zip(spans, spans[1:])):
-            out.append(f"{key}: overlapping row ranges {spans}")
+            out.append(f"{key}: overlapping {what} ranges {spans}")
     return out
 
 
@@ -125,20 +137,11 @@ def fp8_problems(rows) -> list[str]:
     seen: dict[tuple, list[tuple[int, int]]] = {}
     for n, k, lo, hi, word in rows:
         where = f"fp8 entry {n}x{k}, M {lo}..{hi}"
-        if (n, k) not in known:
-            out.append(f"{where}: not a DeepSeek-V3 shape at tp 1, 2, 4 or 8")
-        if (n, k) in tune_auto.RULE_SHAPES["fp8"]:
-            out.append(f"{where}: the rules' own shapes are left to them")
-        if not 1 <= lo <= hi <= 128:
-            out.append(f"{where}: M out of 1..128")
+        out += shape_and_range_problems(where, "fp8", known, n, k, lo, hi, "M", 128)
         if word not in words:  # (a variant the bench times: no PDL bit)
             out.append(f"{where}: word {word:#x} is not one of bench/gpu_kernels.py's non-PDL variants")
         seen.setdefault((n, k), []).append((lo, hi))
-    for key, spans in seen.items():
-        spans.sort()
-        if any(a[1] >= b[0] for a, b in zip(spans, spans[1:])):
-            out.append(f"{key}: overlapping M ranges {spans}")
-    return out
+    return out + overlaps(seen, "M")
 
 
 def test_fp8_table_entries_are_valid():
