@@ -20,9 +20,11 @@ automatic choice consults first on GPUs with the SM count it was measured on:
 
 The first form measures (DIR/tune.jsonl: every sweep and confirmation row); the second, anywhere, turns
 confirmed rows into the table. The measuring form runs with DSX_TUNED_TABLES=0, so that "auto" is the
-rules alone whatever table the library was built with. Row ranges: each M of --ms stands for the rows above the previous M up to
-it (wo 1 | 2..4 | 5..8 | 9..16; fp8 1..16 | 17..32 | 33..64 | 65..128), confirmed at both ends. The shapes
-the weight-only rules were tuned on are left to them (RULE_SHAPES).
+rules alone whatever table the library was built with. Row ranges: each M of --ms stands for the rows
+above the previous M up to it (wo default 1 | 2..4 | 5..8 | 9..16, the shipped table measured with --ms
+1,2,4,6,8,12,16; fp8 1..16 | 17..32 | 33..64 | 65..128), confirmed at both ends; where a winner held at
+one end only, the table gets that one row. The shapes the weight-only rules were tuned on are left to
+them (RULE_SHAPES).
 """
 
 from __future__ import annotations

@@ -145,13 +145,14 @@ bool use_large(const GemmNt& g, Algo* a) {
   return true;
 }
 
-// Seventeenth session: the rules above were tuned on DeepSeek-V3's tp = 1 shapes; at the shapes a
-// tensor-parallel rank runs they chose up to 35% slower kernels than the best variant (H200,
-// bench/gpu_kernels.py --small: 16x9216x7168 27.5 us against 20.4 for the small-M kernel at 128
-// rows, slower than cuBLAS's 25.8). So algo 0 (alone or with the PDL bit) first looks the launch up
-// in a table measured by bench/tune_auto.py --kernel fp8 (every weight GEMM shape of DeepSeek-V3 at
-// tp 1, 2, 4, 8 and M ranges up to 128; each word confirmed faster than the rules at both ends of its
-// range, interleaved in one process), on GPUs with the SM count it was measured on (and unless
+// Eighteenth session: the rules above were tuned on DeepSeek-V3's tp = 1 shapes, mostly before the
+// large-M kernel existed; at the shapes a tensor-parallel rank runs, and at 65..128 rows of the goal
+// shapes, they chose up to 35% slower kernels than the best variant (H200, bench/tune_auto.py --kernel
+// fp8: 16x9216x7168 27.75 us against 19.95 for the small-M kernel at 128 rows; 128x18432x7168 60.96
+// against 41.63 for the large-M kernel's 128x192 tiles). So algo 0 (alone or with the PDL bit) first
+// looks the launch up in a table measured by bench/tune_auto.py --kernel fp8 (every weight GEMM shape of
+// DeepSeek-V3 at tp 1, 2, 4, 8 and M ranges up to 128; each word confirmed faster than the rules at both
+// ends of its range, interleaved in one process), on GPUs with the SM count it was measured on (and unless
 // DSX_TUNED_TABLES=0: tuned_tables.cuh); elsewhere, for launches it does not list, and where its word
 // cannot take the launch, the rules decide.
 struct Fp8Tuned {
