@@ -12,10 +12,10 @@ if [ "$rev" = . ]; then
 else
   # (sm90_ptx.cuh: the shared PTX helpers the kernel includes since 87365bb; gemm_weight_only_ws.cuh:
   # the warp-specialized path, tenth session; gemm_weight_only_tuned.inc: its measured table, seventeenth
-  # session; each absent before)
+  # session; tuned_tables.cuh: the DSX_TUNED_TABLES switch, eighteenth; each absent before)
   for f in csrc/cuda/gemm_weight_only.cu csrc/cuda/gemm_weight_only.cuh csrc/include/dsx.h \
            $(git ls-tree --name-only "$rev" csrc/include/dsx/ csrc/cuda/sm90_ptx.cuh csrc/cuda/gemm_weight_only_ws.cuh \
-             csrc/cuda/gemm_weight_only_tuned.inc); do
+             csrc/cuda/gemm_weight_only_tuned.inc csrc/cuda/tuned_tables.cuh); do
     mkdir -p "$tmp/$(dirname "$f")"
     git show "$rev:$f" > "$tmp/$f"
   done
