@@ -330,35 +330,6 @@ def _linear_shapes(cfg: DeepseekV3Config, layer: int) -> Iterator[tuple[str, tup
         yield p + "mlp.down_proj.weight", (H, I)
 
 
-# The quantizable Linears as one tensor-parallel rank multiplies by them: role -> (N, K) at tp = 1.
-# gate/up also fused ("gate_up": one GEMM of both, as PaddleNLP's serving runs its ffn1).
-def _gemm_roles(cfg: DeepseekV3Config) -> Iterator[tuple[str, str, int, int]]:
-    """(name, ROLES key whose split applies, N, K) of every distinct quantizable GEMM at tp = 1."""
-    H, nh = cfg.hidden_size, cfg.num_attention_heads
-    if cfg.q_lora_rank:
-        yield "q_a", "q_a", cfg.q_lora_rank, H
-        yield "q_b", "q_b", nh * cfg.qk_head_dim, cfg.q_lora_rank
-    else:
-        yield "q_proj", "q_proj", nh * cfg.qk_head_dim, H
-    yield "kv_a", "kv_a", cfg.kv_lora_rank + cfg.qk_rope_head_dim, H
-    yield "kv_b", "kv_b", nh * (cfg.qk_nope_head_dim + cfg.v_head_dim), cfg.kv_lora_rank
-    yield "o_proj", "o_proj", H, nh * cfg.v_head_dim
-    if cfg.first_k_dense_replace > 0 or not cfg.n_routed_experts:
-        I = cfg.intermediate_size
-        yield "dense_gate/up", "dense_gate", I, H
-        yield "dense_gate_up", "dense_gate", 2 * I, H
-        yield "dense_down", "dense_down", H, I
-    if cfg.n_routed_experts:
-        mi = cfg.moe_intermediate_size
-        for kind, n in (("shared", mi * cfg.n_shared_experts), ("expert", mi)):
-            if n:
-                yield f"{kind}_gate/up", f"{kind}_gate", n, H
-                yield f"{kind}_gate_up", f"{kind}_gate", 2 * n, H
-                yield f"{kind}_down", f"{kind}_down", H, n
-    if cfg.num_nextn_predict_layers:
-        yield "mtp_eh_proj", "mtp_eh_proj", H, 2 * H
-
-
 def gemm_shapes(cfg: DeepseekV3Config, tp: int = 1) -> dict[tuple[int, int], tuple[str, ...]]:
     """{(N, K): names} of the weight GEMMs one of `tp` tensor-parallel ranks runs (ROLES' splits: "col"
     divides N, "row" divides K), for tuning and benchmarking kernels at the shapes a deployment meets.
@@ -373,6 +344,30 @@ def gemm_shapes(cfg: DeepseekV3Config, tp: int = 1) -> dict[tuple[int, int], tup
         shape = (n // tp if split == "col" else n, k // tp if split == "row" else k)
         out[shape] = out.get(shape, ()) + (name,)
     return out
+
+
+def _gemm_roles(cfg: DeepseekV3Config) -> Iterator[tuple[str, str, int, int]]:
+    """(name, ROLES key whose split applies, N, K) of every distinct quantizable GEMM at tp = 1: the Linears
+    of expected_tensors for one layer of each kind (dense, MoE, MTP), gate and up as one name ("dense_gate/up")
+    and also fused ("dense_gate_up": one GEMM of both, as PaddleNLP's serving runs its ffn1)."""
+    kinds: dict[tuple[bool, bool], int] = {}
+    for layer in cfg.all_layers:
+        kinds.setdefault((cfg.is_moe_layer(layer), cfg.is_mtp_layer(layer)), layer)
+    seen = set()
+    for layer in sorted(kinds.values()):
+        for t in expected_tensors(cfg, fp8=False, fp8_eh_proj=True, layers=range(layer, layer + 1),
+                                  include_top=False):
+            role = t.role.role
+            if not t.role.quantizable or role.endswith("_up") or role in seen:
+                continue
+            seen.add(role)
+            n, k = t.shape
+            if role.endswith("_gate"):
+                kind = role[: -len("_gate")]
+                yield f"{kind}_gate/up", role, n, k
+                yield f"{kind}_gate_up", role, 2 * n, k
+            else:
+                yield role, role, n, k
 
 
 def scale_shape(shape: tuple[int, int], block: tuple[int, int]) -> tuple[int, int]:
