@@ -9,7 +9,6 @@ shapes must be right against float64 (assert_gemm_close of test_kernels_cuda.py,
 
 from __future__ import annotations
 
-import ctypes
 import os
 import subprocess
 import sys
@@ -22,6 +21,7 @@ from ds_export.native import cuda
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from test_gemm_weight_only_ws_cuda import skip_unless_h200  # noqa: E402 (the tables are the H200's)
 from test_kernels_cuda import assert_gemm_close, make_gemm  # noqa: E402
 import tune_auto  # noqa: E402
 
@@ -29,12 +29,6 @@ pytestmark = pytest.mark.skipif(not cuda.available(), reason="no CUDA device")
 
 TABLE = tune_auto.read_table(tune_auto.TABLES["fp8"])
 PDL, SMALL = 1 << 28, 6
-
-
-def skip_unless_h200():
-    sms = ctypes.c_int()  # (cudaDevAttrMultiProcessorCount = 16, device 0)
-    if cuda.cudart().cudaDeviceGetAttribute(ctypes.byref(sms), 16, 0) != 0 or sms.value != 132:
-        pytest.skip("the table is the H200's (132 SMs)")
 
 
 @pytest.mark.parametrize("entry", TABLE, ids=lambda e: f"{e[0]}x{e[1]}-m{e[2]}..{e[3]}")
@@ -57,8 +51,6 @@ def test_table_entry_is_what_auto_runs(entry):
 def test_tables_off_leaves_auto_to_the_rules():
     """DSX_TUNED_TABLES=0 (bench/tune_auto.py's measuring runs): algo 0 resolves to itself at every entry."""
     skip_unless_h200()
-    if not TABLE:
-        pytest.skip("empty table")
     ends = [(m, n, k) for n, k, lo, hi, _ in TABLE for m in sorted({lo, hi})]
     code = ("import sys; from ds_export.native import cuda; "
             f"print([cuda.gemm_fp8_resolve(*e) for e in {ends!r}])")
