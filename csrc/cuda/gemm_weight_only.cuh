@@ -467,48 +467,6 @@ __device__ __forceinline__ void stage_x_steps(uint16_t* buf, int ld, const uint1
   }
 }
 
-// x steps [s0, s0 + steps) of rows [0, m) into buf as the wgmma B operand of the warp-specialized
-// kernel's wgmma consumers (K-major, no swizzle; NT token groups of 8 rows): logical k runs in the
-// order of step_q's mma k-steps, so that the B values of k-step s of the slice are exactly those
-// step_q's lanes load for theirs. A lane's k pair p (real k = W c + 2p, W = 32 int4 / 16 int8: c the
-// lane in its quad) sits in mma k-step p / 2 at logical {2c, 2c + 1} (p even) or {2c + 8, 2c + 9}
-// (p odd), so 8-element core column p of the step holds pairs p of the four c: the piece of real
-// k = 8 q (its pairs 4 (q % IPC) .. + 3, c = q / IPC) goes word by word to core columns
-// 4 (q % IPC) + j, word c of row `row`. Core column `col` of the slice starts at col * NT * 128
-// bytes, row r of it at 16 r (so the descriptor's K lead is NT * 128 bytes, its 8-row stride 128).
-// Rows m .. 8 NT - 1 are not written (their products land in output rows that are never stored);
-// pieces at or past K fill zeros. Through registers, KB loads in flight a thread; the caller
-// fences (generic -> async proxy) and syncs.
-template <int BITS, int NT, int KB = 8>
-__device__ __forceinline__ void stage_x_wgmma(uint16_t* buf, const uint16_t* x, int m, int k, int s0, int steps,
-                                              int tid, int nthr) {
-  constexpr int kStepK = BITS == 8 ? 64 : 128, kPieces = kStepK / 8, kIpc = kPieces / 4, kCol = NT * 32;
-  const int per_row = steps * kPieces, k0 = s0 * kStepK, total = m * per_row;
-  uint32_t* w = reinterpret_cast<uint32_t*>(buf);
-  for (int i0 = tid; i0 < total; i0 += KB * nthr) {
-    uint4 v[KB];
-#pragma unroll
-    for (int b = 0; b < KB; ++b) {
-      const int i = i0 + b * nthr;
-      if (i < total) {
-        const int rem = i / m, row = i - rem * m;  // (rows fastest: a quarter-warp's stores hit distinct banks)
-        const int kk = k0 + rem * 8;
-        v[b] = kk < k ? *reinterpret_cast<const uint4*>(x + static_cast<int64_t>(row) * k + kk) : make_uint4(0, 0, 0, 0);
-      }
-    }
-#pragma unroll
-    for (int b = 0; b < KB; ++b) {
-      const int i = i0 + b * nthr;
-      if (i < total) {
-        const int rem = i / m, row = i - rem * m;
-        const int st = rem / kPieces, q = rem - st * kPieces;
-        uint32_t* d = w + (st * kPieces + 4 * (q % kIpc)) * kCol + 4 * row + q / kIpc;
-        d[0] = v[b].x, d[kCol] = v[b].y, d[2 * kCol] = v[b].z, d[3 * kCol] = v[b].w;
-      }
-    }
-  }
-}
-
 // A warp's accumulator tile (MT x 8 rows x 16 channels: row 8 t + 2 c + (i & 1), channel g + 8 (i >> 1)
 // of acc[t][i]) into the fp32 partial tile part [m][width] from column col0; with SCALE (per-channel
 // weights: group scales were applied in the loop) times the bf16 scales of channels n0 + g, n0 + g + 8.

@@ -105,15 +105,8 @@ __device__ __forceinline__ void ws_st_async2(uint32_t raddr, float a, float b, u
 // The block's tensor maps (Params::wmap: `box` steps x all tiles' rows; wmap1: one step).
 // CT: 16-channel tiles a consumer warp owns (2, 4: algo bits 29..30; warp w owns tiles CT w .. CT w +
 // CT - 1, contiguous channels; one x load feeds the mma of all of them: step_q_tiles).
-// WG: the consumer warps run as warpgroups (4 warps; the host makes warps 4 or 8) and each step's
-// products go through wgmma with the unpacked weights as its register A operand (each warp's 16
-// channels of a tile its 16 rows of the m64) and x as its shared-memory B (stage_x_wgmma's layout:
-// 8 MT rows, the rows past M unwritten); the same k-steps as step_q's mma chain, started from 0 a
-// step and promoted on the CUDA cores as there. The next step is loaded and unpacked while the
-// previous step's wgmma run.
-template <int BITS, int MT, int GMODE, int CT = 1, bool PUSH = false, bool WG = false>
-__global__ void __launch_bounds__((kMaxWarps + 1) * 32, WG ? (CT == 4 ? 1 : 2)
-                                                       : CT == 4 ? (MT == 1 ? 2 : 1)
+template <int BITS, int MT, int GMODE, int CT = 1, bool PUSH = false>
+__global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? (MT == 1 ? 2 : 1)
                                                                   : (CT == 2 && (MT == 2 || PUSH)) || (MT == 2 && GMODE == 2) ? 2 : 3)
     wo_gemm_ws_kernel(const __grid_constant__ Params p) {
   extern __shared__ __align__(128) uint8_t smem[];
@@ -135,7 +128,6 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, WG ? (CT == 4 ? 1 : 2)
   const int ld = p.chunk * kStepK + kXPadElems;
   const int nloc = s_end - s_begin;
   const int ustride = gridDim.y;
-  static_assert(!WG || GMODE != 2, "int4 group 64 pairs its k differently: no wgmma consumers");
 
   // Shared memory: [full, empty barriers][ring][x slice][partial tile].
   const uint32_t full0 = dsx_wo::smem_addr(smem), empty0 = full0 + 8 * nst;
@@ -151,7 +143,7 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, WG ? (CT == 4 ? 1 : 2)
   uint16_t* xbuf = reinterpret_cast<uint16_t*>(smem + ws_barrier_bytes(nst) + nst * slot_sz);
   auto part_of = [&]() {
     return reinterpret_cast<float*>(smem + ws_barrier_bytes(p.stages) + p.stages * ws_slot_bytes(GMODE, p.box, CT * nwarps, CT) +
-                                    2 * (WG ? 8 * MT : p.m) * (p.chunk * kStepK + kXPadElems));
+                                    2 * p.m * (p.chunk * kStepK + kXPadElems));
   };
   auto ngroups = [&]() { return GMODE == 2 ? kt : p.group > 0 ? (p.k + p.group - 1) / p.group : 1; };
   auto lead = [&]() { return static_cast<uint32_t>(reinterpret_cast<uintptr_t>(p.scale) & 15); };
@@ -268,14 +260,9 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, WG ? (CT == 4 ? 1 : 2)
     // (4 loads in flight in the pulled int4-per-channel instance with one tile a warp and two token
     // tiles: 8 spilled there at its 72 registers)
     constexpr int kXLoads = BITS == 4 && GMODE == 0 && CT == 1 && MT == 2 && !PUSH ? 4 : 8;
-    if constexpr (WG) {
-      dsx_wo::stage_x_wgmma<BITS, MT, kXLoads>(xbuf, p.x, p.m, p.k, s_begin, nloc, threadIdx.x, cthreads);
-      dsx_cuda::sm90::fence_async_smem();  // (generic-proxy stores, read by wgmma)
-    } else {
-      dsx_wo::stage_x_steps<BITS, CT <= 2, kXLoads>(xbuf, ld, p.x, p.m, p.k, s_begin, nloc, threadIdx.x, cthreads);
-    }
+    dsx_wo::stage_x_steps<BITS, CT <= 2, kXLoads>(xbuf, ld, p.x, p.m, p.k, s_begin, nloc, threadIdx.x, cthreads);
 #endif
-    if constexpr (CT > 2 && !WG) dsx_wo::cp_async_wait<0>();
+    if constexpr (CT > 2) dsx_wo::cp_async_wait<0>();
     ws_consumer_sync(cthreads);
   }
   int xo[MT];
@@ -286,18 +273,6 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, WG ? (CT == 4 ? 1 : 2)
   const bool pair = kPair && p.pair != 0;
   int slot = 0;
   uint32_t parity = 0;
-  // (WG) k-steps of a step, the previous step's tensor-core partials (in flight until retired) and
-  // their scales; the x operand's address
-  constexpr int kKs = BITS == 8 ? 4 : 8, kPiecesWg = BITS == 8 ? 2 : 4;
-  float wpart[CT][MT][4];
-  uint32_t wscale[CT];
-#pragma unroll
-  for (int q = 0; q < CT; ++q) {
-    wscale[q] = 0u;
-#pragma unroll
-    for (int t = 0; t < MT; ++t) wpart[q][t][0] = wpart[q][t][1] = wpart[q][t][2] = wpart[q][t][3] = 0.f;
-  }
-  const uint32_t xw_addr = dsx_wo::smem_addr(xbuf);
   for (int o = 0; o < my_groups; ++o) {
     const int u = blockIdx.y + o * ustride;
     const int n_blk = u * 16 * tiles, n0 = n_blk + warp * 16 * CT;
@@ -307,24 +282,11 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, WG ? (CT == 4 ? 1 : 2)
     for (int q = 0; q < CT; ++q)
 #pragma unroll
       for (int t = 0; t < MT; ++t) acc[q][t][0] = acc[q][t][1] = acc[q][t][2] = acc[q][t][3] = 0.f;
-    bool wpending = false;  // (WG) a step's wgmma in flight
-    // (WG) waits for the step in flight and joins its partials to the accumulators
-    auto retire = [&]() {
-      dsx_cuda::sm90::wgmma_wait<0>();
-#pragma unroll
-      for (int q = 0; q < CT; ++q)
-#pragma unroll
-        for (int t = 0; t < MT; ++t) {
-#pragma unroll
-          for (int i = 0; i < 4; ++i) dsx_cuda::sm90::fence_reg(wpart[q][t][i]);
-          dsx_wo::promote<GMODE>(acc[q][t], wpart[q][t], wscale[q]);
-        }
-    };
     // Slot by slot (a group's slots start at s_begin + a multiple of box, as the producer fills them).
     for (int first = s_begin; first < s_end; first += box) {
       dsx_wo::mbar_wait(full0 + 8 * slot, parity);
       const int slot_len = min(box, s_end - first);
-      if (active || WG) {  // (WG: every warp of a warpgroup runs its wgmma; past N the rows are zeros)
+      if (active) {
         // A full slot (one copy): tile v's rows at v * box KB, rows box * kRowStep apart, steps
         // kRowStep apart; a short one (a copy a step): steps `tiles` KB apart, tile v's rows at
         // v KB inside each, kRowStep apart. (Warp w's tiles: v = CT w + q.)
@@ -337,53 +299,7 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, WG ? (CT == 4 ? 1 : 2)
         const int tstride = kRowsPerWarp * rstride;  // from one tile's rows to the next's
         for (int j = 0; j < slot_len;) {
           const uint16_t* xs = xbuf + (first + j - s_begin) * kStepK;
-          if constexpr (WG) {
-            Stage st[CT];
-#pragma unroll
-            for (int q = 0; q < CT; ++q) {
-              const uint8_t* wp = wbase + q * tstride + j * jstride;
-              st[q].w[0] = dsx_wo::lds128(wp);
-              st[q].w[1] = dsx_wo::lds128(wp + rgap);
-              st[q].s[0] = GMODE == 1 ? read_scale(sl, j, 0, CT * warp + q) : 0u;
-            }
-            // Each tile's step in two halves of its k-steps, each half one commit group, so that a half is
-            // unpacked while the one before it runs and at most two halves' registers are live (whole
-            // steps of all tiles at once: ptxas serialized the wgmma, short of registers). The previous
-            // step's partials are retired (all its wgmma done) just before this step's first wgmma,
-            // which overwrites them.
-            constexpr int kHalf = kKs / 2, kPiecesHalf = kPiecesWg / 2;
-            const uint32_t xa = xw_addr + static_cast<uint32_t>((first + j - s_begin) * kKs * MT * 256);
-#pragma unroll
-            for (int hf = 0; hf < 2; ++hf)
-#pragma unroll
-              for (int q = 0; q < CT; ++q) {
-                dsx_cuda::sm90::wgmma_wait<1>();  // (the group before last is done: its registers are free)
-                uint32_t a[kHalf][4];
-#pragma unroll
-                for (int i = 0; i < kPiecesHalf; ++i)
-#pragma unroll
-                  for (int h = 0; h < 2; ++h) {
-                    const int pi = hf * kPiecesHalf + i;
-                    auto pr = [&](uint32_t w) { return BITS == 8 ? dsx_wo::i8_pairj(w, pi) : dsx_wo::i4_pairj(w, pi); };
-                    a[2 * i + h][0] = pr(dsx_wo::word(st[q].w[0], 2 * h));
-                    a[2 * i + h][1] = pr(dsx_wo::word(st[q].w[1], 2 * h));
-                    a[2 * i + h][2] = pr(dsx_wo::word(st[q].w[0], 2 * h + 1));
-                    a[2 * i + h][3] = pr(dsx_wo::word(st[q].w[1], 2 * h + 1));
-                  }
-                if (hf == 0 && q == 0 && wpending) retire();
-                dsx_cuda::sm90::wgmma_fence();
-#pragma unroll
-                for (int ks = 0; ks < kHalf; ++ks)
-                  dsx_cuda::sm90::wgmma_bf16_rs<MT>(
-                      wpart[q], a[ks], dsx_cuda::sm90::interleave_desc(xa + (hf * kHalf + ks) * MT * 256, MT * 128, 128),
-                      hf + ks);
-                dsx_cuda::sm90::wgmma_commit();
-              }
-#pragma unroll
-            for (int q = 0; q < CT; ++q) wscale[q] = st[q].s[0];
-            wpending = true;
-            j += 1;
-          } else if constexpr (CT > 1) {
+          if constexpr (CT > 1) {
             Stage st[CT];
 #pragma unroll
             for (int q = 0; q < CT; ++q) {
@@ -448,8 +364,6 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, WG ? (CT == 4 ? 1 : 2)
       if (lane == 0) ws_mbar_arrive(empty0 + 8 * slot);
       if (++slot == nst) slot = 0, parity ^= 1u;
     }
-    if constexpr (WG)
-      if (wpending) retire();
     if (o + 1 == my_groups) dsx_wo::pdl_launch_dependents();
 
     float* part = part_of();
@@ -600,16 +514,6 @@ constexpr int kWsAlgoBit = 1 << 28;
 constexpr int kWsTilesBit = 3 << 29;  // (with bit 28, up to 16 rows: 2 (1) or 4 (2) 16-channel tiles a consumer warp)
 constexpr int kWsNoFit = 1;  // (ws_choose: x whole does not fit, every field automatic)
 
-// Whether a warp-specialized launch runs wgmma consumers (the kernel's WG).
-bool ws_wgmma(const Config& c, int gmode) {
-#ifdef DSX_WO_WGMMA
-  return gmode != 2 && (c.warps == 4 || c.warps == 8);
-#else
-  (void)c, (void)gmode;
-  return false;
-#endif
-}
-
 // The warp-specialized configuration for a launch of `rows` (<= 16) rows: the split, chunk and
 // warps that choose() gives the word without bit 28 and without its ring fields (so, at equal
 // splits, the same slices: the same bits; with splits and chunk automatic, 8 splits where
@@ -649,10 +553,8 @@ int ws_choose(int rows, int64_t n, int64_t k, int bits, int group, int algo, int
   if (auto_chunk) cfg->chunk = per_split;
   if (cfg->chunk < per_split) return DSX_EINVAL;
   // (smem_bytes with `tiles` warps and no ring: x whole and the partial tile of 16 * tiles channels)
-  int64_t smem = ws_barrier_bytes(cfg->stages) + int64_t(cfg->stages) * ws_slot_bytes(gmode, cfg->box, tiles, cfg->ct) +
-                 smem_bytes(rows, bits, gmode, tiles, 0, cfg->box, cfg->chunk, per_split);
-  if (ws_wgmma(*cfg, gmode))  // (x as the wgmma operand: 8 rows a token tile)
-    smem += int64_t(8 * cfg->mt - rows) * (int64_t(cfg->chunk) * (bits == 8 ? 64 : 128) + kXPadElems) * 2;
+  const int64_t smem = ws_barrier_bytes(cfg->stages) + int64_t(cfg->stages) * ws_slot_bytes(gmode, cfg->box, tiles, cfg->ct) +
+                       smem_bytes(rows, bits, gmode, tiles, 0, cfg->box, cfg->chunk, per_split);
   if (smem > kSmemPerBlock) return auto_chunk && (algo & 0xFF0000) == 0 ? kWsNoFit : DSX_EINVAL;
   cfg->smem = static_cast<int>(smem);
   return DSX_OK;
@@ -1004,16 +906,16 @@ bool ws_encode_map(CUtensorMap* map, const void* q, int64_t n, int64_t k, int bi
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <int BITS, int MT, int GMODE, int CT, bool PUSH, bool WG>
+template <int BITS, int MT, int GMODE, int CT, bool PUSH>
 std::atomic<int>* ws_smem_allowed() {
   static std::atomic<int> set[kMaxDevices];
   return set;
 }
 
-template <int BITS, int MT, int GMODE, int CT = 1, bool PUSH = false, bool WG = false>
-cudaError_t ws_launch_inst1(const Params& p, const Config& cfg, cudaStream_t stream) {
-  auto kernel = wo_gemm_ws_kernel<BITS, MT, GMODE, CT, PUSH, WG>;
-  const cudaError_t se = ensure_smem(kernel, cfg.smem, ws_smem_allowed<BITS, MT, GMODE, CT, PUSH, WG>());
+template <int BITS, int MT, int GMODE, int CT = 1, bool PUSH = false>
+cudaError_t ws_launch_inst(const Params& p, const Config& cfg, cudaStream_t stream) {
+  auto kernel = wo_gemm_ws_kernel<BITS, MT, GMODE, CT, PUSH>;
+  const cudaError_t se = ensure_smem(kernel, cfg.smem, ws_smem_allowed<BITS, MT, GMODE, CT, PUSH>());
   if (se != cudaSuccess) return se;
   cudaLaunchConfig_t lc = {};
   lc.gridDim = dim3(cfg.splits, cfg.blocks_n, 1);
@@ -1028,12 +930,6 @@ cudaError_t ws_launch_inst1(const Params& p, const Config& cfg, cudaStream_t str
   lc.dynamicSmemBytes = cfg.smem;
   lc.stream = stream;
   return launch_ex(lc, cfg, kernel, p);
-}
-template <int BITS, int MT, int GMODE, int CT = 1, bool PUSH = false>
-cudaError_t ws_launch_inst(const Params& p, const Config& cfg, cudaStream_t stream) {
-  if constexpr (GMODE != 2)
-    if (ws_wgmma(cfg, GMODE)) return ws_launch_inst1<BITS, MT, GMODE, CT, PUSH, true>(p, cfg, stream);
-  return ws_launch_inst1<BITS, MT, GMODE, CT, PUSH, false>(p, cfg, stream);
 }
 
 // One launch of <= 16 rows on the warp-specialized path (p's pointers and sizes already set).

@@ -209,37 +209,6 @@ __device__ __forceinline__ void wgmma_m64n192k32(float* d, uint64_t da, uint64_t
       : "l"(da), "l"(db), "r"(accumulate));
 }
 
-// K-major operand without swizzle (core matrices of 8 rows x 16 bytes, each 128 contiguous bytes):
-// the descriptor of the tile at `addr` (16-byte aligned), `lead` bytes from one core matrix to the next
-// along K and `stride` bytes from one 8-row group to the next.
-__device__ __forceinline__ uint64_t interleave_desc(uint32_t addr, uint32_t lead, uint32_t stride) {
-  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | static_cast<uint64_t>((lead & 0x3FFFF) >> 4) << 16 |
-         static_cast<uint64_t>((stride & 0x3FFFF) >> 4) << 32;
-}
-
-// d (+)= A(64x16, bf16, registers: each warp of the warpgroup its 16 rows, in mma.m16n8k16's A
-// fragment) . B(8 NT x 16, bf16, shared memory, K-major)^T; d[t] holds columns 8t .. 8t + 7 of the
-// warp's rows as mma.m16n8k16's C fragment. accumulate = 0 overwrites d.
-template <int NT>
-__device__ __forceinline__ void wgmma_bf16_rs(float (&d)[NT][4], const uint32_t (&a)[4], uint64_t db, int accumulate) {
-  static_assert(NT == 1 || NT == 2, "instantiated widths");
-  if constexpr (NT == 1) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, p, 1, 1, 0;\n}\n"
-        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
-  } else {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, "
-        "%12, p, 1, 1, 0;\n}\n"
-        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]),
-          "+f"(d[1][3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
-  }
-}
-
 template <int N>
 __device__ __forceinline__ void wgmma_m64k32(float* d, uint64_t da, uint64_t db, int accumulate) {
   static_assert(N == 128 || N == 192, "instantiated widths");
