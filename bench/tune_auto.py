@@ -9,7 +9,7 @@ rotated past L2), then confirms each winner that beats auto by more than --gain 
 range (more rounds, torch beside as the anchor), and writes the confirmed words as the C table the
 automatic choice consults first on GPUs with the SM count it was measured on:
 
-    --kernel wo:  bench/gpu_gemm_weight_only.py's ab_row, 18 words of the warp-specialized kernel
+    --kernel wo:  bench/gpu_gemm_weight_only.py's ab_row, 20 words of the warp-specialized kernel
                   (CANDIDATES), layouts --layouts; table csrc/cuda/gemm_weight_only_tuned.inc
     --kernel fp8: every non-PDL variant of bench/gpu_kernels.py's TUNE_SMALL and TUNE_LARGE (the small-M
                   kernel's knobs, CUTLASS pingpong, swap-AB and cooperative, the persistent large-M
@@ -24,7 +24,7 @@ rules alone whatever table the library was built with. Row ranges: each M of --m
 above the previous M up to it (wo default 1 | 2..4 | 5..8 | 9..16, the shipped table measured with --ms
 1,2,4,6,8,12,16; fp8 1..16 | 17..32 | 33..64 | 65..128), confirmed at both ends; where a winner held at
 one end only, the table gets that one row. The shapes the weight-only rules were tuned on are left to
-them (RULE_SHAPES).
+them at int4 per channel (RULE_SHAPES, RULE_LAYOUTS).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ ONE, TWO, FOUR = 0x10000000, 0x30000000, 0x50000000
 CANDIDATES = (
     [(8, s, 2, 2, ONE) for s in (2, 4, 8)] + [(4, s, 2, 2, ONE) for s in (4, 8)] + [(8, 4, 4, 1, ONE), (8, 8, 4, 1, ONE)]
     + [(8, s, 2, 2, TWO) for s in (1, 2, 4, 8)] + [(4, 8, 2, 2, TWO), (8, 4, 4, 1, TWO)]
-    + [(8, s, 2, 1, FOUR) for s in (2, 4, 8)]
+    + [(8, s, 2, 1, FOUR) for s in (2, 4, 8)] + [(8, s, 2, 2, FOUR) for s in (4, 8)]
     + [(0, 0, 2, 2, ONE), (0, 0, 2, 2, TWO)]
 )
 
@@ -209,35 +209,53 @@ def measure(args) -> int:
     return 0
 
 
-# The shapes the weight-only rules were tuned on, with interleaved A/B runs over sixteen sessions (their
-# choices pinned by GPU tests): its table leaves them to the rules. The block FP8 table does not: its
-# sweep (eighteenth session) found the rules up to 23% slower at the goal shapes' 65..128 rows (24576x1536
-# M = 65: pingpong 20.0 us, the large-M kernel's 128x192 tiles 15.45), where they were tuned before the
-# large-M kernel existed; the pinned tests read the table (gemm_fp8_resolve).
+# The shapes the weight-only rules were tuned on, with interleaved A/B runs over sixteen sessions: its table
+# leaves int4 per channel there to the rules (their home ground; the table's other layouts at those shapes:
+# nineteenth session, where four tiles a warp beat the rules' int4 group 128 choice by 7-13% at 9..16 rows).
+# The GPU tests of the rules run with the tables off (native.cuda.rules_only). The block FP8 table leaves
+# nothing: its sweep (eighteenth session) found the rules up to 23% slower at the goal shapes' 65..128 rows
+# (24576x1536 M = 65: pingpong 20.0 us, the large-M kernel's 128x192 tiles 15.45), where they were tuned
+# before the large-M kernel existed.
 RULE_SHAPES = {"wo": {(36864, 7168), (7168, 18432), (2048, 7168), (7168, 2048), (24576, 1536), (4096, 7168)},
                "fp8": set()}
+RULE_LAYOUTS = {"wo": {(4, -1)}, "fp8": set()}
+
+
+def left_to_rules(kernel: str, key: tuple) -> bool:
+    """Whether the table leaves this key ((bits, group, N, K) or (N, K)) to the rules."""
+    if tuple(key[-2:]) not in RULE_SHAPES[kernel]:
+        return False
+    return kernel != "wo" or tuple(key[:2]) in RULE_LAYOUTS["wo"]
+
+
 ROOT = Path(__file__).resolve().parents[1]
 TABLES = {"wo": ROOT / "csrc" / "cuda" / "gemm_weight_only_tuned.inc", "fp8": ROOT / "csrc" / "cuda" / "gemm_fp8_tuned.inc"}
 COLUMNS = {"wo": "{bits, group, N, K, first row, last row, algo word}", "fp8": "{N, K, first M, last M, algo word}"}
 WHAT = {"wo": "the weight-only GEMM's", "fp8": "the block FP8 GEMM's"}
 
 
-def emit_table(paths: list[str], kernel: str = "wo", exclude=None, out=sys.stdout) -> int:
-    """The confirmed words of `kernel` in the given tune.jsonl files as its table (to `out`)."""
-    exclude = RULE_SHAPES[kernel] if exclude is None else exclude
+def _row_key(r: dict) -> tuple:
+    if "key" in r:
+        return tuple(r["key"])
+    return tuple(r.get(f) for f in ("bits", "group", "N", "K"))  # (rows written before "key")
+
+
+def emit_table(paths: list[str], kernel: str = "wo", out=sys.stdout) -> int:
+    """The confirmed words of `kernel` in the given tune.jsonl files as its table (to `out`). A file that
+    measured a key (N, K and, weight-only, the layout) replaces what the files before it said about it."""
     taken, meta = {}, []
     for p in paths:
         keep = 0.025
-        for line in open(p):
-            r = json.loads(line)
-            if r.get("kernel", "wo") != kernel:
-                continue
+        rows = [r for r in map(json.loads, open(p)) if r.get("kernel", "wo") == kernel]
+        measured = {_row_key(r) for r in rows if r.get("kind") in ("sweep", "confirm")}
+        taken = {full: v for full, v in taken.items() if full[:-1] not in measured}
+        for r in rows:
             if r.get("meta"):
                 meta.append(r)
                 keep = r.get("keep", keep)
             elif r.get("kind") == "confirm":
-                key = tuple(r.get("key") or (r["bits"], r["group"], r["N"], r["K"]))  # (rows before "key")
-                if tuple(key[-2:]) in exclude:
+                key = _row_key(r)
+                if left_to_rules(kernel, key):
                     continue
                 lo, hi = r["rows"]
                 if r["taken"]:

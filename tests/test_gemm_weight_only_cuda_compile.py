@@ -351,23 +351,38 @@ static bool same(int rows, const WsTuned& t, int word) {
          a.pdl == b.pdl && a.pair == b.pair && a.persist == b.persist && a.bal == b.bal && a.grid_y == b.grid_y &&
          a.ct == b.ct;
 }
-int main() {
-  int n = 0, bad = 0;
+// (ends checked, ends whose automatic choice is not the entry's word)
+static int count(int* n, bool print) {
+  int bad = 0;
+  *n = 0;
   for (const WsTuned& t : kWsTuned) {
     if (!t.bits) break;
     for (int rows : {t.rows_lo, t.rows_hi}) {
-      ++n;
+      ++*n;
       if (!same(rows, t, t.word)) {
         ++bad;
-        std::printf("differs: %d/%d %ldx%ld rows %d word %#x\n", t.bits, t.group, (long)t.n, (long)t.k, rows, t.word);
+        if (print)
+          std::printf("differs: %d/%d %ldx%ld rows %d word %#x\n", t.bits, t.group, (long)t.n, (long)t.k, rows, t.word);
       }
     }
   }
+  return bad;
+}
+int main() {
+  int n = 0;
+  const int bad = count(&n, true);
   // planted: the first entry against its word with another split must differ
   const WsTuned& t = kWsTuned[0];
   const int other = (t.word & ~0xF0) | (((t.word >> 4) & 15) == 1 ? 2 : 1) << 4;
   std::printf("planted %s\n", same(t.rows_lo, t, other) ? "missed" : "caught");
   std::printf("%d checked, %d differ\n", n, bad);
+  // the runtime switch (dsx_tuned_tables_cuda): off, the rules alone; on again, the table
+  const int was = dsx_tuned_tables_cuda(0);
+  const int off = count(&n, false);
+  const int then = dsx_tuned_tables_cuda(1);
+  const int on = count(&n, false);
+  std::printf("switch: was %d, off %d differ, then %d, on %d differ, bad argument %d\n", was, off, then, on,
+              dsx_tuned_tables_cuda(2));
   return bad != 0;
 }
 '''
@@ -399,3 +414,7 @@ def test_tuned_table_is_the_automatic_choice_host_side(tmp_path):
     off = subprocess.run([str(exe)], capture_output=True, text=True, env={**os.environ, "DSX_TUNED_TABLES": "0"})
     differ = int(re.search(r"(\d+) checked, (\d+) differ", off.stdout).group(2))
     assert differ >= 0.95 * 2 * entries, off.stdout[-3000:]
+    # dsx_tuned_tables_cuda switches them for the process at any time (the GPU tests of the rules where the
+    # table lists the launch): the same ends off, none on again; it reports the state before, -1 = EINVAL
+    assert f"switch: was 1, off {differ} differ, then 0, on 0 differ, bad argument -1" in run.stdout, run.stdout[-500:]
+    assert f"switch: was 0, off {differ} differ, then 0, on 0 differ, bad argument -1" in off.stdout, off.stdout[-500:]

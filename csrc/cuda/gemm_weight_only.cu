@@ -1198,6 +1198,13 @@ extern "C" int dsx_wo_gemm_path_cuda(int64_t m, int64_t n, int64_t k, int bits, 
   return DSX_OK;
 }
 
+// (defined here, not in gemm_fp8_api.cu, so that the weight-only GEMM built alone has it too: the state
+// is one per library either way)
+extern "C" int dsx_tuned_tables_cuda(int on) {
+  if (on < -1 || on > 1) return DSX_EINVAL;
+  return dsx_cuda::tuned_tables_switch(on);
+}
+
 extern "C" int dsx_wo_gemm_bf16_nt_cuda(const void* x, const void* qweight, const void* scale,
                                         void* out, int64_t m, int64_t n, int64_t k, int bits,
                                         int group_size, int arch, int algo, void* stream) {

@@ -26,6 +26,12 @@ enum {
 /* ABI version: bump when a signature changes; Python refuses a mismatch. */
 int dsx_abi_version(void);
 
+/* CUDA (libdsx_cuda): whether the automatic choices of the block FP8 and weight-only GEMMs first look
+ * the launch up in their measured tables (on GPUs with the tables' SM count). on = 0 or 1 switches the
+ * tables for the process from now on (DSX_TUNED_TABLES=0 in the environment starts it with them off);
+ * on = -1 only asks. Returns the state before the call (0 or 1), or DSX_EINVAL. */
+int dsx_tuned_tables_cuda(int on);
+
 #ifdef __cplusplus
 }
 #endif

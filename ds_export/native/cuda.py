@@ -15,6 +15,7 @@ Loads the CUDA runtime (libcudart) and libdsx_cuda.so through ctypes. Offers:
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import functools
@@ -240,6 +241,25 @@ def gemm_workspace_bytes(m: int, n: int, k: int, algo: int = 0, experts: int | N
         rc = fn(experts, m, n, k, algo, ctypes.byref(out))
     check(rc, f"gemm workspace query (algo {algo})")
     return out.value
+
+
+def tuned_tables(on: bool | None = None) -> bool:
+    """Whether the automatic choices of the block FP8 and weight-only GEMMs consult their measured tables
+    (csrc/cuda/*_tuned.inc); with `on`, switch them for the process (DSX_TUNED_TABLES=0 starts it with them
+    off). Returns the state before the call: dsx_tuned_tables_cuda."""
+    rc = _fn("dsx_tuned_tables_cuda", I32)(-1 if on is None else int(bool(on)))
+    check(rc, "tuned tables switch")
+    return bool(rc)
+
+
+@contextlib.contextmanager
+def rules_only():
+    """The measured tables off inside the block (the hand-written rules alone decide), as before after."""
+    before = tuned_tables(False)
+    try:
+        yield
+    finally:
+        tuned_tables(before)
 
 
 def gemm_fp8_resolve(m: int, n: int, k: int, algo: int = 0) -> int:

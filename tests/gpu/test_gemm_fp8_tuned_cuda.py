@@ -57,4 +57,9 @@ def test_tables_off_leaves_auto_to_the_rules():
     env = {**os.environ, "DSX_TUNED_TABLES": "0"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     assert out.stdout.strip() == str([0] * len(ends)), out.stdout[-2000:]
-    assert [cuda.gemm_fp8_resolve(*e) for e in ends] != [0] * len(ends)  # (this process: the table)
+    table = [cuda.gemm_fp8_resolve(*e) for e in ends]
+    assert table != [0] * len(ends)  # (this process: the table)
+    with cuda.rules_only():  # (the switch at run time: dsx_tuned_tables_cuda)
+        assert [cuda.gemm_fp8_resolve(*e) for e in ends] == [0] * len(ends)
+        assert not cuda.tuned_tables()
+    assert cuda.tuned_tables() and [cuda.gemm_fp8_resolve(*e) for e in ends] == table

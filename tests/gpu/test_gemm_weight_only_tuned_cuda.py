@@ -77,3 +77,5 @@ def test_tables_off_leaves_auto_to_the_rules():
     assert same == [], f"{len(same)} of {len(ends)} ends: the rules' own choice"
     assert all([G.cuda_config(*e), G.cuda_path(*e)] == [G.cuda_config(*e, w), G.cuda_path(*e, w)]
                for e, w in zip(ends, words))  # (this process: the table)
+    with cuda.rules_only():  # (the switch at run time, dsx_tuned_tables_cuda: the same as the environment's)
+        assert [[G.cuda_config(*e), G.cuda_path(*e)] for e in ends] == off
