@@ -225,3 +225,44 @@ def test_emit_takes_the_one_end_a_failed_range_held(tmp_path):
     table.write_text(out.getvalue())
     assert tune_auto.read_table(table) == [(8, 128, 7168, 9216, 8, 8, 0x30220088)]
     assert "M=8 34.06 -> 23.91" in out.getvalue() and "M=7" not in out.getvalue()
+
+
+class _FakeSwitch:
+    """dsx_tuned_tables_cuda's contract without a GPU: the state before the call, -1 for a bad argument."""
+
+    def __init__(self, state=1):
+        self.state, self.calls = state, []
+
+    def __call__(self, on):
+        self.calls.append(on)
+        if on not in (-1, 0, 1):
+            return -1
+        before = self.state
+        if on >= 0:
+            self.state = on
+        return before
+
+
+def test_tuned_tables_switch_and_rules_only(monkeypatch):
+    """native.cuda.tuned_tables reads the state (1 is on, not an error code), switches it, and rules_only()
+    turns the tables off for a block and puts the state back afterwards, also when the block raises."""
+    from ds_export.errors import DsxError
+    from ds_export.native import cuda
+
+    fake = _FakeSwitch()
+    monkeypatch.setattr(cuda, "_fn", lambda name, *types: fake)
+    assert cuda.tuned_tables() is True and fake.calls == [-1]
+    with cuda.rules_only():
+        assert cuda.tuned_tables() is False
+    assert cuda.tuned_tables() is True
+    with pytest.raises(RuntimeError):
+        with cuda.rules_only():
+            raise RuntimeError("a failing test inside")
+    assert fake.state == 1
+    fake.state = 0  # (DSX_TUNED_TABLES=0: off from the start; rules_only leaves it off)
+    with cuda.rules_only():
+        pass
+    assert fake.state == 0 and cuda.tuned_tables(True) is False and fake.state == 1
+    monkeypatch.setattr(cuda, "_fn", lambda name, *types: (lambda on: -1))
+    with pytest.raises(DsxError, match="tuned tables"):
+        cuda.tuned_tables()

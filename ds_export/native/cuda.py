@@ -248,8 +248,9 @@ def tuned_tables(on: bool | None = None) -> bool:
     (csrc/cuda/*_tuned.inc); with `on`, switch them for the process (DSX_TUNED_TABLES=0 starts it with them
     off). Returns the state before the call: dsx_tuned_tables_cuda."""
     rc = _fn("dsx_tuned_tables_cuda", I32)(-1 if on is None else int(bool(on)))
-    check(rc, "tuned tables switch")
-    return bool(rc)
+    if rc < 0:  # (0 and 1 are states, not errors)
+        check(rc, "tuned tables switch")
+    return rc == 1
 
 
 @contextlib.contextmanager
