@@ -246,7 +246,8 @@ def emit_table(paths: list[str], kernel: str = "wo", out=sys.stdout) -> int:
     taken, meta = {}, []
     for p in paths:
         keep = 0.025
-        rows = [r for r in map(json.loads, open(p)) if r.get("kernel", "wo") == kernel]
+        with open(p) as fh:
+            rows = [r for r in map(json.loads, fh) if r.get("kernel", "wo") == kernel]
         measured = {_row_key(r) for r in rows if r.get("kind") in ("sweep", "confirm")}
         taken = {full: v for full, v in taken.items() if full[:-1] not in measured}
         for r in rows:
