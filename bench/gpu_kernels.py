@@ -139,6 +139,35 @@ def torch_blockwise_call(a, sa, b, sb):
     return None
 
 
+def fp8_samplers(dev, out, variants, k, skip_refused=False):
+    """A sampler per variant word over the operand sets `dev` (each [a, sa, b, sb] on the device, K = k), each word
+    with its own workspace, all writing `out`; with skip_refused a word that does not take the shape is left
+    out (else its error propagates). Returns (samplers, launch modes)."""
+    samplers, modes = {}, {}
+    m, n = out.shape
+    for name, algo in variants.items():
+        try:
+            ws = cuda.empty((max(1, cuda.gemm_workspace_bytes(m, n, k, algo)),), np.uint8)
+            calls = [lambda s, d=d, algo=algo, ws=ws: cuda.gemm_fp8_nt_device(*d, out, workspace=ws, algo=algo,
+                                                                               stream=s) for d in dev]
+            samplers[name], modes[name] = ours_sampler(calls)
+        except Exception:  # noqa: BLE001 - re-raised unless asked to skip
+            if not skip_refused:
+                raise
+    return samplers, modes
+
+
+def anchor_calls(host_sets):
+    """torch._scaled_mm (cuBLAS block-wise) calls over the same operand sets given as host arrays (a, sa, b,
+    sb; fp8 as uint8): one per set, or None when torch is absent or refuses the layout."""
+    if torch is None:
+        return None
+    tsets = [[torch.from_numpy(np.ascontiguousarray(x)).cuda() for x in s] for s in host_sets]
+    calls = [torch_blockwise_call(a.view(torch.float8_e4m3fn), sa, b.view(torch.float8_e4m3fn), sb)
+             for a, sa, b, sb in tsets]
+    return calls if all(calls) else None
+
+
 def bench_dense(m, n, k, rng, only=None):
     kb, nb = K.cdiv(k, 128), K.cdiv(n, 128)
     per_set = m * k + n * k + 4 * (m * kb + nb * kb)
@@ -153,16 +182,10 @@ def bench_dense(m, n, k, rng, only=None):
         if not (algo & 15) == 6 or (algo >> 16 & 15) <= min(8, kb)}
     if only is not None:  # (auto always: the headline figure)
         variants = {name: algo for name, algo in variants.items() if name == "auto" or name in only}
-    samplers, modes = {}, {}
-    for name, algo in variants.items():
-        ws = cuda.empty((max(1, cuda.gemm_workspace_bytes(m, n, k, algo)),), np.uint8)
-        calls = [lambda s, d=d, algo=algo, ws=ws: cuda.gemm_fp8_nt_device(*d, out, workspace=ws, algo=algo, stream=s) for d in dev]
-        samplers[name], modes[name] = ours_sampler(calls)
+    samplers, modes = fp8_samplers(dev, out, variants, k)
     if torch is not None:
-        tsets = [[torch.from_numpy(x).cuda() for x in s] for s in sets]
-        tsets = [(a.view(torch.float8_e4m3fn), sa, b.view(torch.float8_e4m3fn), sb) for a, sa, b, sb in tsets]
-        calls = [torch_blockwise_call(*t) for t in tsets]
-        if all(calls):
+        calls = anchor_calls(sets)
+        if calls:
             # our output on set 0 against the anchor's (a full-size cross-check)
             cuda.gemm_fp8_nt_device(*dev[0], out, workspace=cuda.empty((max(1, cuda.gemm_workspace_bytes(m, n, k)),), np.uint8))
             ours = torch.from_numpy(out.numpy().view(np.int16)).cuda().view(torch.bfloat16).float()

@@ -170,22 +170,11 @@ def measure_fp8(args, log) -> None:
             dev = [(cuda.to_device(GK.fp8_bytes(rng, (m, k))),
                     cuda.to_device(rng.uniform(5e-3, 2e-2, (m, kb)).astype(np.float32))) + w for w in wsets]
             out = cuda.empty((m, n), np.uint16)
-            samplers = {}
-            for name, algo in {"auto": 0, **cands}.items():
-                try:
-                    ws = cuda.empty((max(1, cuda.gemm_workspace_bytes(m, n, k, algo)),), np.uint8)
-                    calls = [lambda s, d=d, algo=algo, ws=ws: cuda.gemm_fp8_nt_device(*d, out, workspace=ws, algo=algo,
-                                                                                       stream=s) for d in dev]
-                    samplers[name] = GK.ours_sampler(calls)[0]
-                except Exception:  # noqa: BLE001 - a variant that does not take this shape is not timed
-                    continue
-            if anchor and GK.torch is not None:
-                t = GK.torch
-                tsets = [[t.from_numpy(x.numpy()).cuda() for x in d] for d in dev]
-                calls = [GK.torch_blockwise_call(a.view(t.float8_e4m3fn), sa, b.view(t.float8_e4m3fn), sb)
-                         for a, sa, b, sb in tsets]
-                if all(calls):
-                    samplers["torch"] = GK.torch_sampler(calls)
+            # (a variant that does not take this shape is not timed)
+            samplers = GK.fp8_samplers(dev, out, {"auto": 0, **cands}, k, skip_refused=True)[0]
+            calls = GK.anchor_calls([[x.numpy() for x in d] for d in dev]) if anchor else None
+            if calls:
+                samplers["torch"] = GK.torch_sampler(calls)
             return {name: round(us, 2) for name, us in GK.interleaved(samplers, rounds=rounds).items()}
 
         sweep_and_confirm(log, [n, k], names, [int(m) for m in args.ms.split(",")], time_at, words, args, "fp8")
