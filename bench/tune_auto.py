@@ -23,8 +23,9 @@ confirmed rows into the table. The measuring form runs with DSX_TUNED_TABLES=0, 
 rules alone whatever table the library was built with. Row ranges: each M of --ms stands for the rows
 above the previous M up to it (wo default 1 | 2..4 | 5..8 | 9..16, the shipped table measured with --ms
 1,2,4,6,8,12,16; fp8 1..16 | 17..32 | 33..64 | 65..128), confirmed at both ends; where a winner held at
-one end only, the table gets that one row. The shapes the weight-only rules were tuned on are left to
-them at int4 per channel (RULE_SHAPES, RULE_LAYOUTS).
+one end only, the table gets that one row. Every shape and layout is tabled where a word was confirmed,
+the shapes the rules were tuned on too (the GPU tests of the rules run with the tables off,
+native.cuda.rules_only).
 """
 
 from __future__ import annotations
@@ -198,25 +199,6 @@ def measure(args) -> int:
     return 0
 
 
-# The shapes the weight-only rules were tuned on, with interleaved A/B runs over sixteen sessions: its table
-# leaves int4 per channel there to the rules (their home ground; the table's other layouts at those shapes:
-# nineteenth session, where four tiles a warp beat the rules' int4 group 128 choice by 7-13% at 9..16 rows).
-# The GPU tests of the rules run with the tables off (native.cuda.rules_only). The block FP8 table leaves
-# nothing: its sweep (eighteenth session) found the rules up to 23% slower at the goal shapes' 65..128 rows
-# (24576x1536 M = 65: pingpong 20.0 us, the large-M kernel's 128x192 tiles 15.45), where they were tuned
-# before the large-M kernel existed.
-RULE_SHAPES = {"wo": {(36864, 7168), (7168, 18432), (2048, 7168), (7168, 2048), (24576, 1536), (4096, 7168)},
-               "fp8": set()}
-RULE_LAYOUTS = {"wo": {(4, -1)}, "fp8": set()}
-
-
-def left_to_rules(kernel: str, key: tuple) -> bool:
-    """Whether the table leaves this key ((bits, group, N, K) or (N, K)) to the rules."""
-    if tuple(key[-2:]) not in RULE_SHAPES[kernel]:
-        return False
-    return kernel != "wo" or tuple(key[:2]) in RULE_LAYOUTS["wo"]
-
-
 ROOT = Path(__file__).resolve().parents[1]
 TABLES = {"wo": ROOT / "csrc" / "cuda" / "gemm_weight_only_tuned.inc", "fp8": ROOT / "csrc" / "cuda" / "gemm_fp8_tuned.inc"}
 COLUMNS = {"wo": "{bits, group, N, K, first row, last row, algo word}", "fp8": "{N, K, first M, last M, algo word}"}
@@ -245,8 +227,6 @@ def emit_table(paths: list[str], kernel: str = "wo", out=sys.stdout) -> int:
                 keep = r.get("keep", keep)
             elif r.get("kind") == "confirm":
                 key = _row_key(r)
-                if left_to_rules(kernel, key):
-                    continue
                 lo, hi = r["rows"]
                 if r["taken"]:
                     taken[key + (lo,)] = (hi, r["value"], r["word"], r["at"])
