@@ -26,9 +26,9 @@ def shapes_at_tp():
     return {s for tp in (1, 2, 4, 8) for s in ds.gemm_shapes(cfg, tp)}
 
 
-def shape_and_range_problems(where, known, key, lo, hi, what, top) -> list[str]:
+def shape_and_range_problems(where, known, n, k, lo, hi, what, top) -> list[str]:
     out = []
-    if tuple(key[-2:]) not in known:
+    if (n, k) not in known:
         out.append(f"{where}: not a DeepSeek-V3 shape at tp 1, 2, 4 or 8")
     if not 1 <= lo <= hi <= top:
         out.append(f"{where}: {what} out of 1..{top}")
@@ -43,7 +43,7 @@ def problems(rows) -> list[str]:
         where = f"entry {bits}, {group}, {n}x{k}, rows {lo}..{hi}"
         if (bits, group) not in {(4, -1), (4, 128), (8, -1), (8, 128)}:
             out.append(f"{where}: not a tuned layout")
-        out += shape_and_range_problems(where, known, (bits, group, n, k), lo, hi, "rows", 16)
+        out += shape_and_range_problems(where, known, n, k, lo, hi, "rows", 16)
         # the warp-specialized path with its ring fields given (so the automatic rules are not asked
         # again), tiles a warp 1, 2 or 4 (bits 29..30 not 3), a split of at most 8, x's chunk automatic
         if not (word & WS and (word >> 16) & 15 and (word >> 20) & 15) or (word & TILES) == TILES:
@@ -168,7 +168,7 @@ def fp8_problems(rows) -> list[str]:
     seen: dict[tuple, list[tuple[int, int]]] = {}
     for n, k, lo, hi, word in rows:
         where = f"fp8 entry {n}x{k}, M {lo}..{hi}"
-        out += shape_and_range_problems(where, known, (n, k), lo, hi, "M", 128)
+        out += shape_and_range_problems(where, known, n, k, lo, hi, "M", 128)
         if word not in words:  # (a variant the bench times: no PDL bit)
             out.append(f"{where}: word {word:#x} is not one of bench/gpu_kernels.py's non-PDL variants")
         seen.setdefault((n, k), []).append((lo, hi))
