@@ -13,7 +13,8 @@
 //   gemm6 ...    algo 6's own loads with no arithmetic: grid (S splits, ceil(N/BM) weight tiles, T token tiles); per K block
 //                one TMA box of BM weight rows x 128 B and one of MN token rows x 128 B (128B swizzle, 128 B L2
 //                promotion, as the kernel), a ring of `st` stages refilled as soon as a stage lands (the
-//                consumers' release made instant), O CTAs a SM by shared memory, clusters of S
+//                consumers' release made instant), O CTAs a SM by shared memory, clusters of S;
+//                "mcC": the token tile shared by TMA multicast over C weight tiles (gemm6_loads_mc)
 // Build: nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Icsrc/cuda bench/fp8_read_probe.cu -o fp8_read_probe
 // Run:   ./fp8_read_probe            (one line per variant: us per launch and TB/s of weight bytes read)
 #include <cuda.h>
@@ -105,6 +106,64 @@ __global__ void gemm6_loads(const __grid_constant__ G6 p) {
     probe_mbar_wait(bars + 8 * (j % p.stages), static_cast<uint32_t>((j / p.stages) & 1));
 }
 
+// The same loads with the token tile shared by multicast (probe only, asked in the twenty-first session: is the
+// L2 -> SM traffic of the token tile, read once per weight tile, what bounds M = 64 / 128?): clusters of S splits x
+// C weight tiles; the CTA at cluster position (x, y) loads token rows [y mn / C, +mn / C) of the stage and
+// multicasts them to the C CTAs of its split (same x), its weight tile alone; a slot is refilled once all C CTAs
+// have seen it land (each arrives on the `empty` barrier of every CTA of its group). 32 threads, lane 0 works.
+__global__ void gemm6_loads_mc(const __grid_constant__ G6 p, int mc) {
+  extern __shared__ uint8_t smraw[];
+  uint8_t* sm = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smraw) + 1023) & ~uintptr_t{1023});
+  const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(sm));
+  const int wb = p.bm * 128, xb = p.mn * 128, stage = wb + xb;
+  const uint32_t full = base + p.stages * stage, empty = full + 8 * p.stages;
+  uint32_t rank;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+  const int sx = static_cast<int>(rank) % p.splits, cy = static_cast<int>(rank) / p.splits;
+  uint16_t mask = 0;
+  for (int c = 0; c < mc; ++c) mask |= static_cast<uint16_t>(1u << (sx + c * p.splits));
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < p.stages; ++s) {
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(full + 8 * s));
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(empty + 8 * s), "r"(mc));
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncwarp();
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+  if (threadIdx.x == 0) {
+    const int split = blockIdx.x, tile = blockIdx.y;
+    const int kb0 = split * p.kbt / p.splits, nk = (split + 1) * p.kbt / p.splits - kb0;
+    const int xrows = p.mn / mc;
+    auto consume = [&](int j) {  // round j has landed here: tell every CTA of the group
+      probe_mbar_wait(full + 8 * (j % p.stages), static_cast<uint32_t>((j / p.stages) & 1));
+      for (int c = 0; c < mc; ++c) {
+        const uint32_t r = static_cast<uint32_t>(sx + c * p.splits);
+        asm volatile(
+            "{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
+            "mbarrier.arrive.shared::cluster.b64 _, [ra];\n}\n" ::"r"(empty + 8 * (j % p.stages)),
+            "r"(r)
+            : "memory");
+      }
+    };
+    for (int i = 0; i < nk; ++i) {
+      const int s = i % p.stages;
+      if (i >= p.stages) {
+        consume(i - p.stages);
+        probe_mbar_wait(empty + 8 * s, static_cast<uint32_t>((i / p.stages - 1) & 1));
+      }
+      mbar_arrive_expect_tx(full + 8 * s, stage);
+      const uint32_t dst = base + s * stage;
+      tma_load_2d(dst, &p.tw, full + 8 * s, (kb0 + i) * 128, tile * p.bm);
+      dsx_cuda::sm90::tma_load_2d_multicast(dst + wb + cy * xrows * 128, &p.tx, full + 8 * s, (kb0 + i) * 128,
+                                            static_cast<int>(blockIdx.z) * p.mn + cy * xrows, mask);
+    }
+    for (int j = nk > p.stages ? nk - p.stages : 0; j < nk; ++j) consume(j);
+  }
+  __syncwarp();
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
 static PFN_cuTensorMapEncodeTiled_v12000 encoder() {
   void* f = nullptr;
   cudaDriverEntryPointQueryResult q;
@@ -125,6 +184,7 @@ static bool encode(PFN_cuTensorMapEncodeTiled_v12000 enc, CUtensorMap* m, const 
 
 struct Cfg6 {
   int bm, mn, splits, occ, stages, tt = 1;  // tt: token tiles of mn rows along the grid
+  int mc = 1;                               // weight tiles a cluster sharing the token tile by multicast
 };
 
 int main(int argc, char** argv) {
@@ -144,6 +204,13 @@ int main(int argc, char** argv) {
                      {128, 64, 2, 1, 8}, {128, 64, 2, 1, 4}, {128, 16, 2, 1, 8}, {64, 16, 1, 3, 7}}},
       // (M = 16: 64 rows, 7 stages at three CTAs a SM, or 12 at one; M = 64: two 32-token tiles of 128 rows; M = 128:
       // two 64-token tiles; the K halves' tiles: 64 rows, all 64 / 128 tokens, one CTA a SM)
+      // (twenty-first session: the M = 64 / 128 layouts with the token tile multicast over 2 / 4 weight tiles)
+      {7168, 2048, {{64, 128, 1, 1, 8, 1, 1}, {64, 128, 1, 1, 8, 1, 2}, {64, 128, 1, 1, 8, 1, 4}, {64, 64, 1, 1, 12, 1, 1},
+                    {64, 64, 1, 1, 12, 1, 2}, {64, 64, 1, 1, 12, 1, 4}, {128, 128, 2, 1, 6, 1, 1},
+                    {128, 128, 2, 1, 6, 1, 2}, {128, 128, 2, 1, 6, 1, 4}}},
+      {4608, 7168, {{128, 128, 3, 1, 6, 1, 1}, {128, 128, 3, 1, 6, 1, 2}, {64, 128, 2, 1, 8, 1, 1},
+                    {64, 128, 2, 1, 8, 1, 2}, {64, 128, 2, 1, 8, 1, 4}}},
+      {4096, 7168, {{64, 128, 2, 1, 8, 1, 1}, {64, 128, 2, 1, 8, 1, 2}, {64, 128, 2, 1, 8, 1, 4}}},
       {7168, 2048, {{64, 16, 1, 3, 7}, {64, 16, 1, 3, 4}, {64, 16, 1, 1, 12}, {128, 32, 1, 1, 8}, {128, 32, 1, 1, 8, 2},
                     {128, 32, 1, 1, 10, 2}, {128, 64, 1, 1, 8, 2}, {64, 64, 1, 1, 12}, {64, 128, 1, 1, 8}}},
   };
@@ -206,17 +273,19 @@ int main(int argc, char** argv) {
     }
     for (const Cfg6& c : sh.g6) {
       const int stage = c.bm * 128 + c.mn * 128;
-      const int need = 1024 + c.stages * (stage + 8);
+      const int need = 1024 + c.stages * (stage + 16);
       const int smem = std::max(need, c.occ == 1 ? need : 233472 / c.occ - 1024 - 64);
       if (smem > 232448) continue;
       CK(cudaFuncSetAttribute(gemm6_loads, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+      CK(cudaFuncSetAttribute(gemm6_loads_mc, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+      if (c.mc > 1) CK(cudaFuncSetAttribute(gemm6_loads_mc, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
       std::vector<G6> ps(sets);
       bool ok = true;
       for (int i = 0; i < sets; ++i) {
         ps[i].kbt = static_cast<int>((sh.k + 127) / 128), ps[i].splits = c.splits, ps[i].stages = c.stages;
         ps[i].bm = c.bm, ps[i].mn = c.mn;
         ok = ok && encode(enc, &ps[i].tw, bufs[i], sh.n, sh.k, c.bm) &&
-             encode(enc, &ps[i].tx, tok, static_cast<long long>(c.mn) * c.tt, sh.k, c.mn);
+             encode(enc, &ps[i].tx, tok, static_cast<long long>(c.mn) * c.tt, sh.k, c.mn / c.mc);
       }
       if (!ok) {
         std::printf("%-12s encode failed\n", tag);
@@ -229,13 +298,18 @@ int main(int argc, char** argv) {
       lc.stream = st;
       cudaLaunchAttribute at[1];
       at[0].id = cudaLaunchAttributeClusterDimension;
-      at[0].val.clusterDim.x = c.splits, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
+      at[0].val.clusterDim.x = c.splits, at[0].val.clusterDim.y = c.mc, at[0].val.clusterDim.z = 1;
       lc.attrs = at;
-      lc.numAttrs = c.splits > 1 ? 1 : 0;
+      lc.numAttrs = c.splits * c.mc > 1 ? 1 : 0;
       char name[64];
-      std::snprintf(name, sizeof name, "gemm6 bm%d mn%dx%d S%d o%d st%d (%d CTAs)", c.bm, c.mn, c.tt, c.splits, c.occ,
-                    c.stages, c.splits * c.tt * static_cast<int>(lc.gridDim.y));
-      auto l = [&](int i) { CK(cudaLaunchKernelEx(&lc, gemm6_loads, ps[i])); };
+      std::snprintf(name, sizeof name, "gemm6 bm%d mn%dx%d S%d o%d st%d mc%d (%d CTAs)", c.bm, c.mn, c.tt, c.splits,
+                    c.occ, c.stages, c.mc, c.splits * c.tt * static_cast<int>(lc.gridDim.y));
+      auto l = [&](int i) {
+        if (c.mc > 1)
+          CK(cudaLaunchKernelEx(&lc, gemm6_loads_mc, ps[i], c.mc));
+        else
+          CK(cudaLaunchKernelEx(&lc, gemm6_loads, ps[i]));
+      };
       report(name, timeit(l, 1), timeit(l, 4));
     }
     for (auto b : bufs) CK(cudaFree(b));
