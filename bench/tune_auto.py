@@ -9,7 +9,7 @@ rotated past L2), then confirms each winner that beats auto by more than --gain 
 range (more rounds, torch beside as the anchor), and writes the confirmed words as the C table the
 automatic choice consults first on GPUs with the SM count it was measured on:
 
-    --kernel wo:  bench/gpu_gemm_weight_only.py's ab_row, 21 words of the warp-specialized kernel
+    --kernel wo:  bench/gpu_gemm_weight_only.py's ab_row, 22 words of the warp-specialized kernel
                   (CANDIDATES), layouts --layouts; table csrc/cuda/gemm_weight_only_tuned.inc
     --kernel fp8: every non-PDL variant of bench/gpu_kernels.py's TUNE_SMALL and TUNE_LARGE (the small-M
                   kernel's knobs, CUTLASS pingpong, swap-AB and cooperative, the persistent large-M
@@ -48,9 +48,11 @@ ONE, TWO, FOUR = 0x10000000, 0x30000000, 0x50000000
 CANDIDATES = (
     [(8, s, 2, 2, ONE) for s in (2, 4, 8)] + [(4, s, 2, 2, ONE) for s in (4, 8)] + [(8, 4, 4, 1, ONE), (8, 8, 4, 1, ONE)]
     + [(8, s, 2, 2, TWO) for s in (1, 2, 4, 8)] + [(4, 8, 2, 2, TWO), (8, 4, 4, 1, TWO)]
-    # (two tiles at 4 splits with 2 one-step slots: the only two-tile 4-split ring that leaves 36864x7168 two
-    # blocks an SM at 12..16 rows, where x's 14-step slice takes 44-58 KB; with 2 x 2 or 4 x 1 slots 122-140 KB)
-    + [(8, 4, 2, 1, TWO)]
+    # (two tiles with 2 one-step slots: at 4 splits the only two-tile 4-split ring that leaves 36864x7168 two
+    # blocks an SM at 12..16 rows, where x's 14-step slice takes 44-58 KB, with 2 x 2 or 4 x 1 slots 122-140 KB;
+    # at 8 splits the rules' 2 x 2 ring leaves one block an SM at 16 rows on 2048x7168 int4 / int8 group 128
+    # (116.1 KB, 2.6 KB over) and int8 7168x9216 (119.9 KB), two with one-step slots)
+    + [(8, s, 2, 1, TWO) for s in (4, 8)]
     + [(8, s, 2, 1, FOUR) for s in (2, 4, 8)] + [(8, s, 2, 2, FOUR) for s in (4, 8)]
     + [(0, 0, 2, 2, ONE), (0, 0, 2, 2, TWO)]
 )
