@@ -31,6 +31,7 @@
 #include "probe_common.cuh"
 #include "sm90_ptx.cuh"  // csrc/cuda: the TMA and mbarrier wrappers the kernels use
 
+namespace sm90 = dsx_cuda::sm90;
 using dsx_cuda::sm90::mbar_arrive_expect_tx;
 using dsx_cuda::sm90::tma_load_2d;
 
@@ -117,34 +118,26 @@ __global__ void gemm6_loads_mc(const __grid_constant__ G6 p, int mc) {
   const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(sm));
   const int wb = p.bm * 128, xb = p.mn * 128, stage = wb + xb;
   const uint32_t full = base + p.stages * stage, empty = full + 8 * p.stages;
-  uint32_t rank;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+  const uint32_t rank = sm90::cluster_rank();
   const int sx = static_cast<int>(rank) % p.splits, cy = static_cast<int>(rank) / p.splits;
   uint16_t mask = 0;
   for (int c = 0; c < mc; ++c) mask |= static_cast<uint16_t>(1u << (sx + c * p.splits));
   if (threadIdx.x == 0) {
     for (int s = 0; s < p.stages; ++s) {
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(full + 8 * s));
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(empty + 8 * s), "r"(mc));
+      sm90::mbar_init(full + 8 * s, 1);
+      sm90::mbar_init(empty + 8 * s, mc);
     }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    sm90::mbar_init_fence();
   }
   __syncwarp();
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+  sm90::cluster_sync();
   if (threadIdx.x == 0) {
     const int split = blockIdx.x, tile = blockIdx.y;
     const int kb0 = split * p.kbt / p.splits, nk = (split + 1) * p.kbt / p.splits - kb0;
     const int xrows = p.mn / mc;
     auto consume = [&](int j) {  // round j has landed here: tell every CTA of the group
       probe_mbar_wait(full + 8 * (j % p.stages), static_cast<uint32_t>((j / p.stages) & 1));
-      for (int c = 0; c < mc; ++c) {
-        const uint32_t r = static_cast<uint32_t>(sx + c * p.splits);
-        asm volatile(
-            "{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
-            "mbarrier.arrive.shared::cluster.b64 _, [ra];\n}\n" ::"r"(empty + 8 * (j % p.stages)),
-            "r"(r)
-            : "memory");
-      }
+      for (int c = 0; c < mc; ++c) sm90::mbar_arrive_rank(empty + 8 * (j % p.stages), static_cast<uint32_t>(sx + c * p.splits));
     };
     for (int i = 0; i < nk; ++i) {
       const int s = i % p.stages;
@@ -155,13 +148,13 @@ __global__ void gemm6_loads_mc(const __grid_constant__ G6 p, int mc) {
       mbar_arrive_expect_tx(full + 8 * s, stage);
       const uint32_t dst = base + s * stage;
       tma_load_2d(dst, &p.tw, full + 8 * s, (kb0 + i) * 128, tile * p.bm);
-      dsx_cuda::sm90::tma_load_2d_multicast(dst + wb + cy * xrows * 128, &p.tx, full + 8 * s, (kb0 + i) * 128,
+      sm90::tma_load_2d_multicast(dst + wb + cy * xrows * 128, &p.tx, full + 8 * s, (kb0 + i) * 128,
                                             static_cast<int>(blockIdx.z) * p.mn + cy * xrows, mask);
     }
     for (int j = nk > p.stages ? nk - p.stages : 0; j < nk; ++j) consume(j);
   }
   __syncwarp();
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+  sm90::cluster_sync();
 }
 
 static PFN_cuTensorMapEncodeTiled_v12000 encoder() {
