@@ -21,9 +21,10 @@ automatic choice consults first on GPUs with the SM count it was measured on:
 The first form measures (DIR/tune.jsonl: every sweep and confirmation row); the second, anywhere, turns
 confirmed rows into the table. The measuring form runs with DSX_TUNED_TABLES=0, so that "auto" is the
 rules alone whatever table the library was built with. Row ranges: each M of --ms stands for the rows
-above the previous M up to it (wo default 1 | 2..4 | 5..8 | 9..16, the shipped table measured with --ms
-1,2,4,6,8,12,16; fp8 1..16 | 17..32 | 33..64 | 65..128), confirmed at both ends; where a winner held at
-one end only, the table gets that one row. Every shape and layout is tabled where a word was confirmed,
+above the previous M up to it (wo default 1 | 2..4 | 5..8 | 9..16, the shipped table measured at every
+row, --ms 1,2,...,16 per layout, ~140 s for the four; fp8 1..16 | 17..32 | 33..64 | 65..128), confirmed
+at both ends; where a winner held at one end only, the table gets that one row. --emit reads the files
+in order, a later one deciding the rows it swept (emit_table). Every shape and layout is tabled where a word was confirmed,
 the shapes the rules were tuned on too (the GPU tests of the rules run with the tables off,
 native.cuda.rules_only).
 """
@@ -217,40 +218,59 @@ def _row_key(r: dict) -> tuple:
 
 
 def emit_table(paths: list[str], kernel: str = "wo", out=sys.stdout) -> int:
-    """The confirmed words of `kernel` in the given tune.jsonl files as its table (to `out`). A file that
-    measured a key (N, K and, weight-only, the layout) replaces what the files before it said about it."""
-    taken, meta = {}, []
+    """The confirmed words of `kernel` in the given tune.jsonl files as its table (to `out`).
+
+    A later file decides the rows it measured: its confirmed words replace what the files before it said of
+    those rows, and an earlier entry of a row it swept stays only if that sweep still timed the entry's word
+    more than the later run's --keep faster than the rules (a later run confirms only winners over --gain,
+    so an earlier 2.5-4% word would otherwise be lost to a sweep that found it again). Rows a file did not
+    sweep keep what earlier files said."""
+    taken, meta = {}, []  # (key..., row) -> (value, word, {row: times} where measured)
     for p in paths:
         keep = 0.025
         with open(p) as fh:
             rows = [r for r in map(json.loads, fh) if r.get("kernel", "wo") == kernel]
-        measured = {_row_key(r) for r in rows if r.get("kind") in ("sweep", "confirm")}
-        taken = {full: v for full, v in taken.items() if full[:-1] not in measured}
+        keep = next((r.get("keep", keep) for r in rows if r.get("meta")), keep)
+        meta += [r for r in rows if r.get("meta")]
+        swept: dict[tuple, dict[int, dict]] = {}
         for r in rows:
-            if r.get("meta"):
-                meta.append(r)
-                keep = r.get("keep", keep)
-            elif r.get("kind") == "confirm":
-                key = _row_key(r)
-                lo, hi = r["rows"]
-                if r["taken"]:
-                    taken[key + (lo,)] = (hi, r["value"], r["word"], r["at"])
-                    continue
-                # not confirmed over its range: an end where the word held by itself is an entry of that row
-                # alone (the rules' cliffs: int8 group 128 7168x9216 at 7..8 rows, auto 23.67 / 34.06 us)
-                for row, v in r["at"].items():
-                    if v[f"us_{r['word']}"] < (1 - keep) * v["us_auto"]:
-                        taken[key + (int(row),)] = (int(row), r["value"], r["word"], {row: v})
-    # adjacent row ranges of one key with the same word become one entry
+            if r.get("kind") == "sweep":
+                swept.setdefault(_row_key(r), {})[int(r["M"])] = r
+            elif r.get("kind") == "confirm":  # (a confirm's ends were swept: at least its upper one)
+                swept.setdefault(_row_key(r), {}).setdefault(int(r["rows"][1]), {})
+        for key, at_m in swept.items():
+            span = ranges(sorted(at_m))
+            for m, sw in at_m.items():
+                for row in range(span[m][0], span[m][1] + 1):
+                    old = taken.pop(key + (row,), None)
+                    t = sw.get(f"us_{old[1]}") if old else None
+                    if t is not None and sw.get("us_auto") and t < (1 - keep) * sw["us_auto"]:
+                        taken[key + (row,)] = (old[0], old[1], {str(m): {"us_auto": sw["us_auto"], f"us_{old[1]}": t}}
+                                               if row == m else {})
+        for r in rows:
+            if r.get("kind") != "confirm":
+                continue
+            key = _row_key(r)
+            lo, hi = r["rows"]
+            if r["taken"]:
+                for row in range(lo, hi + 1):
+                    taken[key + (row,)] = (r["value"], r["word"], {k: v for k, v in r["at"].items() if int(k) == row})
+                continue
+            # not confirmed over its range: an end where the word held by itself is an entry of that row
+            # alone (the rules' cliffs: int8 group 128 7168x9216 at 7..8 rows, auto 23.67 / 34.06 us)
+            for row, v in r["at"].items():
+                if v[f"us_{r['word']}"] < (1 - keep) * v["us_auto"]:
+                    taken[key + (int(row),)] = (r["value"], r["word"], {row: v})
+    # adjacent rows of one key with the same word become one entry
     entries = []
     for full in sorted(taken):
-        key, lo = full[:-1], full[-1]
-        hi, value, word, at = taken[full]
+        key, row = full[:-1], full[-1]
+        value, word, at = taken[full]
         prev = entries[-1] if entries else None
-        if prev and prev[0] == key and prev[2] + 1 == lo and prev[3] == value:
-            entries[-1] = (key, prev[1], hi, value, prev[4], {**prev[5], **at})
+        if prev and prev[0] == key and prev[2] + 1 == row and prev[3] == value:
+            entries[-1] = (key, prev[1], row, value, word, {**prev[5], **at})
         else:
-            entries.append((key, lo, hi, value, word, at))
+            entries.append((key, row, row, value, word, dict(at)))
     dates = sorted({m["date"] for m in meta})
     print(f"// Generated by bench/tune_auto.py --kernel {kernel} --emit (do not edit by hand): {WHAT[kernel]} measured", file=out)
     print(f"// automatic choice at DeepSeek-V3's tensor-parallel shapes, H200 (132 SMs), {', '.join(dates) or '-'}.", file=out)

@@ -129,8 +129,8 @@ def test_emit_keeps_confirmed_words_and_merges_ranges(tmp_path):
 
 
 def test_emit_a_later_file_replaces_what_earlier_ones_said_of_a_key(tmp_path):
-    """A file that measured a key (a sweep row is enough: no winner there) replaces every entry of that key
-    from the files before it; the other keys of the earlier files stay."""
+    """A file that measured a key's rows (a sweep row is enough: no winner there) replaces the entries of
+    those rows from the files before it; the other keys of the earlier files stay."""
     first, second = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
     first.write_text("".join(json.dumps(r) + "\n" for r in [
         {"meta": True, "date": "2026-12-01"},
@@ -147,6 +147,37 @@ def test_emit_a_later_file_replaces_what_earlier_ones_said_of_a_key(tmp_path):
     table.write_text(out.getvalue())
     assert tune_auto.read_table(table) == [(4, 128, 9216, 7168, 1, 1, 0x30220048), (8, 128, 7168, 2048, 9, 12, 0x30140048)]
     assert "2026-12-01, 2026-12-02" in out.getvalue()
+
+
+def _sweep(key, m, auto, **words):
+    return {"kind": "sweep", "kernel": "wo", "key": list(key), "M": m, "us_auto": auto,
+            **{f"us_{w}": t for w, t in words.items()}}
+
+
+def test_emit_keeps_an_earlier_word_a_later_sweep_still_finds_faster(tmp_path):
+    """A later run confirms only winners over its --gain: an earlier entry of a row it swept stays if that
+    sweep timed the entry's word more than the run's --keep faster than the rules, and goes if not; its
+    confirmed words replace earlier ones row by row; rows it did not sweep keep the earlier entries."""
+    key, w1, w2 = (4, -1, 7168, 18432), "w8s8d2b2+50000000", "w8s4d2b1+30000000"
+    first, second = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    first.write_text("".join(json.dumps(r) + "\n" for r in [
+        {"meta": True, "date": "2026-12-01", "keep": 0.025},
+        _confirm(*key, (5, 12), w1, 0x50220088, True),
+        _confirm(*key, (16, 16), w1, 0x50220088, True)]))
+    second.write_text("".join(json.dumps(r) + "\n" for r in [
+        {"meta": True, "date": "2026-12-02", "keep": 0.025},
+        *[_sweep(key, m, 31.0, **{w1: 30.0}) for m in (5, 6, 7, 8)],  # 3.2% faster: kept
+        _sweep(key, 9, 31.0, **{w1: 30.5}),  # 1.6%: the rules' again
+        *[_sweep(key, m, 31.0, **{w1: 30.0, w2: 29.0}) for m in (10, 11)],
+        _confirm(*key, (10, 11), w2, 0x30120048, True, us=(31.0, 29.0)),  # a new winner replaces it
+        _sweep(key, 12, 31.0)]))  # the word not timed: the sweep cannot support it
+    out = io.StringIO()
+    tune_auto.emit_table([str(first), str(second)], "wo", out=out)
+    table = tmp_path / "t.inc"
+    table.write_text(out.getvalue())
+    # rows past the second file's largest M (12) were not swept by it: 16 stays
+    assert tune_auto.read_table(table) == [key + (5, 8, 0x50220088), key + (10, 11, 0x30120048), key + (16, 16, 0x50220088)]
+    assert "M=5 31.0 -> 30.0" in out.getvalue() and "M=10 31.0 -> 29.0" in out.getvalue()
 
 
 def test_read_table_refuses_a_malformed_line(tmp_path):
