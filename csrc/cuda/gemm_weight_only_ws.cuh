@@ -61,6 +61,11 @@
 // 21.29. The sum is now cheap; the unpack and the mma each cost part and together more than the sum of
 // their parts: the loop's instruction stream, not one unit (mma.sync alone, or the unpack alone, would not
 // give 9..16 rows their 3x).
+// Twenty-second session: 17..32 rows too (MT = 4, one channel tile a warp; the same arithmetic as the
+// existing path's four-token-tile kernel at a given split, so its bits), taken by the rules there wherever x
+// whole fits, and automatic launches of 33..64 rows are cut into launches of 32 (launch_rows): before, the
+// existing path with x in chunks ran 36864 x 7168 int4 per channel M = 32 / 64 in 105.2 / 200.2 us, now
+// 88.5 / 175.3 (torch 135.7 / 143.5); int4 group 128 the same shape 225.3 / 324.7 -> 89.0 / 174.4 us.
 #pragma once
 
 namespace {
@@ -107,7 +112,7 @@ __device__ __forceinline__ void ws_st_async2(uint32_t raddr, float a, float b, u
 // CT - 1, contiguous channels; one x load feeds the mma of all of them: step_q_tiles).
 template <int BITS, int MT, int GMODE, int CT = 1, bool PUSH = false>
 __global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? (MT == 1 ? 2 : 1)
-                                                                  : (CT == 2 && (MT == 2 || PUSH)) || (MT == 2 && GMODE == 2) ? 2 : 3)
+                                                                  : (CT == 2 && (MT == 2 || PUSH)) || (MT == 2 && GMODE == 2) || MT == 4 ? 2 : 3)
     wo_gemm_ws_kernel(const __grid_constant__ Params p) {
   extern __shared__ __align__(128) uint8_t smem[];
   constexpr int kStepK = BITS == 8 ? 64 : 128;
@@ -513,8 +518,12 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? (MT == 1 ? 2 :
 constexpr int kWsAlgoBit = 1 << 28;
 constexpr int kWsTilesBit = 3 << 29;  // (with bit 28, up to 16 rows: 2 (1) or 4 (2) 16-channel tiles a consumer warp)
 constexpr int kWsNoFit = 1;  // (ws_choose: x whole does not fit, every field automatic)
+// Rows a warp-specialized launch takes: up to 16 (one or two token tiles; one, two or four channel tiles
+// a warp) by the rules and the table; 17..32 (four token tiles, one channel tile a warp) with bit 28
+// given (explicit words; the measurements before any rule are in docs/benchmarks.md).
+constexpr int kWsMaxRows = 32;
 
-// The warp-specialized configuration for a launch of `rows` (<= 16) rows: the split, chunk and
+// The warp-specialized configuration for a launch of `rows` (<= kWsMaxRows) rows: the split, chunk and
 // warps that choose() gives the word without bit 28 and without its ring fields (so, at equal
 // splits, the same slices: the same bits; with splits and chunk automatic, 8 splits where
 // choose() would stage x in chunks), and the block ring's own slots / steps per slot (algo bits
@@ -522,7 +531,7 @@ constexpr int kWsNoFit = 1;  // (ws_choose: x whole does not fit, every field au
 // owns 2^t 16-channel tiles (a block 16 * 2^t * warps channels; at 8 rows or fewer with one token
 // tile, x fragments of 8 rows; t = 3 is refused in ws_resolve).
 int ws_choose(int rows, int64_t n, int64_t k, int bits, int group, int algo, int sms, Config* cfg) {
-  if (rows > 16) return DSX_EINVAL;
+  if (rows > kWsMaxRows) return DSX_EINVAL;
   const int stages = (algo >> 16) & 15, box = (algo >> 20) & 15;
   const int fields = algo & ~(kWsAlgoBit | kWsTilesBit | 0xFF0000);
   int rc = choose(rows, n, k, bits, group, fields, sms, cfg);
@@ -535,7 +544,7 @@ int ws_choose(int rows, int64_t n, int64_t k, int bits, int group, int algo, int
     if (rc != DSX_OK) return rc;
   }
   cfg->bal = false, cfg->grid_y = 0;  // (choose's automatic balanced grid at <= 8 rows: not this kernel)
-  cfg->ct = 1 << ((algo & kWsTilesBit) >> 29);
+  cfg->ct = rows > 16 ? 1 : 1 << ((algo & kWsTilesBit) >> 29);  // (17..32 rows: one tile a warp, bits 29..30 ignored)
   if (cfg->ct > 1) {
     if (gmode_of(bits, group) == 2) return DSX_EINVAL;  // (int4 group 64: one tile a warp only)
     const int64_t blocks_n = (n / 16 + cfg->ct * cfg->warps - 1) / (cfg->ct * cfg->warps);
@@ -669,12 +678,25 @@ int ws_resident_tiles(const Config& c) { return c.ct * c.warps * ws_blocks_per_s
 bool ws_automatic(int algo) { return (algo & 0xFFFFFF) == 0 && (algo & (1 << 27 | kWsAlgoBit | kWsTilesBit)) == 0; }
 
 bool ws_auto_rule(int rows, int64_t n, int64_t k, int bits, int group, int algo, int sms, Config* cfg) {
-  if (rows > 16 || !ws_automatic(algo)) return false;
+  if (rows > kWsMaxRows || !ws_automatic(algo)) return false;
   // (int8 groups of 128 and 64 take int8 per channel's rules since the sixteenth session, below)
   const bool int4pc = bits == 4 && group == -1, int4g128 = bits == 4 && group == 128;
   const bool int8 = bits == 8;
   if (!int4pc && !int4g128 && !int8) return false;
   const int ring = algo | kWsAlgoBit | 2 << 16 | 2 << 20;
+  // Twenty-second session: 17..32 rows (four token tiles, one channel tile a warp), choose()'s split, x
+  // whole, 2 slots of 2 steps, wherever that fits. Before, the existing path (its MT = 4 kernel, x in chunks
+  // where the slice did not fit 48 KB). H200, bench/tune_auto.py --ms 17,20,24,28,32 --rows-from 17, every
+  // tp shape of DeepSeek-V3 and the four tuned layouts (640 rows, interleaved in one process): faster than
+  // the existing path on every one, 1.04-3.1x, geometric mean 1.41x, and within 2.4% (geometric mean) of
+  // the best of 14 words there; e.g. int4 per channel 36864 x 7168 M = 32 105.5 -> 88.3 us (torch 143.5),
+  // int4 group 128 the same 227.0 -> 89.7, 7168 x 18432 111.2 -> 57.6. (Words faster still: the table.)
+  if (rows > 16) {
+    Config c;
+    if (ws_choose(rows, n, k, bits, group, ring, sms, &c) != DSX_OK) return false;
+    *cfg = c;
+    return true;
+  }
   const int64_t steps = k / (bits == 8 ? 64 : 128);  // whole steps of K (the slice-length thresholds below)
   Config one, two, four;
   const bool ok1 = ws_choose(rows, n, k, bits, group, ring, sms, &one) == DSX_OK;
@@ -863,7 +885,7 @@ int ws_tuned_word(int rows, int64_t n, int64_t k, int bits, int group, int sms) 
 }
 
 // The configuration of one launch of `rows` rows, and whether it takes the warp-specialized
-// path: bit 28 up to 16 rows, unless x staged whole does not fit with every ring field and the
+// path: bit 28 up to kWsMaxRows rows, unless x staged whole does not fit with every ring field and the
 // chunk automatic (then, as above 16 rows, the existing path with its own automatic ring); or
 // the measured table (kWsTuned), then the automatic rule above.
 int ws_resolve(int rows, int64_t n, int64_t k, int bits, int group, int algo, int sms, Config* cfg, bool* ws) {
@@ -881,7 +903,7 @@ int ws_resolve(int rows, int64_t n, int64_t k, int bits, int group, int algo, in
       (!(algo & kWsAlgoBit) || (algo & kWsTilesBit) == kWsTilesBit || gmode_of(bits, group) == 2))
     return DSX_EINVAL;
   if ((*ws = ws_auto_rule(rows, n, k, bits, group, algo, sms, cfg))) return DSX_OK;
-  *ws = (algo & kWsAlgoBit) && rows <= 16;
+  *ws = (algo & kWsAlgoBit) && rows <= kWsMaxRows;
   if (*ws) {
     const int rc = ws_choose(rows, n, k, bits, group, algo, sms, cfg);
     if (rc != kWsNoFit) return rc;
@@ -889,6 +911,18 @@ int ws_resolve(int rows, int64_t n, int64_t k, int bits, int group, int algo, in
   }
   return choose(rows, n, k, bits, group, algo & ~(kWsAlgoBit | kWsTilesBit | ((algo & kWsAlgoBit) ? 0xFF0000 : 0)), sms,
                 cfg);
+}
+
+// Rows of the next launch when `left` rows remain: up to kMaxRows, but an automatic launch of more than
+// kWsMaxRows rows is cut at kWsMaxRows where that takes the warp-specialized path (two launches of it
+// beat one of the existing path's eight token tiles: 36864 x 7168 int4 per channel, M = 32 88.3 us on
+// it against 198.6 for M = 64 on the existing path; weights are read again by the second launch).
+int launch_rows(int64_t left, int64_t n, int64_t k, int bits, int group, int algo, int sms) {
+  const int rows = static_cast<int>(std::min<int64_t>(std::max<int64_t>(left, 1), kMaxRows));
+  if (rows <= kWsMaxRows || !ws_automatic(algo)) return rows;
+  Config c;
+  bool ws = false;
+  return ws_resolve(kWsMaxRows, n, k, bits, group, algo, sms, &c, &ws) == DSX_OK && ws ? kWsMaxRows : rows;
 }
 
 // The block's weight tensor maps: rows of 2K bytes (8-byte elements); a box of `steps` steps of
@@ -932,7 +966,7 @@ cudaError_t ws_launch_inst(const Params& p, const Config& cfg, cudaStream_t stre
   return launch_ex(lc, cfg, kernel, p);
 }
 
-// One launch of <= 16 rows on the warp-specialized path (p's pointers and sizes already set).
+// One launch of <= kWsMaxRows rows on the warp-specialized path (p's pointers and sizes already set).
 int ws_launch(Params& p, const void* qweight, int64_t n, int64_t k, int bits, int gmode, const Config& cfg,
               cudaStream_t stream) {
   if (!ws_encode_map(&p.wmap, qweight, n, k, bits, cfg.box, cfg.ct * cfg.warps) ||
@@ -949,6 +983,7 @@ int ws_launch(Params& p, const void* qweight, int64_t n, int64_t k, int bits, in
       if (cfg.ct == 4)
         return cfg.mt == 1 ? ws_launch_inst<B, 1, G, 4, P>(p, cfg, stream) : ws_launch_inst<B, 2, G, 4, P>(p, cfg, stream);
     }
+    if (cfg.mt == 4) return ws_launch_inst<B, 4, G, 1, P>(p, cfg, stream);
     return cfg.mt == 1 ? ws_launch_inst<B, 1, G, 1, P>(p, cfg, stream) : ws_launch_inst<B, 2, G, 1, P>(p, cfg, stream);
   };
   auto by_mt = [&](auto bg) {

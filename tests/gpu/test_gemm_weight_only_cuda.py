@@ -268,21 +268,25 @@ def test_short_slice_rule_up_to_8_rows(m):
                                    (100, 16896, 2048), (32, 16896, 7232), (64, 8576, 7232), (64, 7168, 2048),
                                    (32, 1024, 2048)])
 def test_wide_x_rule_above_16_rows(m, n, k):
-    """Int4 per channel above 16 rows: where 8 splits make non-empty slices whose x fits whole in
-    128 KB and the blocks loop over >= 4 tile groups, auto takes 8 splits, x whole, 2 slots of 2
-    steps (not taken: x of 8 steps at 64 rows, 135 KB; 7168 and 1024 channels, too few groups).
-    Right against float64, and the same bits as 8 splits with other x chunk / ring fields (only
-    splits moves the bits), one tile group a block, one step at a time."""
+    """The existing path, int4 per channel above 16 rows, splits automatic (8 warps given: not the
+    automatic launch, which takes the warp-specialized kernel up to 32 rows a launch since the
+    twenty-second session): where 8 splits make non-empty slices whose x fits whole in 128 KB and the
+    blocks loop over >= 4 tile groups, 8 splits, x whole, 2 slots of 2 steps (not taken: x of 8 steps
+    at 64 rows, 135 KB; 7168 and 1024 channels, too few groups). Right against float64, and the same
+    bits as 8 splits with other x chunk / ring fields (only splits moves the bits), one tile group a
+    block, one step at a time."""
     x, q, s, wd = make(m, n, k, 4, -1, seed=11)
     nsteps = (k // 64 + 1) // 2
     per8 = -(-nsteps // 8)
     rows = min(m, 64)
     taken = n >= 8576 and rows * (per8 * 128 + 32) * 2 <= 128 * 1024
-    cfg = G.cuda_config(rows, n, k, 4, -1)
+    existing = word(8, 0, 0, 0, 0)
+    cfg = G.cuda_config(rows, n, k, 4, -1, algo=existing)
+    assert G.cuda_path(rows, n, k, 4, -1, algo=existing) == {"ws": False, "tiles": 1}
     rule = (8, per8, 2, 2)
     got = (cfg["splits"], cfg["chunk"], cfg["stages"], cfg["box"])
     assert (got == rule) == taken, cfg
-    a = G.gemm_weight_only_cuda(x, q, s, 4, -1, 90)
+    a = run_raw(x, q, s, 4, -1, existing)
     check_bound(a, x, wd, f"auto {cfg} M={m}")
     if taken:
         for w in (word(8, 8, 1, 3, 1), word(8, 8, 2, 4, 1) | ONE_GROUP, word(8, 8, 0, 2, 2) | ONE_STEP):

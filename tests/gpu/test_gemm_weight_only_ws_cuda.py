@@ -104,15 +104,69 @@ def test_automatic_fields_on_decode_shapes(m, n, k, bits, group):
         assert same(a, G.gemm_weight_only_cuda(x, q, s, bits, group, 90)), "bits differ from auto"
 
 
-def test_more_than_16_rows_ignore_the_bit():
-    """Launches of more than 16 rows take the existing path (same bits with and without the bit);
-    M = 80 is one launch of 64 rows (existing) and one of 16 (warp-specialized)."""
+@pytest.mark.parametrize("bits,group", LAYOUTS)
+def test_17_to_32_rows_four_token_tiles_same_bits(bits, group):
+    """17..32 rows with bit 28: four token tiles a warp (one channel tile), x whole. The shapes of
+    test_same_bits_as_existing_path_every_split (ragged slices, a half int4 step, the last block's
+    upper warps past N): for each split right, reproducible, and the bits of the existing path;
+    with its persistent blocks looping over groups (N = 23104) and with PDL too."""
+    n, k = 320, 2112
+    for m in (17, 24, 29, 32):
+        x, q, s, wd = make(m, n, k, bits, group, seed=16)
+        for splits in range(1, 9):
+            ref = run_raw(x, q, s, bits, group, word(8, splits, 0, 0, 0))
+            check_bound(ref, x, wd, f"existing m {m} splits {splits}")
+            for warps, stages, box in ((8, 0, 0), (8, 2, 2), (8, 3, 2), (4, 5, 3)):  # (rings x whole leaves room for)
+                algo = word(warps, splits, 0, stages, box) | WS
+                assert G.cuda_path(m, n, k, bits, group, algo=algo) == {"ws": True, "tiles": 1}, algo
+                a = run_raw(x, q, s, bits, group, algo)
+                check_bound(a, x, wd, f"ws m {m} algo {algo:#x}")
+                assert same(a, ref), f"m {m} algo {algo:#x}: bits differ from the existing path"
+            assert same(run_raw(x, q, s, bits, group, algo), ref), f"m {m} algo {algo:#x}: not reproducible"
+    n, k, m = 23104, 576, 32
+    x, q, s, wd = make(m, n, k, bits, group, seed=17)
+    for splits in (1, 3, 4):
+        ref = run_raw(x, q, s, bits, group, word(8, splits, 0, 0, 0))
+        algo = word(8, splits, 0, 4, 1) | WS
+        a = run_raw(x, q, s, bits, group, algo)
+        check_bound(a, x, wd, f"ws persistent m {m} algo {algo:#x}")
+        assert same(a, ref) and same(run_raw(x, q, s, bits, group, algo | PDL), ref), f"algo {algo:#x}"
+
+
+@pytest.mark.parametrize("bits,group", [(4, -1), (4, 128), (8, -1), (8, 128)])
+@pytest.mark.parametrize("n,k", [(16896, 2048), (7168, 2048), (1024, 1536)])
+def test_automatic_rule_17_to_64_rows(n, k, bits, group):
+    """The rules (tables off), 17..32 rows: this path, choose()'s split, x whole, 2 slots of 2 steps,
+    the same bits as the existing path at that split; 33..64 rows: launches of 32 rows, then the rest
+    (each the bits of its rows launched alone). Right against float64."""
+    nsteps = k // 64 if bits == 8 else (k // 64 + 1) // 2
+    with cuda.rules_only():
+        for m in (17, 32, 40, 64):
+            x, q, s, wd = make(m, n, k, bits, group, seed=18)
+            assert G.cuda_path(m, n, k, bits, group) == {"ws": True, "tiles": 1}, m
+            warps, splits, chunk, stages, box = ws_config(m, n, k, bits, group, 0)
+            assert (chunk, stages, box) == (-(-nsteps // splits), 2, 2), (m, warps, splits, chunk, stages, box)
+            a = G.gemm_weight_only_cuda(x, q, s, bits, group, 90)
+            check_bound(a, x, wd, f"auto 17..64 rows m {m} {(n, k, bits, group)}")
+            if m <= 32:
+                assert same(a, run_raw(x, q, s, bits, group, word(warps, splits, 0, 0, 0))), f"m {m}: not the existing path's bits"
+            else:
+                top = G.gemm_weight_only_cuda(np.ascontiguousarray(x[:32]), q, s, bits, group, 90)
+                rest = G.gemm_weight_only_cuda(np.ascontiguousarray(x[32:]), q, s, bits, group, 90)
+                assert same(a, np.concatenate([top, rest])), f"m {m}: not launches of 32 rows and the rest"
+
+
+def test_more_than_32_rows_ignore_the_bit():
+    """Launches of more than 32 rows take the existing path (same bits with and without the bit);
+    M = 80 is one launch of 64 rows (existing) and one of 16 (warp-specialized); 17 rows take the
+    warp-specialized path (four token tiles), the same bits."""
     n, k = 384, 1088
-    for m in (17, 80):
+    for m in (17, 33, 80):
         x, q, s, wd = make(m, n, k, 4, -1, seed=14)
         a = run_raw(x, q, s, 4, -1, word(8, 4, 0, 0, 0) | WS)
         check_bound(a, x, wd, f"m {m}")
         assert same(a, run_raw(x, q, s, 4, -1, word(8, 4, 0, 0, 0)))
+        assert G.cuda_path(m, n, k, 4, -1, algo=word(8, 4, 0, 0, 0) | WS)["ws"] == (m <= 32), m
 
 
 def test_given_chunk_must_hold_the_slice():
@@ -277,8 +331,8 @@ def test_several_tiles_up_to_8_rows_same_bits(bits, group, tiles):
 
 def test_two_tiles_refused_combinations():
     """Bits 29..30 without bit 28, = 3, or for int4 group 64 (any M): DSX_EINVAL from the config entry
-    and the launch (before any launch). More than 16 rows: ignored with bit 28 (the existing path,
-    same bits)."""
+    and the launch (before any launch). More than 16 rows: ignored (17 rows: bit 28's four token tiles with
+    one channel tile a warp; 80: the existing path for 64 of them), the same bits."""
     v = [ctypes.c_int() for _ in range(5)]
     cfg = G._cuda_fns()[1]
     assert cfg(16, 2048, 7168, 4, -1, TWO, *[ctypes.byref(i) for i in v]) != 0
@@ -329,7 +383,11 @@ AUTO_H200 = {
     (2048, 7168, 8, 128, 1): (False, 1), (7168, 2048, 8, 64, 1): (True, 2), (7168, 2048, 8, -1, 4): (True, 2),
     (7168, 2048, 8, -1, 8): (True, 1), (7168, 2048, 4, 128, 4): (True, 2), (2048, 7168, 8, -1, 12): (True, 1),
     (36864, 7168, 8, 64, 16): (True, 1), (24576, 1536, 8, 64, 9): (True, 2), (7168, 18432, 8, 64, 16): (True, 2),
-    (36864, 7168, 4, 64, 16): (False, 1), (36864, 7168, 4, -1, 17): (False, 1),
+    (36864, 7168, 4, 64, 16): (False, 1),
+    # 17..32 rows: four token tiles, one channel tile a warp, x whole, wherever it fits (twenty-second session;
+    # before, the existing path); not int4 group 64
+    (36864, 7168, 4, -1, 17): (True, 1), (7168, 18432, 4, -1, 32): (True, 1), (36864, 7168, 8, 128, 24): (True, 1),
+    (36864, 7168, 4, 64, 32): (False, 1),
     # up to 8 rows (int4 per channel)
     (36864, 7168, 4, -1, 1): (True, 2), (36864, 7168, 4, -1, 2): (True, 4), (36864, 7168, 4, -1, 4): (True, 4),
     (36864, 7168, 4, -1, 8): (True, 4),
@@ -357,7 +415,7 @@ def skip_unless_h200():
 
 @pytest.mark.parametrize("case", sorted(AUTO_H200))
 def test_automatic_two_tiles_rule_on_h200(case):
-    """The automatic choice at 9..16 rows on DeepSeek-V3 shapes (config only: no data), as measured
+    """The automatic choice at 1..32 rows on DeepSeek-V3 shapes (config only: no data), as measured
     and documented; skipped on GPUs with another SM count (the rule counts blocks against SMs)."""
     skip_unless_h200()
     n, k, bits, group, m = case
