@@ -24,7 +24,9 @@ rules alone whatever table the library was built with. Row ranges: each M of --m
 above the previous M up to it (wo default 1 | 2..4 | 5..8 | 9..16, the shipped table measured at every
 row, --ms 1,2,...,16 per layout, ~140 s for the four; fp8 1..16 | 17..32 | 33..64 | 65..128), confirmed
 at both ends; where a winner held at one end only, the table gets that one row. --emit reads the files
-in order, a later one deciding the rows it swept (emit_table). Every shape and layout is tabled where a word was confirmed,
+in order, a later one deciding the rows it swept (emit_table). Rows 17..32 (four token tiles a launch
+since the twenty-second session) are swept on their own: --ms 17,20,24,28,32 --rows-from 17, with the
+words of CANDIDATES_WIDE (one channel tile a warp), against the rules there. Every shape and layout is tabled where a word was confirmed,
 the shapes the rules were tuned on too (the GPU tests of the rules run with the tables off,
 native.cuda.rules_only).
 """
@@ -57,6 +59,11 @@ CANDIDATES = (
     + [(8, s, 2, 1, FOUR) for s in (2, 4, 8)] + [(8, s, 2, 2, FOUR) for s in (4, 8)]
     + [(0, 0, 2, 2, ONE), (0, 0, 2, 2, TWO)]
 )
+# 17..32 rows (four token tiles; one channel tile a warp: the tiles bits are ignored there)
+CANDIDATES_WIDE = (
+    [(8, s, d, b, ONE) for s in (2, 4, 8) for d, b in ((4, 1), (2, 2), (2, 1))]
+    + [(4, s, 4, 1, ONE) for s in (4, 8)] + [(0, 0, 4, 1, ONE), (0, 0, 2, 2, ONE)]
+)
 
 
 def word_name(w, s, d, b, x) -> str:
@@ -67,9 +74,9 @@ def word_value(w, s, d, b, x) -> int:
     return w | s << 4 | d << 16 | b << 20 | x
 
 
-def ranges(ms: list[int]) -> dict[int, tuple[int, int]]:
-    """M -> (first row, last row) of the rows it stands for."""
-    out, lo = {}, 1
+def ranges(ms: list[int], first: int = 1) -> dict[int, tuple[int, int]]:
+    """M -> (first row, last row) of the rows it stands for (from row `first`)."""
+    out, lo = {}, first
     for m in sorted(ms):
         out[m] = (lo, m)
         lo = m + 1
@@ -108,7 +115,7 @@ class Log:
 def sweep_and_confirm(log, key, names, ms, time_at, candidates, args, kernel):
     """For each M: time auto and every candidate (time_at(m, words, rounds, anchor) -> {name: us}), and
     confirm a winner more than --gain faster at both ends of its row range (kept if more than --keep)."""
-    span = ranges(ms)
+    span = ranges(ms, args.rows_from)
     for m in ms:
         t = time_at(m, candidates, args.rounds, False)
         auto = t.pop("auto")
@@ -130,7 +137,10 @@ def sweep_and_confirm(log, key, names, ms, time_at, candidates, args, kernel):
 def measure_wo(args, log) -> None:
     import gpu_gemm_weight_only as B
 
-    words = {word_name(*c): word_value(*c) for c in CANDIDATES}
+    ms = [int(m) for m in args.ms.split(",")]
+    if max(ms) > 16 and min(ms) <= 16:
+        raise SystemExit("--kernel wo: --ms up to 16 or 17..32 (with --rows-from 17), not both")
+    words = {word_name(*c): word_value(*c) for c in (CANDIDATES if max(ms) <= 16 else CANDIDATES_WIDE)}
     rng = np.random.default_rng(0)
     torch_mod = B.torch
     for lay in args.layouts.split("/"):
@@ -142,8 +152,7 @@ def measure_wo(args, log) -> None:
                 row = B.ab_row(pb, m, rng, list(cands.items()), rounds, anchor=anchor)
                 return {kk[3:]: v for kk, v in row.items() if kk.startswith("us_")}
 
-            sweep_and_confirm(log, [bits, group, n, k], names, [int(m) for m in args.ms.split(",")], time_at,
-                              words, args, "wo")
+            sweep_and_confirm(log, [bits, group, n, k], names, ms, time_at, words, args, "wo")
             pb.free_torch()
             del pb
             if torch_mod is not None:
@@ -200,7 +209,7 @@ def measure(args) -> int:
         pass
     log({"meta": True, "kernel": args.kernel, "date": datetime.date.today().isoformat(), "sms": sms,
          "tp": args.tp, "ms": args.ms, "layouts": args.layouts if args.kernel == "wo" else None,
-         "gain": args.gain, "keep": args.keep, "tables": "off"})
+         "gain": args.gain, "keep": args.keep, "rows_from": args.rows_from, "tables": "off"})
     (measure_wo if args.kernel == "wo" else measure_fp8)(args, log)
     return 0
 
@@ -231,6 +240,7 @@ def emit_table(paths: list[str], kernel: str = "wo", out=sys.stdout) -> int:
         with open(p) as fh:
             rows = [r for r in map(json.loads, fh) if r.get("kernel", "wo") == kernel]
         keep = next((r.get("keep", keep) for r in rows if r.get("meta")), keep)
+        first = next((r.get("rows_from", 1) for r in rows if r.get("meta")), 1)
         meta += [r for r in rows if r.get("meta")]
         swept: dict[tuple, dict[int, dict]] = {}
         for r in rows:
@@ -239,7 +249,7 @@ def emit_table(paths: list[str], kernel: str = "wo", out=sys.stdout) -> int:
             elif r.get("kind") == "confirm":  # (a confirm's ends were swept: at least its upper one)
                 swept.setdefault(_row_key(r), {}).setdefault(int(r["rows"][1]), {})
         for key, at_m in swept.items():
-            span = ranges(sorted(at_m))
+            span = ranges(sorted(at_m), first)
             for m, sw in at_m.items():
                 for row in range(span[m][0], span[m][1] + 1):
                     old = taken.pop(key + (row,), None)
@@ -305,6 +315,7 @@ def main() -> int:
     ap.add_argument("--shapes", default="", help="only these NxK (comma-separated) of those")
     ap.add_argument("--layouts", default="4,-1/4,128/8,-1/8,128", help="--kernel wo: bits,group pairs separated by /")
     ap.add_argument("--ms", default=None, help="M values (default wo 1,4,8,16; fp8 16,32,64,128)")
+    ap.add_argument("--rows-from", type=int, default=1, help="the first row the smallest of --ms stands for")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the sweep")
     ap.add_argument("--confirm-rounds", type=int, default=8)
     ap.add_argument("--gain", type=float, default=0.04, help="a sweep winner is confirmed if this much faster than auto")

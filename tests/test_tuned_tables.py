@@ -43,7 +43,9 @@ def problems(rows) -> list[str]:
         where = f"entry {bits}, {group}, {n}x{k}, rows {lo}..{hi}"
         if (bits, group) not in {(4, -1), (4, 128), (8, -1), (8, 128)}:
             out.append(f"{where}: not a tuned layout")
-        out += shape_and_range_problems(where, known, n, k, lo, hi, "rows", 16)
+        out += shape_and_range_problems(where, known, n, k, lo, hi, "rows", 32)  # (kWsMaxRows)
+        if hi > 16 and word & TILES:  # (17..32 rows: one tile a warp; the bits would be ignored)
+            out.append(f"{where}: word {word:#x} asks for several tiles a warp above 16 rows")
         # the warp-specialized path with its ring fields given (so the automatic rules are not asked
         # again), tiles a warp 1, 2 or 4 (bits 29..30 not 3), a split of at most 8, x's chunk automatic
         if not (word & WS and (word >> 16) & 15 and (word >> 20) & 15) or (word & TILES) == TILES:
@@ -73,7 +75,8 @@ def test_table_entries_are_valid():
 @pytest.mark.parametrize("fault,msg", [
     ((4, -1, 9216, 7000, 1, 1, 0x10220044), "not a DeepSeek-V3 shape"),
     ((4, 64, 9216, 7168, 1, 1, 0x10220044), "not a tuned layout"),
-    ((4, -1, 9216, 7168, 1, 17, 0x10220044), "rows out of"),
+    ((4, -1, 9216, 7168, 1, 33, 0x10220044), "rows out of"),
+    ((4, -1, 9216, 7168, 17, 20, 0x30220088), "several tiles a warp above 16 rows"),
     ((4, -1, 9216, 7168, 1, 1, 0x00220044), "not a warp-specialized word"),
     ((4, -1, 9216, 7168, 1, 1, 0x70220044), "not a warp-specialized word"),
     ((4, -1, 9216, 7168, 1, 1, 0x10200044), "not a warp-specialized word"),  # no ring slots
