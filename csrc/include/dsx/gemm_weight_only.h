@@ -36,7 +36,8 @@
  *
  * CUDA entry: device pointers (x, qweight 16-byte aligned; scale and out 2-byte aligned),
  * asynchronous on `stream` (a cudaStream_t as void*, NULL = legacy default stream), no
- * allocation, one launch per 64 rows of x (so CUDA-graph capturable; the weights' TMA
+ * allocation, one launch per 64 rows of x, or per 32 where automatic launches of 32 rows take the
+ * warp-specialized kernel (so CUDA-graph capturable; the weights' TMA
  * descriptor travels as a kernel parameter). `algo` 0 = automatic; otherwise a tuning word:
  * bits 0..3 warps per block (each warp owns 16 output channels: 1, 2, 4, 8), bits 4..7 K
  * splits = cluster size (1..8), bits 8..15 x chunk (steps of activations staged in
@@ -50,13 +51,14 @@
  * Bits 25 (one K step at a time instead of two interleaved chains) and 26 (one tile group per block
  * instead of persistent blocks) are for measurements; neither changes the output bits, nor does
  * bit 24.
- * Bit 28 (launches of up to 16 rows): the warp-specialized kernel
+ * Bit 28 (launches of up to 32 rows): the warp-specialized kernel
  * (gemm_weight_only_ws.cuh): one producer warp a block issues the weights' tensor copies into a
  * ring shared by the block's warps (bits 16..19: its slots, automatic 4; bits 20..23: steps
  * per slot, automatic 1; a slot holds those steps of all warps), and x is staged whole (an
  * automatic chunk becomes the slice; a given chunk must hold it, else DSX_EINVAL; where the
  * whole slice does not fit with chunk and ring fields automatic, and for launches of more
- * than 16 rows, the existing kernel runs, its ring automatic).
+ * than 32 rows, the existing kernel runs, its ring automatic; 17..32 rows: one tile a warp, bits
+ * 29..30 ignored).
  * Warps and splits resolve as without the bit (but for splits and chunk both automatic where
  * that would stage x in chunks: then 8 splits), and the arithmetic is the same: for equal splits
  * the output has the same bits as without it. Bits 29..30 (with bit 28; launches of up to 16 rows):
@@ -81,7 +83,11 @@
  * else the plain or balanced kernel as before (measured, H200, same run: 5-16% faster than the
  * previous choice on the three large DeepSeek-V3 shapes at M = 1, 4, 8, 1-5% on the three small ones,
  * four tiles 4-11% at 9..16 rows on 7168 x 18432 and 24576 x 1536). At 1..8 rows auto's bits are
- * then the plain kernel's at its split (not the balanced grid's). Bits 27 and 28 together: DSX_EINVAL.
+ * then the plain kernel's at its split (not the balanced grid's). Automatic at 17..32 rows (int4 per
+ * channel or group 128, int8): bit 28, one tile a warp, the split without it, 2 slots of 2 steps,
+ * wherever x fits whole (measured, H200: faster than the kernel without it at every DeepSeek-V3 tp
+ * shape, 1.04-3.1x); so the same bits as the kernel without bit 28 at that split. Bits 27 and 28
+ * together: DSX_EINVAL.
  * Returns 0, DSX_EINVAL
  * or DSX_ECUDA (launch failure, or no driver entry point for the TMA descriptor).
  *
@@ -123,13 +129,13 @@ int dsx_wo_gemm_bf16_nt_cuda(const void* x, const void* qweight, const void* sca
                              int64_t m, int64_t n, int64_t k, int bits, int group_size,
                              int arch, int algo, void* stream);
 
-/* The launch configuration `algo` resolves to for this shape on the current device:
+/* The launch configuration `algo` resolves to for this shape on the current device (its first launch):
  * warps per block, K splits, x chunk (steps), ring slots, steps per slot (for benchmarks
  * and logs). */
 int dsx_wo_gemm_config_cuda(int64_t m, int64_t n, int64_t k, int bits, int group_size,
                             int algo, int* warps, int* splits, int* chunk, int* stages, int* box);
 
-/* Which kernel `algo` resolves to for the first launch (min(M, 64) rows): *ws = 1 for the
+/* Which kernel `algo` resolves to for the first launch (min(M, 64) rows, or 32 as above): *ws = 1 for the
  * warp-specialized one (bit 28, or auto's choice), and its 16-channel tiles a consumer warp
  * (*tiles: 1, 2 or 4; 1 for the other kernels). */
 int dsx_wo_gemm_path_cuda(int64_t m, int64_t n, int64_t k, int bits, int group_size, int algo, int* ws,
