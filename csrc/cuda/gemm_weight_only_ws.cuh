@@ -519,8 +519,7 @@ constexpr int kWsAlgoBit = 1 << 28;
 constexpr int kWsTilesBit = 3 << 29;  // (with bit 28, up to 16 rows: 2 (1) or 4 (2) 16-channel tiles a consumer warp)
 constexpr int kWsNoFit = 1;  // (ws_choose: x whole does not fit, every field automatic)
 // Rows a warp-specialized launch takes: up to 16 (one or two token tiles; one, two or four channel tiles
-// a warp) by the rules and the table; 17..32 (four token tiles, one channel tile a warp) with bit 28
-// given (explicit words; the measurements before any rule are in docs/benchmarks.md).
+// a warp), and 17..32 (four token tiles, one channel tile a warp; ws_auto_rule has the measurements).
 constexpr int kWsMaxRows = 32;
 
 // The warp-specialized configuration for a launch of `rows` (<= kWsMaxRows) rows: the split, chunk and
