@@ -303,8 +303,9 @@ def test_device_entry_checks_before_launch(case, match):
 
 
 def test_warp_specialized_instances_compile_without_spills(entries):
-    """Algo bit 28's kernel (gemm_weight_only_ws.cuh, up to 16 rows: mt 1 and 2 of every layout,
-    and 2 or 4 tiles a warp (bits 29..30) at mt 1 and 2 for every layout but int4 group 64) at its
+    """Algo bit 28's kernel (gemm_weight_only_ws.cuh, up to 32 rows: mt 1, 2 and 4 (17..32 rows, one
+    tile a warp, 2 blocks an SM: 112 registers) of every layout, and 2 or 4 tiles a warp (bits 29..30) at
+    mt 1 and 2 for every layout but int4 group 64) at its
     register cap (3 blocks of 9 warps an SM; 2 for int4 group 64 at 16 rows, for 2 tiles a warp and
     for 4 at mt 1, 1 for 4 at mt 2): 0 spills. At mt 1 two tiles a warp stay within 72 registers and
     four within 112 (3 and 2 blocks an SM: what ws_blocks_per_sm, the automatic rule's count, assumes).
@@ -312,18 +313,23 @@ def test_warp_specialized_instances_compile_without_spills(entries):
     owners). One known exception: the pushed int4-per-channel instance with two token tiles and one
     tile a warp spills at its 72-register cap (16 bytes in the fourteenth session, 3 reloads a step; measured
     on the H200 it still beat the pulled one, 2048x7168 M = 9..16; 4 bytes since its owner applies the scales,
-    fifteenth session): at most 4 bytes, and nowhere else."""
+    fifteenth session): at most 4 bytes. Two at four token tiles (17..32 rows; twenty-second session): int4
+    group 128 pushed, 4 / 8 bytes (measured with them: 1.3-2.5x the existing path at 17..32 rows), and int4
+    group 64, 44 / 96 bytes pulled and 28 / 52 pushed (explicit words only: the automatic rule leaves group 64
+    to the existing path there). Nowhere else."""
     blocks = [b for b in entries if "wo_gemm_ws_kernel" in b.split("\n")[0]]
     names = {re.search(r"wo_gemm_ws_kernelILi(\d)ELi(\d)ELi(\d)ELi(\d)", b).groups() for b in blocks}
-    want = {(b, mt, gm, "1") for b, gms in (("8", "01"), ("4", "012")) for gm in gms for mt in "12"}
+    want = {(b, mt, gm, "1") for b, gms in (("8", "01"), ("4", "012")) for gm in gms for mt in "124"}
     want |= {(b, mt, gm, ct) for b, gm in (("8", "0"), ("8", "1"), ("4", "0"), ("4", "1")) for ct in "24" for mt in "12"}
     assert names == want, f"warp-specialized instances: got {sorted(names)}"
     pushed = {re.search(r"wo_gemm_ws_kernelILi\dELi\dELi\dELi\dELb([01])E", b).group(1) for b in blocks}
     assert pushed == {"0", "1"}, "pulled and pushed instances"
+    allowed = {"4201b1": (4, 4), "4411b1": (4, 8), "4421b0": (44, 96), "4421b1": (28, 52)}  # (stores, loads)
     for b in blocks:
-        if re.search(r"wo_gemm_ws_kernelILi4ELi2ELi0ELi1ELb1E", b):
+        inst = "".join(re.search(r"wo_gemm_ws_kernelILi(\d)ELi(\d)ELi(\d)ELi(\d)EL(b[01])E", b).groups())
+        if inst in allowed:
             spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", b)
-            assert int(spill.group(1)) <= 4 and int(spill.group(2)) <= 4, f"spills in {b[:200]}"
+            assert int(spill.group(1)) <= allowed[inst][0] and int(spill.group(2)) <= allowed[inst][1], f"spills in {b[:200]}"
         else:
             assert "0 bytes spill stores" in b and "0 bytes spill loads" in b, f"spills in {b[:200]}"
         regs = int(re.search(r"Used (\d+) registers", b).group(1))
@@ -331,7 +337,7 @@ def test_warp_specialized_instances_compile_without_spills(entries):
         if mt == "1" and ct != "1":
             limit = 112 if ct == "4" else 72
         else:
-            limit = 224 if ct == "4" else 112 if ct == "2" else 96 if (bits, mt, gm) == ("4", "2", "2") else 72
+            limit = 224 if ct == "4" else 112 if ct == "2" or mt == "4" else 96 if (bits, mt, gm) == ("4", "2", "2") else 72
         assert regs <= limit, f"{regs} registers (more than {limit}) in {b[:120]}"
 
 
