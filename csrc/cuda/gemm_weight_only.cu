@@ -34,7 +34,7 @@
 // (the same bits); bit 25 one step at a time (the same bits; for measurements).
 // M is handled 8 tokens per mma N tile, up to 64 rows per launch; larger M is cut into
 // launches of 64 rows (a simple path: weights are re-read for each), or of 32 where those take the
-// warp-specialized path (launch_rows).
+// warp-specialized path (plan_launch).
 // With algo bit 24 the launch is a programmatic dependent launch: the kernel lets the next
 // one start launching when its main loop is done, and itself fetches its first weights before
 // it waits for the previous kernel (griddepcontrol.wait) and reads x, so its start overlaps
@@ -1178,8 +1178,8 @@ extern "C" int dsx_wo_gemm_config_cuda(int64_t m, int64_t n, int64_t k, int bits
   if (device_sms(&sms) != DSX_OK) return DSX_ECUDA;
   Config cfg;
   bool ws = false;  // algo bit 28: gemm_weight_only_ws.cuh
-  const int rc = ws_resolve(launch_rows(m, n, k, bits, group_size, algo, sms), n, k, bits, group_size, algo, sms,
-                            &cfg, &ws);
+  int rows = 0;
+  const int rc = plan_launch(m, n, k, bits, group_size, algo, sms, &rows, &cfg, &ws);
   if (rc != DSX_OK) return rc;
   *warps = cfg.warps, *splits = cfg.splits, *chunk = cfg.chunk, *stages = cfg.stages, *box = cfg.box;
   return DSX_OK;
@@ -1192,8 +1192,8 @@ extern "C" int dsx_wo_gemm_path_cuda(int64_t m, int64_t n, int64_t k, int bits, 
   if (device_sms(&sms) != DSX_OK) return DSX_ECUDA;
   Config cfg;
   bool w = false;
-  const int rc = ws_resolve(launch_rows(m, n, k, bits, group_size, algo, sms), n, k, bits, group_size, algo, sms,
-                            &cfg, &w);
+  int rows = 0;
+  const int rc = plan_launch(m, n, k, bits, group_size, algo, sms, &rows, &cfg, &w);
   if (rc != DSX_OK) return rc;
   *ws = w ? 1 : 0, *tiles = w ? cfg.ct : 1;
   return DSX_OK;
@@ -1217,18 +1217,19 @@ extern "C" int dsx_wo_gemm_bf16_nt_cuda(const void* x, const void* qweight, cons
   int sms = 0;
   if (device_sms(&sms) != DSX_OK) return DSX_ECUDA;
   const int gmode = gmode_of(bits, group_size);
-  for (int64_t m0 = 0, rows = 0; m0 < m; m0 += rows) {
-    rows = launch_rows(m - m0, n, k, bits, group_size, algo, sms);
+  for (int64_t m0 = 0, step = 0; m0 < m; m0 += step) {
     Config cfg;
     bool ws = false;  // algo bit 28: gemm_weight_only_ws.cuh
-    const int rc = ws_resolve(static_cast<int>(rows), n, k, bits, group_size, algo, sms, &cfg, &ws);
+    int rows = 0;
+    const int rc = plan_launch(m - m0, n, k, bits, group_size, algo, sms, &rows, &cfg, &ws);
     if (rc != DSX_OK) return rc;
+    step = rows;
     Params p;
     if (ws) {
       p.x = static_cast<const uint16_t*>(x) + m0 * k;
       p.scale = static_cast<const uint16_t*>(scale);
       p.out = static_cast<uint16_t*>(out) + m0 * n;
-      p.m = static_cast<int>(rows), p.n = static_cast<int>(n), p.k = static_cast<int>(k), p.group = group_size;
+      p.m = rows, p.n = static_cast<int>(n), p.k = static_cast<int>(k), p.group = group_size;
       const int wrc = ws_launch(p, qweight, n, k, bits, gmode, cfg, static_cast<cudaStream_t>(stream));
       if (wrc != DSX_OK) return wrc;
       continue;
@@ -1238,7 +1239,7 @@ extern "C" int dsx_wo_gemm_bf16_nt_cuda(const void* x, const void* qweight, cons
     p.x = static_cast<const uint16_t*>(x) + m0 * k;
     p.scale = static_cast<const uint16_t*>(scale);
     p.out = static_cast<uint16_t*>(out) + m0 * n;
-    p.m = static_cast<int>(rows), p.n = static_cast<int>(n), p.k = static_cast<int>(k), p.group = group_size;
+    p.m = rows, p.n = static_cast<int>(n), p.k = static_cast<int>(k), p.group = group_size;
     p.chunk = cfg.chunk, p.stages = cfg.stages, p.box = cfg.box, p.pair = cfg.pair ? 1 : 0;
     p.groups = cfg.blocks_n;
     const cudaStream_t st = static_cast<cudaStream_t>(stream);

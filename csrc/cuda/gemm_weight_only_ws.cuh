@@ -63,7 +63,7 @@
 // give 9..16 rows their 3x).
 // Twenty-second session: 17..32 rows too (MT = 4, one channel tile a warp; the same arithmetic as the
 // existing path's four-token-tile kernel at a given split, so its bits), taken by the rules there wherever x
-// whole fits, and automatic launches of 33..64 rows are cut into launches of 32 (launch_rows): before, the
+// whole fits, and automatic launches of 33..64 rows are cut into launches of 32 (plan_launch): before, the
 // existing path with x in chunks ran 36864 x 7168 int4 per channel M = 32 / 64 in 105.2 / 200.2 us, now
 // 88.5 / 175.3 (torch 135.7 / 143.5); int4 group 128 the same shape 225.3 / 324.7 -> 89.0 / 174.4 us.
 #pragma once
@@ -912,16 +912,21 @@ int ws_resolve(int rows, int64_t n, int64_t k, int bits, int group, int algo, in
                 cfg);
 }
 
-// Rows of the next launch when `left` rows remain: up to kMaxRows, but an automatic launch of more than
-// kWsMaxRows rows is cut at kWsMaxRows where that takes the warp-specialized path (two launches of it
-// beat one of the existing path's eight token tiles: 36864 x 7168 int4 per channel, M = 32 88.3 us on
-// it against 198.6 for M = 64 on the existing path; weights are read again by the second launch).
-int launch_rows(int64_t left, int64_t n, int64_t k, int bits, int group, int algo, int sms) {
-  const int rows = static_cast<int>(std::min<int64_t>(std::max<int64_t>(left, 1), kMaxRows));
-  if (rows <= kWsMaxRows || !ws_automatic(algo)) return rows;
-  Config c;
-  bool ws = false;
-  return ws_resolve(kWsMaxRows, n, k, bits, group, algo, sms, &c, &ws) == DSX_OK && ws ? kWsMaxRows : rows;
+// The next launch when `left` rows remain: its rows, configuration and path. Up to kMaxRows rows, but an
+// automatic launch of more than kWsMaxRows rows is cut at kWsMaxRows where that takes the warp-specialized
+// path (two launches of it beat one of the existing path's eight token tiles: 36864 x 7168 int4 per channel,
+// M = 32 88.3 us on it against 198.6 for M = 64 on the existing path; weights are read again by the second
+// launch). Each launch's configuration is resolved once.
+int plan_launch(int64_t left, int64_t n, int64_t k, int bits, int group, int algo, int sms, int* rows, Config* cfg,
+                bool* ws) {
+  const int all = static_cast<int>(std::min<int64_t>(std::max<int64_t>(left, 1), kMaxRows));
+  if (all > kWsMaxRows && ws_automatic(algo) && ws_resolve(kWsMaxRows, n, k, bits, group, algo, sms, cfg, ws) == DSX_OK &&
+      *ws) {
+    *rows = kWsMaxRows;
+    return DSX_OK;
+  }
+  *rows = all;
+  return ws_resolve(all, n, k, bits, group, algo, sms, cfg, ws);
 }
 
 // The block's weight tensor maps: rows of 2K bytes (8-byte elements); a box of `steps` steps of
