@@ -26,8 +26,8 @@ row, --ms 1,2,...,16 per layout, ~140 s for the four; fp8 1..16 | 17..32 | 33..6
 at both ends; where a winner held at one end only, the table gets that one row. --emit reads the files
 in order, a later one deciding the rows it swept (emit_table). Rows 17..32 (four token tiles a launch
 since the twenty-second session) are swept on their own: --ms 17,20,24,28,32 --rows-from 17, with the
-words of CANDIDATES_WIDE (one channel tile a warp), against the rules there. Every shape and layout is tabled where a word was confirmed,
-the shapes the rules were tuned on too (the GPU tests of the rules run with the tables off,
+words of CANDIDATES_WIDE (one channel tile a warp), against the rules there. Every shape and layout is
+tabled where a word was confirmed, the shapes the rules were tuned on too (the GPU tests of the rules run with the tables off,
 native.cuda.rules_only).
 """
 
@@ -236,11 +236,10 @@ def emit_table(paths: list[str], kernel: str = "wo", out=sys.stdout) -> int:
     sweep keep what earlier files said."""
     taken, meta = {}, []  # (key..., row) -> (value, word, {row: times} where measured)
     for p in paths:
-        keep = 0.025
         with open(p) as fh:
             rows = [r for r in map(json.loads, fh) if r.get("kernel", "wo") == kernel]
-        keep = next((r.get("keep", keep) for r in rows if r.get("meta")), keep)
-        first = next((r.get("rows_from", 1) for r in rows if r.get("meta")), 1)
+        run = next((r for r in rows if r.get("meta")), {})
+        keep, first = run.get("keep", 0.025), run.get("rows_from", 1)
         meta += [r for r in rows if r.get("meta")]
         swept: dict[tuple, dict[int, dict]] = {}
         for r in rows:
