@@ -24,7 +24,8 @@ rules alone whatever table the library was built with. Row ranges: each M of --m
 above the previous M up to it (wo default 1 | 2..4 | 5..8 | 9..16, the shipped table measured at every
 row, --ms 1,2,...,16 per layout, ~140 s for the four; fp8 1..16 | 17..32 | 33..64 | 65..128), confirmed
 at both ends; where a winner held at one end only, the table gets that one row. --emit reads the files
-in order, a later one deciding the rows it swept (emit_table). Rows 17..32 (four token tiles a launch
+in order, a later one deciding the rows it swept (emit_table); a table (.inc) may stand first for the
+files it was emitted from. Rows 17..32 (four token tiles a launch
 since the twenty-second session) are swept on their own: --ms 17,20,24,28,32 --rows-from 17, with the
 words of CANDIDATES_WIDE (one channel tile a warp), against the rules there. Every shape and layout is
 tabled where a word was confirmed, the shapes the rules were tuned on too (the GPU tests of the rules run with the tables off,
@@ -236,6 +237,13 @@ def emit_table(paths: list[str], kernel: str = "wo", out=sys.stdout) -> int:
     sweep keep what earlier files said."""
     taken, meta = {}, []  # (key..., row) -> (value, word, {row: times} where measured)
     for p in paths:
+        if p.endswith(".inc"):  # a table written before: its entries, as if confirmed by a file before the next
+            dates, entries = read_table_entries(Path(p))
+            meta += [{"date": d} for d in dates]
+            for key, lo, hi, value, word, at in entries:
+                for row in range(lo, hi + 1):
+                    taken[key + (row,)] = (value, word, {k: v for k, v in at.items() if int(k) == row})
+            continue
         with open(p) as fh:
             rows = [r for r in map(json.loads, fh) if r.get("kernel", "wo") == kernel]
         run = next((r for r in rows if r.get("meta")), {})
@@ -294,6 +302,33 @@ def emit_table(paths: list[str], kernel: str = "wo", out=sys.stdout) -> int:
 _ENTRY = re.compile(r"^\{((?:-?\d+, )+)(0x[0-9a-f]+)\},")
 
 
+_DATES = re.compile(r"H200 \(132 SMs\), (.*)\.$")
+_TIMES = re.compile(r"M=(\d+) (\S+) -> (\S+?)(?:,|$)")
+
+
+def read_table_entries(path: Path) -> tuple[list[str], list[tuple]]:
+    """A table this script wrote, whole: its measurement dates and its entries as emit_table holds them
+    (key, first, last, value, word, {row: {"us_auto": t, "us_<word>": t}}), so that a table can stand for
+    the tune logs it came from (`--emit TABLE.inc new.jsonl`: the new sweep decides the rows it swept)."""
+    dates: list[str] = []
+    entries = []
+    for line in path.read_text().splitlines():
+        m = _DATES.search(line)
+        if line.startswith("//") and m:
+            dates = [d for d in m.group(1).split(", ") if d != "-"]
+        if not line.startswith("{"):
+            continue
+        e = _ENTRY.match(line)
+        head, _, comment = line.partition("  // ")
+        word, _, times = comment.partition(": ")
+        if not e or not word:
+            raise ValueError(f"{path}: not a table entry: {line!r}")
+        cols = [int(v) for v in e.group(1).rstrip(", ").split(", ")]
+        at = {r: {"us_auto": json.loads(a), f"us_{word}": json.loads(b)} for r, a, b in _TIMES.findall(times)}
+        entries.append((tuple(cols[:-2]), cols[-2], cols[-1], int(e.group(2), 16), word, at))
+    return dates, entries
+
+
 def read_table(path: Path = TABLES["wo"]) -> list[tuple[int, ...]]:
     """The entries of a table this script wrote: tuples of its columns (COLUMNS)."""
     rows = []
@@ -319,7 +354,7 @@ def main() -> int:
     ap.add_argument("--confirm-rounds", type=int, default=8)
     ap.add_argument("--gain", type=float, default=0.04, help="a sweep winner is confirmed if this much faster than auto")
     ap.add_argument("--keep", type=float, default=0.025, help="and taken if this much faster at both ends of its rows")
-    ap.add_argument("--emit", nargs="+", metavar="TUNE_JSONL", help="write the table from these measurements instead")
+    ap.add_argument("--emit", nargs="+", metavar="TUNE_JSONL", help="write the table from these measurements instead (a .inc table may come first)")
     args = ap.parse_args()
     if args.emit:
         return emit_table(args.emit, args.kernel)

@@ -183,6 +183,37 @@ def test_emit_keeps_an_earlier_word_a_later_sweep_still_finds_faster(tmp_path):
     assert "M=5 31.0 -> 30.0" in out.getvalue() and "M=10 31.0 -> 29.0" in out.getvalue()
 
 
+@pytest.mark.parametrize("kernel", ["wo", "fp8"])
+def test_a_shipped_table_re_emits_itself_byte_for_byte(kernel):
+    """A table stands for the tune logs it was emitted from (they are not kept): read back whole, words,
+    ranges, times and dates, it is emitted again unchanged."""
+    out = io.StringIO()
+    tune_auto.emit_table([str(tune_auto.TABLES[kernel])], kernel, out=out)
+    assert out.getvalue() == tune_auto.TABLES[kernel].read_text()
+
+
+def test_emit_a_table_then_a_sweep_of_other_rows(tmp_path):
+    """`--emit TABLE.inc new.jsonl`: the new file decides the rows it swept (17..32 here); the table's
+    other rows stay, and an entry of a swept row stays only where that sweep still times its word faster."""
+    key, w1, w2 = (4, -1, 7168, 18432), "w8s8d2b2+50000000", "w8s4d4b1+10000000"
+    base = tmp_path / "base.inc"
+    base.write_text("// automatic choice at DeepSeek-V3's tensor-parallel shapes, H200 (132 SMs), 2026-12-01.\n"
+                    f"{{4, -1, 7168, 18432, 9, 16, 0x50220088}},  // {w1}: M=9 31.0 -> 30.0, M=16 33.5 -> 31\n"
+                    f"{{4, -1, 7168, 18432, 17, 20, 0x10140048}},  // {w2}: M=17 40.0 -> 38.0\n")
+    new = tmp_path / "b.jsonl"
+    new.write_text("".join(json.dumps(r) + "\n" for r in [
+        {"meta": True, "date": "2026-12-02", "keep": 0.025, "rows_from": 17},
+        _sweep(key, 20, 41.0, **{w2: 41.5}),  # the old word no faster: gone from 17..20
+        _sweep(key, 32, 50.0, **{w2: 45.0}),
+        _confirm(*key, (21, 32), w2, 0x10140048, True, us=(50.0, 45.0))]))
+    out = io.StringIO()
+    tune_auto.emit_table([str(base), str(new)], "wo", out=out)
+    table = tmp_path / "t.inc"
+    table.write_text(out.getvalue())
+    assert tune_auto.read_table(table) == [key + (9, 16, 0x50220088), key + (21, 32, 0x10140048)]
+    assert "M=9 31.0 -> 30.0, M=16 33.5 -> 31" in out.getvalue() and "2026-12-01, 2026-12-02" in out.getvalue()
+
+
 def test_read_table_refuses_a_malformed_line(tmp_path):
     bad = tmp_path / "t.inc"
     bad.write_text("{4, -1, 9216, 7168, 2, 8},  // the word missing\n")
