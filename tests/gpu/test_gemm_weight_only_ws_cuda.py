@@ -33,6 +33,23 @@ def same(a, b) -> bool:
     return np.array_equal(a.view(np.uint16), b.view(np.uint16))
 
 
+def existing(x, q, s, wd, bits, group, splits, what):
+    """The existing path's output at this split, checked against float64: the bits the others must give."""
+    ref = run_raw(x, q, s, bits, group, word(8, splits, 0, 0, 0))
+    check_bound(ref, x, wd, f"existing {what} splits {splits}")
+    return ref
+
+
+def check_same_bits(x, q, s, wd, bits, group, ref, algo, what, also=()):
+    """The kernel at `algo` right against float64 and bit for bit `ref`; so too with each flag of
+    `also` (one step, one group, PDL) set."""
+    a = run_raw(x, q, s, bits, group, algo)
+    check_bound(a, x, wd, f"{what} algo {algo:#x}")
+    assert same(a, ref), f"{what} algo {algo:#x}: bits differ from the existing path"
+    for flag in also:
+        assert same(run_raw(x, q, s, bits, group, algo | flag), ref), f"{what} algo {algo:#x} | {flag:#x}: bits differ"
+
+
 @pytest.mark.parametrize("bits,group", LAYOUTS)
 def test_same_bits_as_existing_path_every_split(bits, group):
     """N = 320: 2.5 blocks of 128 channels (the last block's upper warps are past N); K = 2112:
@@ -44,18 +61,12 @@ def test_same_bits_as_existing_path_every_split(bits, group):
     for m in (9, 12, 16, 5):
         x, q, s, wd = make(m, n, k, bits, group, seed=11)
         for splits in range(1, 9):
-            ref = run_raw(x, q, s, bits, group, word(8, splits, 0, 0, 0))
-            check_bound(ref, x, wd, f"existing m {m} splits {splits}")
+            ref = existing(x, q, s, wd, bits, group, splits, f"m {m}")
             for warps, stages, box in ((8, 0, 0), (8, 2, 2), (8, 3, 4), (8, 1, 8), (4, 5, 3), (2, 2, 1)):
-                algo = word(warps, splits, 0, stages, box) | WS
-                a = run_raw(x, q, s, bits, group, algo)
-                check_bound(a, x, wd, f"ws m {m} algo {algo:#x}")
-                assert same(a, ref), f"m {m} algo {algo:#x}: bits differ from the existing path"
+                check_same_bits(x, q, s, wd, bits, group, ref, word(warps, splits, 0, stages, box) | WS, f"ws m {m}")
+            # one step / one group, and again as it was (reproducible)
             algo = word(8, splits, 0, 2, 2) | WS
-            b = run_raw(x, q, s, bits, group, algo | ONE_STEP | ONE_GROUP)
-            assert same(b, ref), f"m {m} algo {algo:#x}: one step / one group differs"
-            c = run_raw(x, q, s, bits, group, algo)
-            assert same(c, ref), f"m {m} algo {algo:#x}: not reproducible"
+            check_same_bits(x, q, s, wd, bits, group, ref, algo, f"ws m {m}", also=(ONE_STEP | ONE_GROUP, 0))
 
 
 @pytest.mark.parametrize("m", [10, 16])
@@ -72,11 +83,7 @@ def test_persistent_blocks_many_tile_groups(bits, group, m):
         ref = run_raw(x, q, s, bits, group, word(8, splits, 0, 0, 0))
         for stages, box in ((10, 2), (4, 1)):
             algo = word(8, splits, 0, stages, box) | WS
-            a = run_raw(x, q, s, bits, group, algo)
-            check_bound(a, x, wd, f"ws persistent m {m} algo {algo:#x}")
-            assert same(a, ref), f"algo {algo:#x}: bits differ from the existing path"
-            assert same(run_raw(x, q, s, bits, group, algo | ONE_GROUP), ref), f"algo {algo:#x}: one group differs"
-            assert same(run_raw(x, q, s, bits, group, algo | PDL), ref), f"algo {algo:#x}: PDL differs"
+            check_same_bits(x, q, s, wd, bits, group, ref, algo, f"ws persistent m {m}", also=(ONE_GROUP, PDL))
 
 
 def ws_config(m, n, k, bits, group, algo):
@@ -114,23 +121,16 @@ def test_17_to_32_rows_four_token_tiles_same_bits(bits, group):
     for m in (17, 24, 29, 32):
         x, q, s, wd = make(m, n, k, bits, group, seed=16)
         for splits in range(1, 9):
-            ref = run_raw(x, q, s, bits, group, word(8, splits, 0, 0, 0))
-            check_bound(ref, x, wd, f"existing m {m} splits {splits}")
+            ref = existing(x, q, s, wd, bits, group, splits, f"m {m}")
             for warps, stages, box in ((8, 0, 0), (8, 2, 2), (8, 3, 2), (4, 5, 3)):  # (rings x whole leaves room for)
                 algo = word(warps, splits, 0, stages, box) | WS
                 assert G.cuda_path(m, n, k, bits, group, algo=algo) == {"ws": True, "tiles": 1}, algo
-                a = run_raw(x, q, s, bits, group, algo)
-                check_bound(a, x, wd, f"ws m {m} algo {algo:#x}")
-                assert same(a, ref), f"m {m} algo {algo:#x}: bits differ from the existing path"
-            assert same(run_raw(x, q, s, bits, group, algo), ref), f"m {m} algo {algo:#x}: not reproducible"
+                check_same_bits(x, q, s, wd, bits, group, ref, algo, f"ws m {m}", also=(0,))  # (and reproducible)
     n, k, m = 23104, 576, 32
     x, q, s, wd = make(m, n, k, bits, group, seed=17)
     for splits in (1, 3, 4):
         ref = run_raw(x, q, s, bits, group, word(8, splits, 0, 0, 0))
-        algo = word(8, splits, 0, 4, 1) | WS
-        a = run_raw(x, q, s, bits, group, algo)
-        check_bound(a, x, wd, f"ws persistent m {m} algo {algo:#x}")
-        assert same(a, ref) and same(run_raw(x, q, s, bits, group, algo | PDL), ref), f"algo {algo:#x}"
+        check_same_bits(x, q, s, wd, bits, group, ref, word(8, splits, 0, 4, 1) | WS, f"ws persistent m {m}", also=(PDL,))
 
 
 @pytest.mark.parametrize("bits,group", [(4, -1), (4, 128), (8, -1), (8, 128)])
@@ -244,16 +244,13 @@ def test_two_tiles_a_warp_same_bits_every_split(bits, group, tiles):
         for m in (9, 13, 16, 5):
             x, q, s, wd = make(m, n, k, bits, group, seed=21)
             for splits in range(1, 9):
-                ref = run_raw(x, q, s, bits, group, word(8, splits, 0, 0, 0))
-                check_bound(ref, x, wd, f"existing m {m} n {n} splits {splits}")
+                ref = existing(x, q, s, wd, bits, group, splits, f"m {m} n {n}")
                 for warps, stages, box in ((8, 0, 0), (4, 2, 2), (8, 3, 2 if tiles == 2 else 1), (2, 1, 8), (1, 5, 3)):
                     algo = word(warps, splits, 0, stages, box) | WS | two
-                    a = run_raw(x, q, s, bits, group, algo)
-                    check_bound(a, x, wd, f"two tiles m {m} n {n} algo {algo:#x}")
-                    assert same(a, ref), f"m {m} n {n} algo {algo:#x}: bits differ from the existing path"
+                    check_same_bits(x, q, s, wd, bits, group, ref, algo, f"{tiles} tiles m {m} n {n}")
                 algo = word(4, splits, 0, 2, 2) | WS | two
-                assert same(run_raw(x, q, s, bits, group, algo | ONE_GROUP | ONE_STEP), ref), f"{algo:#x}: one group"
-                assert same(run_raw(x, q, s, bits, group, algo), ref), f"m {m} algo {algo:#x}: not reproducible"
+                check_same_bits(x, q, s, wd, bits, group, ref, algo, f"{tiles} tiles m {m} n {n}",
+                                also=(ONE_GROUP | ONE_STEP, 0))
 
 
 @pytest.mark.parametrize("tiles", [2, 4])
@@ -270,11 +267,7 @@ def test_two_tiles_persistent_blocks(bits, group, m, tiles):
         ref = run_raw(x, q, s, bits, group, word(8, splits, 0, 0, 0))
         for warps, stages, box in ((8, 10 // tiles, 2), (4, 4, 1)):
             algo = word(warps, splits, 0, stages, box) | WS | TILES[tiles]
-            a = run_raw(x, q, s, bits, group, algo)
-            check_bound(a, x, wd, f"two tiles persistent m {m} algo {algo:#x}")
-            assert same(a, ref), f"algo {algo:#x}: bits differ from the existing path"
-            assert same(run_raw(x, q, s, bits, group, algo | ONE_GROUP), ref), f"algo {algo:#x}: one group differs"
-            assert same(run_raw(x, q, s, bits, group, algo | PDL), ref), f"algo {algo:#x}: PDL differs"
+            check_same_bits(x, q, s, wd, bits, group, ref, algo, f"{tiles} tiles persistent m {m}", also=(ONE_GROUP, PDL))
 
 
 @pytest.mark.parametrize("tiles", [1, 2, 4])
@@ -295,11 +288,7 @@ def test_pushed_sum_persistent_blocks(bits, group, m, tiles):
         # (7 slots at most: the pushed sum's two barriers sit in the padding after the ring's)
         for warps, stages, box in ((8, {1: 7, 2: 4, 4: 2}[tiles], 2), (4, 3, 1)):
             algo = word(warps, splits, 0, stages, box) | WS | bit
-            a = run_raw(x, q, s, bits, group, algo)
-            check_bound(a, x, wd, f"pushed m {m} algo {algo:#x}")
-            assert same(a, ref), f"algo {algo:#x}: bits differ from the existing path"
-            assert same(run_raw(x, q, s, bits, group, algo | ONE_GROUP), ref), f"algo {algo:#x}: one group differs"
-            assert same(run_raw(x, q, s, bits, group, algo | PDL), ref), f"algo {algo:#x}: PDL differs"
+            check_same_bits(x, q, s, wd, bits, group, ref, algo, f"pushed m {m}", also=(ONE_GROUP, PDL))
 
 
 @pytest.mark.parametrize("tiles", [2, 4])
@@ -315,18 +304,14 @@ def test_several_tiles_up_to_8_rows_same_bits(bits, group, tiles):
         for m in (1, 4, 8):
             x, q, s, wd = make(m, n, k, bits, group, seed=31)
             for splits in (1, 2, 3, 5, 8):
-                ref = run_raw(x, q, s, bits, group, word(8, splits, 0, 0, 0))
-                check_bound(ref, x, wd, f"existing m {m} n {n} splits {splits}")
-                one = run_raw(x, q, s, bits, group, word(8, splits, 0, 2, 2) | WS)
-                assert same(one, ref), f"m {m} n {n} splits {splits}: one tile a warp differs"
+                ref = existing(x, q, s, wd, bits, group, splits, f"m {m} n {n}")
+                check_same_bits(x, q, s, wd, bits, group, ref, word(8, splits, 0, 2, 2) | WS, f"one tile m {m} n {n}")
                 for warps, stages, box in ((8, 0, 0), (8, 2, 2), (4, 2, 1), (8, 4, 1), (2, 3, 4)):
                     algo = word(warps, splits, 0, stages, box) | WS | bit
                     assert G.cuda_path(m, n, k, bits, group, algo=algo) == {"ws": True, "tiles": tiles}, algo
-                    a = run_raw(x, q, s, bits, group, algo)
-                    check_bound(a, x, wd, f"{tiles} tiles m {m} n {n} algo {algo:#x}")
-                    assert same(a, ref), f"m {m} n {n} algo {algo:#x}: bits differ from the existing path"
+                    check_same_bits(x, q, s, wd, bits, group, ref, algo, f"{tiles} tiles m {m} n {n}")
                 algo = word(8, splits, 0, 2, 2) | WS | bit
-                assert same(run_raw(x, q, s, bits, group, algo | ONE_GROUP | PDL), ref), f"{algo:#x}: one group, PDL"
+                check_same_bits(x, q, s, wd, bits, group, ref, algo, f"{tiles} tiles m {m} n {n}", also=(ONE_GROUP | PDL,))
 
 
 def test_two_tiles_refused_combinations():
