@@ -862,7 +862,9 @@ bool ws_auto_rule(int rows, int64_t n, int64_t k, int bits, int group, int algo,
 // in a table measured by bench/tune_auto.py (every weight GEMM shape of DeepSeek-V3 at tp 1, 2, 4, 8;
 // each word confirmed faster than the rules at both ends of its row range, interleaved in one process),
 // on GPUs with the SM count it was measured on (and unless DSX_TUNED_TABLES=0: tuned_tables.cuh);
-// elsewhere, and for every launch it does not list, the rules decide.
+// elsewhere, and for every launch it does not list, the rules decide. Rows 1..16 measured at every row
+// (twenty-second session), 17..32 at 17, 20, 24, 28, 32 against the four-token-tile rule (twenty-third:
+// e.g. int4 per channel 24576 x 1536 M = 17 / 32 25.18 / 27.34 -> 17.77 / 19.63 us, torch 22.0-22.4).
 struct WsTuned {
   int bits, group;
   int64_t n, k;
