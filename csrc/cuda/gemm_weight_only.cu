@@ -98,6 +98,8 @@ struct Params {
   int box;                // steps per slot (per tensor copy)
   int pair;               // 1: two steps at a time where they can be (0: one at a time; same bits)
   int groups;             // tile groups of 16 * warps channels (the grid's y covers them in turn)
+  int part_m;             // warp-specialized kernel: rows of each grid-z part (part z: rows z * part_m ..,
+                          // at most m in all; = m where the grid has one part)
 };
 
 // EARLY (one ring slot a warp, M <= 8 only): the slot is refilled as soon as its last steps are
@@ -656,6 +658,7 @@ struct Config {
   bool bal = false;  // balanced grid (algo bit 27): wo_gemm_bal_kernel
   int grid_y = 0;    // its clusters (each owns a run of 16-channel tiles)
   int ct = 1;        // 16-channel tiles a warp (2, 4: algo bits 29..30, the warp-specialized kernel up to 16 rows)
+  int parts = 1;     // warp-specialized kernel: launches of kWsMaxRows rows side by side in one grid (its z)
 };
 
 // Clusters (of cfg.splits blocks; blocks when splits == 1) of this kernel instance the
@@ -1199,6 +1202,19 @@ extern "C" int dsx_wo_gemm_path_cuda(int64_t m, int64_t n, int64_t k, int bits, 
   return DSX_OK;
 }
 
+extern "C" int dsx_wo_gemm_launch_cuda(int64_t m, int64_t n, int64_t k, int bits, int group_size, int algo, int* rows,
+                                       int* parts) {
+  if (!valid_args(m, n, k, bits, group_size, 90) || !rows || !parts) return DSX_EINVAL;
+  int sms = 0;
+  if (device_sms(&sms) != DSX_OK) return DSX_ECUDA;
+  Config cfg;
+  bool w = false;
+  const int rc = plan_launch(m, n, k, bits, group_size, algo, sms, rows, &cfg, &w);
+  if (rc != DSX_OK) return rc;
+  *parts = cfg.parts;
+  return DSX_OK;
+}
+
 // (defined here, not in gemm_fp8_api.cu, so that the weight-only GEMM built alone has it too: the state
 // is one per library either way)
 extern "C" int dsx_tuned_tables_cuda(int on) {
@@ -1230,6 +1246,7 @@ extern "C" int dsx_wo_gemm_bf16_nt_cuda(const void* x, const void* qweight, cons
       p.scale = static_cast<const uint16_t*>(scale);
       p.out = static_cast<uint16_t*>(out) + m0 * n;
       p.m = rows, p.n = static_cast<int>(n), p.k = static_cast<int>(k), p.group = group_size;
+      p.part_m = cfg.parts > 1 ? kWsMaxRows : rows;
       const int wrc = ws_launch(p, qweight, n, k, bits, gmode, cfg, static_cast<cudaStream_t>(stream));
       if (wrc != DSX_OK) return wrc;
       continue;
@@ -1240,6 +1257,7 @@ extern "C" int dsx_wo_gemm_bf16_nt_cuda(const void* x, const void* qweight, cons
     p.scale = static_cast<const uint16_t*>(scale);
     p.out = static_cast<uint16_t*>(out) + m0 * n;
     p.m = rows, p.n = static_cast<int>(n), p.k = static_cast<int>(k), p.group = group_size;
+    p.part_m = rows;  // (the warp-specialized kernel's; unused here)
     p.chunk = cfg.chunk, p.stages = cfg.stages, p.box = cfg.box, p.pair = cfg.pair ? 1 : 0;
     p.groups = cfg.blocks_n;
     const cudaStream_t st = static_cast<cudaStream_t>(stream);

@@ -133,6 +133,11 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? (MT == 1 ? 2 :
   const int ld = p.chunk * kStepK + kXPadElems;
   const int nloc = s_end - s_begin;
   const int ustride = gridDim.y;
+  // Grid-z part (plan_launch: two launches' rows side by side where both fit one wave): this block's rows
+  // z * part_m .. and its x and out rows (computed where used, as the sizes below).
+  auto rows_of = [&]() { return min(p.part_m, p.m - static_cast<int>(blockIdx.z) * p.part_m); };
+  auto x_of = [&]() { return p.x + static_cast<int64_t>(blockIdx.z) * p.part_m * p.k; };
+  auto out_of = [&]() { return p.out + static_cast<int64_t>(blockIdx.z) * p.part_m * p.n; };
 
   // Shared memory: [full, empty barriers][ring][x slice][partial tile].
   const uint32_t full0 = dsx_wo::smem_addr(smem), empty0 = full0 + 8 * nst;
@@ -148,7 +153,7 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? (MT == 1 ? 2 :
   uint16_t* xbuf = reinterpret_cast<uint16_t*>(smem + ws_barrier_bytes(nst) + nst * slot_sz);
   auto part_of = [&]() {
     return reinterpret_cast<float*>(smem + ws_barrier_bytes(p.stages) + p.stages * ws_slot_bytes(GMODE, p.box, CT * nwarps, CT) +
-                                    2 * p.m * (p.chunk * kStepK + kXPadElems));
+                                    2 * p.part_m * (p.chunk * kStepK + kXPadElems));
   };
   auto ngroups = [&]() { return GMODE == 2 ? kt : p.group > 0 ? (p.k + p.group - 1) / p.group : 1; };
   auto lead = [&]() { return static_cast<uint32_t>(reinterpret_cast<uintptr_t>(p.scale) & 15); };
@@ -265,7 +270,7 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? (MT == 1 ? 2 :
     // (4 loads in flight in the pulled int4-per-channel instance with one tile a warp and two token
     // tiles: 8 spilled there at its 72 registers)
     constexpr int kXLoads = BITS == 4 && GMODE == 0 && CT == 1 && MT == 2 && !PUSH ? 4 : 8;
-    dsx_wo::stage_x_steps<BITS, CT <= 2, kXLoads>(xbuf, ld, p.x, p.m, p.k, s_begin, nloc, threadIdx.x, cthreads);
+    dsx_wo::stage_x_steps<BITS, CT <= 2, kXLoads>(xbuf, ld, x_of(), rows_of(), p.k, s_begin, nloc, threadIdx.x, cthreads);
 #endif
     if constexpr (CT > 2) dsx_wo::cp_async_wait<0>();
     ws_consumer_sync(cthreads);
@@ -273,7 +278,7 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? (MT == 1 ? 2 :
   int xo[MT];
 #pragma unroll
   for (int t = 0; t < MT; ++t)
-    xo[t] = min(8 * t + g, p.m - 1) * ld + (BITS == 4 && GMODE == 2 ? 8 * (c & 1) + 4 * (c >> 1) : 8 * c);
+    xo[t] = min(8 * t + g, rows_of() - 1) * ld + (BITS == 4 && GMODE == 2 ? 8 * (c & 1) + 4 * (c >> 1) : 8 * c);
   constexpr bool kPair = MT == 1 ? !(BITS == 4 && GMODE == 2) : MT == 2 && BITS == 4 && GMODE == 0;
   const bool pair = kPair && p.pair != 0;
   int slot = 0;
@@ -372,7 +377,7 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? (MT == 1 ? 2 :
     if (o + 1 == my_groups) dsx_wo::pdl_launch_dependents();
 
     float* part = part_of();
-    const int width = 16 * tiles, total = p.m * width;
+    const int width = 16 * tiles, total = rows_of() * width;
     if constexpr (PUSH) {
       // Pushed sum. The owner's partial-tile room holds one piece a slice, in slice order: piece r
       // = [owned tiles][rows][16 channels] fp32 from block r, each row's four 4-channel quads
@@ -381,7 +386,7 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? (MT == 1 ? 2 :
       // per-channel scales, below) and each element's sum runs in slice order: the bits of the pulled sum.
       // (rows, rank, split made opaque here: what is computed from them stays in this section instead of
       // being hoisted out of the group loop into registers held through the step loop; it spilled)
-      int rows = p.m, me = rank, sp = splits, ln = lane;
+      int rows = rows_of(), me = rank, sp = splits, ln = lane;
       asm volatile("" : "+r"(rows), "+r"(me), "+r"(sp), "+r"(ln));
       const int g = ln >> 2, c = ln & 3;
       const int owned = tiles / sp, blk = owned * rows * 16;
@@ -447,7 +452,7 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? (MT == 1 ? 2 :
             const float4 w = scaled(*reinterpret_cast<const float4*>(part + r * blk + off));
             s.x = __fadd_rn(s.x, w.x), s.y = __fadd_rn(s.y, w.y), s.z = __fadd_rn(s.z, w.z), s.w = __fadd_rn(s.w, w.w);
           }
-        uint16_t* out = p.out + static_cast<int64_t>(tok) * p.n + n;
+        uint16_t* out = out_of() + static_cast<int64_t>(tok) * p.n + n;
         out[0] = dsx_wo::f32_to_bf16_rne(s.x), out[1] = dsx_wo::f32_to_bf16_rne(s.y);
         out[2] = dsx_wo::f32_to_bf16_rne(s.z), out[3] = dsx_wo::f32_to_bf16_rne(s.w);
       }
@@ -460,13 +465,13 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? (MT == 1 ? 2 :
     if (active) {
 #pragma unroll
       for (int q = 0; q < CT; ++q)
-        dsx_wo::put_partial<MT, GMODE == 0>(part, width, (CT * warp + q) * 16, acc[q], p.scale, n0 + 16 * q, p.m, g, c);
+        dsx_wo::put_partial<MT, GMODE == 0>(part, width, (CT * warp + q) * 16, acc[q], p.scale, n0 + 16 * q, rows_of(), g, c);
     }
     if (splits == 1) {
       ws_consumer_sync(cthreads);
       for (int e = threadIdx.x; e < total; e += cthreads) {
         const int tok = e / width, n = n_blk + (e - tok * width);
-        if (n < p.n) p.out[static_cast<int64_t>(tok) * p.n + n] = dsx_wo::f32_to_bf16_rne(part[e]);
+        if (n < p.n) out_of()[static_cast<int64_t>(tok) * p.n + n] = dsx_wo::f32_to_bf16_rne(part[e]);
       }
       ws_consumer_sync(cthreads);
       continue;
@@ -503,7 +508,7 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? (MT == 1 ? 2 :
           const float4 w = src[r][e];
           v.x += w.x, v.y += w.y, v.z += w.z, v.w += w.w;
         }
-      uint16_t* o = p.out + static_cast<int64_t>(tok) * p.n + n;
+      uint16_t* o = out_of() + static_cast<int64_t>(tok) * p.n + n;
       o[0] = dsx_wo::f32_to_bf16_rne(v.x), o[1] = dsx_wo::f32_to_bf16_rne(v.y);
       o[2] = dsx_wo::f32_to_bf16_rne(v.z), o[3] = dsx_wo::f32_to_bf16_rne(v.w);
     }
@@ -914,6 +919,16 @@ int ws_resolve(int rows, int64_t n, int64_t k, int bits, int group, int algo, in
                 cfg);
 }
 
+// Whether the two launches a cut of 33..64 rows makes (kWsMaxRows rows, then the rest) run side by side as
+// one grid of two parts (the rest with the first launch's configuration: its rows the bits of that split):
+// where both parts' blocks are resident at once (a launch of four token tiles holds 2 blocks an SM by its
+// launch bounds), so that the second launch's latency overlaps the first instead of following it. The
+// weights are read by both parts, as by the two launches.
+bool ws_parts_fit(const Config& c, int sms) {
+  const int per_sm = std::min(2, kSmemPerSm / (c.smem + kSmemReserved));
+  return c.mt == 4 && 2 * int64_t(c.blocks_n) * c.splits <= int64_t(per_sm) * sms;
+}
+
 // The next launch when `left` rows remain: its rows, configuration and path. Up to kMaxRows rows, but an
 // automatic launch of more than kWsMaxRows rows is cut at kWsMaxRows where that takes the warp-specialized
 // path (two launches of it beat one of the existing path's eight token tiles: 36864 x 7168 int4 per channel,
@@ -925,6 +940,7 @@ int plan_launch(int64_t left, int64_t n, int64_t k, int bits, int group, int alg
   if (all > kWsMaxRows && ws_automatic(algo) && ws_resolve(kWsMaxRows, n, k, bits, group, algo, sms, cfg, ws) == DSX_OK &&
       *ws) {
     *rows = kWsMaxRows;
+    if (ws_parts_fit(*cfg, sms)) cfg->parts = 2, *rows = all;
     return DSX_OK;
   }
   *rows = all;
@@ -958,13 +974,13 @@ cudaError_t ws_launch_inst(const Params& p, const Config& cfg, cudaStream_t stre
   const cudaError_t se = ensure_smem(kernel, cfg.smem, ws_smem_allowed<BITS, MT, GMODE, CT, PUSH>());
   if (se != cudaSuccess) return se;
   cudaLaunchConfig_t lc = {};
-  lc.gridDim = dim3(cfg.splits, cfg.blocks_n, 1);
+  lc.gridDim = dim3(cfg.splits, cfg.blocks_n, cfg.parts);
   lc.blockDim = dim3(32 * (cfg.warps + 1), 1, 1);
   int dev = 0;
   if (cfg.persist && cudaGetDevice(&dev) == cudaSuccess) {
     Config q = cfg;
     q.warps = cfg.warps + 1;  // (the occupancy query's block size; the cache keys on the kernel too)
-    const int resident = resident_groups(reinterpret_cast<const void*>(kernel), q, dev);
+    const int resident = resident_groups(reinterpret_cast<const void*>(kernel), q, dev) / cfg.parts;
     if (resident > 0 && resident < cfg.blocks_n) lc.gridDim.y = resident;
   }
   lc.dynamicSmemBytes = cfg.smem;

@@ -110,7 +110,8 @@ def _cuda_fns():
     pi = ctypes.POINTER(I32)
     cfg = cuda._fn("dsx_wo_gemm_config_cuda", I64, I64, I64, I32, I32, I32, pi, pi, pi, pi, pi)
     path = cuda._fn("dsx_wo_gemm_path_cuda", I64, I64, I64, I32, I32, I32, pi, pi)
-    return run, cfg, path
+    launch = cuda._fn("dsx_wo_gemm_launch_cuda", I64, I64, I64, I32, I32, I32, pi, pi)
+    return run, cfg, path, launch
 
 
 def check_algo(algo: int) -> None:
@@ -144,6 +145,19 @@ def cuda_path(m: int, n: int, k: int, bits: int, group_size: int = -1, algo: int
     rc = _cuda_fns()[2](m, n, k, bits, group_size, algo, *[ctypes.byref(i) for i in v])
     check(rc, f"dsx_wo_gemm_path_cuda (algo {algo:#x})")
     return {"ws": bool(v[0].value), "tiles": v[1].value}
+
+
+def cuda_launch(m: int, n: int, k: int, bits: int, group_size: int = -1, algo: int = 0) -> dict:
+    """{'rows': int, 'parts': int}: the rows of M the first launch takes and the grid parts it runs them in
+    (2: automatic 33..64 rows as two launches' worth side by side, the rest with the first 32's configuration)."""
+    from ds_export.native import check
+
+    check_args(m, n, k, bits, group_size, 90)
+    check_algo(algo)
+    v = [ctypes.c_int() for _ in range(2)]
+    rc = _cuda_fns()[3](m, n, k, bits, group_size, algo, *[ctypes.byref(i) for i in v])
+    check(rc, f"dsx_wo_gemm_launch_cuda (algo {algo:#x})")
+    return {"rows": v[0].value, "parts": v[1].value}
 
 
 def gemm_weight_only_cuda_device(x, qweight, scale, out, *, bits: int, group_size: int = -1, arch: int = 90,

@@ -9,6 +9,7 @@ the two freely. The output buffer is poisoned (NaN) first, so an unwritten eleme
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import sys
 from pathlib import Path
@@ -137,8 +138,9 @@ def test_17_to_32_rows_four_token_tiles_same_bits(bits, group):
 @pytest.mark.parametrize("n,k", [(16896, 2048), (7168, 2048), (1024, 1536)])
 def test_automatic_rule_17_to_64_rows(n, k, bits, group):
     """The rules (tables off), 17..32 rows: this path, choose()'s split, x whole, 2 slots of 2 steps,
-    the same bits as the existing path at that split; 33..64 rows: launches of 32 rows, then the rest
-    (each the bits of its rows launched alone). Right against float64."""
+    the same bits as the existing path at that split; 33..64 rows: the first 32 rows as launched alone,
+    then the rest, launched alone (two launches), or beside them in one grid of two parts where both fit
+    at once (the rest at the first 32's split: the existing path's bits there). Right against float64."""
     nsteps = k // 64 if bits == 8 else (k // 64 + 1) // 2
     with cuda.rules_only():
         for m in (17, 32, 40, 64):
@@ -151,9 +153,49 @@ def test_automatic_rule_17_to_64_rows(n, k, bits, group):
             if m <= 32:
                 assert same(a, run_raw(x, q, s, bits, group, word(warps, splits, 0, 0, 0))), f"m {m}: not the existing path's bits"
             else:
-                top = G.gemm_weight_only_cuda(np.ascontiguousarray(x[:32]), q, s, bits, group, 90)
-                rest = G.gemm_weight_only_cuda(np.ascontiguousarray(x[32:]), q, s, bits, group, 90)
-                assert same(a, np.concatenate([top, rest])), f"m {m}: not launches of 32 rows and the rest"
+                check_rows_past_32(a, x, q, s, bits, group, (warps, splits), f"m {m} {(n, k, bits, group)}")
+
+
+def check_rows_past_32(a, x, q, s, bits, group, first, what):
+    """An automatic launch of 33..64 rows (output a): rows 0..31 as launched alone; the rest as launched
+    alone (two launches) or, in one grid of two parts (dsx_wo_gemm_launch_cuda), at the first 32 rows'
+    (warps, split): the existing path's bits there. Returns the parts."""
+    m, n, k = x.shape[0], a.shape[1], x.shape[1]
+    launch = G.cuda_launch(m, n, k, bits, group)
+    top = G.gemm_weight_only_cuda(np.ascontiguousarray(x[:32]), q, s, bits, group, 90)
+    if launch["parts"] == 2:
+        assert launch["rows"] == m, (what, launch)
+        rest = run_raw(np.ascontiguousarray(x[32:]), q, s, bits, group, word(*first, 0, 0, 0))
+    else:
+        assert launch == {"rows": 32, "parts": 1}, (what, launch)
+        rest = G.gemm_weight_only_cuda(np.ascontiguousarray(x[32:]), q, s, bits, group, 90)
+    assert same(a[:32], top), f"{what}: rows 0..31 not as launched alone ({launch})"
+    assert same(a[32:], rest), f"{what}: the rest not as expected ({launch})"
+    return launch["parts"]
+
+
+@pytest.mark.parametrize("bits,group", [(4, -1), (4, 128), (8, -1), (8, 128)])
+def test_33_to_64_rows_two_parts_side_by_side(bits, group):
+    """Automatic 33..64 rows where both 32-row launches' blocks fit the GPU at once (7168 x 256 and
+    3072 x 1536, DeepSeek-V3's down and q_b projections at tp 8: few tile groups): one launch, two grid
+    parts (rows 32.. beside rows 0..31, with their configuration: the table's word or the rules'); right
+    against float64, the bits above (check_rows_past_32), the same with PDL (a launch option), with the
+    tables on and off; on 36864 x 2048 (288 tile groups of 128 channels) still two launches."""
+    for n, k in ((7168, 256), (3072, 1536)):
+        for m in (33, 40, 57, 64):
+            x, q, s, wd = make(m, n, k, bits, group, seed=19)
+            for rules in (False, True):
+                with cuda.rules_only() if rules else contextlib.nullcontext():
+                    a = G.gemm_weight_only_cuda(x, q, s, bits, group, 90)
+                    check_bound(a, x, wd, f"two parts m {m} {(n, k, bits, group)} rules {rules}")
+                    cfg = ws_config(32, n, k, bits, group, 0)
+                    what = f"m {m} {(n, k, bits, group)} rules {rules}"
+                    assert check_rows_past_32(a, x, q, s, bits, group, cfg[:2], what) == 2, what
+                    assert same(run_raw(x, q, s, bits, group, PDL), a), f"{what}: PDL differs"
+    x, q, s, wd = make(64, 36864, 2048, bits, group, seed=20)
+    a = G.gemm_weight_only_cuda(x, q, s, bits, group, 90)
+    check_bound(a, x, wd, f"36864x2048 m 64 {(bits, group)}")
+    assert check_rows_past_32(a, x, q, s, bits, group, ws_config(32, 36864, 2048, bits, group, 0)[:2], "36864x2048") == 1
 
 
 def test_more_than_32_rows_ignore_the_bit():

@@ -37,7 +37,9 @@
  * CUDA entry: device pointers (x, qweight 16-byte aligned; scale and out 2-byte aligned),
  * asynchronous on `stream` (a cudaStream_t as void*, NULL = legacy default stream), no
  * allocation, one launch per 64 rows of x, or per 32 where automatic launches of 32 rows take the
- * warp-specialized kernel (so CUDA-graph capturable; the weights' TMA
+ * warp-specialized kernel (33..64 rows: one launch of two grid parts where both parts' blocks are
+ * resident at once, the second part's rows with the first's configuration; dsx_wo_gemm_launch_cuda says
+ * which) (so CUDA-graph capturable; the weights' TMA
  * descriptor travels as a kernel parameter). `algo` 0 = automatic; otherwise a tuning word:
  * bits 0..3 warps per block (each warp owns 16 output channels: 1, 2, 4, 8), bits 4..7 K
  * splits = cluster size (1..8), bits 8..15 x chunk (steps of activations staged in
@@ -140,6 +142,11 @@ int dsx_wo_gemm_config_cuda(int64_t m, int64_t n, int64_t k, int bits, int group
  * (*tiles: 1, 2 or 4; 1 for the other kernels). */
 int dsx_wo_gemm_path_cuda(int64_t m, int64_t n, int64_t k, int bits, int group_size, int algo, int* ws,
                           int* tiles);
+
+/* The rows of M the first launch takes (*rows: min(M, 64), or 32 as above) and the grid parts it runs
+ * them in (*parts: 1, or 2 where the rows past 32 run beside the first 32 with their configuration). */
+int dsx_wo_gemm_launch_cuda(int64_t m, int64_t n, int64_t k, int bits, int group_size, int algo, int* rows,
+                            int* parts);
 
 #ifdef __cplusplus
 }
