@@ -316,7 +316,8 @@ def test_warp_specialized_instances_compile_without_spills(entries):
     fifteenth session): at most 4 bytes. Two at four token tiles (17..32 rows; twenty-second session): int4
     group 128 pushed, 4 / 8 bytes (measured with them: 1.3-2.5x the existing path at 17..32 rows), and int4
     group 64, 44 / 96 bytes pulled and 28 / 52 pushed (explicit words only: the automatic rule leaves group 64
-    to the existing path there). Nowhere else."""
+    to the existing path there). Nowhere else. The four-token-tile instances exist once more with PARTS (two grid
+parts side by side, twenty-third session), under the same limits."""
     blocks = [b for b in entries if "wo_gemm_ws_kernel" in b.split("\n")[0]]
     names = {re.search(r"wo_gemm_ws_kernelILi(\d)ELi(\d)ELi(\d)ELi(\d)", b).groups() for b in blocks}
     want = {(b, mt, gm, "1") for b, gms in (("8", "01"), ("4", "012")) for gm in gms for mt in "124"}
@@ -324,6 +325,10 @@ def test_warp_specialized_instances_compile_without_spills(entries):
     assert names == want, f"warp-specialized instances: got {sorted(names)}"
     pushed = {re.search(r"wo_gemm_ws_kernelILi\dELi\dELi\dELi\dELb([01])E", b).group(1) for b in blocks}
     assert pushed == {"0", "1"}, "pulled and pushed instances"
+    # (PARTS: two grid parts of 32 rows side by side, four token tiles only)
+    parts = {re.search(r"wo_gemm_ws_kernelILi(\d)ELi(\d)ELi(\d)ELi(\d)ELb[01]ELb1E", b).groups()
+             for b in blocks if re.search(r"ELb[01]ELb1E", b.split("\n")[0])}
+    assert parts == {w for w in want if w[1] == "4"}, f"two-part instances: got {sorted(parts)}"
     allowed = {"4201b1": (4, 4), "4411b1": (4, 8), "4421b0": (44, 96), "4421b1": (28, 52)}  # (stores, loads)
     for b in blocks:
         inst = "".join(re.search(r"wo_gemm_ws_kernelILi(\d)ELi(\d)ELi(\d)ELi(\d)EL(b[01])E", b).groups())

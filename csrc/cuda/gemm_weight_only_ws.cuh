@@ -110,7 +110,7 @@ __device__ __forceinline__ void ws_st_async2(uint32_t raddr, float a, float b, u
 // The block's tensor maps (Params::wmap: `box` steps x all tiles' rows; wmap1: one step).
 // CT: 16-channel tiles a consumer warp owns (2, 4: algo bits 29..30; warp w owns tiles CT w .. CT w +
 // CT - 1, contiguous channels; one x load feeds the mma of all of them: step_q_tiles).
-template <int BITS, int MT, int GMODE, int CT = 1, bool PUSH = false>
+template <int BITS, int MT, int GMODE, int CT = 1, bool PUSH = false, bool PARTS = false>
 __global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? (MT == 1 ? 2 : 1)
                                                                   : (CT == 2 && (MT == 2 || PUSH)) || (MT == 2 && GMODE == 2) || MT == 4 ? 2 : 3)
     wo_gemm_ws_kernel(const __grid_constant__ Params p) {
@@ -133,11 +133,21 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? (MT == 1 ? 2 :
   const int ld = p.chunk * kStepK + kXPadElems;
   const int nloc = s_end - s_begin;
   const int ustride = gridDim.y;
-  // Grid-z part (plan_launch: two launches' rows side by side where both fit one wave): this block's rows
-  // z * part_m .. and its x and out rows (computed where used, as the sizes below).
-  auto rows_of = [&]() { return min(p.part_m, p.m - static_cast<int>(blockIdx.z) * p.part_m); };
-  auto x_of = [&]() { return p.x + static_cast<int64_t>(blockIdx.z) * p.part_m * p.k; };
-  auto out_of = [&]() { return p.out + static_cast<int64_t>(blockIdx.z) * p.part_m * p.n; };
+  // PARTS (four token tiles only; plan_launch: two launches' rows side by side in one grid where both fit
+  // one wave): this block's grid-z part, rows z * part_m .., and its x and out rows (computed where used, as
+  // the sizes below). Without PARTS, the launch's rows, x and out (the instances compile as before it).
+  auto rows_of = [&]() {
+    if constexpr (PARTS) return min(p.part_m, p.m - static_cast<int>(blockIdx.z) * p.part_m);
+    return p.m;
+  };
+  auto x_of = [&]() {
+    if constexpr (PARTS) return p.x + static_cast<int64_t>(blockIdx.z) * p.part_m * p.k;
+    return p.x;
+  };
+  auto out_of = [&]() {
+    if constexpr (PARTS) return p.out + static_cast<int64_t>(blockIdx.z) * p.part_m * p.n;
+    return p.out;
+  };
 
   // Shared memory: [full, empty barriers][ring][x slice][partial tile].
   const uint32_t full0 = dsx_wo::smem_addr(smem), empty0 = full0 + 8 * nst;
@@ -153,7 +163,7 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? (MT == 1 ? 2 :
   uint16_t* xbuf = reinterpret_cast<uint16_t*>(smem + ws_barrier_bytes(nst) + nst * slot_sz);
   auto part_of = [&]() {
     return reinterpret_cast<float*>(smem + ws_barrier_bytes(p.stages) + p.stages * ws_slot_bytes(GMODE, p.box, CT * nwarps, CT) +
-                                    2 * p.part_m * (p.chunk * kStepK + kXPadElems));
+                                    2 * (PARTS ? p.part_m : p.m) * (p.chunk * kStepK + kXPadElems));
   };
   auto ngroups = [&]() { return GMODE == 2 ? kt : p.group > 0 ? (p.k + p.group - 1) / p.group : 1; };
   auto lead = [&]() { return static_cast<uint32_t>(reinterpret_cast<uintptr_t>(p.scale) & 15); };
@@ -923,10 +933,16 @@ int ws_resolve(int rows, int64_t n, int64_t k, int bits, int group, int algo, in
 // one grid of two parts (the rest with the first launch's configuration: its rows the bits of that split):
 // where both parts' blocks are resident at once (a launch of four token tiles holds 2 blocks an SM by its
 // launch bounds), so that the second launch's latency overlaps the first instead of following it. The
-// weights are read by both parts, as by the two launches.
+// weights are read by both parts, as by the two launches. The kernel's PARTS instances (four token tiles)
+// take the part's rows; the others compile as before (the same PTX). Measured (twenty-third session, H200,
+// bench/wo_ab.sh, int4 per channel, interleaved with main's build, us two launches -> two parts, M = 33 /
+// 48 / 64): 7168 x 256 10.20 / 10.98 / 11.01 -> 6.44 / 6.62 / 6.96 (torch 4.3-4.7); 3072 x 1536 12.45 / 13.40 /
+// 14.26 -> 8.52 / 8.97 / 9.83 (6.2-6.3); 1536 x 7168 18.27 / 19.58 / 22.32 -> 13.76 / 14.52 / 15.99 (11.8-12.0);
+// 2048 x 7168 21.84 / 24.56 / 29.53 -> 20.51 / 21.26 / 23.31 (13.8-14.2). (4096 x 512, 7168 x 2304, 7168 x 2048:
+// more blocks than one wave holds, two launches as before.)
 bool ws_parts_fit(const Config& c, int sms) {
   const int per_sm = std::min(2, kSmemPerSm / (c.smem + kSmemReserved));
-  return c.mt == 4 && 2 * int64_t(c.blocks_n) * c.splits <= int64_t(per_sm) * sms;
+  return c.mt == 4 && c.ct == 1 && 2 * int64_t(c.blocks_n) * c.splits <= int64_t(per_sm) * sms;
 }
 
 // The next launch when `left` rows remain: its rows, configuration and path. Up to kMaxRows rows, but an
@@ -962,16 +978,16 @@ bool ws_encode_map(CUtensorMap* map, const void* q, int64_t n, int64_t k, int bi
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <int BITS, int MT, int GMODE, int CT, bool PUSH>
+template <int BITS, int MT, int GMODE, int CT, bool PUSH, bool PARTS>
 std::atomic<int>* ws_smem_allowed() {
   static std::atomic<int> set[kMaxDevices];
   return set;
 }
 
-template <int BITS, int MT, int GMODE, int CT = 1, bool PUSH = false>
+template <int BITS, int MT, int GMODE, int CT = 1, bool PUSH = false, bool PARTS = false>
 cudaError_t ws_launch_inst(const Params& p, const Config& cfg, cudaStream_t stream) {
-  auto kernel = wo_gemm_ws_kernel<BITS, MT, GMODE, CT, PUSH>;
-  const cudaError_t se = ensure_smem(kernel, cfg.smem, ws_smem_allowed<BITS, MT, GMODE, CT, PUSH>());
+  auto kernel = wo_gemm_ws_kernel<BITS, MT, GMODE, CT, PUSH, PARTS>;
+  const cudaError_t se = ensure_smem(kernel, cfg.smem, ws_smem_allowed<BITS, MT, GMODE, CT, PUSH, PARTS>());
   if (se != cudaSuccess) return se;
   cudaLaunchConfig_t lc = {};
   lc.gridDim = dim3(cfg.splits, cfg.blocks_n, cfg.parts);
@@ -1005,7 +1021,8 @@ int ws_launch(Params& p, const void* qweight, int64_t n, int64_t k, int bits, in
       if (cfg.ct == 4)
         return cfg.mt == 1 ? ws_launch_inst<B, 1, G, 4, P>(p, cfg, stream) : ws_launch_inst<B, 2, G, 4, P>(p, cfg, stream);
     }
-    if (cfg.mt == 4) return ws_launch_inst<B, 4, G, 1, P>(p, cfg, stream);
+    if (cfg.mt == 4)
+      return cfg.parts > 1 ? ws_launch_inst<B, 4, G, 1, P, true>(p, cfg, stream) : ws_launch_inst<B, 4, G, 1, P>(p, cfg, stream);
     return cfg.mt == 1 ? ws_launch_inst<B, 1, G, 1, P>(p, cfg, stream) : ws_launch_inst<B, 2, G, 1, P>(p, cfg, stream);
   };
   auto by_mt = [&](auto bg) {
