@@ -1174,44 +1174,44 @@ int device_sms(int* sms) {
 // Algo bit 28: the warp-specialized path (one producer warp fills a ring shared by the block).
 #include "gemm_weight_only_ws.cuh"
 
+namespace {
+// The first launch of an m-row call on this device (the query entries below): its rows, configuration, path.
+struct FirstLaunch {
+  int rows = 0;
+  Config cfg;
+  bool ws = false;  // algo bit 28: gemm_weight_only_ws.cuh
+};
+int first_launch(int64_t m, int64_t n, int64_t k, int bits, int group_size, int algo, FirstLaunch* f) {
+  int sms = 0;
+  if (device_sms(&sms) != DSX_OK) return DSX_ECUDA;
+  return plan_launch(m, n, k, bits, group_size, algo, sms, &f->rows, &f->cfg, &f->ws);
+}
+}  // namespace
+
 extern "C" int dsx_wo_gemm_config_cuda(int64_t m, int64_t n, int64_t k, int bits, int group_size,
                                        int algo, int* warps, int* splits, int* chunk, int* stages, int* box) {
   if (!valid_args(m, n, k, bits, group_size, 90) || !warps || !splits || !chunk || !stages || !box) return DSX_EINVAL;
-  int sms = 0;
-  if (device_sms(&sms) != DSX_OK) return DSX_ECUDA;
-  Config cfg;
-  bool ws = false;  // algo bit 28: gemm_weight_only_ws.cuh
-  int rows = 0;
-  const int rc = plan_launch(m, n, k, bits, group_size, algo, sms, &rows, &cfg, &ws);
-  if (rc != DSX_OK) return rc;
-  *warps = cfg.warps, *splits = cfg.splits, *chunk = cfg.chunk, *stages = cfg.stages, *box = cfg.box;
+  FirstLaunch f;
+  if (const int rc = first_launch(m, n, k, bits, group_size, algo, &f)) return rc;
+  *warps = f.cfg.warps, *splits = f.cfg.splits, *chunk = f.cfg.chunk, *stages = f.cfg.stages, *box = f.cfg.box;
   return DSX_OK;
 }
 
 extern "C" int dsx_wo_gemm_path_cuda(int64_t m, int64_t n, int64_t k, int bits, int group_size, int algo, int* ws,
                                      int* tiles) {
   if (!valid_args(m, n, k, bits, group_size, 90) || !ws || !tiles) return DSX_EINVAL;
-  int sms = 0;
-  if (device_sms(&sms) != DSX_OK) return DSX_ECUDA;
-  Config cfg;
-  bool w = false;
-  int rows = 0;
-  const int rc = plan_launch(m, n, k, bits, group_size, algo, sms, &rows, &cfg, &w);
-  if (rc != DSX_OK) return rc;
-  *ws = w ? 1 : 0, *tiles = w ? cfg.ct : 1;
+  FirstLaunch f;
+  if (const int rc = first_launch(m, n, k, bits, group_size, algo, &f)) return rc;
+  *ws = f.ws ? 1 : 0, *tiles = f.ws ? f.cfg.ct : 1;
   return DSX_OK;
 }
 
 extern "C" int dsx_wo_gemm_launch_cuda(int64_t m, int64_t n, int64_t k, int bits, int group_size, int algo, int* rows,
                                        int* parts) {
   if (!valid_args(m, n, k, bits, group_size, 90) || !rows || !parts) return DSX_EINVAL;
-  int sms = 0;
-  if (device_sms(&sms) != DSX_OK) return DSX_ECUDA;
-  Config cfg;
-  bool w = false;
-  const int rc = plan_launch(m, n, k, bits, group_size, algo, sms, rows, &cfg, &w);
-  if (rc != DSX_OK) return rc;
-  *parts = cfg.parts;
+  FirstLaunch f;
+  if (const int rc = first_launch(m, n, k, bits, group_size, algo, &f)) return rc;
+  *rows = f.rows, *parts = f.cfg.parts;
   return DSX_OK;
 }
 
