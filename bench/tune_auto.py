@@ -241,6 +241,8 @@ def emit_table(paths: list[str], kernel: str = "wo", out=sys.stdout) -> int:
             dates, entries = read_table_entries(Path(p))
             meta += [{"date": d} for d in dates]
             for key, lo, hi, value, word, at in entries:
+                if not word:
+                    raise ValueError(f"{p}: an entry without its word: {key + (lo, hi)}")
                 for row in range(lo, hi + 1):
                     taken[key + (row,)] = (value, word, {k: v for k, v in at.items() if int(k) == row})
             continue
@@ -308,8 +310,9 @@ _TIMES = re.compile(r"M=(\d+) (\S+) -> (\S+?)(?:,|$)")
 
 def read_table_entries(path: Path) -> tuple[list[str], list[tuple]]:
     """A table this script wrote, whole: its measurement dates and its entries as emit_table holds them
-    (key, first, last, value, word, {row: {"us_auto": t, "us_<word>": t}}), so that a table can stand for
-    the tune logs it came from (`--emit TABLE.inc new.jsonl`: the new sweep decides the rows it swept)."""
+    (key, first, last, value, word, {row: {"us_auto": t, "us_<word>": t}}; word "" where the comment is
+    missing), so that a table can stand for the tune logs it came from (`--emit TABLE.inc new.jsonl`: the new
+    sweep decides the rows it swept)."""
     dates: list[str] = []
     entries = []
     for line in path.read_text().splitlines():
@@ -319,10 +322,9 @@ def read_table_entries(path: Path) -> tuple[list[str], list[tuple]]:
         if not line.startswith("{"):
             continue
         e = _ENTRY.match(line)
-        head, _, comment = line.partition("  // ")
-        word, _, times = comment.partition(": ")
-        if not e or not word:
+        if not e:
             raise ValueError(f"{path}: not a table entry: {line!r}")
+        word, _, times = line.partition("  // ")[2].partition(": ")
         cols = [int(v) for v in e.group(1).rstrip(", ").split(", ")]
         at = {r: {"us_auto": json.loads(a), f"us_{word}": json.loads(b)} for r, a, b in _TIMES.findall(times)}
         entries.append((tuple(cols[:-2]), cols[-2], cols[-1], int(e.group(2), 16), word, at))
@@ -331,14 +333,7 @@ def read_table_entries(path: Path) -> tuple[list[str], list[tuple]]:
 
 def read_table(path: Path = TABLES["wo"]) -> list[tuple[int, ...]]:
     """The entries of a table this script wrote: tuples of its columns (COLUMNS)."""
-    rows = []
-    for line in path.read_text().splitlines():
-        if line.startswith("{"):
-            m = _ENTRY.match(line)
-            if not m:
-                raise ValueError(f"{path}: not a table entry: {line!r}")
-            rows.append(tuple(int(v) for v in m.group(1).rstrip(", ").split(", ")) + (int(m.group(2), 16),))
-    return rows
+    return [key + (lo, hi, value) for key, lo, hi, value, _, _ in read_table_entries(path)[1]]
 
 
 def main() -> int:

@@ -122,42 +122,36 @@ def check_algo(algo: int) -> None:
         raise DsxError(f"algo: expected 0 (automatic) or a word from algo_word(), got {algo:#x}")
 
 
-def cuda_config(m: int, n: int, k: int, bits: int, group_size: int = -1, algo: int = 0) -> dict:
-    """{'warps', 'splits', 'chunk', 'stages', 'box'}: the launch configuration `algo` resolves to on this GPU."""
+def _query(entry: int, name: str, outs: int, m, n, k, bits, group_size, algo) -> list[int]:
+    """Call the query entry _cuda_fns()[entry] (`name`) for an m-row call: its `outs` int results."""
     from ds_export.native import check
 
     check_args(m, n, k, bits, group_size, 90)
     check_algo(algo)
-    v = [ctypes.c_int() for _ in range(5)]
-    rc = _cuda_fns()[1](m, n, k, bits, group_size, algo, *[ctypes.byref(i) for i in v])
-    check(rc, f"dsx_wo_gemm_config_cuda (algo {algo:#x})")
-    return dict(zip(("warps", "splits", "chunk", "stages", "box"), (i.value for i in v)))
+    v = [ctypes.c_int() for _ in range(outs)]
+    rc = _cuda_fns()[entry](m, n, k, bits, group_size, algo, *[ctypes.byref(i) for i in v])
+    check(rc, f"{name} (algo {algo:#x})")
+    return [i.value for i in v]
+
+
+def cuda_config(m: int, n: int, k: int, bits: int, group_size: int = -1, algo: int = 0) -> dict:
+    """{'warps', 'splits', 'chunk', 'stages', 'box'}: the launch configuration `algo` resolves to on this GPU."""
+    v = _query(1, "dsx_wo_gemm_config_cuda", 5, m, n, k, bits, group_size, algo)
+    return dict(zip(("warps", "splits", "chunk", "stages", "box"), v))
 
 
 def cuda_path(m: int, n: int, k: int, bits: int, group_size: int = -1, algo: int = 0) -> dict:
     """{'ws': bool, 'tiles': int}: whether `algo` runs the warp-specialized kernel here (bit 28, or the
     automatic choice) and with how many 16-channel tiles a consumer warp (1 on the other kernels)."""
-    from ds_export.native import check
-
-    check_args(m, n, k, bits, group_size, 90)
-    check_algo(algo)
-    v = [ctypes.c_int() for _ in range(2)]
-    rc = _cuda_fns()[2](m, n, k, bits, group_size, algo, *[ctypes.byref(i) for i in v])
-    check(rc, f"dsx_wo_gemm_path_cuda (algo {algo:#x})")
-    return {"ws": bool(v[0].value), "tiles": v[1].value}
+    ws, tiles = _query(2, "dsx_wo_gemm_path_cuda", 2, m, n, k, bits, group_size, algo)
+    return {"ws": bool(ws), "tiles": tiles}
 
 
 def cuda_launch(m: int, n: int, k: int, bits: int, group_size: int = -1, algo: int = 0) -> dict:
     """{'rows': int, 'parts': int}: the rows of M the first launch takes and the grid parts it runs them in
     (2: automatic 33..64 rows as two launches' worth side by side, the rest with the first 32's configuration)."""
-    from ds_export.native import check
-
-    check_args(m, n, k, bits, group_size, 90)
-    check_algo(algo)
-    v = [ctypes.c_int() for _ in range(2)]
-    rc = _cuda_fns()[3](m, n, k, bits, group_size, algo, *[ctypes.byref(i) for i in v])
-    check(rc, f"dsx_wo_gemm_launch_cuda (algo {algo:#x})")
-    return {"rows": v[0].value, "parts": v[1].value}
+    rows, parts = _query(3, "dsx_wo_gemm_launch_cuda", 2, m, n, k, bits, group_size, algo)
+    return {"rows": rows, "parts": parts}
 
 
 def gemm_weight_only_cuda_device(x, qweight, scale, out, *, bits: int, group_size: int = -1, arch: int = 90,
