@@ -66,6 +66,12 @@
 // whole fits, and automatic launches of 33..64 rows are cut into launches of 32 (plan_launch): before, the
 // existing path with x in chunks ran 36864 x 7168 int4 per channel M = 32 / 64 in 105.2 / 200.2 us, now
 // 88.5 / 175.3 (torch 135.7 / 143.5); int4 group 128 the same shape 225.3 / 324.7 -> 89.0 / 174.4 us.
+// Twenty-fourth session (docs/benchmarks.md has the figures): ncu's per-SASS samples by region (bench/ncu_regions.py),
+// 36864 x 7168 M = 16: step loop 43%, pushed sum 31% (five groups a block at 8 splits), x staging 10%; M = 8 52 / 14 /
+// 13%. Tried, same bits, none faster, not kept: the step loop software-pipelined with several tiles a warp (the next
+// step's weights into a second register set first: up to 1.6x slower when it waited for the next slot, 2-13% slower
+// when it did not), the owner's scales read before the pushed sum's waits, and the pushed sum without its two
+// block-wide barriers (own piece by st.async, the send barrier counting warps): within 1-2% either way.
 #pragma once
 
 namespace {
