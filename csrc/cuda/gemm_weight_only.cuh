@@ -425,7 +425,9 @@ __device__ __forceinline__ void step_int4_g64(float (&acc)[MT][4], const Stage& 
 // M = 1 / 8 / 16 43.96 / 45.31 / 59.26 -> 41.82 / 44.11 / 56.81; 4096 x 7168 10.38 / 12.06 / 15.11 ->
 // 9.75 / 10.84 / 12.47; 2048 x 7168 7.62 / 9.42 / 11.03 -> 7.15 / 7.93 / 10.17; 7168 x 18432 25.10 /
 // 28.09 / 32.58 -> 23.91 / 27.73 / 32.46), within 1.5 us of not staging x at all (a diagnostic
-// build): the cp.async copies of all blocks (16-byte, zero-fill form) landed late; why is not known.
+// build): the cp.async copies of all blocks (16-byte, zero-fill form) landed late. (Twenty-fourth session:
+// x queued behind every block's first ring fills; the warp-specialized kernel's producer now waits for x
+// before its second fill: kXGateFill in gemm_weight_only_ws.cuh.)
 template <int BITS, bool SYNC = false, int KB = 8>
 __device__ __forceinline__ void stage_x_steps(uint16_t* buf, int ld, const uint16_t* x, int m, int k, int s0,
                                               int steps, int tid, int nthr) {

@@ -71,7 +71,8 @@
 // 13%. Tried, same bits, none faster, not kept: the step loop software-pipelined with several tiles a warp (the next
 // step's weights into a second register set first: up to 1.6x slower when it waited for the next slot, 2-13% slower
 // when it did not), the owner's scales read before the pushed sum's waits, and the pushed sum without its two
-// block-wide barriers (own piece by st.async, the send barrier counting warps): within 1-2% either way.
+// block-wide barriers (own piece by st.async, the send barrier counting warps): within 1-2% either way. Kept: the x
+// gate (kXGateFill below): 2-8% at 8..16 rows.
 #pragma once
 
 namespace {
@@ -89,6 +90,14 @@ __host__ __device__ constexpr int ws_slot_bytes(int gmode, int box, int tiles, i
 // in the padding after them (ws_push: only where they fit): recv (this block's pieces of a tile group
 // have landed) and send (every block of the cluster has read the pieces this one sent it).
 __host__ __device__ constexpr int ws_barrier_bytes(int stages) { return (2 * stages * 8 + 127) / 128 * 128; }
+// The x gate (below): ring fills the producer issues before the consumers' x slice is staged. Twenty-fourth session
+// (H200, bench/wo_ab.sh, 6 rounds interleaved, int4 per channel, us, no gate / gate after 1 fill / after 0): 36864 x
+// 7168 M = 8 / 9 / 16 44.30 / 50.53 / 57.31 -> 43.66 / 49.12 / 56.06 (0: 44.89 / 49.97 / 56.54); 7168 x 18432 M = 8
+// / 16 27.03 / 32.36 -> 25.83 / 31.94; 24576 x 1536 M = 9 / 16 13.83 / 14.77 -> 12.73 / 13.83; 2048 x 7168 M = 16
+// 10.32 -> 9.94; M = 1 the same or up to 1.8% faster (0: up to 9% slower). With every first fill in flight (64 KB a
+// block, ~15 MB over the GPU) the blocks' x loads queued behind them: staging x took 10-13% of the warp samples
+// (ncu, 36864 x 7168).
+constexpr int kXGateFill = 1;
 
 __device__ __forceinline__ void ws_mbar_arrive(uint32_t bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
@@ -160,6 +169,14 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? (MT == 1 ? 2 :
   // (computed where used, from kernel parameters: no register held through the step loop)
   auto recv_bar = [&]() { return dsx_wo::smem_addr(smem) + 16 * p.stages; };
   auto send_bar = [&]() { return dsx_wo::smem_addr(smem) + 16 * p.stages + 8; };
+  // x gate: the consumers' x slice is staged (one arrival, after their barrier); the producer issues no more than
+  // kXGateFill ring fills before it (where the barrier fits in the padding after the others; otherwise no gate).
+  auto xready_bar = [&]() { return dsx_wo::smem_addr(smem) + 16 * p.stages + 16; };
+  // (int4 per channel up to 16 rows, where it was measured: at four token tiles, 17..32 rows, its code spilled at the
+  // register cap, and group-128 instances with two tiles a warp passed their 72-register limit, ptxas; computed where
+  // used)
+  constexpr bool kXGate = BITS == 4 && GMODE == 0 && MT <= 2;
+  auto xgate = [&]() { return kXGate && (2 * p.stages + 3) * 8 <= ws_barrier_bytes(p.stages); };
   // PUSH: the cluster's sum of a tile group is pushed (the host takes it where the block's tiles
   // divide by splits, ws_push): 16-channel tile v of the group is summed by block v / (tiles /
   // splits); each block sends its pieces there (st.async, completing on the owner's recv barrier)
@@ -183,6 +200,9 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? (MT == 1 ? 2 :
     if constexpr (PUSH) {
       dsx_wo::mbar_init(recv_bar(), 1);
       dsx_wo::mbar_init(send_bar(), splits);
+    }
+    if constexpr (kXGate) {
+      if (xgate()) dsx_wo::mbar_init(xready_bar(), 1);
     }
   }
   dsx_wo::fence_barrier_init();
@@ -216,6 +236,9 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? (MT == 1 ? 2 :
         const int nch = min(16 * tiles, p.n - n_blk);
         const uint32_t srow = (lead() + 2 * nch + 15) & ~15u;
         for (int first = s_begin; first < s_end; first += box, ++f) {
+          if constexpr (kXGate) {
+            if (f == kXGateFill && xgate()) dsx_wo::mbar_wait(xready_bar(), 0);
+          }
           if (f >= nst) {
             // The slot was last filled by fill f - nst: its consumption may need the consumers to
             // have passed the reductions of the groups before that fill's group.
@@ -290,6 +313,9 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? (MT == 1 ? 2 :
 #endif
     if constexpr (CT > 2) dsx_wo::cp_async_wait<0>();
     ws_consumer_sync(cthreads);
+    if constexpr (kXGate) {
+      if (threadIdx.x == 0 && xgate()) ws_mbar_arrive(xready_bar());
+    }
   }
   int xo[MT];
 #pragma unroll
