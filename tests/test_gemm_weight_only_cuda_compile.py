@@ -316,8 +316,8 @@ def test_warp_specialized_instances_compile_without_spills(entries):
     fifteenth session): at most 4 bytes. Two at four token tiles (17..32 rows; twenty-second session): int4
     group 128 pushed, 4 / 8 bytes (measured with them: 1.3-2.5x the existing path at 17..32 rows), and int4
     group 64, 44 / 96 bytes pulled and 28 / 52 pushed (explicit words only: the automatic rule leaves group 64
-    to the existing path there). Nowhere else. The four-token-tile instances exist once more with PARTS (two grid
-parts side by side, twenty-third session), under the same limits."""
+    to the existing path there). Nowhere else. The four-token-tile instances exist once more with PARTS (two
+    grid parts side by side, twenty-third session), under the same limits."""
     blocks = [b for b in entries if "wo_gemm_ws_kernel" in b.split("\n")[0]]
     names = {re.search(r"wo_gemm_ws_kernelILi(\d)ELi(\d)ELi(\d)ELi(\d)", b).groups() for b in blocks}
     want = {(b, mt, gm, "1") for b, gms in (("8", "01"), ("4", "012")) for gm in gms for mt in "124"}

@@ -90,6 +90,9 @@ __host__ __device__ constexpr int ws_slot_bytes(int gmode, int box, int tiles, i
 // in the padding after them (ws_push: only where they fit): recv (this block's pieces of a tile group
 // have landed) and send (every block of the cluster has read the pieces this one sent it).
 __host__ __device__ constexpr int ws_barrier_bytes(int stages) { return (2 * stages * 8 + 127) / 128 * 128; }
+// Barriers that fit in that padding, after the full and empty ones (8 bytes each, from 16 * stages): the pushed
+// sum's recv and send (the first two), the x gate's (the third).
+__host__ __device__ constexpr int ws_spare_barriers(int stages) { return (ws_barrier_bytes(stages) - 16 * stages) / 8; }
 // The x gate (below): ring fills the producer issues before the consumers' x slice is staged. Twenty-fourth session
 // (H200, bench/wo_ab.sh, 6 rounds interleaved, int4 per channel, us, no gate / gate after 1 fill / after 0): 36864 x
 // 7168 M = 8 / 9 / 16 44.30 / 50.53 / 57.31 -> 43.66 / 49.12 / 56.06 (0: 44.89 / 49.97 / 56.54); 7168 x 18432 M = 8
@@ -176,7 +179,7 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? (MT == 1 ? 2 :
   // register cap, and group-128 instances with two tiles a warp passed their 72-register limit, ptxas; computed where
   // used)
   constexpr bool kXGate = BITS == 4 && GMODE == 0 && MT <= 2;
-  auto xgate = [&]() { return kXGate && (2 * p.stages + 3) * 8 <= ws_barrier_bytes(p.stages); };
+  auto xgate = [&]() { return ws_spare_barriers(p.stages) >= 3; };
   // PUSH: the cluster's sum of a tile group is pushed (the host takes it where the block's tiles
   // divide by splits, ws_push): 16-channel tile v of the group is summed by block v / (tiles /
   // splits); each block sends its pieces there (st.async, completing on the owner's recv barrier)
@@ -672,7 +675,7 @@ int ws_choose(int rows, int64_t n, int64_t k, int bits, int group, int algo, int
 constexpr int kWsPushMinSplits = 4;
 bool ws_push(const Config& c) {
   return c.splits >= kWsPushMinSplits && (c.ct * c.warps) % c.splits == 0 &&
-         (2 * c.stages + 2) * 8 <= ws_barrier_bytes(c.stages);  // (its two barriers in the padding)
+         ws_spare_barriers(c.stages) >= 2;  // (its two barriers in the padding)
 }
 
 // Blocks of the warp-specialized kernel one SM holds by its registers (ptxas, no spills: one token
