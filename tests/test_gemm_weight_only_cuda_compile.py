@@ -317,7 +317,10 @@ def test_warp_specialized_instances_compile_without_spills(entries):
     group 128 pushed, 4 / 8 bytes (measured with them: 1.3-2.5x the existing path at 17..32 rows), and int4
     group 64, 44 / 96 bytes pulled and 28 / 52 pushed (explicit words only: the automatic rule leaves group 64
     to the existing path there). Nowhere else. The four-token-tile instances exist once more with PARTS (two
-    grid parts side by side, twenty-third session), under the same limits."""
+    grid parts side by side, twenty-third session), under the same limits. The pushed instances with two tiles a warp
+    and two token tiles, or four tiles a warp, exist once more with the reducer warp (RED, twenty-fifth session: 10
+    warps a block): no spills, and the blocks an SM of the instance without it (2: 96 registers; 1 at four tiles and
+    two token tiles)."""
     blocks = [b for b in entries if "wo_gemm_ws_kernel" in b.split("\n")[0]]
     names = {re.search(r"wo_gemm_ws_kernelILi(\d)ELi(\d)ELi(\d)ELi(\d)", b).groups() for b in blocks}
     want = {(b, mt, gm, "1") for b, gms in (("8", "01"), ("4", "012")) for gm in gms for mt in "124"}
@@ -326,9 +329,13 @@ def test_warp_specialized_instances_compile_without_spills(entries):
     pushed = {re.search(r"wo_gemm_ws_kernelILi\dELi\dELi\dELi\dELb([01])E", b).group(1) for b in blocks}
     assert pushed == {"0", "1"}, "pulled and pushed instances"
     # (PARTS: two grid parts of 32 rows side by side, four token tiles only)
-    parts = {re.search(r"wo_gemm_ws_kernelILi(\d)ELi(\d)ELi(\d)ELi(\d)ELb[01]ELb1E", b).groups()
-             for b in blocks if re.search(r"ELb[01]ELb1E", b.split("\n")[0])}
+    flags = re.compile(r"wo_gemm_ws_kernelILi(\d)ELi(\d)ELi(\d)ELi(\d)ELb([01])ELb([01])ELb([01])E")
+    assert all(flags.search(b) for b in blocks), "every instance names PUSH, PARTS and RED"
+    parts = {flags.search(b).groups()[:4] for b in blocks if flags.search(b).group(6) == "1"}
     assert parts == {w for w in want if w[1] == "4"}, f"two-part instances: got {sorted(parts)}"
+    # (RED: the reducer warp, pushed only)
+    red = {flags.search(b).groups()[:5] for b in blocks if flags.search(b).group(7) == "1"}
+    assert red == {w + ("1",) for w in want if (w[3], w[1]) in (("2", "2"), ("4", "1"), ("4", "2"))}, f"reducer: {sorted(red)}"
     allowed = {"4201b1": (4, 4), "4411b1": (4, 8), "4421b0": (44, 96), "4421b1": (28, 52)}  # (stores, loads)
     for b in blocks:
         inst = "".join(re.search(r"wo_gemm_ws_kernelILi(\d)ELi(\d)ELi(\d)ELi(\d)EL(b[01])E", b).groups())
@@ -339,7 +346,9 @@ def test_warp_specialized_instances_compile_without_spills(entries):
             assert "0 bytes spill stores" in b and "0 bytes spill loads" in b, f"spills in {b[:200]}"
         regs = int(re.search(r"Used (\d+) registers", b).group(1))
         bits, mt, gm, ct = re.search(r"wo_gemm_ws_kernelILi(\d)ELi(\d)ELi(\d)ELi(\d)", b).groups()
-        if mt == "1" and ct != "1":
+        if flags.search(b).group(7) == "1":
+            limit = 200 if (ct, mt) == ("4", "2") else 96  # (10 warps: 2 blocks an SM, or 1)
+        elif mt == "1" and ct != "1":
             limit = 112 if ct == "4" else 72
         else:
             limit = 224 if ct == "4" else 112 if ct == "2" or mt == "4" else 96 if (bits, mt, gm) == ("4", "2", "2") else 72

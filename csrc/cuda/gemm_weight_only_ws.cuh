@@ -73,6 +73,8 @@
 // when it did not), the owner's scales read before the pushed sum's waits, and the pushed sum without its two
 // block-wide barriers (own piece by st.async, the send barrier counting warps): within 1-2% either way. Kept: the x
 // gate (kXGateFill below): 2-8% at 8..16 rows.
+// Twenty-fifth session: the reducer warp (ws_red_warp below): the pushed sum of every tile group but the last is
+// one more warp's, off the consumers' path: 36864 x 7168 int4 per channel M = 16 55.10 -> 52.57 us.
 #pragma once
 
 namespace {
@@ -101,6 +103,29 @@ __host__ __device__ constexpr int ws_spare_barriers(int stages) { return (ws_bar
 // block, ~15 MB over the GPU) the blocks' x loads queued behind them: staging x took 10-13% of the warp samples
 // (ncu, 36864 x 7168).
 constexpr int kXGateFill = 1;
+// The reducer warp (twenty-fifth session): in a kernel that pushes its cluster sum with several tiles a warp, one
+// more warp (after the producer) waits for the pieces of each tile group, sums the ones its block owns and writes
+// them out, while the consumer warps go on to the next group's steps (they send their pieces, own one included, by
+// st.async and never wait for the sum). Before, the consumers summed: every group's sum, and the wait for the
+// cluster's slowest slice before it, stood between two groups' step loops (ncu: 31% of the warp samples at M = 16,
+// 36864 x 7168). Only where the extra warp keeps the blocks an SM (ws_blocks_per_sm, by registers: two tiles a warp
+// with two token tiles, four tiles a warp); with two tiles a warp and one token tile the 32 more threads took the
+// block from three an SM to two (76 registers), and with one tile a warp its three blocks would leave 64 registers.
+// The kernel with it is launched only where blocks loop over two tile groups or more (ws_launch_inst). Measured (H200,
+// bench/wo_ab.sh, 6 rounds interleaved with main's build, us, before -> with; `.dsxc-run25c/run25c.sh`): int4 per
+// channel 36864 x 7168 M = 4 / 8 / 9 / 12 / 16 42.62 / 44.00 / 48.83 / 53.22 / 55.10 -> 41.68 / 43.14 / 48.37 / 52.55
+// / 52.57 (torch 139.4-140.7: 2.68x at 16 rows); 18432 x 7168 M = 9 / 12 / 16 28.98 / 29.29 / 29.81 -> 28.12 / 28.51
+// / 28.98; int4 group 128 36864 x 7168 M = 9 / 16 54.35 / 59.70 -> 53.10 / 58.08; int8 per channel within 1%; the
+// one-group grids (7168 x 18432, 2048 x 7168, 24576 x 1536, 7168 x 2048) within 0.7%. Summing the last group too,
+// by the one warp (the consumers idle meanwhile), made the one-group grids 1-10% slower (7168 x 18432 M = 9 30.38 ->
+// 32.15); launching the kernel with the warp there even unused, 1-2.5% (2048 x 7168 M = 12 9.44 -> 9.67).
+__host__ __device__ constexpr bool ws_red_warp(int ct, int mt, bool push) {
+#ifdef DSX_WO_NO_RED_WARP  // (A/B builds: the consumers sum, as before)
+  return false;
+#else
+  return push && (ct == 4 || (ct == 2 && mt == 2));
+#endif
+}
 
 __device__ __forceinline__ void ws_mbar_arrive(uint32_t bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
@@ -128,8 +153,8 @@ __device__ __forceinline__ void ws_st_async2(uint32_t raddr, float a, float b, u
 // The block's tensor maps (Params::wmap: `box` steps x all tiles' rows; wmap1: one step).
 // CT: 16-channel tiles a consumer warp owns (2, 4: algo bits 29..30; warp w owns tiles CT w .. CT w +
 // CT - 1, contiguous channels; one x load feeds the mma of all of them: step_q_tiles).
-template <int BITS, int MT, int GMODE, int CT = 1, bool PUSH = false, bool PARTS = false>
-__global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? (MT == 1 ? 2 : 1)
+template <int BITS, int MT, int GMODE, int CT = 1, bool PUSH = false, bool PARTS = false, bool RED = false>
+__global__ void __launch_bounds__((kMaxWarps + (RED ? 2 : 1)) * 32, CT == 4 ? (MT == 1 ? 2 : 1)
                                                                   : (CT == 2 && (MT == 2 || PUSH)) || (MT == 2 && GMODE == 2) || MT == 4 ? 2 : 3)
     wo_gemm_ws_kernel(const __grid_constant__ Params p) {
   extern __shared__ __align__(128) uint8_t smem[];
@@ -137,7 +162,9 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? (MT == 1 ? 2 :
   constexpr int kRowStep = BITS == 8 ? 128 : 256;  // bytes of one step in one channel-group row
   constexpr int kElemStep = kRowStep / 8;          // the same in tensor-map elements
   constexpr int kRowsPerWarp = BITS == 8 ? 8 : 4;  // channel-group rows of one warp's 16 channels
-  const int lane = threadIdx.x & 31, nwarps = (blockDim.x >> 5) - 1;  // consumer warps
+  static_assert(!RED || ws_red_warp(CT, MT, PUSH), "the reducer warp: pushed sums with several tiles a warp only");
+  constexpr bool kRed = RED;
+  const int lane = threadIdx.x & 31, nwarps = (blockDim.x >> 5) - (kRed ? 2 : 1);  // consumer warps
   const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x >> 5), 0);
   const int g = lane >> 2, c = lane & 3;
   const int splits = gridDim.x, rank = blockIdx.x;
@@ -194,6 +221,41 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? (MT == 1 ? 2 :
   auto ngroups = [&]() { return GMODE == 2 ? kt : p.group > 0 ? (p.k + p.group - 1) / p.group : 1; };
   auto lead = [&]() { return static_cast<uint32_t>(reinterpret_cast<uintptr_t>(p.scale) & 15); };
 
+  // The owner's sum of one pushed tile group (PUSH; its pieces have landed): this block's owned tiles, by threads t0,
+  // t0 + tstride, ... (the consumers, or the reducer warp).
+  auto push_sum = [&](const float* part, int n_blk, int rows, int me, int owned, int sp, int t0, int tstride) {
+    const int blk = owned * rows * 16;
+    const int quads = owned * rows * 4;
+    for (int e = t0; e < quads; e += tstride) {
+      const int q4 = e & 3, row = e >> 2, lv = row / rows, tok = row - lv * rows;
+      const int n = n_blk + (me * owned + lv) * 16 + 4 * q4;
+      if (n >= p.n) continue;
+      const int off = row * 16 + 4 * (q4 ^ (tok & 2));
+      // Per-channel scales: applied here, by the owner, to each piece before it is added (rounded
+      // products, then rounded sums in slice order: the bits of the pulled sum, whose blocks scale their
+      // partial tiles in put_partial); the senders hold no scales.
+      float sc[4] = {1.f, 1.f, 1.f, 1.f};
+      if (GMODE == 0)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) sc[i] = dsx_wo::bf16_bits_to_f32(__ldg(p.scale + n + i));
+      auto scaled = [&](float4 w) {
+        if (GMODE == 0)
+          w.x = __fmul_rn(w.x, sc[0]), w.y = __fmul_rn(w.y, sc[1]), w.z = __fmul_rn(w.z, sc[2]), w.w = __fmul_rn(w.w, sc[3]);
+        return w;
+      };
+      float4 s = scaled(*reinterpret_cast<const float4*>(part + off));
+#pragma unroll
+      for (int r = 1; r < kMaxSplits; ++r)
+        if (r < sp) {  // slice order: deterministic, the pulled sum's bits
+          const float4 w = scaled(*reinterpret_cast<const float4*>(part + r * blk + off));
+          s.x = __fadd_rn(s.x, w.x), s.y = __fadd_rn(s.y, w.y), s.z = __fadd_rn(s.z, w.z), s.w = __fadd_rn(s.w, w.w);
+        }
+      uint16_t* out = out_of() + static_cast<int64_t>(tok) * p.n + n;
+      out[0] = dsx_wo::f32_to_bf16_rne(s.x), out[1] = dsx_wo::f32_to_bf16_rne(s.y);
+      out[2] = dsx_wo::f32_to_bf16_rne(s.z), out[3] = dsx_wo::f32_to_bf16_rne(s.w);
+    }
+  };
+
   if (threadIdx.x == 0) {
     dsx_wo::prefetch_tmap(&p.wmap);
     for (int i = 0; i < nst; ++i) {
@@ -216,6 +278,9 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? (MT == 1 ? 2 :
 
   // Tile groups of this block: blockIdx.y, + gridDim.y, ... (every block of a cluster the same).
   const int my_groups = static_cast<int>(blockIdx.y) < p.groups ? (p.groups - 1 - blockIdx.y) / ustride + 1 : 0;
+  // The reducer warp works where the block has two tile groups or more (it sums all but the last); with one, the
+  // consumers push and sum as without it.
+  const bool red = kRed && my_groups > 1;
 
   if (warp == nwarps) {  // ---------------------------------------------------------- producer
     const int fpg = (nloc + box - 1) / box;  // ring fills per tile group
@@ -289,6 +354,24 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? (MT == 1 ? 2 :
     else
       while (joined < my_groups) join();
     return;
+  }
+
+  if constexpr (kRed) {
+    if (warp == nwarps + 1) {  // --------------------------------------------------- reducer (ws_red_warp)
+      dsx_wo::cluster_wait();  // (the start's arrive: every peer's barriers are initialized)
+      const int rows = rows_of(), sp = splits;
+      const uint32_t bytes = static_cast<uint32_t>(sp * (tiles / sp) * rows * 16 * 4);  // (every piece, own one too)
+      // Every group but the last: the last one's sum has no step loop to hide behind, and the consumers, all of
+      // them idle by then, sum it faster than one warp.
+      for (int o = 0; o + 1 < my_groups; ++o) {
+        if (lane == 0) dsx_wo::mbar_arrive_expect_tx(recv_bar(), bytes);
+        dsx_wo::mbar_wait(recv_bar(), static_cast<uint32_t>(o & 1));  // the group's pieces have landed
+        push_sum(part_of(), (blockIdx.y + o * ustride) * 16 * tiles, rows, rank, tiles / sp, sp, lane, 32);
+        __syncwarp();  // every read of this group's pieces is done: the peers may send the next
+        if (lane < sp) dsx_cuda::sm90::mbar_arrive_rank(send_bar(), lane);
+      }
+      return;
+    }
   }
 
   // ---------------------------------------------------------------------------- consumers
@@ -446,7 +529,8 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? (MT == 1 ? 2 :
       for (int q = 0; q < CT; ++q) {
         const int v = CT * warp + q, dst = v / owned;
         const uint32_t mine = recv + 4u * static_cast<uint32_t>(me * blk + (v - dst * owned) * rows * 16);
-        const uint32_t to = dst == me ? mine : ws_mapa(mine, dst), bar = ws_mapa(recv_bar(), dst);
+        const bool local = dst == me && !red;  // (with the reducer warp the own piece goes by st.async too)
+        const uint32_t to = local ? mine : ws_mapa(mine, dst), bar = ws_mapa(recv_bar(), dst);
 #pragma unroll
         for (int t = 0; t < MT; ++t) {
           // Lanes g, g ^ 1 trade values so that each holds two adjacent channels of one row:
@@ -459,7 +543,7 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? (MT == 1 ? 2 :
             const int sw = tok & 2;
             const uint32_t lo = to + 4u * (tok * 16 + 4 * ((chb >> 2) ^ sw) + (chb & 2));
             const uint32_t hi = to + 4u * (tok * 16 + 4 * (((chb + 8) >> 2) ^ sw) + (chb & 2));
-            if (dst == me) {
+            if (local) {
               dsx_cuda::sm90::st_shared_u32x2(lo, __float_as_uint(odd ? r0 : a0), __float_as_uint(odd ? a1 : r0));
               dsx_cuda::sm90::st_shared_u32x2(hi, __float_as_uint(odd ? r2 : a2), __float_as_uint(odd ? a3 : r2));
             } else {
@@ -469,38 +553,15 @@ __global__ void __launch_bounds__((kMaxWarps + 1) * 32, CT == 4 ? (MT == 1 ? 2 :
           }
         }
       }
-      ws_consumer_sync(cthreads);  // this block's own piece is written
-      if (threadIdx.x == 0) dsx_wo::mbar_arrive_expect_tx(recv_bar(), static_cast<uint32_t>((sp - 1) * blk * 4));
-      dsx_wo::mbar_wait(recv_bar(), static_cast<uint32_t>(o & 1));  // the peers' pieces have landed
-      const int quads = owned * rows * 4;
-      for (int e = threadIdx.x; e < quads; e += cthreads) {
-        const int q4 = e & 3, row = e >> 2, lv = row / rows, tok = row - lv * rows;
-        const int n = n_blk + (me * owned + lv) * 16 + 4 * q4;
-        if (n >= p.n) continue;
-        const int off = row * 16 + 4 * (q4 ^ (tok & 2));
-        // Per-channel scales: applied here, by the owner, to each piece before it is added (rounded
-        // products, then rounded sums in slice order: the bits of the pulled sum, whose blocks scale their
-        // partial tiles in put_partial); the senders hold no scales.
-        float sc[4] = {1.f, 1.f, 1.f, 1.f};
-        if (GMODE == 0)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) sc[i] = dsx_wo::bf16_bits_to_f32(__ldg(p.scale + n + i));
-        auto scaled = [&](float4 w) {
-          if (GMODE == 0)
-            w.x = __fmul_rn(w.x, sc[0]), w.y = __fmul_rn(w.y, sc[1]), w.z = __fmul_rn(w.z, sc[2]), w.w = __fmul_rn(w.w, sc[3]);
-          return w;
-        };
-        float4 s = scaled(*reinterpret_cast<const float4*>(part + off));
-#pragma unroll
-        for (int r = 1; r < kMaxSplits; ++r)
-          if (r < sp) {  // slice order: deterministic, the pulled sum's bits
-            const float4 w = scaled(*reinterpret_cast<const float4*>(part + r * blk + off));
-            s.x = __fadd_rn(s.x, w.x), s.y = __fadd_rn(s.y, w.y), s.z = __fadd_rn(s.z, w.z), s.w = __fadd_rn(s.w, w.w);
-          }
-        uint16_t* out = out_of() + static_cast<int64_t>(tok) * p.n + n;
-        out[0] = dsx_wo::f32_to_bf16_rne(s.x), out[1] = dsx_wo::f32_to_bf16_rne(s.y);
-        out[2] = dsx_wo::f32_to_bf16_rne(s.z), out[3] = dsx_wo::f32_to_bf16_rne(s.w);
+      if (red) {
+        if (o + 1 < my_groups) continue;  // (the reducer warp sums every group but the last)
+      } else {
+        ws_consumer_sync(cthreads);  // this block's own piece is written
       }
+      if (threadIdx.x == 0)
+        dsx_wo::mbar_arrive_expect_tx(recv_bar(), static_cast<uint32_t>((red ? sp : sp - 1) * blk * 4));
+      dsx_wo::mbar_wait(recv_bar(), static_cast<uint32_t>(o & 1));  // the peers' pieces have landed
+      push_sum(part, n_blk, rows, me, owned, sp, threadIdx.x, cthreads);
       if (o + 1 < my_groups) {
         ws_consumer_sync(cthreads);  // every read of this group's pieces is done:
         if (static_cast<int>(threadIdx.x) < sp) dsx_cuda::sm90::mbar_arrive_rank(send_bar(), threadIdx.x);  // peers may send again
@@ -1013,27 +1074,36 @@ bool ws_encode_map(CUtensorMap* map, const void* q, int64_t n, int64_t k, int bi
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <int BITS, int MT, int GMODE, int CT, bool PUSH, bool PARTS>
+template <int BITS, int MT, int GMODE, int CT, bool PUSH, bool PARTS, bool RED>
 std::atomic<int>* ws_smem_allowed() {
   static std::atomic<int> set[kMaxDevices];
   return set;
 }
 
-template <int BITS, int MT, int GMODE, int CT = 1, bool PUSH = false, bool PARTS = false>
+// One launch of instance <BITS, MT, GMODE, CT, PUSH, PARTS>, with the reducer warp (ws_red_warp) where the instance
+// has one and the grid's blocks loop over two tile groups or more (persistent: more tile groups than stay resident;
+// with one group a block the reducer warp would have nothing to do, and its kernel lost 1-2.5% there: 2048 x 7168 and
+// 7168 x 18432 at 8..16 rows, twenty-fifth session).
+template <int BITS, int MT, int GMODE, int CT = 1, bool PUSH = false, bool PARTS = false, bool RED = ws_red_warp(CT, MT, PUSH)>
 cudaError_t ws_launch_inst(const Params& p, const Config& cfg, cudaStream_t stream) {
-  auto kernel = wo_gemm_ws_kernel<BITS, MT, GMODE, CT, PUSH, PARTS>;
-  const cudaError_t se = ensure_smem(kernel, cfg.smem, ws_smem_allowed<BITS, MT, GMODE, CT, PUSH, PARTS>());
+  auto kernel = wo_gemm_ws_kernel<BITS, MT, GMODE, CT, PUSH, PARTS, RED>;
+  const cudaError_t se = ensure_smem(kernel, cfg.smem, ws_smem_allowed<BITS, MT, GMODE, CT, PUSH, PARTS, RED>());
   if (se != cudaSuccess) return se;
   cudaLaunchConfig_t lc = {};
   lc.gridDim = dim3(cfg.splits, cfg.blocks_n, cfg.parts);
-  lc.blockDim = dim3(32 * (cfg.warps + 1), 1, 1);
+  constexpr int kExtra = RED ? 2 : 1;  // (the producer warp, and the reducer warp)
+  lc.blockDim = dim3(32 * (cfg.warps + kExtra), 1, 1);
   int dev = 0;
+  int resident = 0;
   if (cfg.persist && cudaGetDevice(&dev) == cudaSuccess) {
     Config q = cfg;
-    q.warps = cfg.warps + 1;  // (the occupancy query's block size; the cache keys on the kernel too)
-    const int resident = resident_groups(reinterpret_cast<const void*>(kernel), q, dev) / cfg.parts;
-    if (resident > 0 && resident < cfg.blocks_n) lc.gridDim.y = resident;
+    q.warps = cfg.warps + kExtra;  // (the occupancy query's block size; the cache keys on the kernel too)
+    resident = resident_groups(reinterpret_cast<const void*>(kernel), q, dev) / cfg.parts;
   }
+  if constexpr (RED) {
+    if (!(resident > 0 && resident < cfg.blocks_n)) return ws_launch_inst<BITS, MT, GMODE, CT, PUSH, PARTS, false>(p, cfg, stream);
+  }
+  if (resident > 0 && resident < cfg.blocks_n) lc.gridDim.y = resident;
   lc.dynamicSmemBytes = cfg.smem;
   lc.stream = stream;
   return launch_ex(lc, cfg, kernel, p);

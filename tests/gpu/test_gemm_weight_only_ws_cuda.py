@@ -322,8 +322,9 @@ def test_pushed_sum_persistent_blocks(bits, group, m, tiles):
     pushed (ws_push): each block sends its pieces to the tile's owner (st.async on the owner's
     barrier) and the blocks hand the room back group after group (split 2: pulled, for contrast).
     N = 23104 (1444 tiles: the last group part empty, its idle warps still send), a deep ring (one
-    block an SM) so that blocks loop over many groups. Right, and the same bits as the existing
-    path (pulled sum), as one group a block, and with PDL."""
+    block an SM) so that blocks loop over many groups: with two tiles a warp at 11 and 16 rows and with four, the
+    kernel with the reducer warp (ws_red_warp: it sums every group but the last while the consumers go on). Right,
+    and the same bits as the existing path (pulled sum), as one group a block (no reducer warp), and with PDL."""
     n, k = 23104, 1152
     x, q, s, wd = make(m, n, k, bits, group, seed=23)
     bit = TILES.get(tiles, 0)
