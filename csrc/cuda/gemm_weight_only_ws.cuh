@@ -163,8 +163,7 @@ __global__ void __launch_bounds__((kMaxWarps + (RED ? 2 : 1)) * 32, CT == 4 ? (M
   constexpr int kElemStep = kRowStep / 8;          // the same in tensor-map elements
   constexpr int kRowsPerWarp = BITS == 8 ? 8 : 4;  // channel-group rows of one warp's 16 channels
   static_assert(!RED || ws_red_warp(CT, MT, PUSH), "the reducer warp: pushed sums with several tiles a warp only");
-  constexpr bool kRed = RED;
-  const int lane = threadIdx.x & 31, nwarps = (blockDim.x >> 5) - (kRed ? 2 : 1);  // consumer warps
+  const int lane = threadIdx.x & 31, nwarps = (blockDim.x >> 5) - (RED ? 2 : 1);  // consumer warps
   const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x >> 5), 0);
   const int g = lane >> 2, c = lane & 3;
   const int splits = gridDim.x, rank = blockIdx.x;
@@ -280,7 +279,7 @@ __global__ void __launch_bounds__((kMaxWarps + (RED ? 2 : 1)) * 32, CT == 4 ? (M
   const int my_groups = static_cast<int>(blockIdx.y) < p.groups ? (p.groups - 1 - blockIdx.y) / ustride + 1 : 0;
   // The reducer warp works where the block has two tile groups or more (it sums all but the last); with one, the
   // consumers push and sum as without it.
-  const bool red = kRed && my_groups > 1;
+  const bool red = RED && my_groups > 1;
 
   if (warp == nwarps) {  // ---------------------------------------------------------- producer
     const int fpg = (nloc + box - 1) / box;  // ring fills per tile group
@@ -356,7 +355,7 @@ __global__ void __launch_bounds__((kMaxWarps + (RED ? 2 : 1)) * 32, CT == 4 ? (M
     return;
   }
 
-  if constexpr (kRed) {
+  if constexpr (RED) {
     if (warp == nwarps + 1) {  // --------------------------------------------------- reducer (ws_red_warp)
       dsx_wo::cluster_wait();  // (the start's arrive: every peer's barriers are initialized)
       const int rows = rows_of(), sp = splits;
