@@ -139,6 +139,19 @@ int block_quant(const In* w, int64_t n, int64_t k, int64_t bn, int64_t bk, int64
   return bad ? DSX_EINVAL : DSX_OK;
 }
 
+// decode(code) * scale with its NaN bits spelled out: x86 picks between two NaN operands by their order
+// in the instruction, which is the compiler's choice (gcc put the scale first on one machine and the code
+// on another, with -march=native), so the rule is written here instead: a NaN scale wins (quieted), then
+// a NaN code's (already quiet), and an invalid product (0 x inf) is x86's default NaN 0xFFC00000.
+// quant_convert.cuh's dequant_bits, the GPU conversion's twin, is the same rule.
+inline float dequant_product(float d, float s) {
+  const uint32_t su = f2u(s), du = f2u(d);
+  const float p = d * s;
+  if ((su & 0x7FFFFFFFu) > kF32AbsInf) return u2f(su | 0x00400000u);
+  if ((du & 0x7FFFFFFFu) > kF32AbsInf) return d;
+  return (f2u(p) & 0x7FFFFFFFu) > kF32AbsInf ? u2f(0xFFC00000u) : p;
+}
+
 // Dequantizes rows [r0, r1) x column blocks [j0, j1) through one 256-entry
 // table per block holding decode(code) * scale: the very float32 product (and
 // its bf16 rounding), computed once per block instead of once per element.
@@ -149,7 +162,7 @@ void dequant_panel(const uint8_t* w, int64_t k, int64_t bk, int64_t r0, int64_t 
   Out lut[kMaxPanel][256];
   for (int64_t j = j0; j < j1; ++j) {
     for (int c = 0; c < 256; ++c) {
-      const float prod = dec[c] * scale[j];
+      const float prod = dequant_product(dec[c], scale[j]);
       if constexpr (sizeof(Out) == 2) lut[j - j0][c] = encode_bf16(f2u(prod));
       else lut[j - j0][c] = prod;
     }

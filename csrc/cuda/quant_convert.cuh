@@ -101,11 +101,10 @@ DSXQ_HD uint32_t decode_e4m3_bits(uint32_t c) {
   return bits | sign;
 }
 
-// decode(code) * s as the CPU computes it (x86 SSE/AVX float32 multiply), NaN bits
-// included: a NaN operand is returned quieted, and an invalid product (0 x inf) is
-// x86's default NaN 0xFFC00000. When both are NaN, x86 returns its first source
-// operand, which gcc makes the (broadcast) scale in quant_fp8.cc's table loop.
-// The GPU's own multiply would return 0x7FFFFFFF in all these cases.
+// decode(code) * s as the CPU kernel computes it (quant_fp8.cc's dequant_product), NaN bits
+// included: a NaN scale wins (quieted), then a NaN code's, and an invalid product (0 x inf)
+// is x86's default NaN 0xFFC00000. The GPU's own multiply would return 0x7FFFFFFF in all
+// these cases.
 DSXQ_HD uint32_t dequant_bits(uint32_t code, float s) {
   const uint32_t d = decode_e4m3_bits(code), su = f2u(s);
   const uint32_t p = f2u(mul_rn(u2f(d), s));
