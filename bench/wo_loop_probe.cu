@@ -1,0 +1,335 @@
+// Step-loop probe for the weight-only kernel (diagnostic, not part of the library): how many 16-channel
+// tile-steps (16 channels x 128 k of int4 per channel) can an SM unpack and multiply per us, with the
+// operands already in shared memory (no HBM, no ring, no reduction)? Two loops over one weight image:
+//   mma    the warp-specialized kernel's own step (dsx_wo::step_q_tiles: Stage loads, lop3/fma unpack,
+//          x by ldmatrix-free 16-byte loads, mma.sync m16n8k16 chains, promotion per step);
+//   wgmma  the same unpack into the same registers, fed to wgmma m64n(8 MT)k16 with A from registers
+//          (four consumer warps make one warpgroup, each its own 16 rows) and B = x from shared memory
+//          through a descriptor (no x loads by the warps; one instruction for both token tiles);
+//          "wgmma2" keeps the previous step's chain in flight while the next starts (two partial sets).
+// For each (tiles a warp CT, token tiles MT) it first checks one block (rounds = 1): mma against a
+// float64 reference, wgmma against mma bit for bit (same bits = a drop-in for the kernel's loop) and
+// against the reference; then times a full grid (graph_median_us) and prints tile-steps a us per SM and
+// what that rate means for 36864 x 7168 (2304 tiles x 56 steps over 132 SMs): the loop's floor there.
+// Instruction counts (nvcc 13.0 SASS of this file, the round loop of 2 steps x 2 tiles a warp at MT = 2): mma
+// 482 (unpack 352 = 128 LOP3 + 128 HFMA2 + 96 SHF, 64 HMMA, 24 LDS, 32 FADD), wgmma 490 (the same unpack, 32
+// HGMMA, 33 WARPGROUP fences / waits, 17 uniform adds, 8 LDS, 32 FADD); at MT = 1 427 and 469. So wgmma
+// does not issue fewer instructions; what it can change is the latency of the mma chains (asynchronous, one
+// instruction for both token tiles), which is what the timing measures.
+// Operand layouts and the host reference: bench/wo_loop_layout.h (its index arithmetic is checked on
+// the CPU by tests/test_bench_wo_loop_layout.py).
+//
+// Build: nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Icsrc/cuda -Xptxas -v bench/wo_loop_probe.cu -o loop_probe
+// Run:   ./loop_probe [rounds]   (one line a variant; exit 1 if a check fails)
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "gemm_weight_only.cuh"
+#include "probe_common.cuh"
+#include "wo_loop_layout.h"
+
+namespace {
+
+constexpr int kWarps = 8;  // consumer warps a block (two warpgroups)
+constexpr int kSteps = 2;  // steps of weights resident in shared memory (the loop cycles over them)
+
+struct LP {
+  const uint8_t* w;
+  const uint16_t* xm;
+  const uint8_t* xw;
+  float* out;
+  int rounds;
+  uint32_t zero;      // 0 (see the round loops)
+  uint32_t lbo, sbo;  // wgmma B descriptor's byte offsets (k-halves, 8-token groups)
+};
+
+// The compiler must not see that the resident operands repeat from round to round (ptxas would hoist the
+// loads and the unpack out of the loop, as it did for one instance with an asm move): each round's base
+// address is base + round * p.zero, p.zero = 0 known only at run time.
+__device__ __forceinline__ void keep(uint32_t r) { asm volatile("" ::"r"(r) : "memory"); }
+__device__ __forceinline__ void keepf(float& r) { asm volatile("" : "+f"(r)::"memory"); }
+
+// B descriptor, no swizzle: start >> 4 (bits 0..13), leading byte offset >> 4 (16..29), stride byte
+// offset >> 4 (32..45), layout type 0 (bits 62..63).
+__device__ __forceinline__ uint64_t desc_b(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(lbo >> 4) << 16) |
+         (static_cast<uint64_t>(sbo >> 4) << 32);
+}
+
+// d (+)= A (64 x 16 bf16, this warp's 16 rows in a) * B (16 x 8 MT, descriptor), fp32.
+template <int MT>
+__device__ __forceinline__ void wgmma_rs(float (&d)[4 * MT], const uint32_t (&a)[4], uint64_t db, int accumulate) {
+  if constexpr (MT == 1) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
+  } else {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, "
+        "%12, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
+  }
+}
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wg_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+
+// Unpacked A registers of k-step ks (i = ks / 2, h = ks % 2) of one tile: step_q_tiles's.
+__device__ __forceinline__ void unpack_a(uint32_t (&a)[4], const dsx_wo::Stage& st, int ks) {
+  const int i = ks >> 1, h = ks & 1;
+  a[0] = dsx_wo::i4_pairj(dsx_wo::word(st.w[0], 2 * h), i);
+  a[1] = dsx_wo::i4_pairj(dsx_wo::word(st.w[1], 2 * h), i);
+  a[2] = dsx_wo::i4_pairj(dsx_wo::word(st.w[0], 2 * h + 1), i);
+  a[3] = dsx_wo::i4_pairj(dsx_wo::word(st.w[1], 2 * h + 1), i);
+}
+
+// PATH 0: mma.sync (step_q_tiles); 1: wgmma, the chain drained at every step; 2: wgmma, a step's chain
+// promoted while the next step's first k-step runs (two partial sets).
+template <int CT, int MT, int PATH>
+__global__ void __launch_bounds__(kWarps * 32) loop_probe(const __grid_constant__ LP p) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  const wo_loop::Shape sh{kWarps, CT, MT, kSteps};
+  uint8_t* wsm = smem;
+  uint16_t* xm = reinterpret_cast<uint16_t*>(smem + sh.w_bytes());
+  uint8_t* xw = smem + sh.w_bytes() + ((sh.x_mma_elems() * 2 + 127) / 128) * 128;
+  for (int i = threadIdx.x; i < sh.w_bytes() / 16; i += blockDim.x)
+    reinterpret_cast<uint4*>(wsm)[i] = reinterpret_cast<const uint4*>(p.w)[i];
+  for (int i = threadIdx.x; i < sh.x_mma_elems() / 8; i += blockDim.x)
+    reinterpret_cast<uint4*>(xm)[i] = reinterpret_cast<const uint4*>(p.xm)[i];
+  for (int i = threadIdx.x; i < sh.x_wg_bytes() / 16; i += blockDim.x)
+    reinterpret_cast<uint4*>(xw)[i] = reinterpret_cast<const uint4*>(p.xw)[i];
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // (generic writes before wgmma's reads)
+  __syncthreads();
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
+  float acc[CT][MT][4];
+#pragma unroll
+  for (int n = 0; n < CT; ++n)
+#pragma unroll
+    for (int t = 0; t < MT; ++t) acc[n][t][0] = acc[n][t][1] = acc[n][t][2] = acc[n][t][3] = 0.f;
+  const uint32_t w0 = dsx_wo::smem_addr(wsm) + static_cast<uint32_t>((warp * CT * wo_loop::kTileBytes) + 32 * lane);
+  auto load = [&](dsx_wo::Stage (&st)[CT], uint32_t wb, int s) {
+#pragma unroll
+    for (int n = 0; n < CT; ++n) {
+      const uint8_t* b = smem + (wb - dsx_wo::smem_addr(smem)) + (s * sh.tiles() + n) * wo_loop::kTileBytes;
+      st[n].w[0] = dsx_wo::lds128(b);
+      st[n].w[1] = dsx_wo::lds128(b + 16);
+      st[n].s[0] = st[n].s[1] = 0;
+    }
+  };
+
+  if constexpr (PATH == 0) {
+    int xo[MT];
+#pragma unroll
+    for (int t = 0; t < MT; ++t) xo[t] = (8 * t + g) * sh.x_ld() + 8 * c;
+    const uint32_t x0 = dsx_wo::smem_addr(xm);
+#pragma unroll 1
+    for (int r = 0; r < p.rounds; ++r) {
+      const uint32_t wb = w0 + r * p.zero, xb = x0 + r * p.zero;
+      const uint16_t* xs = xm + (xb - x0) / 2;
+#pragma unroll
+      for (int s = 0; s < kSteps; ++s) {
+        dsx_wo::Stage st[CT];
+        load(st, wb, s);
+        dsx_wo::step_q_tiles<4, MT, 0, CT>(acc, st, xs + s * wo_loop::kStepK, xo);
+      }
+    }
+  } else {
+    const uint32_t xw0 = dsx_wo::smem_addr(xw);
+    float part[PATH == 2 ? 2 : 1][CT][4 * MT];
+    auto promote = [&](float (&pt)[CT][4 * MT]) {
+#pragma unroll
+      for (int n = 0; n < CT; ++n)
+#pragma unroll
+        for (int t = 0; t < MT; ++t)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            keepf(pt[n][4 * t + i]);
+            acc[n][t][i] += pt[n][4 * t + i];
+          }
+    };
+#pragma unroll 1
+    for (int r = 0; r < p.rounds; ++r) {
+      const uint32_t wb = w0 + r * p.zero;
+      const uint64_t db = desc_b(xw0 + r * p.zero, p.lbo, p.sbo);  // (k-step (s, ks): + its offset >> 4)
+#pragma unroll
+      for (int s = 0; s < kSteps; ++s) {
+        float(&pt)[CT][4 * MT] = part[PATH == 2 ? s & 1 : 0];
+        dsx_wo::Stage st[CT];
+        load(st, wb, s);
+        uint32_t a[2][CT][4];
+#pragma unroll
+        for (int ks = 0; ks < 8; ++ks) {
+#pragma unroll
+          for (int n = 0; n < CT; ++n) unpack_a(a[ks & 1][n], st[n], ks);
+          wg_fence();
+#pragma unroll
+          for (int n = 0; n < CT; ++n)
+            wgmma_rs<MT>(pt[n], a[ks & 1][n], db + static_cast<uint64_t>((s * 8 + ks) * MT * 16), ks > 0);
+          wg_commit();
+          wg_wait<1>();
+          if (ks > 0)  // (the set k-step ks - 1 read, done now, is live until here: no reuse while in flight)
+#pragma unroll
+            for (int n = 0; n < CT; ++n)
+#pragma unroll
+              for (int j = 0; j < 4; ++j) keep(a[(ks + 1) & 1][n][j]);
+          if (PATH == 2 && ks == 0 && s > 0) promote(part[(s + 1) & 1]);
+        }
+        if (PATH == 1 || s == kSteps - 1) {  // (PATH 2: drained once a round; ptxas serializes a chain in flight
+          wg_wait<0>();                      // across the loop's back edge, C7513)
+          promote(pt);
+        }
+      }
+    }
+  }
+  if (blockIdx.x == 0) {
+#pragma unroll
+    for (int n = 0; n < CT; ++n)
+#pragma unroll
+      for (int t = 0; t < MT; ++t)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) p.out[wo_loop::out_index(sh, warp * CT + n, t, lane, i)] = acc[n][t][i];
+  }
+}
+
+template <int CT, int MT>
+size_t smem_of() {
+  const wo_loop::Shape sh{kWarps, CT, MT, kSteps};
+  return sh.w_bytes() + ((sh.x_mma_elems() * 2 + 127) / 128) * 128 + sh.x_wg_bytes();
+}
+
+struct Result {
+  const char* path;
+  int ct, mt, regs, blocks_sm;
+  float us;
+  double rate;  // tile-steps a us per SM
+  bool ok;
+};
+
+template <int CT, int MT, int PATH>
+Result run(int sms, int rounds, uint32_t lbo, uint32_t sbo, const std::vector<float>* mma_bits, std::vector<float>& bits_out,
+           int& fails) {
+  const wo_loop::Shape sh{kWarps, CT, MT, kSteps};
+  const wo_loop::Data d = wo_loop::make_data(sh, 7 + 3 * CT + MT);
+  std::vector<double> ref, mag;
+  wo_loop::reference(sh, d, 1, ref, mag);
+  auto kernel = loop_probe<CT, MT, PATH>;
+  const size_t smem = smem_of<CT, MT>();
+  CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  cudaFuncAttributes fa;
+  CK(cudaFuncGetAttributes(&fa, kernel));
+  int bps = 0;
+  CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, kernel, kWarps * 32, smem));
+  uint8_t *w, *xw;
+  uint16_t* xm;
+  float* out;
+  CK(cudaMalloc(&w, d.w.size()));
+  CK(cudaMalloc(&xm, d.xmma.size() * 2));
+  CK(cudaMalloc(&xw, d.xwg.size()));
+  CK(cudaMalloc(&out, sh.out_floats() * 4));
+  CK(cudaMemcpy(w, d.w.data(), d.w.size(), cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(xm, d.xmma.data(), d.xmma.size() * 2, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(xw, d.xwg.data(), d.xwg.size(), cudaMemcpyHostToDevice));
+  LP p{w, xm, xw, out, 1, 0, lbo, sbo};
+  // check: one block, one round
+  CK(cudaMemset(out, 0xFF, sh.out_floats() * 4));
+  kernel<<<1, kWarps * 32, smem>>>(p);
+  CK(cudaDeviceSynchronize());
+  bits_out.resize(sh.out_floats());
+  CK(cudaMemcpy(bits_out.data(), out, sh.out_floats() * 4, cudaMemcpyDeviceToHost));
+  int off_ref = 0, off_bits = 0;
+  double worst = 0;
+  for (int i = 0; i < sh.out_floats(); ++i) {
+    const double err = std::fabs(bits_out[i] - ref[i]) / (mag[i] + 1e-30);
+    worst = std::max(worst, err);
+    if (!(err <= 2e-5)) ++off_ref;
+    if (mma_bits && std::memcmp(&bits_out[i], &(*mma_bits)[i], 4) != 0) ++off_bits;
+  }
+  const bool ok = off_ref == 0;
+  if (!ok) ++fails;
+  static const char* names[] = {"mma", "wgmma", "wgmma2"};
+  std::printf("check %-6s CT %d MT %d lbo %u sbo %u: %d of %d beyond 2e-5 of sum|w x| (worst %.2e)%s", names[PATH], CT, MT, lbo,
+              sbo, off_ref, sh.out_floats(), worst, ok ? "" : "  FAIL");
+  if (mma_bits) std::printf(", %d differ from mma's bits", off_bits);
+  std::printf("\n");
+  // time: every SM busy
+  p.rounds = rounds;
+  const int grid = sms * std::max(bps, 1);
+  cudaStream_t st;
+  cudaEvent_t e0, e1;
+  CK(cudaStreamCreate(&st));
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  const float us = graph_median_us(st, e0, e1, 1, 4, 15, [&](int) { kernel<<<grid, kWarps * 32, smem, st>>>(p); });
+  const double tile_steps = static_cast<double>(grid) * sh.tiles() * kSteps * rounds;
+  CK(cudaStreamDestroy(st));
+  CK(cudaEventDestroy(e0));
+  CK(cudaEventDestroy(e1));
+  CK(cudaFree(w));
+  CK(cudaFree(xm));
+  CK(cudaFree(xw));
+  CK(cudaFree(out));
+  return {names[PATH], CT, MT, fa.numRegs, bps, us, tile_steps / us / sms, ok};
+}
+
+template <int CT, int MT>
+void variant(int sms, int rounds, std::vector<Result>& rs, int& fails) {
+  std::vector<float> mma_bits, bits;
+  rs.push_back(run<CT, MT, 0>(sms, rounds, 0, 0, nullptr, mma_bits, fails));
+  // (the descriptor's offsets as documented for K-major, no swizzle; if that fails, the other reading)
+  uint32_t lbo = wo_loop::kLbo, sbo = wo_loop::kSbo;
+  const int before = fails;
+  Result r1 = run<CT, MT, 1>(sms, rounds, lbo, sbo, &mma_bits, bits, fails);
+  if (!r1.ok) {
+    Result r2 = run<CT, MT, 1>(sms, rounds, sbo, lbo, &mma_bits, bits, fails);
+    if (r2.ok) {
+      std::printf("  (the descriptor's offsets read the other way round: leading %d, stride %d)\n", sbo, lbo);
+      std::swap(lbo, sbo), r1 = r2, fails = before;
+    }
+  }
+  rs.push_back(r1);
+  rs.push_back(run<CT, MT, 2>(sms, rounds, lbo, sbo, &mma_bits, bits, fails));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int rounds = argc > 1 ? std::atoi(argv[1]) : 256;
+  int sms = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  std::vector<Result> rs;
+  int fails = 0;
+  variant<1, 1>(sms, rounds, rs, fails);
+  variant<1, 2>(sms, rounds, rs, fails);
+  variant<2, 1>(sms, rounds, rs, fails);
+  variant<2, 2>(sms, rounds, rs, fails);
+  variant<4, 1>(sms, rounds, rs, fails);
+  variant<4, 2>(sms, rounds, rs, fails);
+  // 36864 x 7168 int4: 2304 tiles x 56 steps
+  const double per_sm = 2304.0 * 56 / sms;
+  std::printf("\n%-7s %3s %3s %5s %9s %10s %16s %14s %s\n", "path", "CT", "MT", "regs", "blocks/SM", "us/launch",
+              "tile-steps/us/SM", "36864x7168 us", "vs mma");
+  double base = 0;
+  for (const Result& r : rs) {
+    if (r.path[0] == 'm' && r.path[1] == 'm') base = r.rate;
+    std::printf("%-7s %3d %3d %5d %9d %10.2f %16.2f %14.2f %5.2fx%s\n", r.path, r.ct, r.mt, r.regs, r.blocks_sm, r.us, r.rate,
+                per_sm / r.rate, r.rate / base, r.ok ? "" : "  (check failed)");
+  }
+  std::printf("%s\n", fails ? "SOME CHECKS FAILED" : "all checks passed");
+  return fails ? 1 : 0;
+}
