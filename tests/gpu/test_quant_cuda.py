@@ -193,7 +193,7 @@ def test_dequant(conv, shape, out_dtype):
 
 
 def test_dequant_nan_code_times_nan_scale(conv):
-    """Both operands NaN: x86 returns its first source operand, which the CPU build makes the scale."""
+    """Both operands NaN: the scale's NaN wins (quieted), on the GPU and in the CPU kernel (dequant_product)."""
     w = np.array([[0x7F, 0xFF, 0x00, 0x38] * 16] * 2, np.uint8)
     s = np.array([[np.float32(np.nan)]], np.float32)
     s.view(np.uint32)[0, 0] = 0xFFC00001  # negative NaN with a payload
