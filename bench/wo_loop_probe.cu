@@ -6,16 +6,17 @@
 //   wgmma  the same unpack into the same registers, fed to wgmma m64n(8 MT)k16 with A from registers
 //          (four consumer warps make one warpgroup, each its own 16 rows) and B = x from shared memory
 //          through a descriptor (no x loads by the warps; one instruction for both token tiles);
-//          "wgmma2" keeps the previous step's chain in flight while the next starts (two partial sets).
+//          "wgmma2" keeps the previous step's chain in flight while the next starts (two partial sets),
+//          "wgmma8" unpacks a step's 8 k-steps first and issues them under one fence, commit and wait.
 // For each (tiles a warp CT, token tiles MT) it first checks one block (rounds = 1): mma against a
 // float64 reference, wgmma against mma bit for bit (same bits = a drop-in for the kernel's loop) and
 // against the reference; then times a full grid (graph_median_us) and prints tile-steps a us per SM and
 // what that rate means for 36864 x 7168 (2304 tiles x 56 steps over 132 SMs): the loop's floor there.
 // Instruction counts (nvcc 13.0 SASS of this file, the round loop of 2 steps x 2 tiles a warp at MT = 2): mma
 // 482 (unpack 352 = 128 LOP3 + 128 HFMA2 + 96 SHF, 64 HMMA, 24 LDS, 32 FADD), wgmma 490 (the same unpack, 32
-// HGMMA, 33 WARPGROUP fences / waits, 17 uniform adds, 8 LDS, 32 FADD); at MT = 1 427 and 469. So wgmma
-// does not issue fewer instructions; what it can change is the latency of the mma chains (asynchronous, one
-// instruction for both token tiles), which is what the timing measures.
+// HGMMA, 33 WARPGROUP fences / waits, 17 uniform adds, 8 LDS, 32 FADD), wgmma8 461 (4 WARPGROUP); at MT = 1
+// 427, 469 and 445. So wgmma issues about as many instructions; what it can change is the latency of the
+// mma chains (asynchronous, one instruction for both token tiles), which is what the timing measures.
 // Operand layouts and the host reference: bench/wo_loop_layout.h (its index arithmetic is checked on
 // the CPU by tests/test_bench_wo_loop_layout.py).
 //
@@ -98,8 +99,10 @@ __device__ __forceinline__ void unpack_a(uint32_t (&a)[4], const dsx_wo::Stage& 
   a[3] = dsx_wo::i4_pairj(dsx_wo::word(st.w[1], 2 * h + 1), i);
 }
 
-// PATH 0: mma.sync (step_q_tiles); 1: wgmma, the chain drained at every step; 2: wgmma, a step's chain
-// promoted while the next step's first k-step runs (two partial sets).
+// PATH 0: mma.sync (step_q_tiles); 1: wgmma, one fence / commit / wait a k-step, the chain drained at every
+// step; 2: the same, a step's chain promoted while the next step's first k-step runs (two partial sets);
+// 3: wgmma, a step's 8 k-steps unpacked first (8 register sets), then one fence, all its wgmma, one commit
+// and one wait (fewer warpgroup instructions, more registers).
 template <int CT, int MT, int PATH>
 __global__ void __launch_bounds__(kWarps * 32) loop_probe(const __grid_constant__ LP p) {
   extern __shared__ __align__(128) uint8_t smem[];
@@ -172,6 +175,29 @@ __global__ void __launch_bounds__(kWarps * 32) loop_probe(const __grid_constant_
         float(&pt)[CT][4 * MT] = part[PATH == 2 ? s & 1 : 0];
         dsx_wo::Stage st[CT];
         load(st, wb, s);
+        if constexpr (PATH == 3) {
+          uint32_t a8[8][CT][4];
+#pragma unroll
+          for (int ks = 0; ks < 8; ++ks)
+#pragma unroll
+            for (int n = 0; n < CT; ++n) unpack_a(a8[ks][n], st[n], ks);
+          wg_fence();
+#pragma unroll
+          for (int ks = 0; ks < 8; ++ks)
+#pragma unroll
+            for (int n = 0; n < CT; ++n)
+              wgmma_rs<MT>(pt[n], a8[ks][n], db + static_cast<uint64_t>((s * 8 + ks) * MT * 16), ks > 0);
+          wg_commit();
+          wg_wait<0>();
+#pragma unroll
+          for (int ks = 0; ks < 8; ++ks)
+#pragma unroll
+            for (int n = 0; n < CT; ++n)
+#pragma unroll
+              for (int j = 0; j < 4; ++j) keep(a8[ks][n][j]);
+          promote(pt);
+          continue;
+        }
         uint32_t a[2][CT][4];
 #pragma unroll
         for (int ks = 0; ks < 8; ++ks) {
@@ -190,7 +216,7 @@ __global__ void __launch_bounds__(kWarps * 32) loop_probe(const __grid_constant_
               for (int j = 0; j < 4; ++j) keep(a[(ks + 1) & 1][n][j]);
           if (PATH == 2 && ks == 0 && s > 0) promote(part[(s + 1) & 1]);
         }
-        if (PATH == 1 || s == kSteps - 1) {  // (PATH 2: drained once a round; ptxas serializes a chain in flight
+        if (PATH != 2 || s == kSteps - 1) {  // (PATH 2: drained once a round; ptxas serializes a chain in flight
           wg_wait<0>();                      // across the loop's back edge, C7513)
           promote(pt);
         }
@@ -262,7 +288,7 @@ Result run(int sms, int rounds, uint32_t lbo, uint32_t sbo, const std::vector<fl
   }
   const bool ok = off_ref == 0;
   if (!ok) ++fails;
-  static const char* names[] = {"mma", "wgmma", "wgmma2"};
+  static const char* names[] = {"mma", "wgmma", "wgmma2", "wgmma8"};
   std::printf("check %-6s CT %d MT %d lbo %u sbo %u: %d of %d beyond 2e-5 of sum|w x| (worst %.2e)%s", names[PATH], CT, MT, lbo,
               sbo, off_ref, sh.out_floats(), worst, ok ? "" : "  FAIL");
   if (mma_bits) std::printf(", %d differ from mma's bits", off_bits);
@@ -304,6 +330,7 @@ void variant(int sms, int rounds, std::vector<Result>& rs, int& fails) {
   }
   rs.push_back(r1);
   rs.push_back(run<CT, MT, 2>(sms, rounds, lbo, sbo, &mma_bits, bits, fails));
+  rs.push_back(run<CT, MT, 3>(sms, rounds, lbo, sbo, &mma_bits, bits, fails));
 }
 
 }  // namespace
