@@ -889,7 +889,7 @@ int choose(int64_t m, int64_t n, int64_t k, int bits, int group, int algo, int s
   // With the rule, against HEAD's kernel in the same process (interleaved, next run): 36864 x 7168
   // M = 1/2/4/8 47.95/49.44/52.23/55.87 -> 47.31/49.50/52.22/53.15 us; 7168 x 18432 M = 8 33.54 ->
   // 31.32; the shapes it leaves alone within 0.5%. (Eleventh session, second round: for algo 0 the warp-specialized
-  // rule, ws_auto_rule in gemm_weight_only_ws.cuh, is asked first and takes these two shapes; this
+  // rule, ws_auto_rule in gemm_weight_only_ws_host.cuh, is asked first and takes these two shapes; this
   // one still decides where that rule does not apply, and that rule leaves alone (one tile a warp)
   // the shapes where this one takes the balanced grid.)
   else if ((algo & 0xFFFFFF) == 0 && persist && rows <= 8 && bits == 4 && gmode == 0 && chunk >= per_split) {
@@ -1173,6 +1173,7 @@ int device_sms(int* sms) {
 
 // Algo bit 28: the warp-specialized path (one producer warp fills a ring shared by the block).
 #include "gemm_weight_only_ws.cuh"
+#include "gemm_weight_only_ws_host.cuh"
 
 namespace {
 // The first launch of an m-row call on this device (the query entries below): its rows, configuration, path.

@@ -1,4 +1,4 @@
-"""CUDA weight-only GEMM, warp-specialized path (algo bit 28, csrc/cuda/gemm_weight_only_ws.cuh).
+"""CUDA weight-only GEMM, warp-specialized path (algo bit 28, csrc/cuda/gemm_weight_only_ws.cuh and _ws_host.cuh).
 
 GPU machine only (skipped where no CUDA device is visible). Every output is checked against
 float64 within the header's bound (check_bound of test_gemm_weight_only_cuda.py), and against
@@ -389,7 +389,7 @@ def test_two_tiles_refused_combinations():
 
 
 # (N, K, bits, group, M) -> (warp-specialized, tiles a warp) of the automatic choice on an H200
-# (132 SMs; gemm_weight_only_ws.cuh, ws_auto_rule): int4 per channel four tiles a warp where that grid
+# (132 SMs; gemm_weight_only_ws_host.cuh, ws_auto_rule): int4 per channel four tiles a warp where that grid
 # runs in one round with a block for at least 2/3 of the SMs and as many tiles resident as two; two
 # tiles a warp where that grid has a block for every SM and keeps at least as many tiles resident an
 # SM; else int8 with group scales and int4 group 128 at 2..16 rows two tiles a warp at 8 splits where one
