@@ -10,15 +10,9 @@ tmp=$(mktemp -d)
 if [ "$rev" = . ]; then
   mkdir -p "$tmp/csrc"; cp -r csrc/include csrc/cuda "$tmp/csrc/"
 else
-  # (sm90_ptx.cuh: the shared PTX helpers the kernel includes since 87365bb; gemm_weight_only_ws.cuh:
-  # the warp-specialized path, tenth session; gemm_weight_only_tuned.inc: its measured table, seventeenth
-  # session; tuned_tables.cuh: the DSX_TUNED_TABLES switch, eighteenth; each absent before)
-  for f in csrc/cuda/gemm_weight_only.cu csrc/cuda/gemm_weight_only.cuh csrc/include/dsx.h \
-           $(git ls-tree --name-only "$rev" csrc/include/dsx/ csrc/cuda/sm90_ptx.cuh csrc/cuda/gemm_weight_only_ws.cuh \
-             csrc/cuda/gemm_weight_only_tuned.inc csrc/cuda/tuned_tables.cuh); do
-    mkdir -p "$tmp/$(dirname "$f")"
-    git show "$rev:$f" > "$tmp/$f"
-  done
+  # (every source of csrc/include and csrc/cuda at REV: the weight-only GEMM's set of files has grown over
+  # the sessions, sm90_ptx.cuh, the warp-specialized path, its table and host side, the kernels' header)
+  git archive "$rev" csrc/include csrc/cuda | tar -x -C "$tmp"
 fi
 nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Xcompiler -fPIC -shared -cudart shared "$@" \
   -I"$tmp/csrc/include" -I"$tmp/csrc/cuda" "$tmp/csrc/cuda/gemm_weight_only.cu" -o "$out"
