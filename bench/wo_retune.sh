@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Re-tune the weight-only GEMM's measured table at some rows and layouts, in one call on the GPU machine
+# (the procedure of the seventeenth to twenty-fifth sessions, done by hand before):
+#   1. this tree's weight-only GEMM built alone (bench/wo_alt_lib.sh, seconds, no CUTLASS) times the candidate
+#      words against the rules at every DeepSeek-V3 tensor-parallel shape (bench/tune_auto.py, tables off);
+#   2. the confirmed words are emitted over the shipped table (tune_auto --emit TABLE new.jsonl: the new
+#      sweep decides the rows it swept, the table keeps the rest);
+#   3. a build with the new table is timed against this tree's (bench/wo_ab.sh, interleaved with torch).
+# The shipped table is not touched here (the tree on the GPU machine is a copy): the new one comes back in
+# $OUT/gemm_weight_only_tuned.inc with its diff; copy it into csrc/cuda/ and run the GPU tests on it.
+#   OUT=out/retune LAYOUTS=4,-1/4,128 MS=9,10,11,12,13,14,15,16 ROWS_FROM=9 bench/wo_retune.sh
+# Environment: LAYOUTS (bits,group pairs separated by /; 4,-1), MS (9..16), ROWS_FROM (the first row the
+# smallest M stands for; 9), TP (1,2,4,8), AB_SHAPES (36864x7168,7168x18432,18432x7168), AB_MS (MS),
+# AB_LAYOUT (the first of LAYOUTS), ROUNDS (4). Five files come back: tune.jsonl, tune.log, the table, its
+# diff against the shipped one, ab.log.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+out=${OUT:-out/retune}
+layouts=${LAYOUTS:-4,-1}
+ms=${MS:-9,10,11,12,13,14,15,16}
+mkdir -p "$out"
+work=$(mktemp -d)
+table=csrc/cuda/gemm_weight_only_tuned.inc
+
+echo "== build: this tree's weight-only GEMM"
+bench/wo_alt_lib.sh . "$work/base.so"
+
+echo "== sweep: layouts $layouts, rows $ms (from ${ROWS_FROM:-9}), tp ${TP:-1,2,4,8}"
+python3 bench/wo_with_lib.py "$work/base.so" bench/tune_auto.py --kernel wo --out "$work/tune" --layouts "$layouts" \
+  --ms "$ms" --rows-from "${ROWS_FROM:-9}" --tp "${TP:-1,2,4,8}" > "$out/tune.log" 2>&1 \
+  || { tail -30 "$out/tune.log"; exit 1; }
+cp "$work/tune/tune.jsonl" "$out/tune.jsonl"
+grep -v '^{' "$out/tune.log" | tail -15 || true
+
+echo "== emit over the shipped table"
+python3 bench/tune_auto.py --kernel wo --emit "$table" "$out/tune.jsonl" > "$out/gemm_weight_only_tuned.inc"
+diff "$table" "$out/gemm_weight_only_tuned.inc" > "$out/table.diff" || true
+echo "$(grep -c '^[<>] {' "$out/table.diff" || true) entry lines changed (table.diff)"
+
+echo "== A/B: the new table's build (new) against this tree's (old)"
+cp "$table" "$work/shipped.inc" && cp "$out/gemm_weight_only_tuned.inc" "$table"
+bench/wo_alt_lib.sh . "$work/new.so" || { cp "$work/shipped.inc" "$table"; exit 1; }
+cp "$work/shipped.inc" "$table"
+OUT="$work" NEW="$work/new.so" OLD="$work/base.so" SHAPES="${AB_SHAPES:-36864x7168,7168x18432,18432x7168}" \
+  MS="${AB_MS:-$ms}" LAYOUT="${AB_LAYOUT:-${layouts%%/*}}" ROUNDS="${ROUNDS:-4}" bench/wo_ab.sh | tee "$out/ab.log"
+rm -rf "$work"
