@@ -21,61 +21,8 @@
 // would depend on the consumers having passed them (the slot to refill was last filled with a
 // later group's steps), so it never blocks the consumers and is never blocked by them.
 //
-// Where M = 16's time goes (wo16, 2026-12-01; Nsight Compute of the CUDA 13 toolkit, --set full, a
-// -lineinfo build of this kernel, one lone launch (no PDL overlap) of 36864 x 7168 int4 per
-// channel, auto config; ncu locks the SM clock at 1.36 GHz: 76.8 us there, 63.3 in the bench).
-// Instance <4, 2, 0, 2> (two token tiles, two channel tiles a warp), 8 x 30 blocks of 288 threads,
-// clusters of 8 (30 resident: 144 tile groups, 5 rounds for 24 clusters, 4 for 6), 95 registers,
-// 111.7 KB shared: 2 blocks an SM, by registers and by shared memory alike. No pipe is near its
-// limit: issue slots 43% busy (4.2 warps a scheduler, 1.0 eligible), tensor pipe (mma.sync) 22% of
-// peak, ALU 34.5%, FMA 21.8%, LSU 9.5%, DRAM 36.6%. Shared loads: 25.5% of wavefronts are
-// bank-conflict replays; shared stores (put_partial): 78.8% (4-way: lanes c of a quad write rows
-// 2c, 2c + 1 of a row-stride of 16 * tiles floats). Warp-state samples by code region (5772 in all;
-// the producer warp 506, mostly waiting for empty slots: the ring is full, the consumers set the
-// pace), as a share of the consumer warps' 5266: the step loop 52% (stalls spread over wait /
-// selected / not selected / math / dispatch: dependent unpack -> mma chains; waiting for a full
-// slot only 1.8%), the cluster reduction 35% (put_partial 4.1%; first cluster barrier 13.6%:
-// barrier 320, membar 290 samples, the .release arrive compiles to MEMBAR.ALL.CTA + MEMBAR.ALL.GPU
-// + ERRBAR, the acquire wait to CCTL.IVALL; the DSMEM sum 13.1%, long-scoreboard waits on the
-// remote loads; second barrier 4.4%), staging x 10.4% (cp.async of the block's 28 KB x slice before
-// its first step), setup 2.2%. M = 8 for contrast (<4, 1, 0, 4>, 56.3 us under ncu, 72 tile groups:
-// 3 or 2 rounds): step loop 62%, reduction 24%, x 11%. At the same sampling rate (both ~75 samples
-// a us) M = 16 - M = 8 = 20.5 us under ncu is +12.5 us of reduction (5 groups a cluster against 3,
-// each group's partial tile the same 16 KB), +4.5 of step loop, +1.6 of x staging. So at 9..16 rows
-// the per-group cluster reduction, not the arithmetic, is the larger part.
-// Tried and dropped (wo16, commit 1907015, reverted): split-phase reduction (group u's first
-// barrier arrived on after its partial tile, waited on only after group u + 1's loop, so the slow
-// slice's skew and the membar overlap the next group's steps; same bits, 114 ws GPU tests passed):
-// 36864 x 7168 M = 16 / 12 / 9 64.35 / 62.15 / 55.07 against 63.23 / 61.47 / 54.66 us (interleaved,
-// same run), 7168 x 18432 ties: so the fast slices' wait is not the critical path (the slowest
-// slice's own serial work, loop + sum + barriers, seems to be). Kept (wo16): the DSMEM sum four
-// elements at a time (below). Not tried yet: put_partial without its 4-way store conflicts (a
-// padded row stride: 512 B more at M = 16, which should still leave 2 blocks an SM), x staged step by
-// step. Fourteenth session: at 4 and 8 splits the sum is now pushed instead (PUSH, ws_push in gemm_weight_only_ws_host.cuh: each
-// block st.async's its pieces to the owner of their tiles, no cluster barrier, no GPU-scope fence, no
-// remote loads): 36864 x 7168 M = 16 63.37 -> 58.47 us, M = 8 49.22 -> 45.22.
-// Fifteenth session, diagnostic builds timed interleaved with the real one (H200, bench --ab-libs, us, real /
-// no unpack (-DDSX_WO_DIAG_NOUNPACK: raw words to the mma) / no mma (-DDSX_WO_DIAG_NOMMA: the operands
-// consumed by a few CUDA-core instructions instead) / neither (-DDSX_WO_NOMATH) / no cross-slice sum
-// (-DDSX_WO_DIAG_NORED=2)): 36864 x 7168 M = 16 57.05 / 49.35 / 53.07 / 40.43 / 56.95 (another call), M = 1
-// 43.04 / 39.87 / 42.50 / 37.58; 7168 x 18432 M = 16 32.60 / 30.31 / 30.41 / 25.36, M = 1 24.37 / 22.74 / 23.68 /
-// 21.29. The sum is now cheap; the unpack and the mma each cost part and together more than the sum of
-// their parts: the loop's instruction stream, not one unit (mma.sync alone, or the unpack alone, would not
-// give 9..16 rows their 3x).
-// Twenty-second session: 17..32 rows too (MT = 4, one channel tile a warp; the same arithmetic as the
-// existing path's four-token-tile kernel at a given split, so its bits), taken by the rules there wherever x
-// whole fits, and automatic launches of 33..64 rows are cut into launches of 32 (plan_launch): before, the
-// existing path with x in chunks ran 36864 x 7168 int4 per channel M = 32 / 64 in 105.2 / 200.2 us, now
-// 88.5 / 175.3 (torch 135.7 / 143.5); int4 group 128 the same shape 225.3 / 324.7 -> 89.0 / 174.4 us.
-// Twenty-fourth session (docs/benchmarks.md has the figures): ncu's per-SASS samples by region (bench/ncu_regions.py),
-// 36864 x 7168 M = 16: step loop 43%, pushed sum 31% (five groups a block at 8 splits), x staging 10%; M = 8 52 / 14 /
-// 13%. Tried, same bits, none faster, not kept: the step loop software-pipelined with several tiles a warp (the next
-// step's weights into a second register set first: up to 1.6x slower when it waited for the next slot, 2-13% slower
-// when it did not), the owner's scales read before the pushed sum's waits, and the pushed sum without its two
-// block-wide barriers (own piece by st.async, the send barrier counting warps): within 1-2% either way. Kept: the x
-// gate (kXGateFill below): 2-8% at 8..16 rows.
-// Twenty-fifth session: the reducer warp (ws_red_warp below): the pushed sum of every tile group but the last is
-// one more warp's, off the consumers' path: 36864 x 7168 int4 per channel M = 16 55.10 -> 52.57 us.
+// What limits it and what was tried on it (profiles, diagnostic builds, dropped variants, sessions 13 to 25):
+// docs/benchmarks.md, "The warp-specialized kernel's source notes" (indexed in docs/kernel-experiments.md).
 #pragma once
 
 namespace {
