@@ -28,6 +28,8 @@
 #include <random>
 #include <vector>
 
+#include "../csrc/cpu/numeric.h"  // (bf16 <-> float32 bits, the CPU kernels' own)
+
 #ifdef __CUDACC__
 #define WO_LOOP_HD __host__ __device__
 #else
@@ -95,17 +97,7 @@ inline int x_wg_offset(const Shape& sh, int tok, int k) {
 // 16 tile + g + 8 (i >> 1), token 8 t + 2 c + (i & 1) (the mma / wgmma accumulator fragment).
 WO_LOOP_HD inline int out_index(const Shape& sh, int tile, int t, int lane, int i) { return ((tile * sh.mt + t) * 32 + lane) * 4 + i; }
 
-inline uint16_t f32_to_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-inline float bf16_to_f32(uint16_t b) {
-  const uint32_t u = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
+using dsx_num::bf16_to_f32;
 
 // Random weights and x (bf16 of N(0, 1)) and both x images.
 struct Data {
@@ -121,7 +113,7 @@ inline Data make_data(const Shape& sh, unsigned seed) {
   for (auto& b : d.w) b = static_cast<uint8_t>(rng() & 0xFF);
   std::normal_distribution<float> nd(0.f, 1.f);
   d.x.resize(static_cast<size_t>(sh.tokens()) * sh.k());
-  for (auto& v : d.x) v = f32_to_bf16(nd(rng));
+  for (auto& v : d.x) v = dsx_num::f32_to_bf16_rne(nd(rng));
   d.xmma.assign(sh.x_mma_elems(), 0);
   d.xwg.assign(sh.x_wg_bytes(), 0);
   for (int tok = 0; tok < sh.tokens(); ++tok)

@@ -35,6 +35,7 @@
 
 #include "gemm_weight_only.cuh"
 #include "probe_common.cuh"
+#include "sm90_ptx.cuh"
 #include "wo_loop_layout.h"
 
 namespace {
@@ -56,7 +57,6 @@ struct LP {
 // loads and the unpack out of the loop, as it did for one instance with an asm move): each round's base
 // address is base + round * p.zero, p.zero = 0 known only at run time.
 __device__ __forceinline__ void keep(uint32_t r) { asm volatile("" ::"r"(r) : "memory"); }
-__device__ __forceinline__ void keepf(float& r) { asm volatile("" : "+f"(r)::"memory"); }
 
 // B descriptor, no swizzle: start >> 4 (bits 0..13), leading byte offset >> 4 (16..29), stride byte
 // offset >> 4 (32..45), layout type 0 (bits 62..63).
@@ -82,12 +82,6 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[4 * MT], const uint32_t (&a)
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
   }
-}
-__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wg_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
 }
 
 // Unpacked A registers of k-step ks (i = ks / 2, h = ks % 2) of one tile: step_q_tiles's.
@@ -162,7 +156,7 @@ __global__ void __launch_bounds__(kWarps * 32) loop_probe(const __grid_constant_
         for (int t = 0; t < MT; ++t)
 #pragma unroll
           for (int i = 0; i < 4; ++i) {
-            keepf(pt[n][4 * t + i]);
+            dsx_cuda::sm90::fence_reg(pt[n][4 * t + i]);
             acc[n][t][i] += pt[n][4 * t + i];
           }
     };
@@ -181,14 +175,14 @@ __global__ void __launch_bounds__(kWarps * 32) loop_probe(const __grid_constant_
           for (int ks = 0; ks < 8; ++ks)
 #pragma unroll
             for (int n = 0; n < CT; ++n) unpack_a(a8[ks][n], st[n], ks);
-          wg_fence();
+          dsx_cuda::sm90::wgmma_fence();
 #pragma unroll
           for (int ks = 0; ks < 8; ++ks)
 #pragma unroll
             for (int n = 0; n < CT; ++n)
               wgmma_rs<MT>(pt[n], a8[ks][n], db + static_cast<uint64_t>((s * 8 + ks) * MT * 16), ks > 0);
-          wg_commit();
-          wg_wait<0>();
+          dsx_cuda::sm90::wgmma_commit();
+          dsx_cuda::sm90::wgmma_wait<0>();
 #pragma unroll
           for (int ks = 0; ks < 8; ++ks)
 #pragma unroll
@@ -203,12 +197,12 @@ __global__ void __launch_bounds__(kWarps * 32) loop_probe(const __grid_constant_
         for (int ks = 0; ks < 8; ++ks) {
 #pragma unroll
           for (int n = 0; n < CT; ++n) unpack_a(a[ks & 1][n], st[n], ks);
-          wg_fence();
+          dsx_cuda::sm90::wgmma_fence();
 #pragma unroll
           for (int n = 0; n < CT; ++n)
             wgmma_rs<MT>(pt[n], a[ks & 1][n], db + static_cast<uint64_t>((s * 8 + ks) * MT * 16), ks > 0);
-          wg_commit();
-          wg_wait<1>();
+          dsx_cuda::sm90::wgmma_commit();
+          dsx_cuda::sm90::wgmma_wait<1>();
           if (ks > 0)  // (the set k-step ks - 1 read, done now, is live until here: no reuse while in flight)
 #pragma unroll
             for (int n = 0; n < CT; ++n)
@@ -216,8 +210,8 @@ __global__ void __launch_bounds__(kWarps * 32) loop_probe(const __grid_constant_
               for (int j = 0; j < 4; ++j) keep(a[(ks + 1) & 1][n][j]);
           if (PATH == 2 && ks == 0 && s > 0) promote(part[(s + 1) & 1]);
         }
-        if (PATH != 2 || s == kSteps - 1) {  // (PATH 2: drained once a round; ptxas serializes a chain in flight
-          wg_wait<0>();                      // across the loop's back edge, C7513)
+        if (PATH != 2 || s == kSteps - 1) {  // (PATH 2: drained once a round; ptxas serializes a chain in
+          dsx_cuda::sm90::wgmma_wait<0>();   // flight across the loop's back edge, C7513)
           promote(pt);
         }
       }
