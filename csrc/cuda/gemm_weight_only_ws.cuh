@@ -31,10 +31,14 @@ namespace {
 // block of ct tiles a warp has: a constant of the kernel instance).
 __host__ __device__ constexpr int ws_scale_row(int ct) { return 16 + 32 * kMaxWarps * ct; }
 
+// Scale rows one step holds: two with two groups a step (GMODE 2: int4, group 64), else one (GMODE 1: a
+// group spans a step or more). Twenty-seventh session: GMODE 1 had room for two as well, 2 x box x 528 bytes
+// a slot never written, which put int4 group 128 at 8 splits and 16 rows 384 bytes over two blocks an SM.
+__host__ __device__ constexpr int ws_scale_rows(int gmode) { return gmode == 2 ? 2 : gmode == 1 ? 1 : 0; }
 // A block ring slot: `box` steps of all `tiles` channel tiles (1 KB each; tiles = ct * warps,
-// ct = 2 or 4 with algo bits 29..30), then (group scales) up to two scale rows a step.
+// ct = 2 or 4 with algo bits 29..30), then (group scales) the scale rows of each step, in step order.
 __host__ __device__ constexpr int ws_slot_bytes(int gmode, int box, int tiles, int ct) {
-  return (box * (tiles * kWBytes + (gmode ? 2 * ws_scale_row(ct) : 0)) + 127) / 128 * 128;
+  return (box * (tiles * kWBytes + ws_scale_rows(gmode) * ws_scale_row(ct)) + 127) / 128 * 128;
 }
 // full[stages] then empty[stages] mbarriers; a kernel that pushes its cluster sum (PUSH) has two more
 // in the padding after them (ws_push: only where they fit): recv (this block's pieces of a tile group
@@ -285,8 +289,8 @@ __global__ void __launch_bounds__((kMaxWarps + (RED ? 2 : 1)) * 32, CT == 4 ? (M
                   if (grp < 0) break;
                   const uint8_t* src =
                       reinterpret_cast<const uint8_t*>(p.scale + static_cast<int64_t>(grp) * p.n + n_blk) - lead();
-                  dsx_wo::bulk_g2s(dst + box * tiles * kWBytes + (2 * j + i) * ws_scale_row(CT), src, srow, bar,
-                                   policy);
+                  const uint32_t row = dst + box * tiles * kWBytes + (ws_scale_rows(GMODE) * j + i) * ws_scale_row(CT);
+                  dsx_wo::bulk_g2s(row, src, srow, bar, policy);
                 }
               }
             }
@@ -327,7 +331,8 @@ __global__ void __launch_bounds__((kMaxWarps + (RED ? 2 : 1)) * 32, CT == 4 ? (M
   const int wrow = BITS == 8 ? g >> 1 : g >> 2;
   const int win = BITS == 8 ? (g & 1) * 64 + 16 * c : (g & 3) * 32 + (c >> 1) * 128 + (c & 1) * 16;
   auto read_scale = [&](const uint8_t* sl, int j, int i, int v) -> uint32_t {  // (v: the block's tile)
-    const uint8_t* b = sl + box * tiles * kWBytes + (2 * j + i) * ws_scale_row(CT) + lead() + 2 * (16 * v + g);
+    const uint8_t* b =
+        sl + box * tiles * kWBytes + (ws_scale_rows(GMODE) * j + i) * ws_scale_row(CT) + lead() + 2 * (16 * v + g);
     return static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(b)) |
            static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(b + 16)) << 16;
   };
