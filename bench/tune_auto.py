@@ -47,7 +47,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-# candidate words: w{warps}s{splits}d{ring slots}b{steps a slot}+{bits 28..30: warp-specialized, tiles a warp}
+# candidate words: w{warps}s{splits}d{ring slots}b{steps a slot}[c{chunk}]+{bits 28..30: warp-specialized, tiles a
+# warp}; a chunk equal to the steps a slot (and shorter than the slice): x through the ring (9..16 rows, int4 per
+# channel and group 128, two tiles a warp; elsewhere the word is refused and the sweep skips it)
 ONE, TWO, FOUR = 0x10000000, 0x30000000, 0x50000000
 CANDIDATES = (
     [(8, s, 2, 2, ONE) for s in (2, 4, 8)] + [(4, s, 2, 2, ONE) for s in (4, 8)] + [(8, 4, 4, 1, ONE), (8, 8, 4, 1, ONE)]
@@ -59,6 +61,8 @@ CANDIDATES = (
     + [(8, s, 2, 1, TWO) for s in (4, 8)]
     + [(8, s, 2, 1, FOUR) for s in (2, 4, 8)] + [(8, s, 2, 2, FOUR) for s in (4, 8)]
     + [(0, 0, 2, 2, ONE), (0, 0, 2, 2, TWO)]
+    # (x through the ring, twenty-seventh session: 4 splits with 2 x 2 slots keep two blocks an SM at 11..16 rows)
+    + [(8, 4, 2, 2, TWO, 2), (8, 4, 4, 1, TWO, 1), (8, 2, 2, 2, TWO, 2), (8, 8, 2, 2, TWO, 2)]
 )
 # 17..32 rows (four token tiles; one channel tile a warp: the tiles bits are ignored there)
 CANDIDATES_WIDE = (
@@ -67,12 +71,12 @@ CANDIDATES_WIDE = (
 )
 
 
-def word_name(w, s, d, b, x) -> str:
-    return f"w{w}s{s}d{d}b{b}+{x:x}"
+def word_name(w, s, d, b, x, c=0) -> str:
+    return f"w{w}s{s}d{d}b{b}" + (f"c{c}" if c else "") + f"+{x:x}"
 
 
-def word_value(w, s, d, b, x) -> int:
-    return w | s << 4 | d << 16 | b << 20 | x
+def word_value(w, s, d, b, x, c=0) -> int:
+    return w | s << 4 | c << 8 | d << 16 | b << 20 | x
 
 
 def ranges(ms: list[int], first: int = 1) -> dict[int, tuple[int, int]]:

@@ -320,7 +320,9 @@ def test_warp_specialized_instances_compile_without_spills(entries):
     grid parts side by side, twenty-third session), under the same limits. The pushed instances with two tiles a warp
     and two token tiles, or four tiles a warp, exist once more with the reducer warp (RED, twenty-fifth session: 10
     warps a block): no spills, and the blocks an SM of the instance without it (2: 96 registers; 1 at four tiles and
-    two token tiles)."""
+    two token tiles). The int4 instances (per channel, group 128) with two tiles a warp and two token tiles exist once
+    more with x through the ring (XR, twenty-seventh session; pulled, pushed, pushed with the reducer warp): no spills,
+    the same register limits."""
     blocks = [b for b in entries if "wo_gemm_ws_kernel" in b.split("\n")[0]]
     names = {re.search(r"wo_gemm_ws_kernelILi(\d)ELi(\d)ELi(\d)ELi(\d)", b).groups() for b in blocks}
     want = {(b, mt, gm, "1") for b, gms in (("8", "01"), ("4", "012")) for gm in gms for mt in "124"}
@@ -336,6 +338,12 @@ def test_warp_specialized_instances_compile_without_spills(entries):
     # (RED: the reducer warp, pushed only)
     red = {flags.search(b).groups()[:5] for b in blocks if flags.search(b).group(7) == "1"}
     assert red == {w + ("1",) for w in want if (w[3], w[1]) in (("2", "2"), ("4", "1"), ("4", "2"))}, f"reducer: {sorted(red)}"
+    # (XR: x through the ring, int4 per channel and group 128 with two tiles a warp and two token tiles)
+    xr_flags = re.compile(r"wo_gemm_ws_kernelILi(\d)ELi(\d)ELi(\d)ELi(\d)ELb([01])ELb[01]ELb([01])ELb([01])E")
+    assert all(xr_flags.search(b) for b in blocks), "every instance names XR"
+    xr = {xr_flags.search(b).groups()[:6] for b in blocks if xr_flags.search(b).group(7) == "1"}
+    assert xr == {("4", "2", gm, "2", push, red) for gm in "01" for push, red in (("0", "0"), ("1", "0"), ("1", "1"))}, (
+        f"x through the ring: {sorted(xr)}")
     allowed = {"4201b1": (4, 4), "4411b1": (4, 8), "4421b0": (44, 96), "4421b1": (28, 52)}  # (stores, loads)
     for b in blocks:
         inst = "".join(re.search(r"wo_gemm_ws_kernelILi(\d)ELi(\d)ELi(\d)ELi(\d)EL(b[01])E", b).groups())

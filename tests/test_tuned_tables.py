@@ -224,6 +224,11 @@ def test_read_table_refuses_a_malformed_line(tmp_path):
 def test_word_names_pack_as_the_bench_does():
     assert tune_auto.word_value(8, 4, 2, 2, tune_auto.TWO) == 0x30220048
     assert tune_auto.word_name(8, 4, 2, 2, tune_auto.TWO) == "w8s4d2b2+30000000"
+    # (a chunk: x through the ring where it equals the steps a slot)
+    assert tune_auto.word_value(8, 4, 2, 2, tune_auto.TWO, 2) == 0x30220248
+    assert tune_auto.word_name(8, 4, 2, 2, tune_auto.TWO, 2) == "w8s4d2b2c2+30000000"
+    names = {tune_auto.word_name(*c) for c in tune_auto.CANDIDATES}
+    assert len(names) == len(tune_auto.CANDIDATES), "candidate names are unique"
     assert tune_auto.ranges([1, 4, 8, 16]) == {1: (1, 1), 4: (2, 4), 8: (5, 8), 16: (9, 16)}
 
 

@@ -122,6 +122,7 @@ struct Config {
   int grid_y = 0;    // its clusters (each owns a run of 16-channel tiles)
   int ct = 1;        // 16-channel tiles a warp (2, 4: algo bits 29..30, the warp-specialized kernel up to 16 rows)
   int parts = 1;     // warp-specialized kernel: launches of kWsMaxRows rows side by side in one grid (its z)
+  bool xring = false;  // warp-specialized kernel: x through the ring (a given chunk = box < the slice; ws_xring_ok)
 };
 
 // Clusters (of cfg.splits blocks; blocks when splits == 1) of this kernel instance the
@@ -666,7 +667,7 @@ extern "C" int dsx_wo_gemm_path_cuda(int64_t m, int64_t n, int64_t k, int bits, 
   if (!valid_args(m, n, k, bits, group_size, 90) || !ws || !tiles) return DSX_EINVAL;
   FirstLaunch f;
   if (const int rc = first_launch(m, n, k, bits, group_size, algo, &f)) return rc;
-  *ws = f.ws ? 1 : 0, *tiles = f.ws ? f.cfg.ct : 1;
+  *ws = f.ws ? (f.cfg.xring ? 2 : 1) : 0, *tiles = f.ws ? f.cfg.ct : 1;
   return DSX_OK;
 }
 

@@ -40,6 +40,13 @@ __host__ __device__ constexpr int ws_scale_rows(int gmode) { return gmode == 2 ?
 __host__ __device__ constexpr int ws_slot_bytes(int gmode, int box, int tiles, int ct) {
   return (box * (tiles * kWBytes + ws_scale_rows(gmode) * ws_scale_row(ct)) + 127) / 128 * 128;
 }
+// x through the ring (XR, twenty-seventh session): each slot also holds x's `rows` rows for its `box` steps (int4:
+// 128 k a step), rows box * 128 + kXPadElems elements apart, after the weights and scales of ws_slot_bytes. Where
+// the block's x slice staged whole does not fit beside the ring in a half of the SM's shared memory (int4 per
+// channel at 4 splits: 11..16 rows; group 128: 10..16), so that two blocks an SM hold the deeper ring anyway.
+__host__ __device__ constexpr int ws_xslot_bytes(int rows, int box) {
+  return (rows * (box * 128 + kXPadElems) * 2 + 127) / 128 * 128;
+}
 // full[stages] then empty[stages] mbarriers; a kernel that pushes its cluster sum (PUSH) has two more
 // in the padding after them (ws_push: only where they fit): recv (this block's pieces of a tile group
 // have landed) and send (every block of the cluster has read the pieces this one sent it).
@@ -105,7 +112,8 @@ __device__ __forceinline__ void ws_st_async2(uint32_t raddr, float a, float b, u
 // The block's tensor maps (Params::wmap: `box` steps x all tiles' rows; wmap1: one step).
 // CT: 16-channel tiles a consumer warp owns (2, 4: algo bits 29..30; warp w owns tiles CT w .. CT w +
 // CT - 1, contiguous channels; one x load feeds the mma of all of them: step_q_tiles).
-template <int BITS, int MT, int GMODE, int CT = 1, bool PUSH = false, bool PARTS = false, bool RED = false>
+template <int BITS, int MT, int GMODE, int CT = 1, bool PUSH = false, bool PARTS = false, bool RED = false,
+          bool XR = false>
 __global__ void __launch_bounds__((kMaxWarps + (RED ? 2 : 1)) * 32, CT == 4 ? (MT == 1 ? 2 : 1)
                                                                   : (CT == 2 && (MT == 2 || PUSH)) || (MT == 2 && GMODE == 2) || MT == 4 ? 2 : 3)
     wo_gemm_ws_kernel(const __grid_constant__ Params p) {
@@ -115,6 +123,7 @@ __global__ void __launch_bounds__((kMaxWarps + (RED ? 2 : 1)) * 32, CT == 4 ? (M
   constexpr int kElemStep = kRowStep / 8;          // the same in tensor-map elements
   constexpr int kRowsPerWarp = BITS == 8 ? 8 : 4;  // channel-group rows of one warp's 16 channels
   static_assert(!RED || ws_red_warp(CT, MT, PUSH), "the reducer warp: pushed sums with several tiles a warp only");
+  static_assert(!XR || (BITS == 4 && MT == 2 && CT == 2 && GMODE != 2 && !PARTS), "x through the ring: ws_xring_ok");
   const int lane = threadIdx.x & 31, nwarps = (blockDim.x >> 5) - (RED ? 2 : 1);  // consumer warps
   const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x >> 5), 0);
   const int g = lane >> 2, c = lane & 3;
@@ -125,7 +134,9 @@ __global__ void __launch_bounds__((kMaxWarps + (RED ? 2 : 1)) * 32, CT == 4 ? (M
   const int s_end = static_cast<int>(static_cast<int64_t>(nsteps_all) * (rank + 1) / splits);
   const int nst = p.stages, box = p.box;
   const int tiles = CT * nwarps;  // 16-channel tiles of the block
-  const int slot_sz = ws_slot_bytes(GMODE, box, tiles, CT);
+  // (XR: x's rows of the slot's steps after its weights and scales, at byte xoff; p.chunk = box)
+  const int xoff = ws_slot_bytes(GMODE, box, tiles, CT);
+  const int slot_sz = xoff + (XR ? ws_xslot_bytes(p.m, box) : 0);
   const int ld = p.chunk * kStepK + kXPadElems;
   const int nloc = s_end - s_begin;
   const int ustride = gridDim.y;
@@ -156,7 +167,7 @@ __global__ void __launch_bounds__((kMaxWarps + (RED ? 2 : 1)) * 32, CT == 4 ? (M
   // (int4 per channel up to 16 rows, where it was measured: at four token tiles, 17..32 rows, its code spilled at the
   // register cap, and group-128 instances with two tiles a warp passed their 72-register limit, ptxas; computed where
   // used)
-  constexpr bool kXGate = BITS == 4 && GMODE == 0 && MT <= 2;
+  constexpr bool kXGate = BITS == 4 && GMODE == 0 && MT <= 2 && !XR;
   auto xgate = [&]() { return ws_spare_barriers(p.stages) >= 3; };
   // PUSH: the cluster's sum of a tile group is pushed (the host takes it where the block's tiles
   // divide by splits, ws_push): 16-channel tile v of the group is summed by block v / (tiles /
@@ -166,6 +177,10 @@ __global__ void __launch_bounds__((kMaxWarps + (RED ? 2 : 1)) * 32, CT == 4 ? (M
   const uint8_t* ring = smem + ws_barrier_bytes(nst);
   uint16_t* xbuf = reinterpret_cast<uint16_t*>(smem + ws_barrier_bytes(nst) + nst * slot_sz);
   auto part_of = [&]() {
+    if constexpr (XR)
+      return reinterpret_cast<float*>(
+          smem + ws_barrier_bytes(p.stages) +
+          p.stages * (ws_slot_bytes(GMODE, p.box, CT * nwarps, CT) + ws_xslot_bytes(p.m, p.box)));
     return reinterpret_cast<float*>(smem + ws_barrier_bytes(p.stages) + p.stages * ws_slot_bytes(GMODE, p.box, CT * nwarps, CT) +
                                     2 * (PARTS ? p.part_m : p.m) * (p.chunk * kStepK + kXPadElems));
   };
@@ -210,7 +225,7 @@ __global__ void __launch_bounds__((kMaxWarps + (RED ? 2 : 1)) * 32, CT == 4 ? (M
   if (threadIdx.x == 0) {
     dsx_wo::prefetch_tmap(&p.wmap);
     for (int i = 0; i < nst; ++i) {
-      dsx_wo::mbar_init(full0 + 8 * i, 1);
+      dsx_wo::mbar_init(full0 + 8 * i, XR ? 1 + 32 : 1);  // (XR: and the producer lanes' x copies)
       dsx_wo::mbar_init(empty0 + 8 * i, nwarps);
     }
     if constexpr (PUSH) {
@@ -247,6 +262,7 @@ __global__ void __launch_bounds__((kMaxWarps + (RED ? 2 : 1)) * 32, CT == 4 ? (M
       ++joined;
     };
     int f = 0, slot = 0;
+    if constexpr (XR) dsx_wo::pdl_wait();  // (XR: this warp copies x, which may come from the previous kernel)
     if (fpg > 0) {
       for (int o = 0; o < my_groups; ++o) {
         const int u = blockIdx.y + o * ustride;
@@ -295,6 +311,21 @@ __global__ void __launch_bounds__((kMaxWarps + (RED ? 2 : 1)) * 32, CT == 4 ? (M
               }
             }
           }
+          if constexpr (XR) {
+            // x's rows for this fill's steps, 16-byte pieces permuted as stage_x_steps stores them, zeros past K;
+            // the slot's full barrier completes once every lane's copies have landed (arrive.noinc: the 32 are
+            // counted in its initial count).
+            const int len = min(box, s_end - first), per_row = 16 * len, total = p.m * per_row;
+            uint16_t* xs = reinterpret_cast<uint16_t*>(smem + ws_barrier_bytes(nst) + slot * slot_sz + xoff);
+            for (int i = lane; i < total; i += 32) {
+              const int row = i / per_row, rem = i - row * per_row, st = rem >> 4, q = rem & 15;
+              const int kk = (first + st) * kStepK + 8 * q;
+              const bool in = kk < p.k;
+              dsx_wo::cp_async16(xs + row * ld + st * kStepK + ((q & 3) * 4 + (q >> 2)) * 8,
+                                 in ? x_of() + static_cast<int64_t>(row) * p.k + kk : x_of(), in ? 16 : 0);
+            }
+            asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(full0 + 8 * slot) : "memory");
+          }
           __syncwarp();
           if (++slot == nst) slot = 0;
         }
@@ -341,13 +372,15 @@ __global__ void __launch_bounds__((kMaxWarps + (RED ? 2 : 1)) * 32, CT == 4 ? (M
   {
     dsx_wo::pdl_wait();  // x may come from the previous kernel (the producer does not read it)
 #ifndef DSX_WO_DIAG_NOX  // (diagnostic builds: x not staged, wrong results)
-    // (through registers with one or two tiles a warp; four keep cp.async: there the register path
-    // was 0.7-5% slower on 36864 x 7168 M = 8 and 7168 x 18432 M = 8..16 in the same run, 1-4% faster
-    // on 24576 x 1536; stage_x_steps has the figures)
-    // (4 loads in flight in the pulled int4-per-channel instance with one tile a warp and two token
-    // tiles: 8 spilled there at its 72 registers)
-    constexpr int kXLoads = BITS == 4 && GMODE == 0 && CT == 1 && MT == 2 && !PUSH ? 4 : 8;
-    dsx_wo::stage_x_steps<BITS, CT <= 2, kXLoads>(xbuf, ld, x_of(), rows_of(), p.k, s_begin, nloc, threadIdx.x, cthreads);
+    if constexpr (!XR) {  // (XR: the producer copies x into each ring slot)
+      // (through registers with one or two tiles a warp; four keep cp.async: there the register path
+      // was 0.7-5% slower on 36864 x 7168 M = 8 and 7168 x 18432 M = 8..16 in the same run, 1-4% faster
+      // on 24576 x 1536; stage_x_steps has the figures)
+      // (4 loads in flight in the pulled int4-per-channel instance with one tile a warp and two token
+      // tiles: 8 spilled there at its 72 registers)
+      constexpr int kXLoads = BITS == 4 && GMODE == 0 && CT == 1 && MT == 2 && !PUSH ? 4 : 8;
+      dsx_wo::stage_x_steps<BITS, CT <= 2, kXLoads>(xbuf, ld, x_of(), rows_of(), p.k, s_begin, nloc, threadIdx.x, cthreads);
+    }
 #endif
     if constexpr (CT > 2) dsx_wo::cp_async_wait<0>();
     ws_consumer_sync(cthreads);
@@ -388,7 +421,8 @@ __global__ void __launch_bounds__((kMaxWarps + (RED ? 2 : 1)) * 32, CT == 4 ? (M
         const uint8_t* wbase = sl + (CT * warp * kRowsPerWarp + wrow) * rstride + win;
         const int tstride = kRowsPerWarp * rstride;  // from one tile's rows to the next's
         for (int j = 0; j < slot_len;) {
-          const uint16_t* xs = xbuf + (first + j - s_begin) * kStepK;
+          const uint16_t* xs = XR ? reinterpret_cast<const uint16_t*>(sl + xoff) + j * kStepK
+                                  : xbuf + (first + j - s_begin) * kStepK;
           if constexpr (CT > 1) {
             Stage st[CT];
 #pragma unroll

@@ -14,6 +14,10 @@ constexpr int kWsNoFit = 1;  // (ws_choose: x whole does not fit, every field au
 // a warp), and 17..32 (four token tiles, one channel tile a warp; ws_auto_rule has the measurements).
 constexpr int kWsMaxRows = 32;
 
+// Whether x may come through the ring (the kernel's XR instances): int4 per channel or group 128, two token tiles
+// (9..16 rows), two tiles a warp.
+bool ws_xring_ok(int rows, int bits, int gmode, int ct) { return bits == 4 && gmode != 2 && rows > 8 && rows <= 16 && ct == 2; }
+
 // The warp-specialized configuration for a launch of `rows` (<= kWsMaxRows) rows: the split, chunk and
 // warps that choose() gives the word without bit 28 and without its ring fields (so, at equal
 // splits, the same slices: the same bits; with splits and chunk automatic, 8 splits where
@@ -48,12 +52,18 @@ int ws_choose(int rows, int64_t n, int64_t k, int bits, int group, int algo, int
   const int gmode = gmode_of(bits, group);
   const int per_split = (nsteps + cfg->splits - 1) / cfg->splits;
   // x is staged whole (one buffer, no chunk loop): an automatic chunk becomes the slice, a given
-  // one must hold it.
+  // one must hold it; or, a given chunk equal to the ring's steps a slot (ws_xring_ok), x comes through
+  // the ring: each slot holds x's rows of its steps beside the weights (no x slice staged).
   const bool auto_chunk = ((algo >> 8) & 255) == 0;
   if (auto_chunk) cfg->chunk = per_split;
-  if (cfg->chunk < per_split) return DSX_EINVAL;
+  cfg->xring = cfg->chunk < per_split;
+  if (cfg->xring && (cfg->chunk != cfg->box || !ws_xring_ok(rows, bits, gmode, cfg->ct))) return DSX_EINVAL;
   // (smem_bytes with `tiles` warps and no ring: x whole and the partial tile of 16 * tiles channels)
-  const int64_t smem = ws_barrier_bytes(cfg->stages) + int64_t(cfg->stages) * ws_slot_bytes(gmode, cfg->box, tiles, cfg->ct) +
+  const int64_t smem =
+      cfg->xring ? ws_barrier_bytes(cfg->stages) +
+                       int64_t(cfg->stages) * (ws_slot_bytes(gmode, cfg->box, tiles, cfg->ct) + ws_xslot_bytes(rows, cfg->box)) +
+                       int64_t(rows) * 16 * tiles * 4
+                 : ws_barrier_bytes(cfg->stages) + int64_t(cfg->stages) * ws_slot_bytes(gmode, cfg->box, tiles, cfg->ct) +
                        smem_bytes(rows, bits, gmode, tiles, 0, cfg->box, cfg->chunk, per_split);
   if (smem > kSmemPerBlock) return auto_chunk && (algo & 0xFF0000) == 0 ? kWsNoFit : DSX_EINVAL;
   cfg->smem = static_cast<int>(smem);
@@ -455,7 +465,7 @@ bool ws_encode_map(CUtensorMap* map, const void* q, int64_t n, int64_t k, int bi
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <int BITS, int MT, int GMODE, int CT, bool PUSH, bool PARTS, bool RED>
+template <int BITS, int MT, int GMODE, int CT, bool PUSH, bool PARTS, bool RED, bool XR>
 std::atomic<int>* ws_smem_allowed() {
   static std::atomic<int> set[kMaxDevices];
   return set;
@@ -465,10 +475,11 @@ std::atomic<int>* ws_smem_allowed() {
 // has one and the grid's blocks loop over two tile groups or more (persistent: more tile groups than stay resident;
 // with one group a block the reducer warp would have nothing to do, and its kernel lost 1-2.5% there: 2048 x 7168 and
 // 7168 x 18432 at 8..16 rows, twenty-fifth session).
-template <int BITS, int MT, int GMODE, int CT = 1, bool PUSH = false, bool PARTS = false, bool RED = ws_red_warp(CT, MT, PUSH)>
+template <int BITS, int MT, int GMODE, int CT = 1, bool PUSH = false, bool PARTS = false, bool RED = ws_red_warp(CT, MT, PUSH),
+          bool XR = false>
 cudaError_t ws_launch_inst(const Params& p, const Config& cfg, cudaStream_t stream) {
-  auto kernel = wo_gemm_ws_kernel<BITS, MT, GMODE, CT, PUSH, PARTS, RED>;
-  const cudaError_t se = ensure_smem(kernel, cfg.smem, ws_smem_allowed<BITS, MT, GMODE, CT, PUSH, PARTS, RED>());
+  auto kernel = wo_gemm_ws_kernel<BITS, MT, GMODE, CT, PUSH, PARTS, RED, XR>;
+  const cudaError_t se = ensure_smem(kernel, cfg.smem, ws_smem_allowed<BITS, MT, GMODE, CT, PUSH, PARTS, RED, XR>());
   if (se != cudaSuccess) return se;
   cudaLaunchConfig_t lc = {};
   lc.gridDim = dim3(cfg.splits, cfg.blocks_n, cfg.parts);
@@ -482,7 +493,8 @@ cudaError_t ws_launch_inst(const Params& p, const Config& cfg, cudaStream_t stre
     resident = resident_groups(reinterpret_cast<const void*>(kernel), q, dev) / cfg.parts;
   }
   if constexpr (RED) {
-    if (!(resident > 0 && resident < cfg.blocks_n)) return ws_launch_inst<BITS, MT, GMODE, CT, PUSH, PARTS, false>(p, cfg, stream);
+    if (!(resident > 0 && resident < cfg.blocks_n))
+      return ws_launch_inst<BITS, MT, GMODE, CT, PUSH, PARTS, false, XR>(p, cfg, stream);
   }
   if (resident > 0 && resident < cfg.blocks_n) lc.gridDim.y = resident;
   lc.dynamicSmemBytes = cfg.smem;
@@ -502,6 +514,9 @@ int ws_launch(Params& p, const void* qweight, int64_t n, int64_t k, int bits, in
     constexpr int B = decltype(bg)::kBits, G = decltype(bg)::kGmode;
     constexpr bool P = decltype(pg)::value;
     if constexpr (G != 2) {  // (several tiles a warp: not int4 group 64; ws_choose)
+      if constexpr (B == 4) {
+        if (cfg.xring) return ws_launch_inst<B, 2, G, 2, P, false, ws_red_warp(2, 2, P), true>(p, cfg, stream);
+      }
       if (cfg.ct == 2)
         return cfg.mt == 1 ? ws_launch_inst<B, 1, G, 2, P>(p, cfg, stream) : ws_launch_inst<B, 2, G, 2, P>(p, cfg, stream);
       if (cfg.ct == 4)

@@ -108,7 +108,7 @@ def test_automatic_fields_on_decode_shapes(m, n, k, bits, group):
     check_bound(a, x, wd, f"ws auto {(m, n, k, bits, group)}")
     assert same(a, run_raw(x, q, s, bits, group, word(warps, splits, 0, 0, 0))), "bits differ from the existing path"
     if bits == 4 and group == -1:  # (two tiles a warp at 9..16 rows since the sixteenth session)
-        assert G.cuda_path(m, n, k, bits, group) == {"ws": True, "tiles": 2 if m > 8 else 1}
+        assert G.cuda_path(m, n, k, bits, group) == {"ws": True, "tiles": 2 if m > 8 else 1, "xring": False}
         assert same(a, G.gemm_weight_only_cuda(x, q, s, bits, group, 90)), "bits differ from auto"
 
 
@@ -125,7 +125,7 @@ def test_17_to_32_rows_four_token_tiles_same_bits(bits, group):
             ref = existing(x, q, s, wd, bits, group, splits, f"m {m}")
             for warps, stages, box in ((8, 0, 0), (8, 2, 2), (8, 3, 2), (4, 5, 3)):  # (rings x whole leaves room for)
                 algo = word(warps, splits, 0, stages, box) | WS
-                assert G.cuda_path(m, n, k, bits, group, algo=algo) == {"ws": True, "tiles": 1}, algo
+                assert G.cuda_path(m, n, k, bits, group, algo=algo) == {"ws": True, "tiles": 1, "xring": False}, algo
                 check_same_bits(x, q, s, wd, bits, group, ref, algo, f"ws m {m}", also=(0,))  # (and reproducible)
     n, k, m = 23104, 576, 32
     x, q, s, wd = make(m, n, k, bits, group, seed=17)
@@ -145,7 +145,7 @@ def test_automatic_rule_17_to_64_rows(n, k, bits, group):
     with cuda.rules_only():
         for m in (17, 32, 40, 64):
             x, q, s, wd = make(m, n, k, bits, group, seed=18)
-            assert G.cuda_path(m, n, k, bits, group) == {"ws": True, "tiles": 1}, m
+            assert G.cuda_path(m, n, k, bits, group) == {"ws": True, "tiles": 1, "xring": False}, m
             warps, splits, chunk, stages, box = ws_config(m, n, k, bits, group, 0)
             assert (chunk, stages, box) == (-(-nsteps // splits), 2, 2), (m, warps, splits, chunk, stages, box)
             a = G.gemm_weight_only_cuda(x, q, s, bits, group, 90)
@@ -214,15 +214,62 @@ def test_more_than_32_rows_ignore_the_bit():
 
 
 def test_given_chunk_must_hold_the_slice():
-    """x is staged whole on this path: a chunk shorter than the slice is refused (DSX_EINVAL)."""
+    """x is staged whole on this path: a chunk shorter than the slice is refused (DSX_EINVAL), but for x through
+    the ring (a chunk equal to the ring's steps a slot, int4 per channel or group 128, two tiles a warp, 9..16
+    rows): not with one tile a warp, not with a chunk other than the slot's steps, not at 8 rows or fewer, not
+    for int8 or int4 group 64."""
     m, n, k = 16, 256, 2048  # 16 int4 steps: 8 a slice at 2 splits
-    x, q, s, _ = make(m, n, k, 4, -1, seed=15)
-    dx, dq, ds = cuda.to_device(x.view(np.uint16)), cuda.to_device(q), cuda.to_device(s.view(np.uint16))
-    out = cuda.empty((m, n), np.uint16)
     run = G._cuda_fns()[0]
-    assert run(dx.ptr, dq.ptr, ds.ptr, out.ptr, m, n, k, 4, -1, 90, word(8, 2, 4, 0, 0) | WS, None) == -1
-    assert run(dx.ptr, dq.ptr, ds.ptr, out.ptr, m, n, k, 4, -1, 90, word(8, 2, 8, 0, 0) | WS, None) == 0
-    cuda.synchronize()
+    for bits, group, m in ((4, -1, 16), (4, -1, 8), (4, 128, 9), (8, -1, 16), (4, 64, 12)):
+        x, q, s, _ = make(m, n, k, bits, group, seed=15)
+        dx, dq, ds = cuda.to_device(x.view(np.uint16)), cuda.to_device(q), cuda.to_device(s.view(np.uint16))
+        out = cuda.empty((m, n), np.uint16)
+
+        def rc(algo):
+            return run(dx.ptr, dq.ptr, ds.ptr, out.ptr, m, n, k, bits, group, 90, algo, None)
+
+        ring = bits == 4 and group != 64 and m > 8
+        assert rc(word(8, 2, 4, 0, 0) | WS) == -1
+        assert rc(word(8, 2, 8, 0, 0) | WS) == 0
+        assert rc(word(8, 2, 2, 2, 2) | WS) == -1  # (one tile a warp)
+        assert rc(word(8, 2, 2, 2, 2) | WS | TILES[4]) == -1  # (four)
+        assert rc(word(8, 2, 4, 2, 2) | WS | TILES[2]) == -1  # (chunk 4, slots of 2 steps)
+        assert rc(word(8, 2, 2, 2, 2) | WS | TILES[2]) == (0 if ring else -1), (bits, group, m)
+        assert G.cuda_path(m, n, k, bits, group, algo=word(8, 2, 8, 2, 2) | WS | TILES[2])["xring"] is False
+        cuda.synchronize()
+
+
+@pytest.mark.parametrize("m", [9, 11, 13, 16])
+@pytest.mark.parametrize("bits,group", [(4, -1), (4, 128)])
+def test_x_through_the_ring_same_bits(bits, group, m):
+    """x through the ring (XR: each ring slot holds x's rows of its steps, copied by the producer warp; a given
+    chunk equal to the slot's steps): the same slices, so the same bits as the existing path at every split, and
+    right against float64. K = 2112 (16.5 int4 steps: ragged slices, a half step of zeros past K, short last
+    slots), N = 320 and 448 (the last block's group part empty), slots of 1, 2 and 3 steps, 2 to 4 of them; then
+    N = 23104 (91 tile groups: blocks loop over groups) at 2, 4 and 8 splits (pulled; pushed; pushed with the
+    reducer warp), with one group a block and with PDL."""
+    k = 2112
+    for n in (320, 448):
+        x, q, s, wd = make(m, n, k, bits, group, seed=31)
+        for splits in (1, 2, 3, 4, 8):
+            ref = existing(x, q, s, wd, bits, group, splits, f"xring m {m} n {n}")
+            per_split = -(-17 // splits)
+            for warps, stages, box in ((8, 2, 2), (4, 3, 1), (8, 2, 3), (8, 4, 1)):
+                if box >= per_split:
+                    continue  # (the slice fits one slot: x whole)
+                algo = word(warps, splits, box, stages, box) | WS | TILES[2]
+                assert G.cuda_path(m, n, k, bits, group, algo=algo) == {"ws": True, "tiles": 2, "xring": True}, algo
+                check_same_bits(x, q, s, wd, bits, group, ref, algo, f"xring m {m} n {n} splits {splits}")
+    n, k = 23104, 1152  # (9 steps)
+    x, q, s, wd = make(m, n, k, bits, group, seed=32)
+    for splits in (2, 4, 8):
+        ref = run_raw(x, q, s, bits, group, word(8, splits, 0, 0, 0))
+        per_split = -(-9 // splits)
+        box = 1 if per_split <= 2 else 2
+        algo = word(8, splits, box, 2, box) | WS | TILES[2]
+        assert G.cuda_path(m, n, k, bits, group, algo=algo)["xring"], algo
+        check_same_bits(x, q, s, wd, bits, group, ref, algo, f"xring persistent m {m} splits {splits}",
+                        also=(ONE_GROUP, PDL))
 
 
 @pytest.mark.parametrize("m", [9, 12, 16])
@@ -353,7 +400,8 @@ def test_several_tiles_up_to_8_rows_same_bits(bits, group, tiles):
                 check_same_bits(x, q, s, wd, bits, group, ref, word(8, splits, 0, 2, 2) | WS, f"one tile m {m} n {n}")
                 for warps, stages, box in ((8, 0, 0), (8, 2, 2), (4, 2, 1), (8, 4, 1), (2, 3, 4)):
                     algo = word(warps, splits, 0, stages, box) | WS | bit
-                    assert G.cuda_path(m, n, k, bits, group, algo=algo) == {"ws": True, "tiles": tiles}, algo
+                    want = {"ws": True, "tiles": tiles, "xring": False}
+                    assert G.cuda_path(m, n, k, bits, group, algo=algo) == want, algo
                     check_same_bits(x, q, s, wd, bits, group, ref, algo, f"{tiles} tiles m {m} n {n}")
                 algo = word(8, splits, 0, 2, 2) | WS | bit
                 check_same_bits(x, q, s, wd, bits, group, ref, algo, f"{tiles} tiles m {m} n {n}", also=(ONE_GROUP | PDL,))
@@ -472,7 +520,7 @@ def check_auto_choice(m, n, k, bits, group, tiles, fields, seed, also=()):
     (and of each (word, message) of `also`), and is reproducible."""
     skip_unless_h200()
     with cuda.rules_only():  # (the rules' choice: where the measured table lists the launch, it decides)
-        assert G.cuda_path(m, n, k, bits, group) == {"ws": True, "tiles": tiles}
+        assert G.cuda_path(m, n, k, bits, group) == {"ws": True, "tiles": tiles, "xring": False}
         cfg = G.cuda_config(m, n, k, bits, group)
         assert (cfg["warps"], cfg["splits"], cfg["stages"], cfg["box"]) == tuple(fields), cfg
         x, q, s, wd = make(m, n, k, bits, group, seed=seed)
@@ -530,8 +578,9 @@ def test_automatic_two_tiles_same_bits(bits, group, m):
         assert same(a, run_raw(x, q, s, bits, group, word(8, cfg["splits"], 0, 0, 0))), f"{path}: bits differ from the existing path"
         assert same(a, run_raw(x, q, s, bits, group, word(8, cfg["splits"], 0, 2, 2) | WS)), f"{path}: bits differ from one tile"
         assert same(a, G.gemm_weight_only_cuda(x, q, s, bits, group, 90)), "not reproducible"
-        assert G.cuda_path(m, n, k, bits, group, algo=word(8, 4, 0, 2, 2) | WS | TWO) == {"ws": True, "tiles": 2}
-        assert G.cuda_path(m, n, k, bits, group, algo=word(8, 4, 0, 0, 0)) == {"ws": False, "tiles": 1}
+        want = {"ws": True, "tiles": 2, "xring": False}
+        assert G.cuda_path(m, n, k, bits, group, algo=word(8, 4, 0, 2, 2) | WS | TWO) == want
+        assert G.cuda_path(m, n, k, bits, group, algo=word(8, 4, 0, 0, 0)) == {"ws": False, "tiles": 1, "xring": False}
 
 
 @pytest.mark.parametrize("m", [9, 12, 16])
@@ -553,7 +602,7 @@ def test_four_tiles_at_twice_the_split_on_h200(m):
     valid code), no float64 reference at this size."""
     skip_unless_h200()
     n, k = 36864, 7168
-    assert G.cuda_path(m, n, k, 4, -1) == {"ws": True, "tiles": 4}
+    assert G.cuda_path(m, n, k, 4, -1) == {"ws": True, "tiles": 4, "xring": False}
     cfg = G.cuda_config(m, n, k, 4, -1)
     assert (cfg["warps"], cfg["splits"], cfg["chunk"], cfg["stages"], cfg["box"]) == (8, 8, 7, 2, 1), cfg
     rng = np.random.default_rng([41, m])

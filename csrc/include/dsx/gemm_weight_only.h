@@ -138,8 +138,9 @@ int dsx_wo_gemm_config_cuda(int64_t m, int64_t n, int64_t k, int bits, int group
                             int algo, int* warps, int* splits, int* chunk, int* stages, int* box);
 
 /* Which kernel `algo` resolves to for the first launch (min(M, 64) rows, or 32 as above): *ws = 1 for the
- * warp-specialized one (bit 28, or auto's choice), and its 16-channel tiles a consumer warp
- * (*tiles: 1, 2 or 4; 1 for the other kernels). */
+ * warp-specialized one (bit 28, or auto's choice), 2 for it with x through its ring (a given chunk equal to the
+ * steps a slot, shorter than the K slice: int4 per channel or group 128, 9..16 rows, two tiles a warp), and its
+ * 16-channel tiles a consumer warp (*tiles: 1, 2 or 4; 1 for the other kernels). */
 int dsx_wo_gemm_path_cuda(int64_t m, int64_t n, int64_t k, int bits, int group_size, int algo, int* ws,
                           int* tiles);
 
