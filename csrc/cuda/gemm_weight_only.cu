@@ -102,6 +102,7 @@ struct Params {
   int groups;             // tile groups of 16 * warps channels (the grid's y covers them in turn)
   int part_m;             // warp-specialized kernel: rows of each grid-z part (part z: rows z * part_m ..,
                           // at most m in all; = m where the grid has one part)
+  CUtensorMap xmap;       // warp-specialized kernel with x through its ring: x as 32 k x K/32 x m (ws_encode_xmap)
 };
 
 }  // namespace

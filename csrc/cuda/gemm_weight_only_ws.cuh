@@ -40,13 +40,17 @@ __host__ __device__ constexpr int ws_scale_rows(int gmode) { return gmode == 2 ?
 __host__ __device__ constexpr int ws_slot_bytes(int gmode, int box, int tiles, int ct) {
   return (box * (tiles * kWBytes + ws_scale_rows(gmode) * ws_scale_row(ct)) + 127) / 128 * 128;
 }
-// x through the ring (XR, twenty-seventh session): each slot also holds x's `rows` rows for its `box` steps (int4:
-// 128 k a step), rows box * 128 + kXPadElems elements apart, after the weights and scales of ws_slot_bytes. Where
-// the block's x slice staged whole does not fit beside the ring in a half of the SM's shared memory (int4 per
-// channel at 4 splits: 11..16 rows; group 128: 10..16), so that two blocks an SM hold the deeper ring anyway.
-__host__ __device__ constexpr int ws_xslot_bytes(int rows, int box) {
-  return (rows * (box * 128 + kXPadElems) * 2 + 127) / 128 * 128;
-}
+// x through the ring (XR; the producer's copies by TMA since the twenty-eighth session): x's rows for each slot's steps
+// sit in a second ring after the weights' one (the x ring: `stages` x `box` steps, kXrStepBytes a step, from the first
+// 512-byte boundary after the weight ring, so that a copy's 64-byte swizzle, applied by the copy engine on shared
+// address bits, is the same whether it counts from the box or from the address). One 3-D tensor copy a step (the
+// x map: 32 k x K/32 segments x rows) writes 16 rows (rows past M and k past K zero) x 4 segments of 32 k, row r's
+// segment c at 256 r + 64 c, its 16-byte piece i at piece i ^ ((2 r + c / 2) & 3): the 8 lanes of each quarter-warp
+// (rows g, g + 1 of a pair, the four c) read 8 distinct 16-byte bank groups (ws_xr_offsets). Where the block's x slice
+// staged whole does not fit beside the ring in a half of the SM's shared memory (int4 per channel at 4 splits: 11..16
+// rows; group 128: 10..16), so that two blocks an SM hold the deeper ring anyway.
+constexpr int kXrStepBytes = 16 * 256;  // one step of x in the x ring: 16 rows x 128 k bf16
+__host__ __device__ constexpr int ws_xring_bytes(int stages, int box) { return 512 + stages * box * kXrStepBytes; }
 // full[stages] then empty[stages] mbarriers; a kernel that pushes its cluster sum (PUSH) has two more
 // in the padding after them (ws_push: only where they fit): recv (this block's pieces of a tile group
 // have landed) and send (every block of the cluster has read the pieces this one sent it).
@@ -134,9 +138,7 @@ __global__ void __launch_bounds__((kMaxWarps + (RED ? 2 : 1)) * 32, CT == 4 ? (M
   const int s_end = static_cast<int>(static_cast<int64_t>(nsteps_all) * (rank + 1) / splits);
   const int nst = p.stages, box = p.box;
   const int tiles = CT * nwarps;  // 16-channel tiles of the block
-  // (XR: x's rows of the slot's steps after its weights and scales, at byte xoff; p.chunk = box)
-  const int xoff = ws_slot_bytes(GMODE, box, tiles, CT);
-  const int slot_sz = xoff + (XR ? ws_xslot_bytes(p.m, box) : 0);
+  const int slot_sz = ws_slot_bytes(GMODE, box, tiles, CT);
   const int ld = p.chunk * kStepK + kXPadElems;
   const int nloc = s_end - s_begin;
   const int ustride = gridDim.y;
@@ -178,11 +180,15 @@ __global__ void __launch_bounds__((kMaxWarps + (RED ? 2 : 1)) * 32, CT == 4 ? (M
   uint16_t* xbuf = reinterpret_cast<uint16_t*>(smem + ws_barrier_bytes(nst) + nst * slot_sz);
   auto part_of = [&]() {
     if constexpr (XR)
-      return reinterpret_cast<float*>(
-          smem + ws_barrier_bytes(p.stages) +
-          p.stages * (ws_slot_bytes(GMODE, p.box, CT * nwarps, CT) + ws_xslot_bytes(p.m, p.box)));
+      return reinterpret_cast<float*>(smem + ws_barrier_bytes(p.stages) + p.stages * ws_slot_bytes(GMODE, p.box, CT * nwarps, CT) +
+                                      ws_xring_bytes(p.stages, p.box));
     return reinterpret_cast<float*>(smem + ws_barrier_bytes(p.stages) + p.stages * ws_slot_bytes(GMODE, p.box, CT * nwarps, CT) +
                                     2 * (PARTS ? p.part_m : p.m) * (p.chunk * kStepK + kXPadElems));
+  };
+  // XR: the x ring's first byte (a shared address; computed where used)
+  auto xring0 = [&]() {
+    return (dsx_wo::smem_addr(smem) + ws_barrier_bytes(p.stages) + p.stages * ws_slot_bytes(GMODE, p.box, CT * nwarps, CT) +
+            511u) & ~511u;
   };
   auto ngroups = [&]() { return GMODE == 2 ? kt : p.group > 0 ? (p.k + p.group - 1) / p.group : 1; };
   auto lead = [&]() { return static_cast<uint32_t>(reinterpret_cast<uintptr_t>(p.scale) & 15); };
@@ -224,8 +230,9 @@ __global__ void __launch_bounds__((kMaxWarps + (RED ? 2 : 1)) * 32, CT == 4 ? (M
 
   if (threadIdx.x == 0) {
     dsx_wo::prefetch_tmap(&p.wmap);
+    if constexpr (XR) dsx_wo::prefetch_tmap(&p.xmap);
     for (int i = 0; i < nst; ++i) {
-      dsx_wo::mbar_init(full0 + 8 * i, XR ? 1 + 32 : 1);  // (XR: and the producer lanes' x copies)
+      dsx_wo::mbar_init(full0 + 8 * i, 1);
       dsx_wo::mbar_init(empty0 + 8 * i, nwarps);
     }
     if constexpr (PUSH) {
@@ -262,7 +269,6 @@ __global__ void __launch_bounds__((kMaxWarps + (RED ? 2 : 1)) * 32, CT == 4 ? (M
       ++joined;
     };
     int f = 0, slot = 0;
-    if constexpr (XR) dsx_wo::pdl_wait();  // (XR: this warp copies x, which may come from the previous kernel)
     if (fpg > 0) {
       for (int o = 0; o < my_groups; ++o) {
         const int u = blockIdx.y + o * ustride;
@@ -287,6 +293,7 @@ __global__ void __launch_bounds__((kMaxWarps + (RED ? 2 : 1)) * 32, CT == 4 ? (M
             if (GMODE == 1) bytes += len * srow;
             if (GMODE == 2)
               for (int j = 0; j < len; ++j) bytes += srow * (2 * (first + j) + 1 < ngroups() ? 2u : 1u);
+            if (XR) bytes += len * kXrStepBytes;
             const uint32_t bar = full0 + 8 * slot, dst = dsx_wo::smem_addr(ring) + slot * slot_sz;
             const uint64_t policy = dsx_wo::l2_evict_first();
             dsx_wo::mbar_arrive_expect_tx(bar, bytes);
@@ -310,21 +317,14 @@ __global__ void __launch_bounds__((kMaxWarps + (RED ? 2 : 1)) * 32, CT == 4 ? (M
                 }
               }
             }
-          }
-          if constexpr (XR) {
-            // x's rows for this fill's steps, 16-byte pieces permuted as stage_x_steps stores them, zeros past K;
-            // the slot's full barrier completes once every lane's copies have landed (arrive.noinc: the 32 are
-            // counted in its initial count).
-            const int len = min(box, s_end - first), per_row = 16 * len, total = p.m * per_row;
-            uint16_t* xs = reinterpret_cast<uint16_t*>(smem + ws_barrier_bytes(nst) + slot * slot_sz + xoff);
-            for (int i = lane; i < total; i += 32) {
-              const int row = i / per_row, rem = i - row * per_row, st = rem >> 4, q = rem & 15;
-              const int kk = (first + st) * kStepK + 8 * q;
-              const bool in = kk < p.k;
-              dsx_wo::cp_async16(xs + row * ld + st * kStepK + ((q & 3) * 4 + (q >> 2)) * 8,
-                                 in ? x_of() + static_cast<int64_t>(row) * p.k + kk : x_of(), in ? 16 : 0);
+            if constexpr (XR) {
+              // x's rows for this fill's steps, one tensor copy a step (zeros past K and M; ws_xring_bytes). x may come
+              // from the previous kernel: waited for before the first copy (the first weights are already on their way).
+              if (f == 0) dsx_wo::pdl_wait();
+              const uint32_t xdst = xring0() + static_cast<uint32_t>(slot * box * kXrStepBytes);
+              for (int j = 0; j < len; ++j)
+                dsx_wo::tma_load_3d(xdst + j * kXrStepBytes, &p.xmap, 0, 4 * (first + j), 0, bar);
             }
-            asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(full0 + 8 * slot) : "memory");
           }
           __syncwarp();
           if (++slot == nst) slot = 0;
@@ -392,6 +392,8 @@ __global__ void __launch_bounds__((kMaxWarps + (RED ? 2 : 1)) * 32, CT == 4 ? (M
 #pragma unroll
   for (int t = 0; t < MT; ++t)
     xo[t] = min(8 * t + g, rows_of() - 1) * ld + (BITS == 4 && GMODE == 2 ? 8 * (c & 1) + 4 * (c >> 1) : 8 * c);
+  if constexpr (XR)  // (XR: the lane's row-g bytes in a step of the x ring, step_q_tiles_xr)
+    xo[0] = 256 * g + 64 * c + 16 * ((2 * g + (c >> 1)) & 3);
   constexpr bool kPair = MT == 1 ? !(BITS == 4 && GMODE == 2) : MT == 2 && BITS == 4 && GMODE == 0;
   const bool pair = kPair && p.pair != 0;
   int slot = 0;
@@ -421,8 +423,7 @@ __global__ void __launch_bounds__((kMaxWarps + (RED ? 2 : 1)) * 32, CT == 4 ? (M
         const uint8_t* wbase = sl + (CT * warp * kRowsPerWarp + wrow) * rstride + win;
         const int tstride = kRowsPerWarp * rstride;  // from one tile's rows to the next's
         for (int j = 0; j < slot_len;) {
-          const uint16_t* xs = XR ? reinterpret_cast<const uint16_t*>(sl + xoff) + j * kStepK
-                                  : xbuf + (first + j - s_begin) * kStepK;
+          const uint16_t* xs = xbuf + (first + j - s_begin) * kStepK;
           if constexpr (CT > 1) {
             Stage st[CT];
 #pragma unroll
@@ -433,7 +434,12 @@ __global__ void __launch_bounds__((kMaxWarps + (RED ? 2 : 1)) * 32, CT == 4 ? (M
               if (GMODE == 1) st[q].s[0] = read_scale(sl, j, 0, CT * warp + q);
             }
 #ifndef DSX_WO_NOMATH
-            dsx_wo::step_q_tiles<BITS, MT, GMODE, CT>(acc, st, xs, xo);
+            if constexpr (XR) {
+              const uint32_t xoff = xring0() - dsx_wo::smem_addr(smem) + static_cast<uint32_t>((slot * box + j) * kXrStepBytes);
+              dsx_wo::step_q_tiles_xr<BITS, MT, GMODE, CT>(acc, st, smem, xoff, xo[0]);
+            } else {
+              dsx_wo::step_q_tiles<BITS, MT, GMODE, CT>(acc, st, xs, xo);
+            }
 #else
             acc[0][0][0] += __uint_as_float((st[0].w[0].x ^ st[CT - 1].w[1].y) & 1u) + __uint_as_float(xs[0] & 1u);
 #endif

@@ -60,9 +60,8 @@ int ws_choose(int rows, int64_t n, int64_t k, int bits, int group, int algo, int
   if (cfg->xring && (cfg->chunk != cfg->box || !ws_xring_ok(rows, bits, gmode, cfg->ct))) return DSX_EINVAL;
   // (smem_bytes with `tiles` warps and no ring: x whole and the partial tile of 16 * tiles channels)
   const int64_t smem =
-      cfg->xring ? ws_barrier_bytes(cfg->stages) +
-                       int64_t(cfg->stages) * (ws_slot_bytes(gmode, cfg->box, tiles, cfg->ct) + ws_xslot_bytes(rows, cfg->box)) +
-                       int64_t(rows) * 16 * tiles * 4
+      cfg->xring ? ws_barrier_bytes(cfg->stages) + int64_t(cfg->stages) * ws_slot_bytes(gmode, cfg->box, tiles, cfg->ct) +
+                       ws_xring_bytes(cfg->stages, cfg->box) + int64_t(rows) * 16 * tiles * 4
                  : ws_barrier_bytes(cfg->stages) + int64_t(cfg->stages) * ws_slot_bytes(gmode, cfg->box, tiles, cfg->ct) +
                        smem_bytes(rows, bits, gmode, tiles, 0, cfg->box, cfg->chunk, per_split);
   if (smem > kSmemPerBlock) return auto_chunk && (algo & 0xFF0000) == 0 ? kWsNoFit : DSX_EINVAL;
@@ -465,6 +464,20 @@ bool ws_encode_map(CUtensorMap* map, const void* q, int64_t n, int64_t k, int bi
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+// x for the x ring (XR): bf16 [rows, k] as 3-D (32 k, k / 32 segments, rows), a box of 4 segments (a step) x 16 rows
+// (rows past `rows` and segments past K filled with zeros), 64-byte swizzle (kXrStepBytes' layout).
+bool ws_encode_xmap(CUtensorMap* map, const void* x, int64_t rows, int64_t k) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+  if (!encode) return false;
+  const cuuint64_t dims[3] = {32, static_cast<cuuint64_t>(k / 32), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[2] = {64, static_cast<cuuint64_t>(2 * k)};
+  const cuuint32_t box[3] = {32, 4, 16};
+  const cuuint32_t elem[3] = {1, 1, 1};
+  return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void*>(x), dims, strides, box, elem,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_64B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 template <int BITS, int MT, int GMODE, int CT, bool PUSH, bool PARTS, bool RED, bool XR>
 std::atomic<int>* ws_smem_allowed() {
   static std::atomic<int> set[kMaxDevices];
@@ -508,6 +521,7 @@ int ws_launch(Params& p, const void* qweight, int64_t n, int64_t k, int bits, in
   if (!ws_encode_map(&p.wmap, qweight, n, k, bits, cfg.box, cfg.ct * cfg.warps) ||
       !ws_encode_map(&p.wmap1, qweight, n, k, bits, 1, cfg.ct * cfg.warps))
     return DSX_ECUDA;
+  if (cfg.xring && !ws_encode_xmap(&p.xmap, p.x, p.m, k)) return DSX_ECUDA;
   p.chunk = cfg.chunk, p.stages = cfg.stages, p.box = cfg.box, p.pair = cfg.pair ? 1 : 0;
   p.groups = cfg.blocks_n;
   auto by_ct = [&](auto bg, auto pg) {
