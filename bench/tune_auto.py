@@ -62,9 +62,13 @@ CANDIDATES = (
     + [(8, s, 2, 1, FOUR) for s in (2, 4, 8)] + [(8, s, 2, 2, FOUR) for s in (4, 8)]
     + [(0, 0, 2, 2, ONE), (0, 0, 2, 2, TWO)]
     # (x through the ring, twenty-seventh session: 4 splits with 2 x 2 slots keep two blocks an SM at 11..16 rows;
-    # its copies by TMA since the twenty-eighth, and more rings: one-step slots, 6 and 4 warps with deeper rings)
+    # its copies by TMA since the twenty-eighth, and more rings and block sizes: one-step slots; 6 and 4 warps with
+    # deeper rings or three blocks an SM, and 7 warps, whose tile groups fill the resident clusters' rounds
+    # more evenly on 36864x7168 (192 or 288 groups for 66 or 99 clusters of 4, where 8 warps' 144 take 2.18 rounds)
+    # and 7168x18432 (32 groups x 8 splits for 264 blocks))
     + [(8, 4, 2, 2, TWO, 2), (8, 4, 4, 1, TWO, 1), (8, 2, 2, 2, TWO, 2), (8, 8, 2, 2, TWO, 2)]
     + [(8, 8, 4, 1, TWO, 1), (6, 4, 3, 2, TWO, 2), (4, 4, 4, 2, TWO, 2), (8, 4, 3, 1, TWO, 1)]
+    + [(4, 4, 2, 2, TWO, 2), (7, 8, 2, 2, TWO, 2), (6, 8, 3, 2, TWO, 2)]
 )
 # 17..32 rows (four token tiles; one channel tile a warp: the tiles bits are ignored there)
 CANDIDATES_WIDE = (

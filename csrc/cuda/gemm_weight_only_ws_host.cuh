@@ -14,8 +14,8 @@ constexpr int kWsNoFit = 1;  // (ws_choose: x whole does not fit, every field au
 // a warp), and 17..32 (four token tiles, one channel tile a warp; ws_auto_rule has the measurements).
 constexpr int kWsMaxRows = 32;
 
-// Whether x may come through the ring (the kernel's XR instances): int4 per channel or group 128, two token tiles
-// (9..16 rows), two tiles a warp.
+// Whether x may come through the ring (the kernel's XR instances, x by one tensor copy a step): int4 per channel or
+// group 128, two token tiles (9..16 rows), two tiles a warp.
 bool ws_xring_ok(int rows, int bits, int gmode, int ct) { return bits == 4 && gmode != 2 && rows > 8 && rows <= 16 && ct == 2; }
 
 // The warp-specialized configuration for a launch of `rows` (<= kWsMaxRows) rows: the split, chunk and
@@ -53,7 +53,7 @@ int ws_choose(int rows, int64_t n, int64_t k, int bits, int group, int algo, int
   const int per_split = (nsteps + cfg->splits - 1) / cfg->splits;
   // x is staged whole (one buffer, no chunk loop): an automatic chunk becomes the slice, a given
   // one must hold it; or, a given chunk equal to the ring's steps a slot (ws_xring_ok), x comes through
-  // the ring: each slot holds x's rows of its steps beside the weights (no x slice staged).
+  // the ring: x's rows of each slot's steps in an x ring beside the weights' (no x slice staged; ws_xring_bytes).
   const bool auto_chunk = ((algo >> 8) & 255) == 0;
   if (auto_chunk) cfg->chunk = per_split;
   cfg->xring = cfg->chunk < per_split;
