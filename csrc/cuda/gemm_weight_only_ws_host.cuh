@@ -28,7 +28,13 @@ bool ws_xring_ok(int rows, int bits, int gmode, int ct) { return bits == 4 && gm
 int ws_choose(int rows, int64_t n, int64_t k, int bits, int group, int algo, int sms, Config* cfg) {
   if (rows > kWsMaxRows) return DSX_EINVAL;
   const int stages = (algo >> 16) & 15, box = (algo >> 20) & 15;
-  const int fields = algo & ~(kWsAlgoBit | kWsTilesBit | 0xFF0000);
+  // Warps other than a power of two (3, 5, 6, 7; twenty-eighth session): several tiles a warp with a given split only,
+  // so that a block's tile groups can fill the resident clusters' rounds evenly (36864 x 7168 at 4 splits: 192 groups
+  // of 6 warps for 66 clusters of 4, 2.9 rounds, where 8 warps' 144 take 2.18). choose() knows powers of two: it
+  // sees 8, and the block's channels follow the warps asked for (blocks_n below).
+  const int odd_warps = (algo & 15) != 0 && !pow2_upto8(algo & 15) ? algo & 15 : 0;
+  if (odd_warps && (odd_warps > kMaxWarps || !(algo & kWsTilesBit) || ((algo >> 4) & 15) == 0)) return DSX_EINVAL;
+  const int fields = (algo & ~(kWsAlgoBit | kWsTilesBit | 0xFF0000) & ~(odd_warps ? 15 : 0)) | (odd_warps ? 8 : 0);
   int rc = choose(rows, n, k, bits, group, fields, sms, cfg);
   if (rc != DSX_OK) return rc;
   const int nsteps = static_cast<int>(bits == 8 ? k / 64 : (k / 64 + 1) / 2);
@@ -40,6 +46,10 @@ int ws_choose(int rows, int64_t n, int64_t k, int bits, int group, int algo, int
   }
   cfg->bal = false, cfg->grid_y = 0;  // (choose's automatic balanced grid at <= 8 rows: not this kernel)
   cfg->ct = rows > 16 ? 1 : 1 << ((algo & kWsTilesBit) >> 29);  // (17..32 rows: one tile a warp, bits 29..30 ignored)
+  if (odd_warps) {
+    if (cfg->ct == 1) return DSX_EINVAL;  // (17..32 rows: one tile a warp)
+    cfg->warps = odd_warps;
+  }
   if (cfg->ct > 1) {
     if (gmode_of(bits, group) == 2) return DSX_EINVAL;  // (int4 group 64: one tile a warp only)
     const int64_t blocks_n = (n / 16 + cfg->ct * cfg->warps - 1) / (cfg->ct * cfg->warps);

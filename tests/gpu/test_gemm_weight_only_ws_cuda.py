@@ -241,6 +241,24 @@ def test_given_chunk_must_hold_the_slice():
         cuda.synchronize()
 
 
+def test_odd_warps_need_several_tiles_and_a_split():
+    """Warps other than a power of two (twenty-eighth session) only on the warp-specialized path with several tiles
+    a warp and a given split; the block's channels follow them (6 warps x 2 tiles: 192, so 36864 channels make 192
+    tile groups); elsewhere refused."""
+    n, k = 36864, 7168
+    cfg = G.cuda_config(16, n, k, 4, -1, algo=word(6, 4, 2, 3, 2) | WS | TILES[2])
+    assert (cfg["warps"], cfg["splits"], cfg["chunk"], cfg["stages"], cfg["box"]) == (6, 4, 2, 3, 2), cfg
+    assert G.cuda_path(16, n, k, 4, -1, algo=word(7, 8, 0, 2, 2) | WS | TILES[2]) == {"ws": True, "tiles": 2, "xring": False}
+    for algo in (word(6, 0, 2, 3, 2) | WS | TILES[2],  # (no split given)
+                 word(6, 4, 0, 2, 2) | WS,  # (one tile a warp)
+                 word(6, 4, 0, 0, 0),  # (the existing kernel)
+                 word(9, 4, 0, 2, 2) | WS | TILES[2]):  # (more than 8)
+        with pytest.raises(DsxError):
+            G.cuda_config(16, n, k, 4, -1, algo=algo)
+    with pytest.raises(DsxError):  # (17..32 rows: one tile a warp)
+        G.cuda_config(24, n, k, 4, -1, algo=word(6, 4, 0, 2, 2) | WS | TILES[2])
+
+
 @pytest.mark.parametrize("m", [9, 11, 13, 16])
 @pytest.mark.parametrize("bits,group", [(4, -1), (4, 128)])
 def test_x_through_the_ring_same_bits(bits, group, m):
@@ -257,7 +275,7 @@ def test_x_through_the_ring_same_bits(bits, group, m):
         for splits in (1, 2, 3, 4, 8):
             ref = existing(x, q, s, wd, bits, group, splits, f"xring m {m} n {n}")
             per_split = -(-17 // splits)
-            for warps, stages, box in ((8, 2, 2), (4, 3, 1), (8, 2, 3), (8, 4, 1)):
+            for warps, stages, box in ((8, 2, 2), (4, 3, 1), (8, 2, 3), (8, 4, 1), (6, 3, 2), (7, 2, 1)):
                 if box >= per_split:
                     continue  # (the slice fits one slot: x whole)
                 algo = word(warps, splits, box, stages, box) | WS | TILES[2]
@@ -269,10 +287,11 @@ def test_x_through_the_ring_same_bits(bits, group, m):
         ref = run_raw(x, q, s, bits, group, word(8, splits, 0, 0, 0))
         per_split = -(-9 // splits)
         box = 1 if per_split <= 2 else 2
-        algo = word(8, splits, box, 2, box) | WS | TILES[2]
-        assert G.cuda_path(m, n, k, bits, group, algo=algo)["xring"], algo
-        check_same_bits(x, q, s, wd, bits, group, ref, algo, f"xring persistent m {m} splits {splits}",
-                        also=(ONE_GROUP, PDL))
+        for warps in (8, 6):  # (6: 12 tiles a block, 120.3 groups: the last one partial)
+            algo = word(warps, splits, box, 2, box) | WS | TILES[2]
+            assert G.cuda_path(m, n, k, bits, group, algo=algo)["xring"], algo
+            check_same_bits(x, q, s, wd, bits, group, ref, algo, f"xring persistent m {m} splits {splits} warps {warps}",
+                            also=(ONE_GROUP, PDL))
 
 
 @pytest.mark.parametrize("m", [9, 12, 16])
