@@ -278,6 +278,16 @@ def test_device_entry_checks_before_launch(case, match):
     with pytest.raises(DsxError, match="splits 0..8"):
         G.algo_word(8, 9)
     assert G.algo_word(8, 3) == 8 | 3 << 4  # any split count 1..8 (cluster size)
+    # (3, 5, 6, 7 warps: the warp-specialized kernel with several tiles a warp and a given split only)
+    assert G.algo_word(6, 4, 2, 3, 2, warp_specialized=True, tiles=2) == 6 | 4 << 4 | 2 << 8 | 3 << 16 | 2 << 20 | 3 << 28
+    G.check_algo(6 | 4 << 4 | 3 << 28)
+    for bad in (dict(warps=6, splits=4), dict(warps=6, splits=4, warp_specialized=True),
+                dict(warps=6, warp_specialized=True, tiles=2), dict(warps=9, splits=4, warp_specialized=True, tiles=2)):
+        with pytest.raises(DsxError):
+            G.algo_word(**bad)
+    for bad in (6 | 4 << 4, 6 | 4 << 4 | 1 << 28, 6 | 3 << 28):
+        with pytest.raises(DsxError):
+            G.check_algo(bad)
     assert G.algo_word(stages=1) == 1 << 16  # one ring slot (the kernel takes it at M <= 8 only)
     G.check_algo(1 << 16)
     assert G.algo_word(8, 2, pdl=True) == 8 | 2 << 4 | 1 << 24

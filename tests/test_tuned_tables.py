@@ -50,7 +50,13 @@ def problems(rows) -> list[str]:
         # again), tiles a warp 1, 2 or 4 (bits 29..30 not 3), a split of at most 8, x's chunk automatic
         if not (word & WS and (word >> 16) & 15 and (word >> 20) & 15) or (word & TILES) == TILES:
             out.append(f"{where}: word {word:#x} is not a warp-specialized word with its ring")
-        if (word >> 4) & 15 > 8 or word & 15 not in (0, 4, 8) or (word >> 8) & 255:
+        # (warps 0, 4, 8, or 3, 5, 6, 7 with several tiles a warp and a given split; a chunk only for x through the
+        # ring: equal to the steps a slot, int4 per channel or group 128, two tiles a warp, 9..16 rows)
+        warps, splits, chunk, box = word & 15, (word >> 4) & 15, (word >> 8) & 255, (word >> 20) & 15
+        odd_ok = warps in (3, 5, 6, 7) and word & TILES and splits
+        ring_ok = chunk == box and (word & TILES) == TILES & (TILES >> 1) and bits == 4 and group in (-1, 128) \
+            and 9 <= lo and hi <= 16
+        if splits > 8 or not (warps in (0, 4, 8) or odd_ok) or (chunk and not ring_ok):
             out.append(f"{where}: word {word:#x} has a bad split, warp count or chunk")
         seen.setdefault((bits, group, n, k), []).append((lo, hi))
     return out + overlaps(seen, "row")
@@ -81,6 +87,12 @@ def test_table_entries_are_valid():
     ((4, -1, 9216, 7168, 1, 1, 0x70220044), "not a warp-specialized word"),
     ((4, -1, 9216, 7168, 1, 1, 0x10200044), "not a warp-specialized word"),  # no ring slots
     ((4, -1, 9216, 7168, 1, 1, 0x10220094), "bad split"),
+    ((4, -1, 9216, 7168, 9, 9, 0x10220046), "bad split"),  # (6 warps, one tile a warp)
+    ((4, -1, 9216, 7168, 9, 9, 0x30220006), "bad split"),  # (6 warps, no split)
+    ((4, -1, 9216, 7168, 9, 9, 0x30220148), "bad split"),  # (a chunk of 1 with slots of 2 steps)
+    ((4, -1, 9216, 7168, 8, 9, 0x30220248), "bad split"),  # (x through the ring at 8 rows)
+    ((8, -1, 9216, 7168, 9, 9, 0x30220248), "bad split"),  # (int8)
+    ((4, -1, 9216, 7168, 9, 9, 0x50220248), "bad split"),  # (four tiles a warp)
 ])
 def test_planted_faults_are_caught(fault, msg):
     rows = tune_auto.read_table()

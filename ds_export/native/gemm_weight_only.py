@@ -114,11 +114,16 @@ def _cuda_fns():
     return run, cfg, path, launch
 
 
+def _warps_ok(warps: int, splits: int, tiles_bits: int) -> bool:
+    """0 (automatic), 1, 2, 4 or 8; 3, 5, 6 or 7 only with several tiles a warp (bits 29..30) and a given split."""
+    return warps in (0, 1, 2, 4, 8) or (warps in (3, 5, 6, 7) and tiles_bits > 0 and splits > 0)
+
+
 def check_algo(algo: int) -> None:
     """Raise DsxError unless `algo` is 0 or a well-formed tuning word (see algo_word)."""
     warps, splits, stages, box = algo & 15, (algo >> 4) & 15, (algo >> 16) & 15, (algo >> 20) & 15
     tiles = (algo >> 29) & 3  # (bits 29..30: 1 or 2, only with bit 28)
-    if algo < 0 or algo >> 31 or tiles == 3 or (tiles and not (algo >> 28) & 1) or warps not in (0, 1, 2, 4, 8) or not 0 <= splits <= 8 or box > 8:
+    if algo < 0 or algo >> 31 or tiles == 3 or (tiles and not (algo >> 28) & 1) or not _warps_ok(warps, splits, tiles) or not 0 <= splits <= 8 or box > 8:
         raise DsxError(f"algo: expected 0 (automatic) or a word from algo_word(), got {algo:#x}")
 
 
@@ -210,15 +215,18 @@ def algo_word(warps: int = 0, splits: int = 0, chunk: int = 0, stages: int = 0, 
     persistent grid (bit 27: int4 per channel, M <= 8; clusters own runs of 16-channel tiles, a
     block's warps equal runs of K steps; its own accumulation order, see the header);
     warp_specialized: bit 28 (launches of up to 16 rows; one producer warp a block fills a ring
-    shared by its warps, `stages` x `box` steps of all of them, x staged whole; not with
+    shared by its warps, `stages` x `box` steps of all of them, x staged whole, or, with a chunk equal
+    to `box` and shorter than the slice, int4 at 9..16 rows and 2 tiles a warp, x through a ring of its own; not with
     `balanced`); tiles: 16-channel tiles a consumer warp owns, 1, 2 or 4 (bits 29..30 = log2; with
     warp_specialized, up to 16 rows: one x fragment load feeds all of them; not for int4 group 64).
     Only `splits` changes the result's bits (and `balanced`, for tiles that a warp run boundary cuts).
     """
-    if warps not in (0, 1, 2, 4, 8) or tiles not in (1, 2, 4) or not 0 <= splits <= 8 or not 0 <= chunk < 256 or \
-            not 0 <= stages <= 15 or not 0 <= box <= 8:
-        raise DsxError(f"algo: warps must be 0, 1, 2, 4 or 8 and splits 0..8, chunk 0..255, stages 0..15, "
-                       f"box 0..8 and tiles 1, 2 or 4, got {warps}, {splits}, {chunk}, {stages}, {box}, {tiles}")
+    tiles_bits = (tiles.bit_length() - 1) if warp_specialized and tiles in (2, 4) else 0
+    if not _warps_ok(warps, splits, tiles_bits) or tiles not in (1, 2, 4) or not 0 <= splits <= 8 or \
+            not 0 <= chunk < 256 or not 0 <= stages <= 15 or not 0 <= box <= 8:
+        raise DsxError(f"algo: warps must be 0, 1, 2, 4 or 8 (3, 5, 6, 7 with warp_specialized, tiles 2 or 4 and a "
+                       f"split), splits 0..8, chunk 0..255, stages 0..15, box 0..8 and tiles 1, 2 or 4, got {warps}, "
+                       f"{splits}, {chunk}, {stages}, {box}, {tiles}")
     return warps | splits << 4 | chunk << 8 | stages << 16 | box << 20 | int(bool(pdl)) << 24 | int(bool(balanced)) << 27 | \
         int(bool(warp_specialized)) << 28 | (tiles.bit_length() - 1) << 29
 
