@@ -108,8 +108,11 @@ def test_automatic_fields_on_decode_shapes(m, n, k, bits, group):
     check_bound(a, x, wd, f"ws auto {(m, n, k, bits, group)}")
     assert same(a, run_raw(x, q, s, bits, group, word(warps, splits, 0, 0, 0))), "bits differ from the existing path"
     if bits == 4 and group == -1:  # (two tiles a warp at 9..16 rows since the sixteenth session)
-        assert G.cuda_path(m, n, k, bits, group) == {"ws": True, "tiles": 2 if m > 8 else 1, "xring": False}
-        assert same(a, G.gemm_weight_only_cuda(x, q, s, bits, group, 90)), "bits differ from auto"
+        path = G.cuda_path(m, n, k, bits, group)  # (x through the ring where the table says so: 9..16 rows)
+        assert (path["ws"], path["tiles"]) == (True, 2 if m > 8 else 1) and (m > 8 or not path["xring"]), path
+        auto_splits = G.cuda_config(m, n, k, bits, group)["splits"]
+        ref = a if auto_splits == splits else run_raw(x, q, s, bits, group, word(8, auto_splits, 0, 0, 0))
+        assert same(ref, G.gemm_weight_only_cuda(x, q, s, bits, group, 90)), "bits differ from auto"
 
 
 @pytest.mark.parametrize("bits,group", LAYOUTS)
