@@ -120,16 +120,6 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* tmap, int 
       : "memory");
 }
 
-// Tensor copy of one box at {c0, c1, c2} of a 3-D tensor map into this CTA's shared memory, completing on the
-// barrier; no cache hint (bytes every block reads: x).
-__device__ __forceinline__ void tma_load_3d(uint32_t dst, const void* tmap, int c0, int c1, int c2, uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-      " [%0], [%1, {%2, %3, %4}], [%5];" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(tmap)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
-      : "memory");
-}
-
 __device__ __forceinline__ void prefetch_tmap(const void* tmap) {
   asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(tmap)) : "memory");
 }
@@ -331,10 +321,9 @@ __device__ __forceinline__ void step_q(float (&acc)[MT][4], const Stage (&st)[NS
 // x load feeds the mma of every tile (2 * CT * MT mma a load instead of 2 * MT), so a warp that
 // owns CT tiles reads x from shared memory once per CT * 16 channels. Each tile's chain (the
 // same mma in the same order, from 0) and its promotion are exactly step_q's for that tile alone
-// with NS = 1: the same bits.
-template <int BITS, int MT, int GMODE, int CT>
-__device__ __forceinline__ void step_q_tiles(float (&acc)[CT][MT][4], const Stage (&st)[CT], const uint16_t* xs,
-                                             const int (&xo)[MT]) {
+// with NS = 1: the same bits. xload(i, t): the lane's 16-byte x piece i of token tile t.
+template <int BITS, int MT, int GMODE, int CT, class XLoad>
+__device__ __forceinline__ void step_q_tiles_with(float (&acc)[CT][MT][4], const Stage (&st)[CT], XLoad xload) {
   constexpr int kPiecesPerLane = BITS == 8 ? 2 : 4;
   auto pair = [](uint32_t w, int i) { return BITS == 8 ? i8_pairj(w, i) : i4_pairj(w, i); };
   float part[CT][MT][4];
@@ -346,7 +335,7 @@ __device__ __forceinline__ void step_q_tiles(float (&acc)[CT][MT][4], const Stag
   for (int i = 0; i < kPiecesPerLane; ++i) {
     uint4 u[MT];
 #pragma unroll
-    for (int t = 0; t < MT; ++t) u[t] = dsx_wo::lds128(xs + xo[t] + 32 * i);
+    for (int t = 0; t < MT; ++t) u[t] = xload(i, t);
 #pragma unroll
     for (int h = 0; h < 2; ++h)
 #pragma unroll
@@ -364,43 +353,25 @@ __device__ __forceinline__ void step_q_tiles(float (&acc)[CT][MT][4], const Stag
     for (int t = 0; t < MT; ++t) promote<GMODE>(acc[n][t], part[n][t], st[n].s[0]);
 }
 
-// step_q_tiles with x from the warp-specialized kernel's x ring (XR, int4, two token tiles; gemm_weight_only_ws.cuh,
-// kXrStepBytes): the step's x at byte `off` of `smem` (512-byte aligned in shared memory), row r at 256 r, the lane's
-// 64 bytes (real k 32 c ..) at 64 c, their 16-byte piece i swizzled to piece i ^ ((2 r + c / 2) & 3) by the copy
-// engine; xo0 = 256 g + 64 c + 16 ((2 g + c / 2) & 3), so piece i of row 8 t + g is at (off + xo0) ^ (16 i), + 2048 t
-// (bits 4..5 of off, of 2048 t and of the shared base are zero). The same mma, in the same order, on the same values
-// as step_q_tiles: the same bits.
+// x staged in the permuted layout (stage_x_steps): piece i of token tile t at xs + xo[t] + 32 i.
+template <int BITS, int MT, int GMODE, int CT>
+__device__ __forceinline__ void step_q_tiles(float (&acc)[CT][MT][4], const Stage (&st)[CT], const uint16_t* xs,
+                                             const int (&xo)[MT]) {
+  step_q_tiles_with<BITS, MT, GMODE, CT>(acc, st, [&](int i, int t) { return dsx_wo::lds128(xs + xo[t] + 32 * i); });
+}
+
+// x from the warp-specialized kernel's x ring (XR, int4, two token tiles; gemm_weight_only_ws.cuh, kXrStepBytes):
+// the step's x at byte `off` of `smem` (512-byte aligned in shared memory), row r at 256 r, the lane's 64 bytes (real
+// k 32 c ..) at 64 c, their 16-byte piece i swizzled to piece i ^ ((2 r + c / 2) & 3) by the copy engine; xo0 = 256 g
+// + 64 c + 16 ((2 g + c / 2) & 3), so piece i of row 8 t + g is at (off + xo0) ^ (16 i), + 2048 t (bits 4..5 of off,
+// of 2048 t and of the shared base are zero). The same values as step_q_tiles': the same bits.
 template <int BITS, int MT, int GMODE, int CT>
 __device__ __forceinline__ void step_q_tiles_xr(float (&acc)[CT][MT][4], const Stage (&st)[CT], const uint8_t* smem,
                                                 uint32_t off, int xo0) {
   static_assert(BITS == 4 && MT == 2, "the x ring: int4, two token tiles");
-  auto pair = [](uint32_t w, int i) { return i4_pairj(w, i); };
   const uint32_t o = off + static_cast<uint32_t>(xo0);
-  float part[CT][MT][4];
-#pragma unroll
-  for (int n = 0; n < CT; ++n)
-#pragma unroll
-    for (int t = 0; t < MT; ++t) part[n][t][0] = part[n][t][1] = part[n][t][2] = part[n][t][3] = 0.f;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    uint4 u[MT];
-#pragma unroll
-    for (int t = 0; t < MT; ++t) u[t] = dsx_wo::lds128(smem + ((o ^ (16u * i)) + 2048u * t));
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-#pragma unroll
-      for (int n = 0; n < CT; ++n) {
-        const uint32_t a[4] = {pair(word(st[n].w[0], 2 * h), i), pair(word(st[n].w[1], 2 * h), i),
-                               pair(word(st[n].w[0], 2 * h + 1), i), pair(word(st[n].w[1], 2 * h + 1), i)};
-#pragma unroll
-        for (int t = 0; t < MT; ++t)
-          dsx_wo::mma_bf16(part[n][t], a, h ? u[t].z : u[t].x, h ? u[t].w : u[t].y);
-      }
-  }
-#pragma unroll
-  for (int n = 0; n < CT; ++n)
-#pragma unroll
-    for (int t = 0; t < MT; ++t) promote<GMODE>(acc[n][t], part[n][t], st[n].s[0]);
+  step_q_tiles_with<BITS, MT, GMODE, CT>(
+      acc, st, [&](int i, int t) { return dsx_wo::lds128(smem + ((o ^ (16u * i)) + 2048u * t)); });
 }
 
 // int4 step with group 64: a step spans two groups, but each mma must stay inside one. Lane

@@ -323,7 +323,7 @@ __global__ void __launch_bounds__((kMaxWarps + (RED ? 2 : 1)) * 32, CT == 4 ? (M
               if (f == 0) dsx_wo::pdl_wait();
               const uint32_t xdst = xring0() + static_cast<uint32_t>(slot * box * kXrStepBytes);
               for (int j = 0; j < len; ++j)
-                dsx_wo::tma_load_3d(xdst + j * kXrStepBytes, &p.xmap, 0, 4 * (first + j), 0, bar);
+                dsx_cuda::sm90::tma_load_3d(xdst + j * kXrStepBytes, &p.xmap, bar, 0, 4 * (first + j), 0);
             }
           }
           __syncwarp();
