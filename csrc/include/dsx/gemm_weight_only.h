@@ -57,7 +57,10 @@
  * (gemm_weight_only_ws.cuh): one producer warp a block issues the weights' tensor copies into a
  * ring shared by the block's warps (bits 16..19: its slots, automatic 4; bits 20..23: steps
  * per slot, automatic 1; a slot holds those steps of all warps), and x is staged whole (an
- * automatic chunk becomes the slice; a given chunk must hold it, else DSX_EINVAL; where the
+ * automatic chunk becomes the slice; a given chunk must hold it, else DSX_EINVAL, but for a given
+ * chunk equal to the steps a slot with int4 per channel or group 128, 9..16 rows and two tiles a
+ * warp: x through the ring, one tensor copy of x a step into an x ring beside the weights', the
+ * same bits; and 3, 5, 6 or 7 warps are taken with bits 29..30 and a given split; where the
  * whole slice does not fit with chunk and ring fields automatic, and for launches of more
  * than 32 rows, the existing kernel runs, its ring automatic; 17..32 rows: one tile a warp, bits
  * 29..30 ignored).
