@@ -46,7 +46,7 @@ __host__ __device__ constexpr int ws_slot_bytes(int gmode, int box, int tiles, i
 // address bits, is the same whether it counts from the box or from the address). One 3-D tensor copy a step (the
 // x map: 32 k x K/32 segments x rows) writes 16 rows (rows past M and k past K zero) x 4 segments of 32 k, row r's
 // segment c at 256 r + 64 c, its 16-byte piece i at piece i ^ ((2 r + c / 2) & 3): the 8 lanes of each quarter-warp
-// (rows g, g + 1 of a pair, the four c) read 8 distinct 16-byte bank groups (ws_xr_offsets). Where the block's x slice
+// (rows g, g + 1 of a pair, the four c) read 8 distinct 16-byte bank groups (step_q_tiles_xr). Where the block's x slice
 // staged whole does not fit beside the ring in a half of the SM's shared memory (int4 per channel at 4 splits: 11..16
 // rows; group 128: 10..16), so that two blocks an SM hold the deeper ring anyway.
 constexpr int kXrStepBytes = 16 * 256;  // one step of x in the x ring: 16 rows x 128 k bf16

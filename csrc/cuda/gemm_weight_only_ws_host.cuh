@@ -69,11 +69,10 @@ int ws_choose(int rows, int64_t n, int64_t k, int bits, int group, int algo, int
   cfg->xring = cfg->chunk < per_split;
   if (cfg->xring && (cfg->chunk != cfg->box || !ws_xring_ok(rows, bits, gmode, cfg->ct))) return DSX_EINVAL;
   // (smem_bytes with `tiles` warps and no ring: x whole and the partial tile of 16 * tiles channels)
-  const int64_t smem =
-      cfg->xring ? ws_barrier_bytes(cfg->stages) + int64_t(cfg->stages) * ws_slot_bytes(gmode, cfg->box, tiles, cfg->ct) +
-                       ws_xring_bytes(cfg->stages, cfg->box) + int64_t(rows) * 16 * tiles * 4
-                 : ws_barrier_bytes(cfg->stages) + int64_t(cfg->stages) * ws_slot_bytes(gmode, cfg->box, tiles, cfg->ct) +
-                       smem_bytes(rows, bits, gmode, tiles, 0, cfg->box, cfg->chunk, per_split);
+  // (XR: the x ring and the partial tile instead)
+  const int64_t smem = ws_barrier_bytes(cfg->stages) + int64_t(cfg->stages) * ws_slot_bytes(gmode, cfg->box, tiles, cfg->ct) +
+                       (cfg->xring ? ws_xring_bytes(cfg->stages, cfg->box) + int64_t(rows) * 16 * tiles * 4
+                                   : smem_bytes(rows, bits, gmode, tiles, 0, cfg->box, cfg->chunk, per_split));
   if (smem > kSmemPerBlock) return auto_chunk && (algo & 0xFF0000) == 0 ? kWsNoFit : DSX_EINVAL;
   cfg->smem = static_cast<int>(smem);
   return DSX_OK;
