@@ -195,6 +195,9 @@ __device__ __forceinline__ uint32_t i4_pair(uint32_t w) {
 }
 
 // The same with the nibble / byte pair as an argument (a constant once the loops unroll).
+// (The shifts are 48 of the 252 instructions of the 9..16-row step loop, 3 a word; taking them out, wrong values,
+// makes 36864 x 7168 at 16 rows 9% faster, but each way of getting the nibbles down without them measured no better:
+// mul.hi, byte permutes, fp16 magic arithmetic: docs/benchmarks.md, "Twenty-ninth session" in the weight-only section.)
 __device__ __forceinline__ uint32_t i4_pairj(uint32_t w, int j) {
 #ifdef DSX_WO_DIAG_NOUNPACK  // diagnostic build (bench --ab-libs): the raw word to the mma, no unpack, wrong values
   return w;
@@ -203,6 +206,9 @@ __device__ __forceinline__ uint32_t i4_pairj(uint32_t w, int j) {
   const uint32_t val = and_or(j ? (w >> (4 * j)) : w, 0x000F000Fu, 0x43004300u);
 #else  // diagnostic build (bench --alt-lib): the same but for the shifts, wrong values
   const uint32_t val = and_or(w, 0x000F000Fu << (4 * j), 0x43004300u);
+#endif
+#ifdef DSX_WO_DIAG_NOADD  // diagnostic build (bench --ab-libs): 128 + u to the mma, without the - 136, wrong values
+  return val;
 #endif
   return bf16x2_add(val, 0xC308C308u);
 }
