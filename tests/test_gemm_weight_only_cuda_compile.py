@@ -229,8 +229,10 @@ def test_bf16_magic_constants():
     lo, _ = i8_pair(u | (u << 16), 0)
     assert np.array_equal(lo, u.astype(np.float64) - 128)
     v = np.arange(16, dtype=np.uint32)
-    lo4, hi4 = i4_pair(v | (v[::-1] << 16), 0)
-    assert np.array_equal(lo4, v - 8.0) and np.array_equal(hi4, v[::-1] - 8.0)
+    for j in range(4):  # every nibble pair of a word, each nibble value in each half, the other nibbles set
+        w = (v << np.uint32(4 * j)) | (v[::-1] << np.uint32(16 + 4 * j)) | np.uint32(0x5A5A5A5A & ~(0xF000F << 4 * j))
+        lo4, hi4 = i4_pair(w, j)
+        assert np.array_equal(lo4, v - 8.0) and np.array_equal(hi4, v[::-1] - 8.0), j
 
 
 # ---------------------------------------------------------------- 3. binding checks
