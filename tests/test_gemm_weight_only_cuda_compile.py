@@ -109,11 +109,32 @@ def i8_pair(w: np.ndarray, pair: int, fault=None):
     return _half(val, False) + _half(neg, False), _half(val, True) + _half(neg, True)
 
 
+# i4_pair's constants (gemm_weight_only.cuh; test_bf16_magic_constants reads them back from the header)
+I4_ODD = (0x00F000F0, 0x43004300, 0x2C002C00, 0x43004300, 0xC378C378)  # bits 4..7: fp16 3.5 + u/32, /16 + 3.5, - 248
+I4_EVEN = (0x000F000F, 0x43004300, 0xC308C308)  # nibble at bits 0..3 of each half: bf16 128 + u, - 136
+
+
+def _f16x2_fma(a: np.ndarray, b: int, c: int) -> np.ndarray:
+    """fma.rn.f16x2: each half's exact a * b + c (float64 holds it here) rounded once to fp16; the bits."""
+    out = np.zeros_like(a)
+    for sh in (0, 16):
+        h = lambda v: np.asarray((np.asarray(v, np.uint32) >> np.uint32(sh)) & np.uint32(0xFFFF), np.uint16).view(np.float16)  # noqa: E731
+        r = (h(a).astype(np.float64) * float(h(b)) + float(h(c))).astype(np.float16)
+        out |= r.view(np.uint16).astype(np.uint32) << np.uint32(sh)
+    return out
+
+
 def i4_pair(w: np.ndarray, j: int, fault=None):
     if fault == "pair":
         j ^= 1
-    val = ((w >> np.uint32(4 * j)) & np.uint32(0x000F000F)) | np.uint32(0x43004300)
-    return _bf16x2_add(val, 0xC308C308)
+    wj = (w >> np.uint32(8)) if j >= 2 else w
+    if j & 1:
+        mask, magic, mul, add, sub = I4_ODD
+        if fault == "f16":
+            add = 0x43014301  # 3.5 + 1/512: the bf16 241 + u, every odd nibble one high
+        return _bf16x2_add(_f16x2_fma((wj & np.uint32(mask)) | np.uint32(magic), mul, add), sub)
+    mask, magic, sub = I4_EVEN
+    return _bf16x2_add((wj & np.uint32(mask)) | np.uint32(magic), sub)
 
 
 def model_gemm(x, qweight, scale, bits, group, fault=None):
@@ -213,7 +234,7 @@ def test_lane_model_reads_paddle_layout(m, n, k, bits, group):
     assert np.all(np.abs(got - ref) <= 1e-12 * mag + 1e-300), np.abs(got - ref).max()
 
 
-@pytest.mark.parametrize("fault,case", [("pair", CASES[0]), ("pair", CASES[3]), ("noswap", CASES[6])])
+@pytest.mark.parametrize("fault,case", [("pair", CASES[0]), ("pair", CASES[3]), ("noswap", CASES[6]), ("f16", CASES[3])])
 def test_lane_model_catches_planted_faults(fault, case):
     m, n, k, bits, group = case
     x, q, s, ref, mag = make_case(m, n, k, bits, group)
@@ -229,8 +250,18 @@ def test_bf16_magic_constants():
     lo, _ = i8_pair(u | (u << 16), 0)
     assert np.array_equal(lo, u.astype(np.float64) - 128)
     v = np.arange(16, dtype=np.uint32)
-    lo4, hi4 = i4_pair(v | (v[::-1] << 16), 0)
-    assert np.array_equal(lo4, v - 8.0) and np.array_equal(hi4, v[::-1] - 8.0)
+    for j in range(4):  # every nibble pair of a word, each nibble value in each half
+        w = (v << np.uint32(4 * j)) | (v[::-1] << np.uint32(16 + 4 * j)) | np.uint32(0x5A5A5A5A & ~(0xF000F << 4 * j))
+        lo4, hi4 = i4_pair(w, j)
+        assert np.array_equal(lo4, v - 8.0) and np.array_equal(hi4, v[::-1] - 8.0), j
+    lo4, _ = i4_pair(v << np.uint32(4), 1, fault="f16")
+    assert not np.array_equal(lo4, v - 8.0)
+    # the header's i4_pair uses exactly these constants (the model above restates it)
+    src = (CSRC / "cuda" / "gemm_weight_only.cuh").read_text()
+    body = src[src.index("__device__ __forceinline__ uint32_t i4_pair("):]
+    body = body[:body.index("#else")]
+    hexes = [int(h, 16) for h in re.findall(r"0x([0-9A-Fa-f]{8})u", body)]
+    assert hexes == [*I4_ODD, *I4_EVEN], [hex(h) for h in hexes]
 
 
 # ---------------------------------------------------------------- 3. binding checks

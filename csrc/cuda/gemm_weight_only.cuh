@@ -173,7 +173,14 @@ __device__ __forceinline__ uint32_t and_xor(uint32_t a, uint32_t b, uint32_t c) 
 // d = a * 1 + c on bf16x2: exact here (small integers).
 __device__ __forceinline__ uint32_t bf16x2_add(uint32_t a, uint32_t c) {
   uint32_t d;
-  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(0x3F803F80u), "r"(c));
+  asm("add.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(c));
+  return d;
+}
+
+// d = a * b + c on f16x2 (round to nearest).
+__device__ __forceinline__ uint32_t f16x2_fma(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t d;
+  asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
   return d;
 }
 
@@ -187,24 +194,33 @@ __device__ __forceinline__ uint32_t i8_pair(uint32_t w) {
   return bf16x2_add(val, neg);
 }
 
-// int4: nibbles {J, J + 4} of a word -> bf16x2 q = u - 8 (low half from nibble J).
+// int4: nibbles {J, J + 4} of a word -> bf16x2 q = u - 8 (low half from nibble J). Even J: the nibbles at bits 0..3
+// of each half (w >> 4 J) masked and or'ed with 0x4300: the bf16 128 + u, less 136. Odd J: left at bits 4..7 of each
+// half (w >> 4 (J - 1)), masked and or'ed with the same 0x4300 they are the fp16 3.5 + u / 32; one fp16 fma, / 16 +
+// 3.5 (0x4300 again: no register more), gives 3.71875 + u / 512 (exact: 0x4370 + u), whose bits are the bf16 240 + u,
+// less 248. So a word's four pairs take one shift (by 8, for J = 2, 3), not three, on the integer pipe that the masks
+// keep busy, and two more fma on the FMA pipe. Measured: docs/benchmarks.md, "Twenty-ninth session" in the
+// weight-only section.
 template <int J>
 __device__ __forceinline__ uint32_t i4_pair(uint32_t w) {
-  const uint32_t val = and_or(J ? (w >> (4 * J)) : w, 0x000F000Fu, 0x43004300u);  // 128 + u
-  return bf16x2_add(val, 0xC308C308u);                                              // - 136
+#ifndef DSX_WO_SHIFT_UNPACK
+  const uint32_t wj = J >= 2 ? w >> 8 : w;  // nibbles 2, 3 (6, 7) down to 0, 1 (4, 5)
+  if (J & 1) return bf16x2_add(f16x2_fma(and_or(wj, 0x00F000F0u, 0x43004300u), 0x2C002C00u, 0x43004300u), 0xC378C378u);
+  return bf16x2_add(and_or(wj, 0x000F000Fu, 0x43004300u), 0xC308C308u);
+#else  // (A/B builds: the shift of every odd or high nibble, as before the twenty-ninth session)
+  return bf16x2_add(and_or(J ? (w >> (4 * J)) : w, 0x000F000Fu, 0x43004300u), 0xC308C308u);  // 128 + u - 136
+#endif
 }
 
-// The same with the nibble / byte pair as an argument (a constant once the loops unroll).
+// The same with the nibble pair as an argument (a constant once the loops unroll).
 __device__ __forceinline__ uint32_t i4_pairj(uint32_t w, int j) {
 #ifdef DSX_WO_DIAG_NOUNPACK  // diagnostic build (bench --ab-libs): the raw word to the mma, no unpack, wrong values
   return w;
 #endif
-#ifndef DSX_WO_DIAG_NOSHIFT
-  const uint32_t val = and_or(j ? (w >> (4 * j)) : w, 0x000F000Fu, 0x43004300u);
-#else  // diagnostic build (bench --alt-lib): the same but for the shifts, wrong values
-  const uint32_t val = and_or(w, 0x000F000Fu << (4 * j), 0x43004300u);
+#ifdef DSX_WO_DIAG_NOSHIFT  // diagnostic build (bench --ab-libs): the masks and fma without any shift, wrong values
+  return bf16x2_add(and_or(w, 0x000F000Fu << (4 * j), 0x43004300u), 0xC308C308u);
 #endif
-  return bf16x2_add(val, 0xC308C308u);
+  return j == 0 ? i4_pair<0>(w) : j == 1 ? i4_pair<1>(w) : j == 2 ? i4_pair<2>(w) : i4_pair<3>(w);
 }
 __device__ __forceinline__ uint32_t i8_pairj(uint32_t w, int pair) {
 #ifdef DSX_WO_DIAG_NOUNPACK
