@@ -8,27 +8,30 @@
 #   nomma     the operands consumed by a few CUDA-core instructions instead of the mma
 #   nomath    no arithmetic: the weight and x streams alone
 # All but base compute wrong values: timing only. Usage (from the repository root):
-#   bench/wo_diag_libs.sh DIR [names...]       (default: every variant above)
+#   bench/wo_diag_libs.sh DIR [names...]       (base and the names given; default: every variant above)
 # then, on the GPU machine ($OUT set), the line it prints, e.g.
 #   NEW=DIR/base.so OLD=DIR/base.so LIBS=DIR/noshift.so,... SHAPES=36864x7168 MS=1,9,16 bench/wo_ab.sh
 # Twenty-ninth session (H200, 36864x7168 int4 per channel, us): base M = 9 / 16 47.01 / 49.52, noshift 43.76 / 45.09.
 set -e
 dir=${1:?output directory}; shift
-names=${*:-"base noshift noadd nounpack nomma nomath"}
+names="base ${*:-noshift noadd nounpack nomma nomath}"  # (base always: the printed line times the others against it)
+flags_of() {
+  case $1 in
+    base) echo "" ;;
+    noshift) echo -DDSX_WO_DIAG_NOSHIFT ;;
+    noadd) echo -DDSX_WO_DIAG_NOADD ;;
+    nounpack) echo -DDSX_WO_DIAG_NOUNPACK ;;
+    nomma) echo -DDSX_WO_DIAG_NOMMA ;;
+    nomath) echo -DDSX_WO_NOMATH ;;
+    *) echo "unknown variant: $1 (noshift noadd nounpack nomma nomath)" >&2; return 2 ;;
+  esac
+}
+for n in $names; do flags_of "$n" > /dev/null || exit 2; done  # (every name checked before the first build)
 mkdir -p "$dir"
 here=$(dirname "$0")
 libs=""
 for n in $names; do
-  case $n in
-    base) flags="" ;;
-    noshift) flags=-DDSX_WO_DIAG_NOSHIFT ;;
-    noadd) flags=-DDSX_WO_DIAG_NOADD ;;
-    nounpack) flags=-DDSX_WO_DIAG_NOUNPACK ;;
-    nomma) flags=-DDSX_WO_DIAG_NOMMA ;;
-    nomath) flags=-DDSX_WO_NOMATH ;;
-    *) echo "unknown variant: $n (base noshift noadd nounpack nomma nomath)" >&2; exit 2 ;;
-  esac
-  "$here/wo_alt_lib.sh" . "$dir/$n.so" $flags
+  "$here/wo_alt_lib.sh" . "$dir/$n.so" $(flags_of "$n")
   [ "$n" = base ] || libs="${libs:+$libs,}$dir/$n.so"
 done
 echo "NEW=$dir/base.so OLD=$dir/base.so LIBS=$libs"

@@ -54,7 +54,7 @@ def problems(rows) -> list[str]:
         # ring: equal to the steps a slot, int4 per channel or group 128, two tiles a warp, 9..16 rows)
         warps, splits, chunk, box = word & 15, (word >> 4) & 15, (word >> 8) & 255, (word >> 20) & 15
         odd_ok = warps in (3, 5, 6, 7) and word & TILES and splits
-        ring_ok = chunk == box and (word & TILES) == TILES & (TILES >> 1) and bits == 4 and group in (-1, 128) \
+        ring_ok = chunk == box and (word >> 29) & 3 == 1 and bits == 4 and group in (-1, 128) \
             and 9 <= lo and hi <= 16
         if splits > 8 or not (warps in (0, 4, 8) or odd_ok) or (chunk and not ring_ok):
             out.append(f"{where}: word {word:#x} has a bad split, warp count or chunk")
