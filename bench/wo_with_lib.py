@@ -5,6 +5,7 @@ the library every weight-only entry resolves through, so the GPU tests and bench
 run on it (other kernels' entries are absent from it: only the weight-only files work).
   python3 bench/wo_with_lib.py new.so pytest -q tests/gpu/test_gemm_weight_only_ws_cuda.py
   python3 bench/wo_with_lib.py new.so bench/gpu_gemm_weight_only.py --alt-lib old.so --ab ...
+(One process only: for the GPU tests under pytest-xdist, -n 14, use the plugin bench/wo_lib_plugin.py.)
 """
 
 from __future__ import annotations
