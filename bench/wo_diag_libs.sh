@@ -12,6 +12,7 @@
 # then, on the GPU machine ($OUT set), the line it prints, e.g.
 #   NEW=DIR/base.so OLD=DIR/base.so LIBS=DIR/noshift.so,... SHAPES=36864x7168 MS=1,9,16 bench/wo_ab.sh
 # Twenty-ninth session (H200, 36864x7168 int4 per channel, us): base M = 9 / 16 47.01 / 49.52, noshift 43.76 / 45.09.
+# Thirtieth session (same shape, another run): base M = 9 / 16 48.13 / 49.30, noadd 44.83 / 45.62.
 set -e
 dir=${1:?output directory}; shift
 names="base ${*:-noshift noadd nounpack nomma nomath}"  # (base always: the printed line times the others against it)

@@ -47,6 +47,8 @@
 // block of a one-round grid, and the chain starts (a shared load per token tile a step, live before
 // the first mma) cost about what the 32 fma a step saved. So the fma is not where M = 16's ~15 us of
 // arithmetic goes. (At 64 rows the chain starts cost registers, 163 -> 195: 213.1 against 198.0 us.)
+// Thirtieth session, again without a prologue (x sums by mma, x as A against B = -136, added where a run ends; commit
+// 4b4f834): 36864 x 7168 M = 9..16 3-4% faster, 7168 x 18432 4% and 24576 x 1536 27-34% slower (docs/benchmarks.md).
 #pragma once
 
 #include <cuda_runtime.h>
