@@ -114,7 +114,7 @@ __global__ void __launch_bounds__(kWarps * 32) loop_probe(const __grid_constant_
   __syncthreads();
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
-  float acc[CT][MT][4];
+  float acc[CT][MT][4], sacc[MT] = {};  // (sacc: the fold's sums, DSX_WO_FOLD builds)
 #pragma unroll
   for (int n = 0; n < CT; ++n)
 #pragma unroll
@@ -143,7 +143,7 @@ __global__ void __launch_bounds__(kWarps * 32) loop_probe(const __grid_constant_
       for (int s = 0; s < kSteps; ++s) {
         dsx_wo::Stage st[CT];
         load(st, wb, s);
-        dsx_wo::step_q_tiles<4, MT, 0, CT>(acc, st, xs + s * wo_loop::kStepK, xo);
+        dsx_wo::step_q_tiles<4, MT, 0, CT>(acc, st, xs + s * wo_loop::kStepK, xo, sacc);
       }
     }
   } else {
@@ -217,6 +217,9 @@ __global__ void __launch_bounds__(kWarps * 32) loop_probe(const __grid_constant_
       }
     }
   }
+  if constexpr (dsx_wo::folds<4, 0>())
+#pragma unroll
+    for (int n = 0; n < CT; ++n) dsx_wo::fold_in(acc[n], sacc);
   if (blockIdx.x == 0) {
 #pragma unroll
     for (int n = 0; n < CT; ++n)

@@ -212,6 +212,26 @@ __device__ __forceinline__ uint32_t i4_pairj(uint32_t w, int j) {
 #endif
   return bf16x2_add(val, 0xC308C308u);
 }
+// The int4-per-channel fold (DSX_WO_FOLD): pairs left at 128 + u = q + 136 (one lop3, and the shift), the - 136 taken
+// out of the unpack: each step also sums its x by mma, x as A (rows: token g of tiles 2p, 2p + 1, the lane's own B
+// registers of those tiles) against B = -136 everywhere, so d[0] (= d[1]) = -136 * (token 8 (2p) + g's x over the
+// k-step), d[2] = the same for token 8 (2p + 1) + g: one mma a k-step for two token tiles. Eight such mma a step
+// (from 0), promoted into the lane's fold accumulator sacc[t] (token 8t + g) in step order like the tiles' own parts;
+// added to every accumulator of the run where its steps end (fold_in, by shuffle: the accumulator's tokens are 8t +
+// 2c, 8t + 2c + 1). Every path does the same a step: the same bits everywhere.
+#ifdef DSX_WO_FOLD
+constexpr bool kFoldI4 = true;
+#else
+constexpr bool kFoldI4 = false;
+#endif
+template <int BITS, int GMODE>
+__host__ __device__ constexpr bool folds() {
+  return kFoldI4 && BITS == 4 && GMODE == 0;
+}
+// 128 + u for nibbles {j, j + 4} (the fold's unpack: no - 136).
+__device__ __forceinline__ uint32_t i4_magicj(uint32_t w, int j) {
+  return and_or(j ? (w >> (4 * j)) : w, 0x000F000Fu, 0x43004300u);
+}
 __device__ __forceinline__ uint32_t i8_pairj(uint32_t w, int pair) {
 #ifdef DSX_WO_DIAG_NOUNPACK
   return w;
@@ -231,6 +251,25 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], 
       "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// d += X * (-136): X = 16 tokens x 16 k given as A registers (x0, x1: rows g, g + 8 at k 2c, 2c + 1; x2, x3: at k
+// 2c + 8, 2c + 9), so d[0] = d[1] = -136 * sum of row g and d[2] = d[3] of row g + 8 (the fold's x sums).
+__device__ __forceinline__ void mma_sums(float (&d)[4], uint32_t x0, uint32_t x1, uint32_t x2, uint32_t x3) {
+  const uint32_t a[4] = {x0, x1, x2, x3};
+  mma_bf16(d, a, 0xC308C308u, 0xC308C308u);
+}
+
+// The fold's sums into a run's accumulator (before its scale): acc[t][i] (token 8t + 2c + (i & 1)) += that token's
+// sacc (held by the lanes with g = 2c + (i & 1) as sacc[t]). Warp-uniform call (shuffles).
+template <int MT>
+__device__ __forceinline__ void fold_in(float (&acc)[MT][4], const float (&sacc)[MT]) {
+  const int c = threadIdx.x & 3;
+#pragma unroll
+  for (int t = 0; t < MT; ++t) {
+    const float s0 = __shfl_sync(0xffffffffu, sacc[t], 8 * c), s1 = __shfl_sync(0xffffffffu, sacc[t], 8 * c + 4);
+    acc[t][0] += s0, acc[t][1] += s1, acc[t][2] += s0, acc[t][3] += s1;
+  }
 }
 
 __device__ __forceinline__ float bf16_bits_to_f32(uint16_t b) {
@@ -287,18 +326,26 @@ __device__ __forceinline__ void promote(float (&acc)[4], const float (&part)[4],
 // {i, i + 4}; int8: byte pair i).
 // xs: the first step's x (the next one kStepK elements further); xo[t]: this lane's offset
 // of tile t's x row in the buffer (row min(8t + g, M-1), plus 8c: the lane's first piece).
-template <int BITS, int MT, int GMODE, int NS>
+// sacc (folds<BITS, GMODE>() only): the fold's sums, SUMS = false: this run's were taken before (same x).
+template <int BITS, int MT, int GMODE, int NS, bool SUMS = true>
 __device__ __forceinline__ void step_q(float (&acc)[MT][4], const Stage (&st)[NS], const uint16_t* xs,
-                                       const int (&xo)[MT]) {
+                                       const int (&xo)[MT], float (&sacc)[MT]) {
   // int8: 4 mma k-steps over 64 K (2 pieces of x a lane); int4 (per channel or group 128): 8 over
   // 128 K (lane c's pieces of x at positions c, 4 + c, 8 + c, 12 + c).
   constexpr int kPiecesPerLane = BITS == 8 ? 2 : 4, kStepElems = BITS == 8 ? 64 : 128;
-  auto pair = [](uint32_t w, int i) { return BITS == 8 ? i8_pairj(w, i) : i4_pairj(w, i); };
-  float part[NS][MT][4];
+  constexpr bool kFold = folds<BITS, GMODE>(), kSums = kFold && SUMS;
+  auto pair = [](uint32_t w, int i) { return BITS == 8 ? i8_pairj(w, i) : kFold ? i4_magicj(w, i) : i4_pairj(w, i); };
+  // (the fold's sums: one mma a k-step for two (step, token tile) entries e = MT n + t, entries 2p and 2p + 1 in
+  // sp[p]: two token tiles of a step, or one token tile of two steps; rows are summed apart: the same bits either way)
+  constexpr int kSp = (NS * MT + 1) / 2;
+  float part[NS][MT][4], sp[kSp][4];
 #pragma unroll
   for (int n = 0; n < NS; ++n)
 #pragma unroll
     for (int t = 0; t < MT; ++t) part[n][t][0] = part[n][t][1] = part[n][t][2] = part[n][t][3] = 0.f;
+  if (kSums)
+#pragma unroll
+    for (int e = 0; e < kSp; ++e) sp[e][0] = sp[e][1] = sp[e][2] = sp[e][3] = 0.f;
 #pragma unroll
   for (int i = 0; i < kPiecesPerLane; ++i) {
     uint4 u[NS][MT];
@@ -315,12 +362,24 @@ __device__ __forceinline__ void step_q(float (&acc)[MT][4], const Stage (&st)[NS
 #pragma unroll
         for (int t = 0; t < MT; ++t)
           dsx_wo::mma_bf16(part[n][t], a, h ? u[n][t].z : u[n][t].x, h ? u[n][t].w : u[n][t].y);
+        if (kSums && n + 1 == NS)  // (the fold's sums of this k-step, after the tiles' mma)
+#pragma unroll
+          for (int e = 0; e < NS * MT; e += 2) {
+            const bool two = e + 1 < NS * MT;
+            const uint4& xa = u[e / MT][e % MT];
+            const uint4& xb = u[(two ? e + 1 : e) / MT][(two ? e + 1 : e) % MT];
+            dsx_wo::mma_sums(sp[e / 2], h ? xa.z : xa.x, two ? (h ? xb.z : xb.x) : 0u, h ? xa.w : xa.y,
+                             two ? (h ? xb.w : xb.y) : 0u);
+          }
       }
   }
 #pragma unroll
   for (int n = 0; n < NS; ++n)
 #pragma unroll
-    for (int t = 0; t < MT; ++t) promote<GMODE>(acc[t], part[n][t], st[n].s[0]);
+    for (int t = 0; t < MT; ++t) {
+      promote<GMODE>(acc[t], part[n][t], st[n].s[0]);
+      if (kSums) sacc[t] += sp[(MT * n + t) / 2][2 * ((MT * n + t) & 1)];
+    }
 }
 
 // One step of CT channel tiles (16 channels each, st[ct] a tile's Stage) at once: each 16-byte
@@ -328,15 +387,21 @@ __device__ __forceinline__ void step_q(float (&acc)[MT][4], const Stage (&st)[NS
 // owns CT tiles reads x from shared memory once per CT * 16 channels. Each tile's chain (the
 // same mma in the same order, from 0) and its promotion are exactly step_q's for that tile alone
 // with NS = 1: the same bits. xload(i, t): the lane's 16-byte x piece i of token tile t.
-template <int BITS, int MT, int GMODE, int CT, class XLoad>
-__device__ __forceinline__ void step_q_tiles_with(float (&acc)[CT][MT][4], const Stage (&st)[CT], XLoad xload) {
+template <int BITS, int MT, int GMODE, int CT, bool SUMS, class XLoad>
+__device__ __forceinline__ void step_q_tiles_with(float (&acc)[CT][MT][4], const Stage (&st)[CT], float (&sacc)[MT],
+                                                  XLoad xload) {
   constexpr int kPiecesPerLane = BITS == 8 ? 2 : 4;
-  auto pair = [](uint32_t w, int i) { return BITS == 8 ? i8_pairj(w, i) : i4_pairj(w, i); };
-  float part[CT][MT][4];
+  constexpr bool kFold = folds<BITS, GMODE>(), kSums = kFold && SUMS;
+  auto pair = [](uint32_t w, int i) { return BITS == 8 ? i8_pairj(w, i) : kFold ? i4_magicj(w, i) : i4_pairj(w, i); };
+  constexpr int kSp = (MT + 1) / 2;  // (the fold's sums: one mma a k-step for two token tiles)
+  float part[CT][MT][4], sp[kSp][4];
 #pragma unroll
   for (int n = 0; n < CT; ++n)
 #pragma unroll
     for (int t = 0; t < MT; ++t) part[n][t][0] = part[n][t][1] = part[n][t][2] = part[n][t][3] = 0.f;
+  if (kSums)
+#pragma unroll
+    for (int t = 0; t < kSp; ++t) sp[t][0] = sp[t][1] = sp[t][2] = sp[t][3] = 0.f;
 #pragma unroll
   for (int i = 0; i < kPiecesPerLane; ++i) {
     uint4 u[MT];
@@ -351,19 +416,32 @@ __device__ __forceinline__ void step_q_tiles_with(float (&acc)[CT][MT][4], const
 #pragma unroll
         for (int t = 0; t < MT; ++t)
           dsx_wo::mma_bf16(part[n][t], a, h ? u[t].z : u[t].x, h ? u[t].w : u[t].y);
+        if (kSums && n + 1 == CT)  // (the fold's sums of this k-step, after the tiles' mma)
+#pragma unroll
+          for (int t = 0; t < MT; t += 2) {
+            const bool two = t + 1 < MT;
+            const uint4& xa = u[t];
+            const uint4& xb = u[two ? t + 1 : t];
+            dsx_wo::mma_sums(sp[t / 2], h ? xa.z : xa.x, two ? (h ? xb.z : xb.x) : 0u, h ? xa.w : xa.y,
+                             two ? (h ? xb.w : xb.y) : 0u);
+          }
       }
   }
 #pragma unroll
   for (int n = 0; n < CT; ++n)
 #pragma unroll
     for (int t = 0; t < MT; ++t) promote<GMODE>(acc[n][t], part[n][t], st[n].s[0]);
+  if (kSums)
+#pragma unroll
+    for (int t = 0; t < MT; ++t) sacc[t] += sp[t / 2][2 * (t & 1)];
 }
 
 // x staged in the permuted layout (stage_x_steps): piece i of token tile t at xs + xo[t] + 32 i.
-template <int BITS, int MT, int GMODE, int CT>
+template <int BITS, int MT, int GMODE, int CT, bool SUMS = true>
 __device__ __forceinline__ void step_q_tiles(float (&acc)[CT][MT][4], const Stage (&st)[CT], const uint16_t* xs,
-                                             const int (&xo)[MT]) {
-  step_q_tiles_with<BITS, MT, GMODE, CT>(acc, st, [&](int i, int t) { return dsx_wo::lds128(xs + xo[t] + 32 * i); });
+                                             const int (&xo)[MT], float (&sacc)[MT]) {
+  step_q_tiles_with<BITS, MT, GMODE, CT, SUMS>(acc, st, sacc,
+                                               [&](int i, int t) { return dsx_wo::lds128(xs + xo[t] + 32 * i); });
 }
 
 // x from the warp-specialized kernel's x ring (XR, int4, two token tiles; gemm_weight_only_ws.cuh, kXrStepBytes):
@@ -371,13 +449,13 @@ __device__ __forceinline__ void step_q_tiles(float (&acc)[CT][MT][4], const Stag
 // k 32 c ..) at 64 c, their 16-byte piece i swizzled to piece i ^ ((2 r + c / 2) & 3) by the copy engine; xo0 = 256 g
 // + 64 c + 16 ((2 g + c / 2) & 3), so piece i of row 8 t + g is at (off + xo0) ^ (16 i), + 2048 t (bits 4..5 of off,
 // of 2048 t and of the shared base are zero). The same values as step_q_tiles': the same bits.
-template <int BITS, int MT, int GMODE, int CT>
+template <int BITS, int MT, int GMODE, int CT, bool SUMS = true>
 __device__ __forceinline__ void step_q_tiles_xr(float (&acc)[CT][MT][4], const Stage (&st)[CT], const uint8_t* smem,
-                                                uint32_t off, int xo0) {
+                                                uint32_t off, int xo0, float (&sacc)[MT]) {
   static_assert(BITS == 4 && MT == 2, "the x ring: int4, two token tiles");
   const uint32_t o = off + static_cast<uint32_t>(xo0);
-  step_q_tiles_with<BITS, MT, GMODE, CT>(
-      acc, st, [&](int i, int t) { return dsx_wo::lds128(smem + ((o ^ (16u * i)) + 2048u * t)); });
+  step_q_tiles_with<BITS, MT, GMODE, CT, SUMS>(
+      acc, st, sacc, [&](int i, int t) { return dsx_wo::lds128(smem + ((o ^ (16u * i)) + 2048u * t)); });
 }
 
 // int4 step with group 64: a step spans two groups, but each mma must stay inside one. Lane

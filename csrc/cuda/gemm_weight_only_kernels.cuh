@@ -154,9 +154,9 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MT == 1 ? 4 : MT == 2 ? 3 : 1)
   for (int u = blockIdx.y; u < p.groups; u += ustride) {
     const int n_blk = u * 16 * nwarps, n0 = n_blk + warp * 16;
     const bool active = n0 < p.n;  // warp-uniform (N % 64 == 0: all 16 channels or none)
-    float acc[MT][4];
+    float acc[MT][4], sacc[MT];  // (sacc: the fold's sums, gemm_weight_only.cuh)
 #pragma unroll
-    for (int t = 0; t < MT; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.f;
+    for (int t = 0; t < MT; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = sacc[t] = 0.f;
     for (int ci = 0; ci < nchunks; ++ci) {
       const uint16_t* buf = xbuf + (ci & 1) * buf_elems;
       if (!whole) {
@@ -213,9 +213,9 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MT == 1 ? 4 : MT == 2 ? 3 : 1)
               release(fold(st[0]) ^ fold(st[1]) ^ (GMODE == 1 ? st[0].s[0] ^ st[1].s[0] : 0u));
 #ifndef DSX_WO_NOMATH
             if (BITS == 8) {
-              dsx_wo::step_q<8, MT, GMODE, 2>(acc, st, xs, xo);
+              dsx_wo::step_q<8, MT, GMODE, 2>(acc, st, xs, xo, sacc);
             } else {
-              dsx_wo::step_q<4, MT, GMODE, 2>(acc, st, xs, xo);
+              dsx_wo::step_q<4, MT, GMODE, 2>(acc, st, xs, xo, sacc);
             }
 #else  // diagnostic build (bench --diag-lib): the weight stream alone, wrong results
             acc[0][0] += __uint_as_float((st[0].w[0].x ^ st[1].w[1].y) & 1u) + __uint_as_float(xs[0] & 1u);
@@ -235,11 +235,11 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MT == 1 ? 4 : MT == 2 ? 3 : 1)
               release(fold(st[0]) ^ (GMODE != 0 ? st[0].s[0] : 0u) ^ (GMODE == 2 ? st[0].s[1] : 0u));
 #ifndef DSX_WO_NOMATH
             if (BITS == 8) {
-              dsx_wo::step_q<8, MT, GMODE, 1>(acc, st, xs, xo);
+              dsx_wo::step_q<8, MT, GMODE, 1>(acc, st, xs, xo, sacc);
             } else if (GMODE == 2) {
               dsx_wo::step_int4_g64<MT>(acc, st[0], xs, xo, c);
             } else {
-              dsx_wo::step_q<4, MT, GMODE, 1>(acc, st, xs, xo);
+              dsx_wo::step_q<4, MT, GMODE, 1>(acc, st, xs, xo, sacc);
             }
 #else
             acc[0][0] += __uint_as_float((st[0].w[0].x ^ st[0].w[1].y) & 1u) + __uint_as_float(xs[0] & 1u);
@@ -270,6 +270,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MT == 1 ? 4 : MT == 2 ? 3 : 1)
     // Partial tile [m][16 * nwarps] fp32 in shared memory.
     float* part = part_of();
     const int width = 16 * nwarps, total = p.m * width;
+    if constexpr (dsx_wo::folds<BITS, GMODE>()) dsx_wo::fold_in(acc, sacc);
     if (active) dsx_wo::put_partial<MT, GMODE == 0>(part, width, warp * 16, acc, p.scale, n0, p.m, g, c);
     if (splits == 1) {
       __syncthreads();
@@ -419,7 +420,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 4)
   __syncthreads();
 
   const int width = 16 * T;
-  float acc[MT][4];
+  float acc[MT][4], sacc[MT];  // (sacc: the fold's sums, gemm_weight_only.cuh)
   bool lower = false;  // acc holds the lower piece of a cut tile (the run's last segment)
   int lower_t = 0;
   // A finished tile segment's partial, scaled, into the partial tiles.
@@ -430,7 +431,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 4)
     const int t = v / L, ve = seg_end(v);
     const bool from_start = v == t * L, to_end = ve == (t + 1) * L;
 #pragma unroll
-    for (int tt = 0; tt < MT; ++tt) acc[tt][0] = acc[tt][1] = acc[tt][2] = acc[tt][3] = 0.f;
+    for (int tt = 0; tt < MT; ++tt) acc[tt][0] = acc[tt][1] = acc[tt][2] = acc[tt][3] = sacc[tt] = 0.f;
     while (v < ve) {
       if (j == 0) {
         dsx_wo::mbar_wait(bar0 + slot * 8, parity);
@@ -463,7 +464,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 4)
         }
         if (EARLY && j + 2 == slot_len) release(fold(st[0]) ^ fold(st[1]));
 #ifndef DSX_WO_NOMATH
-        dsx_wo::step_q<BITS, MT, GMODE, 2>(acc, st, xs, xo);
+        dsx_wo::step_q<BITS, MT, GMODE, 2>(acc, st, xs, xo, sacc);
 #else
         acc[0][0] += __uint_as_float((st[0].w[0].x ^ st[1].w[1].y) & 1u) + __uint_as_float(xs[0] & 1u);
 #endif
@@ -475,7 +476,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 4)
         st[0].w[1] = dsx_wo::lds128(wp + rgap);
         if (EARLY && j + 1 == slot_len) release(fold(st[0]));
 #ifndef DSX_WO_NOMATH
-        dsx_wo::step_q<BITS, MT, GMODE, 1>(acc, st, xs, xo);
+        dsx_wo::step_q<BITS, MT, GMODE, 1>(acc, st, xs, xo, sacc);
 #else
         acc[0][0] += __uint_as_float((st[0].w[0].x ^ st[0].w[1].y) & 1u) + __uint_as_float(xs[0] & 1u);
 #endif
@@ -493,6 +494,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 4)
         if (++slot == nst) slot = 0, parity ^= 1u;
       }
     }
+    if constexpr (dsx_wo::folds<BITS, GMODE>()) dsx_wo::fold_in(acc, sacc);
     if (from_start && to_end) {
       put(t, acc);
     } else if (!from_start) {  // a later piece of a cut tile (the run's first segment): for the lower warp

@@ -398,10 +398,24 @@ __global__ void __launch_bounds__((kMaxWarps + (RED ? 2 : 1)) * 32, CT == 4 ? (M
   const bool pair = kPair && p.pair != 0;
   int slot = 0;
   uint32_t parity = 0;
+  // The fold's sums (gemm_weight_only.cuh, folds): the same x slice in every tile group, so (kFoldOnce) taken in
+  // the first group only and kept; the same values as taking them again.
+#ifdef DSX_WO_FOLD_EVERY
+  constexpr bool kFoldOnce = false;
+#else
+  constexpr bool kFoldOnce = dsx_wo::folds<BITS, GMODE>();
+#endif
+  float sacc[MT];
+#pragma unroll
+  for (int t = 0; t < MT; ++t) sacc[t] = 0.f;
   for (int o = 0; o < my_groups; ++o) {
     const int u = blockIdx.y + o * ustride;
     const int n_blk = u * 16 * tiles, n0 = n_blk + warp * 16 * CT;
     const bool active = n0 < p.n;  // warp-uniform (N % 64 == 0: all CT tiles or none)
+    const bool sums = !kFoldOnce || o == 0;
+    if (!kFoldOnce)
+#pragma unroll
+      for (int t = 0; t < MT; ++t) sacc[t] = 0.f;
     float acc[CT][MT][4];
 #pragma unroll
     for (int q = 0; q < CT; ++q)
@@ -436,9 +450,15 @@ __global__ void __launch_bounds__((kMaxWarps + (RED ? 2 : 1)) * 32, CT == 4 ? (M
 #ifndef DSX_WO_NOMATH
             if constexpr (XR) {
               const uint32_t xoff = xring0() - dsx_wo::smem_addr(smem) + static_cast<uint32_t>((slot * box + j) * kXrStepBytes);
-              dsx_wo::step_q_tiles_xr<BITS, MT, GMODE, CT>(acc, st, smem, xoff, xo[0]);
+              if (sums)
+                dsx_wo::step_q_tiles_xr<BITS, MT, GMODE, CT>(acc, st, smem, xoff, xo[0], sacc);
+              else
+                dsx_wo::step_q_tiles_xr<BITS, MT, GMODE, CT, false>(acc, st, smem, xoff, xo[0], sacc);
             } else {
-              dsx_wo::step_q_tiles<BITS, MT, GMODE, CT>(acc, st, xs, xo);
+              if (sums)
+                dsx_wo::step_q_tiles<BITS, MT, GMODE, CT>(acc, st, xs, xo, sacc);
+              else
+                dsx_wo::step_q_tiles<BITS, MT, GMODE, CT, false>(acc, st, xs, xo, sacc);
             }
 #else
             acc[0][0][0] += __uint_as_float((st[0].w[0].x ^ st[CT - 1].w[1].y) & 1u) + __uint_as_float(xs[0] & 1u);
@@ -455,9 +475,11 @@ __global__ void __launch_bounds__((kMaxWarps + (RED ? 2 : 1)) * 32, CT == 4 ? (M
             }
 #ifndef DSX_WO_NOMATH
             if (BITS == 8) {
-              dsx_wo::step_q<8, MT, GMODE, 2>(acc[0], st, xs, xo);
+              dsx_wo::step_q<8, MT, GMODE, 2>(acc[0], st, xs, xo, sacc);
+            } else if (sums) {
+              dsx_wo::step_q<4, MT, GMODE, 2>(acc[0], st, xs, xo, sacc);
             } else {
-              dsx_wo::step_q<4, MT, GMODE, 2>(acc[0], st, xs, xo);
+              dsx_wo::step_q<4, MT, GMODE, 2, false>(acc[0], st, xs, xo, sacc);
             }
 #else  // diagnostic build: the weight stream alone, wrong results
             acc[0][0][0] += __uint_as_float((st[0].w[0].x ^ st[1].w[1].y) & 1u) + __uint_as_float(xs[0] & 1u);
@@ -476,11 +498,13 @@ __global__ void __launch_bounds__((kMaxWarps + (RED ? 2 : 1)) * 32, CT == 4 ? (M
             }
 #ifndef DSX_WO_NOMATH
             if (BITS == 8) {
-              dsx_wo::step_q<8, MT, GMODE, 1>(acc[0], st, xs, xo);
+              dsx_wo::step_q<8, MT, GMODE, 1>(acc[0], st, xs, xo, sacc);
             } else if (GMODE == 2) {
               dsx_wo::step_int4_g64<MT>(acc[0], st[0], xs, xo, c);
+            } else if (sums) {
+              dsx_wo::step_q<4, MT, GMODE, 1>(acc[0], st, xs, xo, sacc);
             } else {
-              dsx_wo::step_q<4, MT, GMODE, 1>(acc[0], st, xs, xo);
+              dsx_wo::step_q<4, MT, GMODE, 1, false>(acc[0], st, xs, xo, sacc);
             }
 #else
             acc[0][0][0] += __uint_as_float((st[0].w[0].x ^ st[0].w[1].y) & 1u) + __uint_as_float(xs[0] & 1u);
@@ -495,6 +519,9 @@ __global__ void __launch_bounds__((kMaxWarps + (RED ? 2 : 1)) * 32, CT == 4 ? (M
       if (++slot == nst) slot = 0, parity ^= 1u;
     }
     if (o + 1 == my_groups) dsx_wo::pdl_launch_dependents();
+    if constexpr (dsx_wo::folds<BITS, GMODE>())
+#pragma unroll
+      for (int q = 0; q < CT; ++q) dsx_wo::fold_in(acc[q], sacc);
 
     float* part = part_of();
     const int width = 16 * tiles, total = rows_of() * width;
