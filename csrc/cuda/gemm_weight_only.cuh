@@ -173,7 +173,11 @@ __device__ __forceinline__ uint32_t and_xor(uint32_t a, uint32_t b, uint32_t c) 
 // d = a * 1 + c on bf16x2: exact here (small integers).
 __device__ __forceinline__ uint32_t bf16x2_add(uint32_t a, uint32_t c) {
   uint32_t d;
+#ifdef DSX_WO_HADD  // experiment: add.rn.bf16x2 (HADD2.BF16_V2, the constant as an immediate: no 1.0 register)
+  asm("add.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(c));
+#else
   asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(0x3F803F80u), "r"(c));
+#endif
   return d;
 }
 
