@@ -8,18 +8,17 @@ absent from a standalone build).
 
 from __future__ import annotations
 
-import ctypes
 import os
 
 import pytest
-
-from ds_export.native import cuda
+from wo_with_lib import use
 
 
 def pytest_configure(config):
     path = os.environ.get("DSX_WO_LIB")
     if not path:
         raise pytest.UsageError("wo_lib_plugin: set DSX_WO_LIB to the standalone weight-only build to test (bench/wo_alt_lib.sh)")
-    cuda.cudart()  # (the CUDA runtime first, RTLD_GLOBAL, as lib() does)
-    so = ctypes.CDLL(path)
-    cuda.lib = lambda: so  # (_fn looks lib up at call time)
+    try:
+        use(path)  # (in each worker: the same patch as bench/wo_with_lib.py's, which is on the path with this plugin)
+    except OSError as e:
+        raise pytest.UsageError(f"wo_lib_plugin: cannot load DSX_WO_LIB={path}: {e}") from None

@@ -17,13 +17,18 @@ import sys
 from ds_export.native import cuda
 
 
+def use(path: str) -> None:
+    """Every weight-only entry of this process through the standalone build at `path`."""
+    cuda.cudart()  # (the CUDA runtime first, RTLD_GLOBAL, as lib() does)
+    so = ctypes.CDLL(path)
+    cuda.lib = lambda: so  # _fn looks lib up at call time
+
+
 def main() -> int:
     if len(sys.argv) < 3:
         print(__doc__)
         return 2
-    cuda.cudart()  # (the CUDA runtime first, RTLD_GLOBAL, as lib() does)
-    so = ctypes.CDLL(sys.argv[1])
-    cuda.lib = lambda: so  # _fn looks lib up at call time
+    use(sys.argv[1])
     args = sys.argv[2:]
     if args[0] == "pytest":
         import pytest
