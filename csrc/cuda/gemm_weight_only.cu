@@ -153,7 +153,11 @@ int64_t smem_bytes(int rows, int bits, int gmode, int warps, int stages, int box
   const int64_t part_bytes = int64_t(rows) * 16 * warps * 4;
   // x staged whole stays for all the block's tile groups: the partial tile gets its own room.
   return barrier_bytes(warps, stages) + int64_t(warps) * stages * slot_bytes(gmode, box) +
-         (nbuf == 1 ? x_bytes + part_bytes : std::max(x_bytes, part_bytes));
+         (nbuf == 1 ? x_bytes + part_bytes : std::max(x_bytes, part_bytes))
+#ifdef DSX_WO_FOLD2  // (experiment: the fold's step sums, 16 floats a step)
+         + (bits == 4 && gmode == 0 && rows <= 16 ? int64_t(per_split) * 64 : 0)
+#endif
+      ;
 }
 
 // Blocks of `warps` warps that one SM holds with `smem` bytes each (registers: about what

@@ -190,6 +190,17 @@ __global__ void __launch_bounds__((kMaxWarps + (RED ? 2 : 1)) * 32, CT == 4 ? (M
     return (dsx_wo::smem_addr(smem) + ws_barrier_bytes(p.stages) + p.stages * ws_slot_bytes(GMODE, p.box, CT * nwarps, CT) +
             511u) & ~511u;
   };
+#ifdef DSX_WO_FOLD2  // (experiment: the fold, gemm_weight_only.cuh fold_sums)
+  constexpr bool kFold = BITS == 4 && GMODE == 0 && MT <= 2;
+#else
+  constexpr bool kFold = false;
+#endif
+  // (the fold's loads in flight: fewer in the instances capped at three blocks an SM, and in the pulled one with x whole
+  // at two tiles a warp and two token tiles, where four spilled)
+  constexpr int kFoldBatch = !(CT == 4 || (CT == 2 && (MT == 2 || PUSH)) || (MT == 2 && GMODE == 2) || MT == 4) ||
+                                     (CT == 2 && MT == 2 && !PUSH && !XR) ? 2 : 4;
+  // the fold's step sums (16 floats a step of the block's slice), after the partial tile (ws_config adds their room)
+  auto sig_of = [&]() { return part_of() + (PARTS ? p.part_m : p.m) * 16 * CT * nwarps; };
   auto ngroups = [&]() { return GMODE == 2 ? kt : p.group > 0 ? (p.k + p.group - 1) / p.group : 1; };
   auto lead = [&]() { return static_cast<uint32_t>(reinterpret_cast<uintptr_t>(p.scale) & 15); };
 
@@ -382,6 +393,7 @@ __global__ void __launch_bounds__((kMaxWarps + (RED ? 2 : 1)) * 32, CT == 4 ? (M
       dsx_wo::stage_x_steps<BITS, CT <= 2, kXLoads>(xbuf, ld, x_of(), rows_of(), p.k, s_begin, nloc, threadIdx.x, cthreads);
     }
 #endif
+    if constexpr (kFold) dsx_wo::fold_sums<MT, kFoldBatch>(sig_of(), x_of(), rows_of(), p.k, s_begin, nloc, warp, nwarps, g, c);
     if constexpr (CT > 2) dsx_wo::cp_async_wait<0>();
     ws_consumer_sync(cthreads);
     if constexpr (kXGate) {
@@ -436,9 +448,9 @@ __global__ void __launch_bounds__((kMaxWarps + (RED ? 2 : 1)) * 32, CT == 4 ? (M
 #ifndef DSX_WO_NOMATH
             if constexpr (XR) {
               const uint32_t xoff = xring0() - dsx_wo::smem_addr(smem) + static_cast<uint32_t>((slot * box + j) * kXrStepBytes);
-              dsx_wo::step_q_tiles_xr<BITS, MT, GMODE, CT>(acc, st, smem, xoff, xo[0]);
+              dsx_wo::step_q_tiles_xr<BITS, MT, GMODE, CT, !kFold>(acc, st, smem, xoff, xo[0]);
             } else {
-              dsx_wo::step_q_tiles<BITS, MT, GMODE, CT>(acc, st, xs, xo);
+              dsx_wo::step_q_tiles<BITS, MT, GMODE, CT, !kFold>(acc, st, xs, xo);
             }
 #else
             acc[0][0][0] += __uint_as_float((st[0].w[0].x ^ st[CT - 1].w[1].y) & 1u) + __uint_as_float(xs[0] & 1u);
@@ -457,7 +469,7 @@ __global__ void __launch_bounds__((kMaxWarps + (RED ? 2 : 1)) * 32, CT == 4 ? (M
             if (BITS == 8) {
               dsx_wo::step_q<8, MT, GMODE, 2>(acc[0], st, xs, xo);
             } else {
-              dsx_wo::step_q<4, MT, GMODE, 2>(acc[0], st, xs, xo);
+              dsx_wo::step_q<4, MT, GMODE, 2, !kFold>(acc[0], st, xs, xo);
             }
 #else  // diagnostic build: the weight stream alone, wrong results
             acc[0][0][0] += __uint_as_float((st[0].w[0].x ^ st[1].w[1].y) & 1u) + __uint_as_float(xs[0] & 1u);
@@ -480,7 +492,7 @@ __global__ void __launch_bounds__((kMaxWarps + (RED ? 2 : 1)) * 32, CT == 4 ? (M
             } else if (GMODE == 2) {
               dsx_wo::step_int4_g64<MT>(acc[0], st[0], xs, xo, c);
             } else {
-              dsx_wo::step_q<4, MT, GMODE, 1>(acc[0], st, xs, xo);
+              dsx_wo::step_q<4, MT, GMODE, 1, !kFold>(acc[0], st, xs, xo);
             }
 #else
             acc[0][0][0] += __uint_as_float((st[0].w[0].x ^ st[0].w[1].y) & 1u) + __uint_as_float(xs[0] & 1u);
@@ -495,6 +507,9 @@ __global__ void __launch_bounds__((kMaxWarps + (RED ? 2 : 1)) * 32, CT == 4 ? (M
       if (++slot == nst) slot = 0, parity ^= 1u;
     }
     if (o + 1 == my_groups) dsx_wo::pdl_launch_dependents();
+    if constexpr (kFold) {
+      if (active) dsx_wo::fold_correct<CT, MT>(acc, sig_of(), nloc, c);
+    }
 
     float* part = part_of();
     const int width = 16 * tiles, total = rows_of() * width;

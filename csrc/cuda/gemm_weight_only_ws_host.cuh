@@ -72,6 +72,9 @@ int ws_choose(int rows, int64_t n, int64_t k, int bits, int group, int algo, int
   // (XR: the x ring and the partial tile instead)
   const int64_t smem = ws_barrier_bytes(cfg->stages) + int64_t(cfg->stages) * ws_slot_bytes(gmode, cfg->box, tiles, cfg->ct) +
                        (cfg->xring ? ws_xring_bytes(cfg->stages, cfg->box) + int64_t(rows) * 16 * tiles * 4
+#ifdef DSX_WO_FOLD2  // (experiment: the fold's step sums; smem_bytes adds them otherwise)
+                                         + (bits == 4 && gmode == 0 && rows <= 16 ? int64_t(per_split) * 64 : 0)
+#endif
                                    : smem_bytes(rows, bits, gmode, tiles, 0, cfg->box, cfg->chunk, per_split));
   if (smem > kSmemPerBlock) return auto_chunk && (algo & 0xFF0000) == 0 ? kWsNoFit : DSX_EINVAL;
   cfg->smem = static_cast<int>(smem);
