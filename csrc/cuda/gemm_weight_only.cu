@@ -124,6 +124,7 @@ struct Config {
   int ct = 1;        // 16-channel tiles a warp (2, 4: algo bits 29..30, the warp-specialized kernel up to 16 rows)
   int parts = 1;     // warp-specialized kernel: launches of kWsMaxRows rows side by side in one grid (its z)
   bool xring = false;  // warp-specialized kernel: x through the ring (a given chunk = box < the slice; ws_xring_ok)
+  bool fold = false;   // with it, the fold (int4 per channel, every block over two tile groups or more: ws_fold_pays)
 };
 
 // Clusters (of cfg.splits blocks; blocks when splits == 1) of this kernel instance the
@@ -153,11 +154,7 @@ int64_t smem_bytes(int rows, int bits, int gmode, int warps, int stages, int box
   const int64_t part_bytes = int64_t(rows) * 16 * warps * 4;
   // x staged whole stays for all the block's tile groups: the partial tile gets its own room.
   return barrier_bytes(warps, stages) + int64_t(warps) * stages * slot_bytes(gmode, box) +
-         (nbuf == 1 ? x_bytes + part_bytes : std::max(x_bytes, part_bytes))
-#ifdef DSX_WO_FOLD2  // (experiment: the fold's step sums, 16 floats a step)
-         + (bits == 4 && gmode == 0 && rows <= 16 ? int64_t(per_split) * 64 : 0)
-#endif
-      ;
+         (nbuf == 1 ? x_bytes + part_bytes : std::max(x_bytes, part_bytes));
 }
 
 // Blocks of `warps` warps that one SM holds with `smem` bytes each (registers: about what
@@ -672,7 +669,7 @@ extern "C" int dsx_wo_gemm_path_cuda(int64_t m, int64_t n, int64_t k, int bits, 
   if (!valid_args(m, n, k, bits, group_size, 90) || !ws || !tiles) return DSX_EINVAL;
   FirstLaunch f;
   if (const int rc = first_launch(m, n, k, bits, group_size, algo, &f)) return rc;
-  *ws = f.ws ? (f.cfg.xring ? 2 : 1) : 0, *tiles = f.ws ? f.cfg.ct : 1;
+  *ws = f.ws ? (f.cfg.xring ? (f.cfg.fold ? 3 : 2) : 1) : 0, *tiles = f.ws ? f.cfg.ct : 1;
   return DSX_OK;
 }
 

@@ -213,7 +213,7 @@ __device__ __forceinline__ uint32_t i4_pairj(uint32_t w, int j) {
 #ifdef DSX_WO_DIAG_NOADD  // diagnostic build (bench --ab-libs): 128 + u to the mma, without the - 136, wrong values
   return val;
 #endif
-  if constexpr (!SUB) return val;  // (the fold: 128 + u; the block subtracts 136 sum x at the end, fold_sums)
+  if constexpr (!SUB) return val;  // (the fold: 128 + u = q + 136; the kernel subtracts 136 x the sum of x)
   return bf16x2_add(val, 0xC308C308u);
 }
 __device__ __forceinline__ uint32_t i8_pairj(uint32_t w, int pair) {
@@ -291,13 +291,13 @@ __device__ __forceinline__ void promote(float (&acc)[4], const float (&part)[4],
 // {i, i + 4}; int8: byte pair i).
 // xs: the first step's x (the next one kStepK elements further); xo[t]: this lane's offset
 // of tile t's x row in the buffer (row min(8t + g, M-1), plus 8c: the lane's first piece).
-template <int BITS, int MT, int GMODE, int NS, bool SUB = true>
+template <int BITS, int MT, int GMODE, int NS>
 __device__ __forceinline__ void step_q(float (&acc)[MT][4], const Stage (&st)[NS], const uint16_t* xs,
                                        const int (&xo)[MT]) {
   // int8: 4 mma k-steps over 64 K (2 pieces of x a lane); int4 (per channel or group 128): 8 over
   // 128 K (lane c's pieces of x at positions c, 4 + c, 8 + c, 12 + c).
   constexpr int kPiecesPerLane = BITS == 8 ? 2 : 4, kStepElems = BITS == 8 ? 64 : 128;
-  auto pair = [](uint32_t w, int i) { return BITS == 8 ? i8_pairj(w, i) : i4_pairj<SUB>(w, i); };
+  auto pair = [](uint32_t w, int i) { return BITS == 8 ? i8_pairj(w, i) : i4_pairj(w, i); };
   float part[NS][MT][4];
 #pragma unroll
   for (int n = 0; n < NS; ++n)
@@ -332,7 +332,7 @@ __device__ __forceinline__ void step_q(float (&acc)[MT][4], const Stage (&st)[NS
 // owns CT tiles reads x from shared memory once per CT * 16 channels. Each tile's chain (the
 // same mma in the same order, from 0) and its promotion are exactly step_q's for that tile alone
 // with NS = 1: the same bits. xload(i, t): the lane's 16-byte x piece i of token tile t.
-template <int BITS, int MT, int GMODE, int CT, bool SUB, class XLoad>
+template <int BITS, int MT, int GMODE, int CT, class XLoad, bool SUB = true>
 __device__ __forceinline__ void step_q_tiles_with(float (&acc)[CT][MT][4], const Stage (&st)[CT], XLoad xload) {
   constexpr int kPiecesPerLane = BITS == 8 ? 2 : 4;
   auto pair = [](uint32_t w, int i) { return BITS == 8 ? i8_pairj(w, i) : i4_pairj<SUB>(w, i); };
@@ -364,10 +364,10 @@ __device__ __forceinline__ void step_q_tiles_with(float (&acc)[CT][MT][4], const
 }
 
 // x staged in the permuted layout (stage_x_steps): piece i of token tile t at xs + xo[t] + 32 i.
-template <int BITS, int MT, int GMODE, int CT, bool SUB = true>
+template <int BITS, int MT, int GMODE, int CT>
 __device__ __forceinline__ void step_q_tiles(float (&acc)[CT][MT][4], const Stage (&st)[CT], const uint16_t* xs,
                                              const int (&xo)[MT]) {
-  step_q_tiles_with<BITS, MT, GMODE, CT, SUB>(acc, st, [&](int i, int t) { return dsx_wo::lds128(xs + xo[t] + 32 * i); });
+  step_q_tiles_with<BITS, MT, GMODE, CT>(acc, st, [&](int i, int t) { return dsx_wo::lds128(xs + xo[t] + 32 * i); });
 }
 
 // x from the warp-specialized kernel's x ring (XR, int4, two token tiles; gemm_weight_only_ws.cuh, kXrStepBytes):
@@ -380,8 +380,28 @@ __device__ __forceinline__ void step_q_tiles_xr(float (&acc)[CT][MT][4], const S
                                                 uint32_t off, int xo0) {
   static_assert(BITS == 4 && MT == 2, "the x ring: int4, two token tiles");
   const uint32_t o = off + static_cast<uint32_t>(xo0);
-  step_q_tiles_with<BITS, MT, GMODE, CT, SUB>(
-      acc, st, [&](int i, int t) { return dsx_wo::lds128(smem + ((o ^ (16u * i)) + 2048u * t)); });
+  auto xload = [&](int i, int t) { return dsx_wo::lds128(smem + ((o ^ (16u * i)) + 2048u * t)); };
+  step_q_tiles_with<BITS, MT, GMODE, CT, decltype(xload), SUB>(acc, st, xload);
+}
+
+// The fold's step sums (the producer warp of the warp-specialized kernel's FOLD instances): sum[t][e] += the sum of
+// x row 8 t + 2 c + e over the x-ring step at byte `off` of `smem` (step_q_tiles_xr's layout; zeros past K and M), by
+// one chain of 8 mma (A all ones, B the lane's x pieces in step_q's order), then one fp32 add (in step order across
+// the calls: the same bits whatever warp or block shape runs them).
+__device__ __forceinline__ void fold_step_sum_xr(float (&sum)[2][2], const uint8_t* smem, uint32_t off, int xo0) {
+  const uint32_t o = off + static_cast<uint32_t>(xo0);
+  const uint32_t ones[4] = {0x3F803F80u, 0x3F803F80u, 0x3F803F80u, 0x3F803F80u};
+#pragma unroll
+  for (int t = 0; t < 2; ++t) {
+    float d[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint4 u = dsx_wo::lds128(smem + ((o ^ (16u * i)) + 2048u * t));
+      mma_bf16(d, ones, u.x, u.y);
+      mma_bf16(d, ones, u.z, u.w);
+    }
+    sum[t][0] += d[0], sum[t][1] += d[1];
+  }
 }
 
 // int4 step with group 64: a step spans two groups, but each mma must stay inside one. Lane
@@ -497,66 +517,6 @@ __device__ __forceinline__ void stage_x_steps(uint16_t* buf, int ld, const uint1
     }
     cp_async_commit();
   }
-}
-
-// The fold (int4 per channel, up to two token tiles; experiment DSX_WO_FOLD2): the unpack leaves each weight at
-// 128 + u = q + 136 (no bf16 fma, i4_pairj<false>), so a block's accumulator of token tok is its exact one plus 136 times
-// the sum of x row tok over the block's k slice; the block subtracts that once, at the end of each tile group
-// (fold_correct). The sums: sig[16 jl + tok] = x row tok summed over step s0 + jl (128 k, zeros past K) by one chain of
-// 8 mma (A all ones, B the lane's x pieces in step_q's order), the same chain on every path, whichever warp runs it;
-// a lane's sum over its slice then adds them in step order (fold_correct). Tasks (step jl, token tile t) w, w + nw, ...
-// of nloc * MT, FB at a time (their loads in flight together: 16 registers each); x straight from global memory
-// (coherent loads).
-template <int MT, int FB = 4>
-__device__ __forceinline__ void fold_sums(float* sig, const uint16_t* x, int rows, int k, int s0, int nloc, int w,
-                                          int nw, int g, int c) {
-  static_assert(MT <= 2, "the fold's sums: 16 tokens a step");
-
-  const int ntask = nloc * MT;
-  const uint32_t ones[4] = {0x3F803F80u, 0x3F803F80u, 0x3F803F80u, 0x3F803F80u};
-  for (int b0 = w; b0 < ntask; b0 += FB * nw) {
-    uint4 u[FB][4];
-#pragma unroll
-    for (int b = 0; b < FB; ++b) {
-      const int task = b0 + b * nw;
-      const int jl = task / MT, t = task - jl * MT;
-      const int row = min(8 * t + g, rows - 1);
-      const int k0 = (s0 + jl) * 128 + 32 * c;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int kk = k0 + 8 * i;
-        u[b][i] = task < ntask && kk < k ? *reinterpret_cast<const uint4*>(x + static_cast<int64_t>(row) * k + kk)
-                                         : make_uint4(0, 0, 0, 0);
-      }
-    }
-#pragma unroll
-    for (int b = 0; b < FB; ++b) {
-      const int task = b0 + b * nw;
-      if (task >= ntask) break;  // (warp-uniform)
-      float d[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        mma_bf16(d, ones, u[b][i].x, u[b][i].y);
-        mma_bf16(d, ones, u[b][i].z, u[b][i].w);
-      }
-      const int jl = task / MT, t = task - jl * MT;
-      if (g == 0) sig[16 * jl + 8 * t + 2 * c] = d[0], sig[16 * jl + 8 * t + 2 * c + 1] = d[1];
-    }
-  }
-}
-// acc[q][t][i] (token 8 t + 2 c + (i & 1)) -= 136 x the token's sum over the nloc steps (in step order).
-template <int CT, int MT>
-__device__ __forceinline__ void fold_correct(float (&acc)[CT][MT][4], const float* sig, int nloc, int c) {
-
-#pragma unroll
-  for (int t = 0; t < MT; ++t)
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      float sum = 0.f;
-      for (int jl = 0; jl < nloc; ++jl) sum += sig[16 * jl + 8 * t + 2 * c + e];
-#pragma unroll
-      for (int q = 0; q < CT; ++q) acc[q][t][e] = fmaf(-136.f, sum, acc[q][t][e]), acc[q][t][2 + e] = fmaf(-136.f, sum, acc[q][t][2 + e]);
-    }
 }
 
 // A warp's accumulator tile (MT x 8 rows x 16 channels: row 8 t + 2 c + (i & 1), channel g + 8 (i >> 1)

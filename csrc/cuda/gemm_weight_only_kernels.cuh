@@ -45,17 +45,6 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MT == 1 ? 4 : MT == 2 ? 3 : 1)
                                     nwarps * p.stages * slot_bytes(GMODE, p.box) +
                                     (whole ? 2 * p.m * (p.chunk * kStepK + kXPadElems) : 0));
   };
-#ifdef DSX_WO_FOLD2  // (experiment: the fold, gemm_weight_only.cuh fold_sums)
-  constexpr bool kFold = BITS == 4 && GMODE == 0 && MT <= 2;
-#else
-  constexpr bool kFold = false;
-#endif
-  // the fold's step sums, after the x buffers and the partial tile (smem_bytes adds their room)
-  auto sig_of = [&]() {
-    const int xb = (whole ? 2 : 4) * p.m * (p.chunk * kStepK + kXPadElems), pb = p.m * 16 * nwarps * 4;
-    return reinterpret_cast<float*>(smem + barrier_bytes(nwarps, p.stages) + nwarps * p.stages * slot_bytes(GMODE, p.box) +
-                                    (whole ? xb + pb : max(xb, pb)));
-  };
 
   // This lane's 16 bytes of rows g and g+8 in a step (the same bytes, lane for lane, as
   // Paddle's layout gives: see the .cuh): row g lies in channel-group row wrow (row g+8 in
@@ -157,8 +146,6 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MT == 1 ? 4 : MT == 2 ? 3 : 1)
   const uint8_t* wbase = ring;        // this lane's bytes of the slot's first step
   uint32_t parity = 0;
   dsx_wo::pdl_wait();  // x may come from the previous kernel (the weights were not waited for)
-  // (the fold's sums: read at each group's end, after the x barrier below or the first chunk's)
-  if constexpr (kFold) dsx_wo::fold_sums<MT, MT>(sig_of(), p.x, p.m, p.k, s_begin, nloc, warp, nwarps, g, c);
   if (whole && nchunks > 0) {
     stage_x(0, xbuf);
     dsx_wo::cp_async_wait<0>();
@@ -228,7 +215,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MT == 1 ? 4 : MT == 2 ? 3 : 1)
             if (BITS == 8) {
               dsx_wo::step_q<8, MT, GMODE, 2>(acc, st, xs, xo);
             } else {
-              dsx_wo::step_q<4, MT, GMODE, 2, !kFold>(acc, st, xs, xo);
+              dsx_wo::step_q<4, MT, GMODE, 2>(acc, st, xs, xo);
             }
 #else  // diagnostic build (bench --diag-lib): the weight stream alone, wrong results
             acc[0][0] += __uint_as_float((st[0].w[0].x ^ st[1].w[1].y) & 1u) + __uint_as_float(xs[0] & 1u);
@@ -252,7 +239,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MT == 1 ? 4 : MT == 2 ? 3 : 1)
             } else if (GMODE == 2) {
               dsx_wo::step_int4_g64<MT>(acc, st[0], xs, xo, c);
             } else {
-              dsx_wo::step_q<4, MT, GMODE, 1, !kFold>(acc, st, xs, xo);
+              dsx_wo::step_q<4, MT, GMODE, 1>(acc, st, xs, xo);
             }
 #else
             acc[0][0] += __uint_as_float((st[0].w[0].x ^ st[0].w[1].y) & 1u) + __uint_as_float(xs[0] & 1u);
@@ -279,9 +266,6 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MT == 1 ? 4 : MT == 2 ? 3 : 1)
     // fetch their first weights during our reduction and stores. (Earlier, they would crowd
     // the SMs that have room first, and stay there unevenly.)
     if (u + ustride >= p.groups) dsx_wo::pdl_launch_dependents();
-    if constexpr (kFold) {
-      if (active) dsx_wo::fold_correct<1, MT>(*reinterpret_cast<float(*)[1][MT][4]>(&acc), sig_of(), nloc, c);
-    }
 
     // Partial tile [m][16 * nwarps] fp32 in shared memory.
     float* part = part_of();
