@@ -49,6 +49,8 @@
 // arithmetic goes. (At 64 rows the chain starts cost registers, 163 -> 195: 213.1 against 198.0 us.)
 // Thirtieth session, again without a prologue (x sums by mma, x as A against B = -136, added where a run ends; commit
 // 4b4f834): 36864 x 7168 M = 9..16 3-4% faster, 7168 x 18432 4% and 24576 x 1536 27-34% slower (docs/benchmarks.md).
+// Thirty-first session, kept where it pays: x-ring launches whose blocks loop over two tile groups or more, the x sums
+// taken by the producer warp from the x ring (i4_pairj<false>, fold_step_sum_xr; gemm_weight_only_ws.cuh, FOLD).
 #pragma once
 
 #include <cuda_runtime.h>
