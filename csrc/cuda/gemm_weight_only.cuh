@@ -49,6 +49,8 @@
 // arithmetic goes. (At 64 rows the chain starts cost registers, 163 -> 195: 213.1 against 198.0 us.)
 // Thirtieth session, again without a prologue (x sums by mma, x as A against B = -136, added where a run ends; commit
 // 4b4f834): 36864 x 7168 M = 9..16 3-4% faster, 7168 x 18432 4% and 24576 x 1536 27-34% slower (docs/benchmarks.md).
+// Thirty-first session, kept where it pays: x-ring launches whose blocks loop over two tile groups or more, the x sums
+// taken by the producer warp from the x ring (i4_pairj<false>, fold_step_sum_xr; gemm_weight_only_ws.cuh, FOLD).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -200,6 +202,7 @@ __device__ __forceinline__ uint32_t i4_pair(uint32_t w) {
 // (The shifts are 48 of the 252 instructions of the 9..16-row step loop, 3 a word; taking them out, wrong values,
 // makes 36864 x 7168 at 16 rows 9% faster, but each way of getting the nibbles down without them measured no better:
 // mul.hi, byte permutes, fp16 magic arithmetic: docs/benchmarks.md, "Twenty-ninth session" in the weight-only section.)
+template <bool SUB = true>
 __device__ __forceinline__ uint32_t i4_pairj(uint32_t w, int j) {
 #ifdef DSX_WO_DIAG_NOUNPACK  // diagnostic build (bench --ab-libs): the raw word to the mma, no unpack, wrong values
   return w;
@@ -212,6 +215,7 @@ __device__ __forceinline__ uint32_t i4_pairj(uint32_t w, int j) {
 #ifdef DSX_WO_DIAG_NOADD  // diagnostic build (bench --ab-libs): 128 + u to the mma, without the - 136, wrong values
   return val;
 #endif
+  if constexpr (!SUB) return val;  // (the fold: 128 + u = q + 136; the kernel subtracts 136 x the sum of x)
   return bf16x2_add(val, 0xC308C308u);
 }
 __device__ __forceinline__ uint32_t i8_pairj(uint32_t w, int pair) {
@@ -330,10 +334,10 @@ __device__ __forceinline__ void step_q(float (&acc)[MT][4], const Stage (&st)[NS
 // owns CT tiles reads x from shared memory once per CT * 16 channels. Each tile's chain (the
 // same mma in the same order, from 0) and its promotion are exactly step_q's for that tile alone
 // with NS = 1: the same bits. xload(i, t): the lane's 16-byte x piece i of token tile t.
-template <int BITS, int MT, int GMODE, int CT, class XLoad>
+template <int BITS, int MT, int GMODE, int CT, class XLoad, bool SUB = true>
 __device__ __forceinline__ void step_q_tiles_with(float (&acc)[CT][MT][4], const Stage (&st)[CT], XLoad xload) {
   constexpr int kPiecesPerLane = BITS == 8 ? 2 : 4;
-  auto pair = [](uint32_t w, int i) { return BITS == 8 ? i8_pairj(w, i) : i4_pairj(w, i); };
+  auto pair = [](uint32_t w, int i) { return BITS == 8 ? i8_pairj(w, i) : i4_pairj<SUB>(w, i); };
   float part[CT][MT][4];
 #pragma unroll
   for (int n = 0; n < CT; ++n)
@@ -373,13 +377,33 @@ __device__ __forceinline__ void step_q_tiles(float (&acc)[CT][MT][4], const Stag
 // k 32 c ..) at 64 c, their 16-byte piece i swizzled to piece i ^ ((2 r + c / 2) & 3) by the copy engine; xo0 = 256 g
 // + 64 c + 16 ((2 g + c / 2) & 3), so piece i of row 8 t + g is at (off + xo0) ^ (16 i), + 2048 t (bits 4..5 of off,
 // of 2048 t and of the shared base are zero). The same values as step_q_tiles': the same bits.
-template <int BITS, int MT, int GMODE, int CT>
+template <int BITS, int MT, int GMODE, int CT, bool SUB = true>
 __device__ __forceinline__ void step_q_tiles_xr(float (&acc)[CT][MT][4], const Stage (&st)[CT], const uint8_t* smem,
                                                 uint32_t off, int xo0) {
   static_assert(BITS == 4 && MT == 2, "the x ring: int4, two token tiles");
   const uint32_t o = off + static_cast<uint32_t>(xo0);
-  step_q_tiles_with<BITS, MT, GMODE, CT>(
-      acc, st, [&](int i, int t) { return dsx_wo::lds128(smem + ((o ^ (16u * i)) + 2048u * t)); });
+  auto xload = [&](int i, int t) { return dsx_wo::lds128(smem + ((o ^ (16u * i)) + 2048u * t)); };
+  step_q_tiles_with<BITS, MT, GMODE, CT, decltype(xload), SUB>(acc, st, xload);
+}
+
+// The fold's step sums (the producer warp of the warp-specialized kernel's FOLD instances): sum[t][e] += the sum of
+// x row 8 t + 2 c + e over the x-ring step at byte `off` of `smem` (step_q_tiles_xr's layout; zeros past K and M), by
+// one chain of 8 mma (A all ones, B the lane's x pieces in step_q's order), then one fp32 add (in step order across
+// the calls: the same bits whatever warp or block shape runs them).
+__device__ __forceinline__ void fold_step_sum_xr(float (&sum)[2][2], const uint8_t* smem, uint32_t off, int xo0) {
+  const uint32_t o = off + static_cast<uint32_t>(xo0);
+  const uint32_t ones[4] = {0x3F803F80u, 0x3F803F80u, 0x3F803F80u, 0x3F803F80u};
+#pragma unroll
+  for (int t = 0; t < 2; ++t) {
+    float d[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint4 u = dsx_wo::lds128(smem + ((o ^ (16u * i)) + 2048u * t));
+      mma_bf16(d, ones, u.x, u.y);
+      mma_bf16(d, ones, u.z, u.w);
+    }
+    sum[t][0] += d[0], sum[t][1] += d[1];
+  }
 }
 
 // int4 step with group 64: a step spans two groups, but each mma must stay inside one. Lane

@@ -117,7 +117,7 @@ __device__ __forceinline__ void ws_st_async2(uint32_t raddr, float a, float b, u
 // CT: 16-channel tiles a consumer warp owns (2, 4: algo bits 29..30; warp w owns tiles CT w .. CT w +
 // CT - 1, contiguous channels; one x load feeds the mma of all of them: step_q_tiles).
 template <int BITS, int MT, int GMODE, int CT = 1, bool PUSH = false, bool PARTS = false, bool RED = false,
-          bool XR = false>
+          bool XR = false, bool FOLD = false>
 __global__ void __launch_bounds__((kMaxWarps + (RED ? 2 : 1)) * 32, CT == 4 ? (MT == 1 ? 2 : 1)
                                                                   : (CT == 2 && (MT == 2 || PUSH)) || (MT == 2 && GMODE == 2) || MT == 4 ? 2 : 3)
     wo_gemm_ws_kernel(const __grid_constant__ Params p) {
@@ -128,6 +128,7 @@ __global__ void __launch_bounds__((kMaxWarps + (RED ? 2 : 1)) * 32, CT == 4 ? (M
   constexpr int kRowsPerWarp = BITS == 8 ? 8 : 4;  // channel-group rows of one warp's 16 channels
   static_assert(!RED || ws_red_warp(CT, MT, PUSH), "the reducer warp: pushed sums with several tiles a warp only");
   static_assert(!XR || (BITS == 4 && MT == 2 && CT == 2 && GMODE != 2 && !PARTS), "x through the ring: ws_xring_ok");
+  static_assert(!FOLD || (XR && GMODE == 0), "the fold: x through the ring, int4 per channel (ws_choose)");
   const int lane = threadIdx.x & 31, nwarps = (blockDim.x >> 5) - (RED ? 2 : 1);  // consumer warps
   const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x >> 5), 0);
   const int g = lane >> 2, c = lane & 3;
@@ -190,6 +191,19 @@ __global__ void __launch_bounds__((kMaxWarps + (RED ? 2 : 1)) * 32, CT == 4 ? (M
     return (dsx_wo::smem_addr(smem) + ws_barrier_bytes(p.stages) + p.stages * ws_slot_bytes(GMODE, p.box, CT * nwarps, CT) +
             511u) & ~511u;
   };
+  // FOLD (x through the ring, int4 per channel, where every block loops over two tile groups or more: ws_fold_pays): the
+  // unpack leaves each weight at 128 + u = q + 136 (no bf16 fma: 64 of the step loop's 252 instructions), and the
+  // accumulators of a tile group, before they are scaled and summed over the cluster, get - 136 x the sum of the
+  // block's x rows over its K slice (the block's own slice: the cluster's sum then holds - 136 x the sum over K).
+  // The producer warp sums x, from the x ring, while the consumers run the first tile group: each fill once the
+  // next nst - 1 are issued (landed by then, or nearly, and not yet refilled), the rest after its last fill; a
+  // step's sum is one chain of 8 mma (fold_step_sum_xr), the steps added in order (the same bits for every
+  // block shape at a split). The consumers wait for the sums (sums_bar) only at the first group's end.
+  constexpr bool kFold = FOLD;
+  // the fold's sums of x (16 floats) and their barrier (the producer arrives once they are written), after the partial
+  // tile (ws_choose adds their room)
+  auto sums_of = [&]() { return part_of() + p.m * 16 * CT * nwarps; };
+  auto sums_bar = [&]() { return dsx_wo::smem_addr(sums_of()) + 64; };
   auto ngroups = [&]() { return GMODE == 2 ? kt : p.group > 0 ? (p.k + p.group - 1) / p.group : 1; };
   auto lead = [&]() { return static_cast<uint32_t>(reinterpret_cast<uintptr_t>(p.scale) & 15); };
 
@@ -242,6 +256,7 @@ __global__ void __launch_bounds__((kMaxWarps + (RED ? 2 : 1)) * 32, CT == 4 ? (M
     if constexpr (kXGate) {
       if (xgate()) dsx_wo::mbar_init(xready_bar(), 1);
     }
+    if constexpr (kFold) dsx_wo::mbar_init(sums_bar(), 1);
   }
   dsx_wo::fence_barrier_init();
   __syncthreads();
@@ -269,6 +284,30 @@ __global__ void __launch_bounds__((kMaxWarps + (RED ? 2 : 1)) * 32, CT == 4 ? (M
       ++joined;
     };
     int f = 0, slot = 0;
+    // The fold: the first tile group's fills summed in order, each once the next nst - 1 fills are issued (so that it
+    // has landed or is about to, and before its slot is refilled), the rest after the last fill; then the sums go to
+    // shared memory for the consumers (one arrival on sums_bar).
+    float fs[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
+    int summed = 0;
+    auto sum_to = [&](int upto) {
+      if constexpr (kFold) {
+        if (my_groups == 0) return;
+        const int xo0 = 256 * g + 64 * c + 16 * ((2 * g + (c >> 1)) & 3);
+        for (; summed < fpg && summed <= upto; ++summed) {
+          const int sl = summed % nst, len = min(box, s_end - (s_begin + summed * box));
+          dsx_wo::mbar_wait(full0 + 8 * sl, static_cast<uint32_t>((summed / nst) & 1));
+          const uint32_t off = xring0() - dsx_wo::smem_addr(smem) + static_cast<uint32_t>(sl * box * kXrStepBytes);
+          for (int j = 0; j < len; ++j) dsx_wo::fold_step_sum_xr(fs, smem, off + j * kXrStepBytes, xo0);
+          if (summed + 1 == fpg) {
+            float* sums = sums_of();
+            if (g == 0)
+              sums[2 * c] = fs[0][0], sums[2 * c + 1] = fs[0][1], sums[8 + 2 * c] = fs[1][0], sums[9 + 2 * c] = fs[1][1];
+            __syncwarp();
+            if (lane == 0) ws_mbar_arrive(sums_bar());
+          }
+        }
+      }
+    };
     if (fpg > 0) {
       for (int o = 0; o < my_groups; ++o) {
         const int u = blockIdx.y + o * ustride;
@@ -328,8 +367,15 @@ __global__ void __launch_bounds__((kMaxWarps + (RED ? 2 : 1)) * 32, CT == 4 ? (M
           }
           __syncwarp();
           if (++slot == nst) slot = 0;
+          sum_to(f - (nst - 1));
         }
       }
+      sum_to(fpg);
+    } else if (kFold && my_groups > 0) {  // (an empty slice: sums of zero)
+      float* sums = sums_of();
+      if (lane < 16) sums[lane] = 0.f;
+      __syncwarp();
+      if (lane == 0) ws_mbar_arrive(sums_bar());
     }
     if constexpr (PUSH)
       dsx_wo::cluster_wait();
@@ -436,7 +482,7 @@ __global__ void __launch_bounds__((kMaxWarps + (RED ? 2 : 1)) * 32, CT == 4 ? (M
 #ifndef DSX_WO_NOMATH
             if constexpr (XR) {
               const uint32_t xoff = xring0() - dsx_wo::smem_addr(smem) + static_cast<uint32_t>((slot * box + j) * kXrStepBytes);
-              dsx_wo::step_q_tiles_xr<BITS, MT, GMODE, CT>(acc, st, smem, xoff, xo[0]);
+              dsx_wo::step_q_tiles_xr<BITS, MT, GMODE, CT, !kFold>(acc, st, smem, xoff, xo[0]);
             } else {
               dsx_wo::step_q_tiles<BITS, MT, GMODE, CT>(acc, st, xs, xo);
             }
@@ -495,6 +541,21 @@ __global__ void __launch_bounds__((kMaxWarps + (RED ? 2 : 1)) * 32, CT == 4 ? (M
       if (++slot == nst) slot = 0, parity ^= 1u;
     }
     if (o + 1 == my_groups) dsx_wo::pdl_launch_dependents();
+    if constexpr (kFold) {  // (the fold: - 136 x the sums of x, once the producer has them)
+      if (o == 0) dsx_wo::mbar_wait(sums_bar(), 0);
+      if (active) {
+        const float* sums = sums_of();
+#pragma unroll
+        for (int t = 0; t < MT; ++t)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float sx = sums[8 * t + 2 * c + e];
+#pragma unroll
+            for (int q = 0; q < CT; ++q)
+              acc[q][t][e] = fmaf(-136.f, sx, acc[q][t][e]), acc[q][t][2 + e] = fmaf(-136.f, sx, acc[q][t][2 + e]);
+          }
+      }
+    }
 
     float* part = part_of();
     const int width = 16 * tiles, total = rows_of() * width;

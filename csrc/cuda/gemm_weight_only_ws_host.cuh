@@ -18,6 +18,20 @@ constexpr int kWsMaxRows = 32;
 // group 128, two token tiles (9..16 rows), two tiles a warp.
 bool ws_xring_ok(int rows, int bits, int gmode, int ct) { return bits == 4 && gmode != 2 && rows > 8 && rows <= 16 && ct == 2; }
 
+int ws_blocks_per_sm(const Config& c);
+// The fold (the kernel's FOLD instances; x through the ring, int4 per channel): where the grid's blocks, as many as
+// the SMs hold, each loop over two tile groups or more (tile groups x splits >= 2 x resident blocks). The producer
+// sums x during the first group (the kernel's note); where a block has one group the sums' mma and the wait for them
+// at its end are not paid back. Measured (thirty-first session, H200, bench/wo_ab.sh interleaved with main's build,
+// us, main -> fold in every x-ring launch): 36864 x 7168 M = 12 / 16 47.30 / 49.18 -> 44.52 / 46.52 (the x-ring word
+// at M = 9 / 10 44.54 / 44.42, main's x whole 47.13 / 47.75; the - 136 left out, wrong values: 43.6-45.5), but the
+// one-group grids slower: 7168 x 18432 M = 9 / 16 27.91 / 28.11 -> 28.46 / 28.63, 7168 x 4608 11.2 -> 11.6, 3072 x
+// 1536 5.6 -> 5.85. (Taking the sums from global memory before the first step instead, in every launch of up to 16
+// rows, lost everywhere: 7168 x 18432 M = 16 27.73 -> 31.89, 24576 x 1536 13.65 -> 18.82.)
+bool ws_fold_pays(const Config& c, int sms) {
+  return int64_t(c.blocks_n) * c.splits >= 2 * int64_t(ws_blocks_per_sm(c)) * sms;
+}
+
 // The warp-specialized configuration for a launch of `rows` (<= kWsMaxRows) rows: the split, chunk and
 // warps that choose() gives the word without bit 28 and without its ring fields (so, at equal
 // splits, the same slices: the same bits; with splits and chunk automatic, 8 splits where
@@ -72,9 +86,11 @@ int ws_choose(int rows, int64_t n, int64_t k, int bits, int group, int algo, int
   // (XR: the x ring and the partial tile instead)
   const int64_t smem = ws_barrier_bytes(cfg->stages) + int64_t(cfg->stages) * ws_slot_bytes(gmode, cfg->box, tiles, cfg->ct) +
                        (cfg->xring ? ws_xring_bytes(cfg->stages, cfg->box) + int64_t(rows) * 16 * tiles * 4
+                                         + (gmode == 0 ? 128 : 0)  // (the fold's sums of x and their barrier)
                                    : smem_bytes(rows, bits, gmode, tiles, 0, cfg->box, cfg->chunk, per_split));
   if (smem > kSmemPerBlock) return auto_chunk && (algo & 0xFF0000) == 0 ? kWsNoFit : DSX_EINVAL;
   cfg->smem = static_cast<int>(smem);
+  cfg->fold = cfg->xring && gmode == 0 && ws_fold_pays(*cfg, sms);
   return DSX_OK;
 }
 
@@ -487,7 +503,7 @@ bool ws_encode_xmap(CUtensorMap* map, const void* x, int64_t rows, int64_t k) {
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <int BITS, int MT, int GMODE, int CT, bool PUSH, bool PARTS, bool RED, bool XR>
+template <int BITS, int MT, int GMODE, int CT, bool PUSH, bool PARTS, bool RED, bool XR, bool FOLD>
 std::atomic<int>* ws_smem_allowed() {
   static std::atomic<int> set[kMaxDevices];
   return set;
@@ -498,10 +514,10 @@ std::atomic<int>* ws_smem_allowed() {
 // with one group a block the reducer warp would have nothing to do, and its kernel lost 1-2.5% there: 2048 x 7168 and
 // 7168 x 18432 at 8..16 rows, twenty-fifth session).
 template <int BITS, int MT, int GMODE, int CT = 1, bool PUSH = false, bool PARTS = false, bool RED = ws_red_warp(CT, MT, PUSH),
-          bool XR = false>
+          bool XR = false, bool FOLD = false>
 cudaError_t ws_launch_inst(const Params& p, const Config& cfg, cudaStream_t stream) {
-  auto kernel = wo_gemm_ws_kernel<BITS, MT, GMODE, CT, PUSH, PARTS, RED, XR>;
-  const cudaError_t se = ensure_smem(kernel, cfg.smem, ws_smem_allowed<BITS, MT, GMODE, CT, PUSH, PARTS, RED, XR>());
+  auto kernel = wo_gemm_ws_kernel<BITS, MT, GMODE, CT, PUSH, PARTS, RED, XR, FOLD>;
+  const cudaError_t se = ensure_smem(kernel, cfg.smem, ws_smem_allowed<BITS, MT, GMODE, CT, PUSH, PARTS, RED, XR, FOLD>());
   if (se != cudaSuccess) return se;
   cudaLaunchConfig_t lc = {};
   lc.gridDim = dim3(cfg.splits, cfg.blocks_n, cfg.parts);
@@ -516,7 +532,7 @@ cudaError_t ws_launch_inst(const Params& p, const Config& cfg, cudaStream_t stre
   }
   if constexpr (RED) {
     if (!(resident > 0 && resident < cfg.blocks_n))
-      return ws_launch_inst<BITS, MT, GMODE, CT, PUSH, PARTS, false, XR>(p, cfg, stream);
+      return ws_launch_inst<BITS, MT, GMODE, CT, PUSH, PARTS, false, XR, FOLD>(p, cfg, stream);
   }
   if (resident > 0 && resident < cfg.blocks_n) lc.gridDim.y = resident;
   lc.dynamicSmemBytes = cfg.smem;
@@ -538,6 +554,10 @@ int ws_launch(Params& p, const void* qweight, int64_t n, int64_t k, int bits, in
     constexpr bool P = decltype(pg)::value;
     if constexpr (G != 2) {  // (several tiles a warp: not int4 group 64; ws_choose)
       if constexpr (B == 4) {
+        if constexpr (G == 0) {
+          if (cfg.xring && cfg.fold)
+            return ws_launch_inst<B, 2, G, 2, P, false, ws_red_warp(2, 2, P), true, true>(p, cfg, stream);
+        }
         if (cfg.xring) return ws_launch_inst<B, 2, G, 2, P, false, ws_red_warp(2, 2, P), true>(p, cfg, stream);
       }
       if (cfg.ct == 2)

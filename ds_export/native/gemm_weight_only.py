@@ -146,11 +146,13 @@ def cuda_config(m: int, n: int, k: int, bits: int, group_size: int = -1, algo: i
 
 
 def cuda_path(m: int, n: int, k: int, bits: int, group_size: int = -1, algo: int = 0) -> dict:
-    """{'ws': bool, 'tiles': int, 'xring': bool}: whether `algo` runs the warp-specialized kernel here (bit 28,
-    or the automatic choice), with how many 16-channel tiles a consumer warp (1 on the other kernels), and
-    whether x comes through its ring (a given chunk equal to the ring's steps a slot, shorter than the slice)."""
+    """{'ws': bool, 'tiles': int, 'xring': bool, 'fold': bool}: whether `algo` runs the warp-specialized kernel
+    here (bit 28, or the automatic choice), with how many 16-channel tiles a consumer warp (1 on the other
+    kernels), whether x comes through its ring (a given chunk equal to the ring's steps a slot, shorter than the
+    slice), and whether that launch folds the - 8 of int4 per channel out of the unpack (its bits then differ from
+    the other paths' at the same split, within the same bound)."""
     ws, tiles = _query(2, "dsx_wo_gemm_path_cuda", 2, m, n, k, bits, group_size, algo)
-    return {"ws": bool(ws), "tiles": tiles, "xring": ws == 2}
+    return {"ws": bool(ws), "tiles": tiles, "xring": ws >= 2, "fold": ws == 3}
 
 
 def cuda_launch(m: int, n: int, k: int, bits: int, group_size: int = -1, algo: int = 0) -> dict:

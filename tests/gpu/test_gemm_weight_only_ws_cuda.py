@@ -112,7 +112,9 @@ def test_automatic_fields_on_decode_shapes(m, n, k, bits, group):
         assert (path["ws"], path["tiles"]) == (True, 2 if m > 8 else 1) and (m > 8 or not path["xring"]), path
         auto_splits = G.cuda_config(m, n, k, bits, group)["splits"]
         ref = a if auto_splits == splits else run_raw(x, q, s, bits, group, word(8, auto_splits, 0, 0, 0))
-        assert same(ref, G.gemm_weight_only_cuda(x, q, s, bits, group, 90)), "bits differ from auto"
+        auto = G.gemm_weight_only_cuda(x, q, s, bits, group, 90)
+        check_bound(auto, x, wd, f"auto {(m, n, k, bits, group)} {path}")
+        assert path["fold"] or same(ref, auto), "bits differ from auto"  # (the fold: its own bits, test_fold_x_ring)
 
 
 @pytest.mark.parametrize("bits,group", LAYOUTS)
@@ -128,7 +130,7 @@ def test_17_to_32_rows_four_token_tiles_same_bits(bits, group):
             ref = existing(x, q, s, wd, bits, group, splits, f"m {m}")
             for warps, stages, box in ((8, 0, 0), (8, 2, 2), (8, 3, 2), (4, 5, 3)):  # (rings x whole leaves room for)
                 algo = word(warps, splits, 0, stages, box) | WS
-                assert G.cuda_path(m, n, k, bits, group, algo=algo) == {"ws": True, "tiles": 1, "xring": False}, algo
+                assert G.cuda_path(m, n, k, bits, group, algo=algo) == {"ws": True, "tiles": 1, "xring": False, "fold": False}, algo
                 check_same_bits(x, q, s, wd, bits, group, ref, algo, f"ws m {m}", also=(0,))  # (and reproducible)
     n, k, m = 23104, 576, 32
     x, q, s, wd = make(m, n, k, bits, group, seed=17)
@@ -148,7 +150,7 @@ def test_automatic_rule_17_to_64_rows(n, k, bits, group):
     with cuda.rules_only():
         for m in (17, 32, 40, 64):
             x, q, s, wd = make(m, n, k, bits, group, seed=18)
-            assert G.cuda_path(m, n, k, bits, group) == {"ws": True, "tiles": 1, "xring": False}, m
+            assert G.cuda_path(m, n, k, bits, group) == {"ws": True, "tiles": 1, "xring": False, "fold": False}, m
             warps, splits, chunk, stages, box = ws_config(m, n, k, bits, group, 0)
             assert (chunk, stages, box) == (-(-nsteps // splits), 2, 2), (m, warps, splits, chunk, stages, box)
             a = G.gemm_weight_only_cuda(x, q, s, bits, group, 90)
@@ -251,7 +253,7 @@ def test_odd_warps_need_several_tiles_and_a_split():
     n, k = 36864, 7168
     cfg = G.cuda_config(16, n, k, 4, -1, algo=word(6, 4, 2, 3, 2) | WS | TILES[2])
     assert (cfg["warps"], cfg["splits"], cfg["chunk"], cfg["stages"], cfg["box"]) == (6, 4, 2, 3, 2), cfg
-    assert G.cuda_path(16, n, k, 4, -1, algo=word(7, 8, 0, 2, 2) | WS | TILES[2]) == {"ws": True, "tiles": 2, "xring": False}
+    assert G.cuda_path(16, n, k, 4, -1, algo=word(7, 8, 0, 2, 2) | WS | TILES[2]) == {"ws": True, "tiles": 2, "xring": False, "fold": False}
     for algo in (word(6, 0, 2, 3, 2) | WS | TILES[2],  # (no split given)
                  word(6, 4, 0, 2, 2) | WS,  # (one tile a warp)
                  word(6, 4, 0, 0, 0),  # (the existing kernel)
@@ -282,19 +284,44 @@ def test_x_through_the_ring_same_bits(bits, group, m):
                 if box >= per_split:
                     continue  # (the slice fits one slot: x whole)
                 algo = word(warps, splits, box, stages, box) | WS | TILES[2]
-                assert G.cuda_path(m, n, k, bits, group, algo=algo) == {"ws": True, "tiles": 2, "xring": True}, algo
+                assert G.cuda_path(m, n, k, bits, group, algo=algo) == {"ws": True, "tiles": 2, "xring": True, "fold": False}, algo
                 check_same_bits(x, q, s, wd, bits, group, ref, algo, f"xring m {m} n {n} splits {splits}")
     n, k = 23104, 1152  # (9 steps)
     x, q, s, wd = make(m, n, k, bits, group, seed=32)
-    for splits in (2, 4, 8):
+    for splits in (2, 4):  # (8 splits fold here, int4 per channel: test_fold_x_ring)
         ref = run_raw(x, q, s, bits, group, word(8, splits, 0, 0, 0))
         per_split = -(-9 // splits)
         box = 1 if per_split <= 2 else 2
         for warps in (8, 6):  # (6: 12 tiles a block, 120.3 groups: the last one partial)
             algo = word(warps, splits, box, 2, box) | WS | TILES[2]
-            assert G.cuda_path(m, n, k, bits, group, algo=algo)["xring"], algo
+            assert G.cuda_path(m, n, k, bits, group, algo=algo) == {"ws": True, "tiles": 2, "xring": True, "fold": False}, algo
             check_same_bits(x, q, s, wd, bits, group, ref, algo, f"xring persistent m {m} splits {splits} warps {warps}",
                             also=(ONE_GROUP, PDL))
+
+
+@pytest.mark.parametrize("m", [9, 11, 13, 16])
+def test_fold_x_ring(m):
+    """The fold (int4 per channel, x through the ring, where every block loops over two tile groups or more: 91 or 121
+    tile groups of 8 or 6 warps at 8 splits, 181 at 4 with K = 1088, a half step): right against float64, and the same
+    bits for every x-ring word at a split (the producer's sums of x in step order), with one tile group a block (the
+    same decision: the rule counts the grid, not the loop) and with PDL. Group 128 at the same words: no fold, the
+    existing path's bits (test_x_through_the_ring_same_bits)."""
+    for n, k, splits in ((23104, 1152, 8), (46208, 1088, 4)):
+        x, q, s, wd = make(m, n, k, 4, -1, seed=33)
+        nsteps = (k // 64 + 1) // 2
+        box = 1 if -(-nsteps // splits) <= 2 else 2
+        first = None
+        for warps, stages in ((8, 2), (6, 2), (8, 3)):
+            algo = word(warps, splits, box, stages, box) | WS | TILES[2]
+            assert G.cuda_path(m, n, k, 4, -1, algo=algo) == {"ws": True, "tiles": 2, "xring": True, "fold": True}, algo
+            a = run_raw(x, q, s, 4, -1, algo)
+            check_bound(a, x, wd, f"fold m {m} n {n} splits {splits} warps {warps} stages {stages}")
+            first = a if first is None else first
+            assert same(a, first), f"fold m {m} n {n} warps {warps} stages {stages}: bits differ between x-ring words"
+            for flag in (ONE_GROUP, PDL):
+                assert same(run_raw(x, q, s, 4, -1, algo | flag), first), f"fold m {m} n {n} {algo | flag:#x}"
+        # (not the existing path's bits: the fold sums q + 136)
+        assert not same(first, run_raw(x, q, s, 4, -1, word(8, splits, 0, 0, 0))), "the fold gave the existing path's bits"
 
 
 @pytest.mark.parametrize("m", [9, 12, 16])
@@ -425,7 +452,7 @@ def test_several_tiles_up_to_8_rows_same_bits(bits, group, tiles):
                 check_same_bits(x, q, s, wd, bits, group, ref, word(8, splits, 0, 2, 2) | WS, f"one tile m {m} n {n}")
                 for warps, stages, box in ((8, 0, 0), (8, 2, 2), (4, 2, 1), (8, 4, 1), (2, 3, 4)):
                     algo = word(warps, splits, 0, stages, box) | WS | bit
-                    want = {"ws": True, "tiles": tiles, "xring": False}
+                    want = {"ws": True, "tiles": tiles, "xring": False, "fold": False}
                     assert G.cuda_path(m, n, k, bits, group, algo=algo) == want, algo
                     check_same_bits(x, q, s, wd, bits, group, ref, algo, f"{tiles} tiles m {m} n {n}")
                 algo = word(8, splits, 0, 2, 2) | WS | bit
@@ -545,7 +572,7 @@ def check_auto_choice(m, n, k, bits, group, tiles, fields, seed, also=()):
     (and of each (word, message) of `also`), and is reproducible."""
     skip_unless_h200()
     with cuda.rules_only():  # (the rules' choice: where the measured table lists the launch, it decides)
-        assert G.cuda_path(m, n, k, bits, group) == {"ws": True, "tiles": tiles, "xring": False}
+        assert G.cuda_path(m, n, k, bits, group) == {"ws": True, "tiles": tiles, "xring": False, "fold": False}
         cfg = G.cuda_config(m, n, k, bits, group)
         assert (cfg["warps"], cfg["splits"], cfg["stages"], cfg["box"]) == tuple(fields), cfg
         x, q, s, wd = make(m, n, k, bits, group, seed=seed)
@@ -603,9 +630,9 @@ def test_automatic_two_tiles_same_bits(bits, group, m):
         assert same(a, run_raw(x, q, s, bits, group, word(8, cfg["splits"], 0, 0, 0))), f"{path}: bits differ from the existing path"
         assert same(a, run_raw(x, q, s, bits, group, word(8, cfg["splits"], 0, 2, 2) | WS)), f"{path}: bits differ from one tile"
         assert same(a, G.gemm_weight_only_cuda(x, q, s, bits, group, 90)), "not reproducible"
-        want = {"ws": True, "tiles": 2, "xring": False}
+        want = {"ws": True, "tiles": 2, "xring": False, "fold": False}
         assert G.cuda_path(m, n, k, bits, group, algo=word(8, 4, 0, 2, 2) | WS | TWO) == want
-        assert G.cuda_path(m, n, k, bits, group, algo=word(8, 4, 0, 0, 0)) == {"ws": False, "tiles": 1, "xring": False}
+        assert G.cuda_path(m, n, k, bits, group, algo=word(8, 4, 0, 0, 0)) == {"ws": False, "tiles": 1, "xring": False, "fold": False}
 
 
 @pytest.mark.parametrize("m", [9, 12, 16])
@@ -627,7 +654,7 @@ def test_four_tiles_at_twice_the_split_on_h200(m):
     valid code), no float64 reference at this size."""
     skip_unless_h200()
     n, k = 36864, 7168
-    assert G.cuda_path(m, n, k, 4, -1) == {"ws": True, "tiles": 4, "xring": False}
+    assert G.cuda_path(m, n, k, 4, -1) == {"ws": True, "tiles": 4, "xring": False, "fold": False}
     cfg = G.cuda_config(m, n, k, 4, -1)
     assert (cfg["warps"], cfg["splits"], cfg["chunk"], cfg["stages"], cfg["box"]) == (8, 8, 7, 2, 1), cfg
     rng = np.random.default_rng([41, m])
@@ -638,4 +665,17 @@ def test_four_tiles_at_twice_the_split_on_h200(m):
     assert np.isfinite(a.astype(np.float32)).all()
     assert same(a, run_raw(x, q, s, 4, -1, word(8, 8, 0, 0, 0))), "bits differ from the existing path at 8 splits"
     assert same(a, run_raw(x, q, s, 4, -1, word(8, 8, 0, 2, 2) | WS | TWO)), "bits differ from two tiles a warp"
+    assert same(a, G.gemm_weight_only_cuda(x, q, s, 4, -1, 90)), "not reproducible"
+
+
+def test_fold_on_36864x7168():
+    """The fold where the table sends 36864 x 7168 (a DeepSeek-V3 dense gate_up at tp 1) at 12 rows: x through the ring,
+    4 splits, 144 tile groups for 66 resident clusters; right against float64 and reproducible (H200: the rule counts
+    the SMs)."""
+    skip_unless_h200()
+    m, n, k = 12, 36864, 7168
+    assert G.cuda_path(m, n, k, 4, -1) == {"ws": True, "tiles": 2, "xring": True, "fold": True}
+    x, q, s, wd = make(m, n, k, 4, -1, seed=34)
+    a = G.gemm_weight_only_cuda(x, q, s, 4, -1, 90)
+    check_bound(a, x, wd, "fold 36864x7168 m 12")
     assert same(a, G.gemm_weight_only_cuda(x, q, s, 4, -1, 90)), "not reproducible"

@@ -32,7 +32,15 @@
  *  shared memory of a thread-block cluster, then rounded to bf16. No atomics: for fixed
  *  (M, N, K, algo) on one GPU model the output is bit-for-bit reproducible, and of
  *  the algo fields only splits changes it (it moves the slice boundaries); warps,
- *  x chunk, ring slots and steps per slot do not.
+ *  x chunk, ring slots and steps per slot do not. The fold (int4 per channel, 9..16 rows,
+ *  x through the warp-specialized kernel's ring where every block loops over two tile
+ *  groups or more; dsx_wo_gemm_path_cuda says 3): the mma take q + 136 instead of q, and
+ *  each slice's acc, before the scale, gets fma(-136, S, acc), S the fp32 sum of its x
+ *  row over the slice (per 128-K step a chain of 8 mma of x against ones, the steps added
+ *  in increasing k). Its partial sums are about 136 / |q| times larger, and so is their
+ *  rounding: the same error bound form with sum_k |x| (|q| + 136) |s| in place of
+ *  sum_k |x w|. Its bits differ from the other paths' at the same split; among fold
+ *  launches only splits changes them.
  *
  * CUDA entry: device pointers (x, qweight 16-byte aligned; scale and out 2-byte aligned),
  * asynchronous on `stream` (a cudaStream_t as void*, NULL = legacy default stream), no
@@ -142,8 +150,9 @@ int dsx_wo_gemm_config_cuda(int64_t m, int64_t n, int64_t k, int bits, int group
 
 /* Which kernel `algo` resolves to for the first launch (min(M, 64) rows, or 32 as above): *ws = 1 for the
  * warp-specialized one (bit 28, or auto's choice), 2 for it with x through its ring (a given chunk equal to the
- * steps a slot, shorter than the K slice: int4 per channel or group 128, 9..16 rows, two tiles a warp), and its
- * 16-channel tiles a consumer warp (*tiles: 1, 2 or 4; 1 for the other kernels). */
+ * steps a slot, shorter than the K slice: int4 per channel or group 128, 9..16 rows, two tiles a warp), 3 for that
+ * with the fold (int4 per channel, where every block loops over two tile groups or more: see the accumulation
+ * order above), and its 16-channel tiles a consumer warp (*tiles: 1, 2 or 4; 1 for the other kernels). */
 int dsx_wo_gemm_path_cuda(int64_t m, int64_t n, int64_t k, int bits, int group_size, int algo, int* ws,
                           int* tiles);
 
