@@ -375,14 +375,21 @@ __device__ __forceinline__ void step_q_tiles(float (&acc)[CT][MT][4], const Stag
 // x from the warp-specialized kernel's x ring (XR, int4, two token tiles; gemm_weight_only_ws.cuh, kXrStepBytes):
 // the step's x at byte `off` of `smem` (512-byte aligned in shared memory), row r at 256 r, the lane's 64 bytes (real
 // k 32 c ..) at 64 c, their 16-byte piece i swizzled to piece i ^ ((2 r + c / 2) & 3) by the copy engine; xo0 = 256 g
-// + 64 c + 16 ((2 g + c / 2) & 3), so piece i of row 8 t + g is at (off + xo0) ^ (16 i), + 2048 t (bits 4..5 of off,
+// + 64 c + 16 ((2 g + c / 2) & 3) (xr_lane_off), so piece i of row 8 t + g is at (off + xo0) ^ (16 i), + 2048 t (bits 4..5 of off,
 // of 2048 t and of the shared base are zero). The same values as step_q_tiles': the same bits.
+__device__ __forceinline__ int xr_lane_off(int g, int c) {
+  return 256 * g + 64 * c + 16 * ((2 * g + (c >> 1)) & 3);
+}
+// (piece i of token tile t, o = off + xo0)
+__device__ __forceinline__ uint4 xr_piece(const uint8_t* smem, uint32_t o, int i, int t) {
+  return dsx_wo::lds128(smem + ((o ^ (16u * i)) + 2048u * t));
+}
 template <int BITS, int MT, int GMODE, int CT, bool SUB = true>
 __device__ __forceinline__ void step_q_tiles_xr(float (&acc)[CT][MT][4], const Stage (&st)[CT], const uint8_t* smem,
                                                 uint32_t off, int xo0) {
   static_assert(BITS == 4 && MT == 2, "the x ring: int4, two token tiles");
   const uint32_t o = off + static_cast<uint32_t>(xo0);
-  auto xload = [&](int i, int t) { return dsx_wo::lds128(smem + ((o ^ (16u * i)) + 2048u * t)); };
+  auto xload = [&](int i, int t) { return xr_piece(smem, o, i, t); };
   step_q_tiles_with<BITS, MT, GMODE, CT, decltype(xload), SUB>(acc, st, xload);
 }
 
@@ -398,7 +405,7 @@ __device__ __forceinline__ void fold_step_sum_xr(float (&sum)[2][2], const uint8
     float d[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const uint4 u = dsx_wo::lds128(smem + ((o ^ (16u * i)) + 2048u * t));
+      const uint4 u = xr_piece(smem, o, i, t);
       mma_bf16(d, ones, u.x, u.y);
       mma_bf16(d, ones, u.z, u.w);
     }

@@ -199,7 +199,6 @@ __global__ void __launch_bounds__((kMaxWarps + (RED ? 2 : 1)) * 32, CT == 4 ? (M
   // next nst - 1 are issued (landed by then, or nearly, and not yet refilled), the rest after its last fill; a
   // step's sum is one chain of 8 mma (fold_step_sum_xr), the steps added in order (the same bits for every
   // block shape at a split). The consumers wait for the sums (sums_bar) only at the first group's end.
-  constexpr bool kFold = FOLD;
   // the fold's sums of x (16 floats) and their barrier (the producer arrives once they are written), after the partial
   // tile (ws_choose adds their room)
   auto sums_of = [&]() { return part_of() + p.m * 16 * CT * nwarps; };
@@ -256,7 +255,7 @@ __global__ void __launch_bounds__((kMaxWarps + (RED ? 2 : 1)) * 32, CT == 4 ? (M
     if constexpr (kXGate) {
       if (xgate()) dsx_wo::mbar_init(xready_bar(), 1);
     }
-    if constexpr (kFold) dsx_wo::mbar_init(sums_bar(), 1);
+    if constexpr (FOLD) dsx_wo::mbar_init(sums_bar(), 1);
   }
   dsx_wo::fence_barrier_init();
   __syncthreads();
@@ -287,24 +286,25 @@ __global__ void __launch_bounds__((kMaxWarps + (RED ? 2 : 1)) * 32, CT == 4 ? (M
     // The fold: the first tile group's fills summed in order, each once the next nst - 1 fills are issued (so that it
     // has landed or is about to, and before its slot is refilled), the rest after the last fill; then the sums go to
     // shared memory for the consumers (one arrival on sums_bar).
-    float fs[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
+    float fs[2][2] = {{0.f, 0.f}, {0.f, 0.f}};  // (an empty slice publishes these zeros)
     int summed = 0;
+    auto publish = [&]() {
+      float* sums = sums_of();
+      if (g == 0)
+        sums[2 * c] = fs[0][0], sums[2 * c + 1] = fs[0][1], sums[8 + 2 * c] = fs[1][0], sums[9 + 2 * c] = fs[1][1];
+      __syncwarp();
+      if (lane == 0) ws_mbar_arrive(sums_bar());
+    };
     auto sum_to = [&](int upto) {
-      if constexpr (kFold) {
+      if constexpr (FOLD) {
         if (my_groups == 0) return;
-        const int xo0 = 256 * g + 64 * c + 16 * ((2 * g + (c >> 1)) & 3);
         for (; summed < fpg && summed <= upto; ++summed) {
           const int sl = summed % nst, len = min(box, s_end - (s_begin + summed * box));
           dsx_wo::mbar_wait(full0 + 8 * sl, static_cast<uint32_t>((summed / nst) & 1));
           const uint32_t off = xring0() - dsx_wo::smem_addr(smem) + static_cast<uint32_t>(sl * box * kXrStepBytes);
-          for (int j = 0; j < len; ++j) dsx_wo::fold_step_sum_xr(fs, smem, off + j * kXrStepBytes, xo0);
-          if (summed + 1 == fpg) {
-            float* sums = sums_of();
-            if (g == 0)
-              sums[2 * c] = fs[0][0], sums[2 * c + 1] = fs[0][1], sums[8 + 2 * c] = fs[1][0], sums[9 + 2 * c] = fs[1][1];
-            __syncwarp();
-            if (lane == 0) ws_mbar_arrive(sums_bar());
-          }
+          for (int j = 0; j < len; ++j)
+            dsx_wo::fold_step_sum_xr(fs, smem, off + j * kXrStepBytes, dsx_wo::xr_lane_off(g, c));
+          if (summed + 1 == fpg) publish();
         }
       }
     };
@@ -371,11 +371,8 @@ __global__ void __launch_bounds__((kMaxWarps + (RED ? 2 : 1)) * 32, CT == 4 ? (M
         }
       }
       sum_to(fpg);
-    } else if (kFold && my_groups > 0) {  // (an empty slice: sums of zero)
-      float* sums = sums_of();
-      if (lane < 16) sums[lane] = 0.f;
-      __syncwarp();
-      if (lane == 0) ws_mbar_arrive(sums_bar());
+    } else if (FOLD && my_groups > 0) {  // (an empty slice: sums of zero)
+      publish();
     }
     if constexpr (PUSH)
       dsx_wo::cluster_wait();
@@ -439,7 +436,7 @@ __global__ void __launch_bounds__((kMaxWarps + (RED ? 2 : 1)) * 32, CT == 4 ? (M
   for (int t = 0; t < MT; ++t)
     xo[t] = min(8 * t + g, rows_of() - 1) * ld + (BITS == 4 && GMODE == 2 ? 8 * (c & 1) + 4 * (c >> 1) : 8 * c);
   if constexpr (XR)  // (XR: the lane's row-g bytes in a step of the x ring, step_q_tiles_xr)
-    xo[0] = 256 * g + 64 * c + 16 * ((2 * g + (c >> 1)) & 3);
+    xo[0] = dsx_wo::xr_lane_off(g, c);
   constexpr bool kPair = MT == 1 ? !(BITS == 4 && GMODE == 2) : MT == 2 && BITS == 4 && GMODE == 0;
   const bool pair = kPair && p.pair != 0;
   int slot = 0;
@@ -482,7 +479,7 @@ __global__ void __launch_bounds__((kMaxWarps + (RED ? 2 : 1)) * 32, CT == 4 ? (M
 #ifndef DSX_WO_NOMATH
             if constexpr (XR) {
               const uint32_t xoff = xring0() - dsx_wo::smem_addr(smem) + static_cast<uint32_t>((slot * box + j) * kXrStepBytes);
-              dsx_wo::step_q_tiles_xr<BITS, MT, GMODE, CT, !kFold>(acc, st, smem, xoff, xo[0]);
+              dsx_wo::step_q_tiles_xr<BITS, MT, GMODE, CT, !FOLD>(acc, st, smem, xoff, xo[0]);
             } else {
               dsx_wo::step_q_tiles<BITS, MT, GMODE, CT>(acc, st, xs, xo);
             }
@@ -541,7 +538,7 @@ __global__ void __launch_bounds__((kMaxWarps + (RED ? 2 : 1)) * 32, CT == 4 ? (M
       if (++slot == nst) slot = 0, parity ^= 1u;
     }
     if (o + 1 == my_groups) dsx_wo::pdl_launch_dependents();
-    if constexpr (kFold) {  // (the fold: - 136 x the sums of x, once the producer has them)
+    if constexpr (FOLD) {  // (the fold: - 136 x the sums of x, once the producer has them)
       if (o == 0) dsx_wo::mbar_wait(sums_bar(), 0);
       if (active) {
         const float* sums = sums_of();
