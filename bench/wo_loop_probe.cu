@@ -17,6 +17,8 @@
 // HGMMA, 33 WARPGROUP fences / waits, 17 uniform adds, 8 LDS, 32 FADD), wgmma8 461 (4 WARPGROUP); at MT = 1
 // 427, 469 and 445. So wgmma issues about as many instructions; what it can change is the latency of the
 // mma chains (asynchronous, one instruction for both token tiles), which is what the timing measures.
+// Thirty-second session: also four and eight token tiles (17..32 and 33..64 rows; wgmma n32 / n64), where mma.sync's
+// loop is what costs and wgmma takes 30-48% off it (docs/benchmarks.md, "The step-loop probe at more token tiles").
 // Operand layouts and the host reference: bench/wo_loop_layout.h (its index arithmetic is checked on
 // the CPU by tests/test_bench_wo_loop_layout.py).
 //
@@ -74,7 +76,27 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[4 * MT], const uint32_t (&a)
         "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, p, 1, 1, 0;\n}\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
+  } else if constexpr (MT == 4) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, "
+        "%13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+          "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
+  } else if constexpr (MT == 8) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, "
+        "%13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+          "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+          "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+          "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
   } else {
+    static_assert(MT == 2, "m64n8 / n16 / n32 / n64");
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, "
@@ -341,6 +363,11 @@ int main(int argc, char** argv) {
   variant<2, 2>(sms, rounds, rs, fails);
   variant<4, 1>(sms, rounds, rs, fails);
   variant<4, 2>(sms, rounds, rs, fails);
+  // (more token tiles: 17..32 and 33..64 rows)
+  variant<1, 4>(sms, rounds, rs, fails);
+  variant<2, 4>(sms, rounds, rs, fails);
+  variant<1, 8>(sms, rounds, rs, fails);
+  variant<2, 8>(sms, rounds, rs, fails);
   // 36864 x 7168 int4: 2304 tiles x 56 steps
   const double per_sm = 2304.0 * 56 / sms;
   std::printf("\n%-7s %3s %3s %5s %9s %10s %16s %14s %s\n", "path", "CT", "MT", "regs", "blocks/SM", "us/launch",
