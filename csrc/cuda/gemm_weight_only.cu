@@ -125,6 +125,7 @@ struct Config {
   int parts = 1;     // warp-specialized kernel: launches of kWsMaxRows rows side by side in one grid (its z)
   bool xring = false;  // warp-specialized kernel: x through the ring (a given chunk = box < the slice; ws_xring_ok)
   bool fold = false;   // with it, the fold (int4 per channel, every block over two tile groups or more: ws_fold_pays)
+  bool wg = false;     // warp-specialized kernel: wgmma consumers (four token tiles, one tile a warp: ws_wgmma)
 };
 
 // Clusters (of cfg.splits blocks; blocks when splits == 1) of this kernel instance the
@@ -669,7 +670,7 @@ extern "C" int dsx_wo_gemm_path_cuda(int64_t m, int64_t n, int64_t k, int bits, 
   if (!valid_args(m, n, k, bits, group_size, 90) || !ws || !tiles) return DSX_EINVAL;
   FirstLaunch f;
   if (const int rc = first_launch(m, n, k, bits, group_size, algo, &f)) return rc;
-  *ws = f.ws ? (f.cfg.xring ? (f.cfg.fold ? 3 : 2) : 1) : 0, *tiles = f.ws ? f.cfg.ct : 1;
+  *ws = f.ws ? (f.cfg.xring ? (f.cfg.fold ? 3 : 2) : f.cfg.wg ? 4 : 1) : 0, *tiles = f.ws ? f.cfg.ct : 1;
   return DSX_OK;
 }
 

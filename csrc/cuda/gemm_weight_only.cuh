@@ -57,6 +57,8 @@
 
 #include <cstdint>
 
+#include "sm90_ptx.cuh"  // (wgmma, for the WG consumers: step_q_wgmma)
+
 namespace dsx_wo {
 
 // ---------------------------------------------------------------- pipeline primitives
@@ -406,8 +408,12 @@ __device__ __forceinline__ void fold_step_sum_xr(float (&sum)[2][2], const uint8
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const uint4 u = xr_piece(smem, o, i, t);
+#ifndef DSX_WO_DIAG_FOLDNOSUM  // (diagnostic build: the pieces loaded, no mma, wrong sums; with DSX_WO_FOLD_ALL)
       mma_bf16(d, ones, u.x, u.y);
       mma_bf16(d, ones, u.z, u.w);
+#else
+      d[0] += __uint_as_float(u.x & u.w & 1u);
+#endif
     }
     sum[t][0] += d[0], sum[t][1] += d[1];
   }
@@ -525,6 +531,81 @@ __device__ __forceinline__ void stage_x_steps(uint16_t* buf, int ld, const uint1
                  in ? x + static_cast<int64_t>(row) * k + kk : x, in ? 16 : 0);
     }
     cp_async_commit();
+  }
+}
+
+// x steps [s0, s0 + steps) of rows [0, m) into buf as the wgmma B operand of the warp-specialized kernel's wgmma
+// consumers (WG; K-major, no swizzle; nt = ceil(m / 8) token groups of 8 rows): logical k in the order of step_q's mma k-steps, so
+// that k-step s of the slice holds exactly the x values step_q's lanes load for theirs. Lane c's k pair p (real
+// k = W c + 2 p, W = 32 for int4, 16 for int8) sits in mma k-step p / 2 at logical {2 c, 2 c + 1} (p even) or
+// {2 c + 8, 2 c + 9} (p odd), so 8-element core column p of the step holds pairs p of the four lanes c: the 8-k
+// piece q of a step (its pairs 4 (q % IPC) .. + 3, c = q / IPC) goes word by word to core columns 4 (q % IPC) + j,
+// word c of row `row`. Core column `col` of the slice starts at col * nt * 128 bytes, row r of it at 16 r (the
+// descriptor's lead nt * 128 bytes, its 8-row stride 128). Rows m .. 8 nt - 1 are not written, and a wgmma wider
+// than 8 nt reads its groups past nt from the next core column (or the padding past the slice): their products land
+// in output columns that are never stored. Pieces at or past K are zeros. Through registers, KB loads in flight a
+// thread; the caller fences (generic -> async proxy) and syncs.
+template <int BITS, int KB = 8>
+__device__ __forceinline__ void stage_x_wgmma(uint16_t* buf, const uint16_t* x, int m, int k, int s0, int steps, int tid,
+                                              int nthr) {
+  constexpr int kStepK = BITS == 8 ? 64 : 128, kPieces = kStepK / 8, kIpc = kPieces / 4;
+  const int kCol = ((m + 7) >> 3) * 32;
+  const int per_row = steps * kPieces, k0 = s0 * kStepK, total = m * per_row;
+  uint32_t* w = reinterpret_cast<uint32_t*>(buf);
+  for (int i0 = tid; i0 < total; i0 += KB * nthr) {
+    uint4 v[KB];
+#pragma unroll
+    for (int b = 0; b < KB; ++b) {
+      const int i = i0 + b * nthr;
+      if (i < total) {
+        const int rem = i / m, row = i - rem * m;  // (rows fastest: a quarter-warp's stores hit distinct banks)
+        const int kk = k0 + rem * 8;
+        v[b] = kk < k ? *reinterpret_cast<const uint4*>(x + static_cast<int64_t>(row) * k + kk) : make_uint4(0, 0, 0, 0);
+      }
+    }
+#pragma unroll
+    for (int b = 0; b < KB; ++b) {
+      const int i = i0 + b * nthr;
+      if (i < total) {
+        const int rem = i / m, row = i - rem * m;
+        const int st = rem / kPieces, q = rem - st * kPieces;
+        uint32_t* d = w + (st * kPieces + 4 * (q % kIpc)) * kCol + 4 * row + q / kIpc;
+        d[0] = v[b].x, d[kCol] = v[b].y, d[2 * kCol] = v[b].z, d[3 * kCol] = v[b].w;
+      }
+    }
+  }
+}
+
+// One step of one channel tile through wgmma (the WG consumers, four warps a warpgroup): the same k-steps in the same
+// order as step_q's mma chain (from 0 a step, one k-step a commit group, the A registers of the set in flight kept
+// live until its group is done), then promoted on the CUDA cores as there: the same bits. xa: the step's x in
+// stage_x_wgmma's layout (a shared address), nt its token groups.
+template <int BITS, int MT, int GMODE>
+__device__ __forceinline__ void step_q_wgmma(float (&acc)[MT][4], float (&part)[MT][4], const Stage& st, uint32_t xa,
+                                             uint32_t nt) {
+  constexpr int kKs = BITS == 8 ? 4 : 8;
+  auto pair = [](uint32_t w, int i) { return BITS == 8 ? i8_pairj(w, i) : i4_pairj(w, i); };
+  uint32_t a[2][4];
+#pragma unroll
+  for (int ks = 0; ks < kKs; ++ks) {
+    const int i = ks >> 1, h = ks & 1;
+    uint32_t(&r)[4] = a[ks & 1];
+    r[0] = pair(word(st.w[0], 2 * h), i), r[1] = pair(word(st.w[1], 2 * h), i);
+    r[2] = pair(word(st.w[0], 2 * h + 1), i), r[3] = pair(word(st.w[1], 2 * h + 1), i);
+    dsx_cuda::sm90::wgmma_fence();
+    dsx_cuda::sm90::wgmma_bf16_rs<MT>(part, r, dsx_cuda::sm90::interleave_desc(xa + ks * nt * 256, nt * 128, 128), ks > 0);
+    dsx_cuda::sm90::wgmma_commit();
+    dsx_cuda::sm90::wgmma_wait<1>();
+    if (ks > 0)  // (the set of k-step ks - 1, done now, was live until here)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) dsx_cuda::sm90::keep_reg(a[(ks + 1) & 1][j]);
+  }
+  dsx_cuda::sm90::wgmma_wait<0>();
+#pragma unroll
+  for (int t = 0; t < MT; ++t) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dsx_cuda::sm90::fence_reg(part[t][e]);
+    promote<GMODE>(acc[t], part[t], st.s[0]);
   }
 }
 

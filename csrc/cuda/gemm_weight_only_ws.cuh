@@ -116,8 +116,12 @@ __device__ __forceinline__ void ws_st_async2(uint32_t raddr, float a, float b, u
 // The block's tensor maps (Params::wmap: `box` steps x all tiles' rows; wmap1: one step).
 // CT: 16-channel tiles a consumer warp owns (2, 4: algo bits 29..30; warp w owns tiles CT w .. CT w +
 // CT - 1, contiguous channels; one x load feeds the mma of all of them: step_q_tiles).
+// WG (four or eight token tiles, one tile a warp; ws_wgmma): the consumer warps run as warpgroups (4 or 8 warps) and
+// each step's products go through wgmma, the unpacked weights its register A operand (each warp's 16 channels its 16
+// rows of the m64) and x its shared-memory B (stage_x_wgmma's layout, ceil(M / 8) token groups); the same
+// k-steps as step_q's mma chain, from 0 a step and promoted as there (step_q_wgmma): the same bits.
 template <int BITS, int MT, int GMODE, int CT = 1, bool PUSH = false, bool PARTS = false, bool RED = false,
-          bool XR = false, bool FOLD = false>
+          bool XR = false, bool FOLD = false, bool WG = false>
 __global__ void __launch_bounds__((kMaxWarps + (RED ? 2 : 1)) * 32, CT == 4 ? (MT == 1 ? 2 : 1)
                                                                   : (CT == 2 && (MT == 2 || PUSH)) || (MT == 2 && GMODE == 2) || MT == 4 ? 2 : 3)
     wo_gemm_ws_kernel(const __grid_constant__ Params p) {
@@ -129,6 +133,7 @@ __global__ void __launch_bounds__((kMaxWarps + (RED ? 2 : 1)) * 32, CT == 4 ? (M
   static_assert(!RED || ws_red_warp(CT, MT, PUSH), "the reducer warp: pushed sums with several tiles a warp only");
   static_assert(!XR || (BITS == 4 && MT == 2 && CT == 2 && GMODE != 2 && !PARTS), "x through the ring: ws_xring_ok");
   static_assert(!FOLD || (XR && GMODE == 0), "the fold: x through the ring, int4 per channel (ws_choose)");
+  static_assert(!WG || (MT >= 4 && CT == 1 && GMODE != 2 && !XR), "wgmma consumers: ws_wgmma");
   const int lane = threadIdx.x & 31, nwarps = (blockDim.x >> 5) - (RED ? 2 : 1);  // consumer warps
   const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x >> 5), 0);
   const int g = lane >> 2, c = lane & 3;
@@ -184,7 +189,7 @@ __global__ void __launch_bounds__((kMaxWarps + (RED ? 2 : 1)) * 32, CT == 4 ? (M
       return reinterpret_cast<float*>(smem + ws_barrier_bytes(p.stages) + p.stages * ws_slot_bytes(GMODE, p.box, CT * nwarps, CT) +
                                       ws_xring_bytes(p.stages, p.box));
     return reinterpret_cast<float*>(smem + ws_barrier_bytes(p.stages) + p.stages * ws_slot_bytes(GMODE, p.box, CT * nwarps, CT) +
-                                    2 * (PARTS ? p.part_m : p.m) * (p.chunk * kStepK + kXPadElems));
+                                    2 * (((PARTS ? p.part_m : p.m) + (WG ? 7 : 0)) & ~(WG ? 7 : 0)) * (p.chunk * kStepK + kXPadElems));
   };
   // XR: the x ring's first byte (a shared address; computed where used)
   auto xring0 = [&]() {
@@ -422,7 +427,12 @@ __global__ void __launch_bounds__((kMaxWarps + (RED ? 2 : 1)) * 32, CT == 4 ? (M
       // (4 loads in flight in the pulled int4-per-channel instance with one tile a warp and two token
       // tiles: 8 spilled there at its 72 registers)
       constexpr int kXLoads = BITS == 4 && GMODE == 0 && CT == 1 && MT == 2 && !PUSH ? 4 : 8;
-      dsx_wo::stage_x_steps<BITS, CT <= 2, kXLoads>(xbuf, ld, x_of(), rows_of(), p.k, s_begin, nloc, threadIdx.x, cthreads);
+      if constexpr (WG) {
+        dsx_wo::stage_x_wgmma<BITS, kXLoads>(xbuf, x_of(), rows_of(), p.k, s_begin, nloc, threadIdx.x, cthreads);
+        dsx_cuda::sm90::fence_async_smem();  // (generic-proxy stores, read by wgmma)
+      } else {
+        dsx_wo::stage_x_steps<BITS, CT <= 2, kXLoads>(xbuf, ld, x_of(), rows_of(), p.k, s_begin, nloc, threadIdx.x, cthreads);
+      }
     }
 #endif
     if constexpr (CT > 2) dsx_wo::cp_async_wait<0>();
@@ -441,6 +451,7 @@ __global__ void __launch_bounds__((kMaxWarps + (RED ? 2 : 1)) * 32, CT == 4 ? (M
   const bool pair = kPair && p.pair != 0;
   int slot = 0;
   uint32_t parity = 0;
+  float wpart[WG ? MT : 1][4] = {};  // (WG: a step's tensor-core partials)
   for (int o = 0; o < my_groups; ++o) {
     const int u = blockIdx.y + o * ustride;
     const int n_blk = u * 16 * tiles, n0 = n_blk + warp * 16 * CT;
@@ -454,7 +465,7 @@ __global__ void __launch_bounds__((kMaxWarps + (RED ? 2 : 1)) * 32, CT == 4 ? (M
     for (int first = s_begin; first < s_end; first += box) {
       dsx_wo::mbar_wait(full0 + 8 * slot, parity);
       const int slot_len = min(box, s_end - first);
-      if (active) {
+      if (active || WG) {  // (WG: every warp of a warpgroup runs its wgmma; past N the weights are zeros)
         // A full slot (one copy): tile v's rows at v * box KB, rows box * kRowStep apart, steps
         // kRowStep apart; a short one (a copy a step): steps `tiles` KB apart, tile v's rows at
         // v KB inside each, kRowStep apart. (Warp w's tiles: v = CT w + q.)
@@ -467,7 +478,17 @@ __global__ void __launch_bounds__((kMaxWarps + (RED ? 2 : 1)) * 32, CT == 4 ? (M
         const int tstride = kRowsPerWarp * rstride;  // from one tile's rows to the next's
         for (int j = 0; j < slot_len;) {
           const uint16_t* xs = xbuf + (first + j - s_begin) * kStepK;
-          if constexpr (CT > 1) {
+          if constexpr (WG) {
+            Stage st;
+            const uint8_t* wp = wbase + j * jstride;
+            st.w[0] = dsx_wo::lds128(wp);
+            st.w[1] = dsx_wo::lds128(wp + rgap);
+            st.s[0] = GMODE == 1 ? read_scale(sl, j, 0, warp) : 0u;
+            const uint32_t nt = static_cast<uint32_t>(rows_of() + 7) >> 3;  // (x's token groups: stage_x_wgmma)
+            const uint32_t xa = dsx_wo::smem_addr(xbuf) + static_cast<uint32_t>(first + j - s_begin) * kStepK * 16 * nt;
+            dsx_wo::step_q_wgmma<BITS, MT, GMODE>(acc[0], wpart, st, xa, nt);
+            j += 1;
+          } else if constexpr (CT > 1) {
             Stage st[CT];
 #pragma unroll
             for (int q = 0; q < CT; ++q) {

@@ -28,7 +28,40 @@ int ws_blocks_per_sm(const Config& c);
 // one-group grids slower: 7168 x 18432 M = 9 / 16 27.91 / 28.11 -> 28.46 / 28.63, 7168 x 4608 11.2 -> 11.6, 3072 x
 // 1536 5.6 -> 5.85. (Taking the sums from global memory before the first step instead, in every launch of up to 16
 // rows, lost everywhere: 7168 x 18432 M = 16 27.73 -> 31.89, 24576 x 1536 13.65 -> 18.82.)
+// Whether a launch runs wgmma consumers (the kernel's WG): four token tiles (17..32 rows, one tile a warp), every
+// layout but int4 group 64, 4 or 8 consumer warps (whole warpgroups). Measured first in bench/wo_loop_probe.cu
+// (thirty-second session, H200: the step loop alone, operands resident in shared memory, the loop's floor on
+// 36864 x 7168 in us, mma.sync -> wgmma): one tile a warp, four token tiles 46.32 -> 32.36, eight 85.53 -> 44.78;
+// the same bits as the mma chain.
+bool ws_wgmma(const Config& c, int gmode) {
+#ifdef DSX_WO_NO_WGMMA  // (the mma consumers everywhere: bench/wo_alt_lib.sh builds for A/B)
+  (void)c, (void)gmode;
+  return false;
+#else
+  return c.mt == 4 && c.ct == 1 && gmode != 2 && (c.warps == 4 || c.warps == 8) && !c.xring;
+#endif
+}
+
+// Where the wgmma consumers pay: the steps a block runs (its slice's, times the tile groups it loops over when the
+// grid's blocks outnumber those the SMs hold) at least 16. Measured (thirty-second session, H200, bench/wo_ab.sh,
+// main -> wgmma in every 17..32-row launch of 4 or 8 warps, x for 8 rows a token tile; us): int4 per channel
+// 36864 x 7168 M = 32 / 48 / 64 88.96 / 132.54 / 174.18 -> 81.65 / 125.52 / 159.28 (7 steps a slice, ~9 rounds),
+// 7168 x 18432 56.27 / 82.89 / 111.17 -> 53.64 / 80.81 / 105.81 (18 steps, ~2 rounds); but 7168 x 2048 (4 steps, one
+// round) 11.38 / 22.35 -> 12.75 / 24.91 and 24576 x 1536 (6 steps, ~1.5 rounds) 19.86 / 39.23 -> 21.12 / 41.6 at
+// M = 32 / 64: the wgmma path's fixed costs a block (x staged word by word, the first wgmma) are not paid back by
+// its cheaper steps there. int8 per channel unchanged (36864 x 7168 M = 32 104.88 -> 104.02). At 17 rows x for 32
+// rows cost blocks an SM (36864 x 7168 78.40 -> 84.46, 7168 x 18432 48.70 -> 57.75): x is now staged for whole
+// token groups only (24 rows at 17), and the automatic choice also keeps the mma consumers where even that would hold
+// fewer blocks an SM.
+bool ws_wgmma_pays(const Config& c, int per_split, int sms) {
+  const int64_t blocks = int64_t(c.blocks_n) * c.splits, resident = int64_t(ws_blocks_per_sm(c)) * sms;
+  return resident > 0 && int64_t(per_split) * ((blocks + resident - 1) / resident) >= 16;
+}
+
 bool ws_fold_pays(const Config& c, int sms) {
+#ifdef DSX_WO_FOLD_ALL  // (diagnostic builds: every x-ring launch folded; thirty-second session, docs/benchmarks.md)
+  return true;
+#endif
   return int64_t(c.blocks_n) * c.splits >= 2 * int64_t(ws_blocks_per_sm(c)) * sms;
 }
 
@@ -59,7 +92,7 @@ int ws_choose(int rows, int64_t n, int64_t k, int bits, int group, int algo, int
     if (rc != DSX_OK) return rc;
   }
   cfg->bal = false, cfg->grid_y = 0;  // (choose's automatic balanced grid at <= 8 rows: not this kernel)
-  cfg->ct = rows > 16 ? 1 : 1 << ((algo & kWsTilesBit) >> 29);  // (17..32 rows: one tile a warp, bits 29..30 ignored)
+  cfg->ct = rows > 16 ? 1 : 1 << ((algo & kWsTilesBit) >> 29);  // (17..32 rows: one tile a warp; bits 29..30 below)
   if (odd_warps) {
     if (cfg->ct == 1) return DSX_EINVAL;  // (17..32 rows: one tile a warp)
     cfg->warps = odd_warps;
@@ -91,6 +124,18 @@ int ws_choose(int rows, int64_t n, int64_t k, int bits, int group, int algo, int
   if (smem > kSmemPerBlock) return auto_chunk && (algo & 0xFF0000) == 0 ? kWsNoFit : DSX_EINVAL;
   cfg->smem = static_cast<int>(smem);
   cfg->fold = cfg->xring && gmode == 0 && ws_fold_pays(*cfg, sms);
+  // 17..32 rows: the consumers multiply through wgmma (WG) or mma.sync; bits 29..30 (the tiles a warp up to 16 rows)
+  // choose: 0 where it pays (ws_wgmma_pays), 1 wgmma (refused where it cannot run), 2 mma.sync.
+  const int consumers = rows > 16 ? (algo & kWsTilesBit) >> 29 : 2;
+  if (consumers != 2) {
+    const int64_t more = int64_t(((rows + 7) & ~7) - rows) * (int64_t(cfg->chunk) * (bits == 8 ? 64 : 128) + kXPadElems) * 2;
+    Config w = *cfg;
+    w.smem = static_cast<int>(smem + more), w.wg = true;
+    const bool can = ws_wgmma(*cfg, gmode) && smem + more <= kSmemPerBlock;  // (x as the wgmma operand: whole token groups)
+    if (consumers == 1 && !can) return DSX_EINVAL;
+    if (can && (consumers == 1 || (ws_wgmma_pays(w, per_split, sms) && ws_blocks_per_sm(w) >= ws_blocks_per_sm(*cfg))))
+      *cfg = w;
+  }
   return DSX_OK;
 }
 
@@ -503,7 +548,7 @@ bool ws_encode_xmap(CUtensorMap* map, const void* x, int64_t rows, int64_t k) {
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <int BITS, int MT, int GMODE, int CT, bool PUSH, bool PARTS, bool RED, bool XR, bool FOLD>
+template <int BITS, int MT, int GMODE, int CT, bool PUSH, bool PARTS, bool RED, bool XR, bool FOLD, bool WG>
 std::atomic<int>* ws_smem_allowed() {
   static std::atomic<int> set[kMaxDevices];
   return set;
@@ -514,10 +559,10 @@ std::atomic<int>* ws_smem_allowed() {
 // with one group a block the reducer warp would have nothing to do, and its kernel lost 1-2.5% there: 2048 x 7168 and
 // 7168 x 18432 at 8..16 rows, twenty-fifth session).
 template <int BITS, int MT, int GMODE, int CT = 1, bool PUSH = false, bool PARTS = false, bool RED = ws_red_warp(CT, MT, PUSH),
-          bool XR = false, bool FOLD = false>
+          bool XR = false, bool FOLD = false, bool WG = false>
 cudaError_t ws_launch_inst(const Params& p, const Config& cfg, cudaStream_t stream) {
-  auto kernel = wo_gemm_ws_kernel<BITS, MT, GMODE, CT, PUSH, PARTS, RED, XR, FOLD>;
-  const cudaError_t se = ensure_smem(kernel, cfg.smem, ws_smem_allowed<BITS, MT, GMODE, CT, PUSH, PARTS, RED, XR, FOLD>());
+  auto kernel = wo_gemm_ws_kernel<BITS, MT, GMODE, CT, PUSH, PARTS, RED, XR, FOLD, WG>;
+  const cudaError_t se = ensure_smem(kernel, cfg.smem, ws_smem_allowed<BITS, MT, GMODE, CT, PUSH, PARTS, RED, XR, FOLD, WG>());
   if (se != cudaSuccess) return se;
   cudaLaunchConfig_t lc = {};
   lc.gridDim = dim3(cfg.splits, cfg.blocks_n, cfg.parts);
@@ -532,7 +577,7 @@ cudaError_t ws_launch_inst(const Params& p, const Config& cfg, cudaStream_t stre
   }
   if constexpr (RED) {
     if (!(resident > 0 && resident < cfg.blocks_n))
-      return ws_launch_inst<BITS, MT, GMODE, CT, PUSH, PARTS, false, XR, FOLD>(p, cfg, stream);
+      return ws_launch_inst<BITS, MT, GMODE, CT, PUSH, PARTS, false, XR, FOLD, WG>(p, cfg, stream);
   }
   if (resident > 0 && resident < cfg.blocks_n) lc.gridDim.y = resident;
   lc.dynamicSmemBytes = cfg.smem;
@@ -565,8 +610,15 @@ int ws_launch(Params& p, const void* qweight, int64_t n, int64_t k, int bits, in
       if (cfg.ct == 4)
         return cfg.mt == 1 ? ws_launch_inst<B, 1, G, 4, P>(p, cfg, stream) : ws_launch_inst<B, 2, G, 4, P>(p, cfg, stream);
     }
-    if (cfg.mt == 4)
+    if (cfg.mt == 4) {
+      if constexpr (G != 2) {
+        constexpr bool R = ws_red_warp(1, 4, P);
+        if (cfg.wg)
+          return cfg.parts > 1 ? ws_launch_inst<B, 4, G, 1, P, true, R, false, false, true>(p, cfg, stream)
+                               : ws_launch_inst<B, 4, G, 1, P, false, R, false, false, true>(p, cfg, stream);
+      }
       return cfg.parts > 1 ? ws_launch_inst<B, 4, G, 1, P, true>(p, cfg, stream) : ws_launch_inst<B, 4, G, 1, P>(p, cfg, stream);
+    }
     return cfg.mt == 1 ? ws_launch_inst<B, 1, G, 1, P>(p, cfg, stream) : ws_launch_inst<B, 2, G, 1, P>(p, cfg, stream);
   };
   auto by_mt = [&](auto bg) {

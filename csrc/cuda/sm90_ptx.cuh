@@ -174,6 +174,46 @@ __device__ __forceinline__ void wgmma_wait() {
 }
 // keeps the compiler from moving register accesses across an asynchronous wgmma boundary
 __device__ __forceinline__ void fence_reg(float& r) { asm volatile("" : "+f"(r)::"memory"); }
+// (the same for a register operand that an issued wgmma may still read: live until here)
+__device__ __forceinline__ void keep_reg(uint32_t r) { asm volatile("" ::"r"(r) : "memory"); }
+
+// K-major operand without swizzle (core matrices of 8 rows x 16 bytes, 128 contiguous bytes each): the descriptor
+// of the tile at `addr` (16-byte aligned), `lead` bytes from one core matrix to the next along K, `stride` bytes
+// from one 8-row group to the next.
+__device__ __forceinline__ uint64_t interleave_desc(uint32_t addr, uint32_t lead, uint32_t stride) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | static_cast<uint64_t>((lead & 0x3FFFF) >> 4) << 16 |
+         static_cast<uint64_t>((stride & 0x3FFFF) >> 4) << 32;
+}
+
+// d (+)= A (64 x 16 bf16 in registers: each warp of the warpgroup its 16 rows, as mma.m16n8k16's A fragment) times
+// B (16 x 8 NT bf16 in shared memory, K-major, descriptor db); d[t] holds columns 8 t .. 8 t + 7 of the warp's rows
+// as mma.m16n8k16's C fragment. accumulate = 0 overwrites d.
+template <int NT>
+__device__ __forceinline__ void wgmma_bf16_rs(float (&d)[NT][4], const uint32_t (&a)[4], uint64_t db, int accumulate) {
+  static_assert(NT == 4 || NT == 8, "instantiated widths: n32, n64");
+  if constexpr (NT == 4) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, "
+        "%13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]),
+          "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]),
+          "+f"(d[3][2]), "+f"(d[3][3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
+  } else {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, "
+        "%13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]),
+          "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]),
+          "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]),
+          "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+          "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
+  }
+}
 
 // K-major operand tile with 128-byte rows in the 128B-swizzle layout TMA writes (8-row groups of
 // 1024 bytes): the wgmma shared-memory descriptor, in two halves. The low word holds the start

@@ -282,7 +282,7 @@ def test_wide_x_rule_above_16_rows(m, n, k):
     taken = n >= 8576 and rows * (per8 * 128 + 32) * 2 <= 128 * 1024
     existing = word(8, 0, 0, 0, 0)
     cfg = G.cuda_config(rows, n, k, 4, -1, algo=existing)
-    assert G.cuda_path(rows, n, k, 4, -1, algo=existing) == {"ws": False, "tiles": 1, "xring": False, "fold": False}
+    assert G.cuda_path(rows, n, k, 4, -1, algo=existing) == {"ws": False, "tiles": 1, "xring": False, "fold": False, "wgmma": False}
     rule = (8, per8, 2, 2)
     got = (cfg["splits"], cfg["chunk"], cfg["stages"], cfg["box"])
     assert (got == rule) == taken, cfg

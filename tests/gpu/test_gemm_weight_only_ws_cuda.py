@@ -130,13 +130,59 @@ def test_17_to_32_rows_four_token_tiles_same_bits(bits, group):
             ref = existing(x, q, s, wd, bits, group, splits, f"m {m}")
             for warps, stages, box in ((8, 0, 0), (8, 2, 2), (8, 3, 2), (4, 5, 3)):  # (rings x whole leaves room for)
                 algo = word(warps, splits, 0, stages, box) | WS
-                assert G.cuda_path(m, n, k, bits, group, algo=algo) == {"ws": True, "tiles": 1, "xring": False, "fold": False}, algo
+                got = G.cuda_path(m, n, k, bits, group, algo=algo)
+                got.pop("wgmma")  # (where it pays: test_17_to_32_rows_wgmma_same_bits_as_mma)
+                assert got == {"ws": True, "tiles": 1, "xring": False, "fold": False}, algo
                 check_same_bits(x, q, s, wd, bits, group, ref, algo, f"ws m {m}", also=(0,))  # (and reproducible)
     n, k, m = 23104, 576, 32
     x, q, s, wd = make(m, n, k, bits, group, seed=17)
     for splits in (1, 3, 4):
         ref = run_raw(x, q, s, bits, group, word(8, splits, 0, 0, 0))
         check_same_bits(x, q, s, wd, bits, group, ref, word(8, splits, 0, 4, 1) | WS, f"ws persistent m {m}", also=(PDL,))
+
+
+WGMMA, MMA = 1 << 29, 2 << 29  # (17..32 rows, with bit 28: the consumers multiply through wgmma / mma.sync)
+
+
+@pytest.mark.parametrize("bits,group", [(4, -1), (4, 128), (8, -1), (8, 128)])
+def test_17_to_32_rows_wgmma_same_bits_as_mma(bits, group):
+    """17..32 rows, one tile a warp: bits 29..30 = 1 make 4 or 8 consumer warps (whole warpgroups) multiply through
+    wgmma (unpacked weights as the register A operand, x as the shared-memory B, ceil(M / 8) token groups of it),
+    = 2 through mma.sync. The wgmma chain runs the mma chain's k-steps in its order: at every split the same bits,
+    right against float64, with M not a multiple of 8, a ragged K (a half int4 step), N past the last block's upper
+    warpgroup, persistent blocks looping over tile groups, and PDL."""
+    for n, k, m, splits_all in ((320, 2112, 17, (1, 2, 3, 8)), (320, 2112, 32, (1, 2, 5, 8)), (1088, 4160, 25, (2, 3, 8)),
+                                (23104, 576, 30, (1, 4))):
+        x, q, s, wd = make(m, n, k, bits, group, seed=32)
+        for splits in splits_all:
+            for warps, stages, box in ((8, 2, 2), (4, 3, 1), (8, 4, 1)):
+                mma = word(warps, splits, 0, stages, box) | WS | MMA
+                assert not G.cuda_path(m, n, k, bits, group, algo=mma)["wgmma"], mma
+                ref = run_raw(x, q, s, bits, group, mma)
+                check_bound(ref, x, wd, f"mma m {m} {(n, k)} {mma:#x}")
+                algo = word(warps, splits, 0, stages, box) | WS | WGMMA
+                assert G.cuda_path(m, n, k, bits, group, algo=algo)["wgmma"], algo
+                check_same_bits(x, q, s, wd, bits, group, ref, algo, f"wgmma m {m} {(n, k)} {algo:#x}", also=(PDL,))
+
+
+def test_17_to_32_rows_wgmma_where_it_pays_and_refusals():
+    """Automatic (tables off): wgmma where the steps a block runs reach 16 (36864 x 7168 at 24 or 32 rows: 7-step
+    slices over ~9 rounds of blocks; 7168 x 18432 at 17..32: 18-step slices over ~4), mma.sync where they do not
+    (7168 x 2048, 24576 x 1536: one or two rounds of 4..6 steps) or where x for whole token groups would cost a block
+    an SM (36864 x 7168 at 17 rows: x for 24); int4 group 64 never. Asked for where it cannot run (2 warps, int4
+    group 64): DSX_EINVAL."""
+    skip_unless_h200()
+    want = {(36864, 7168): (False, True, True), (7168, 18432): (True, True, True), (7168, 2048): (False, False, False),
+            (24576, 1536): (False, False, False)}
+    with cuda.rules_only():
+        for (n, k), w in want.items():
+            assert [G.cuda_path(m, n, k, 4, -1)["wgmma"] for m in (17, 24, 32)] == list(w), (n, k)
+        assert not G.cuda_path(32, 36864, 7168, 4, 64)["wgmma"]
+    for bits, group, algo in ((4, -1, word(2, 4, 0, 2, 2) | WS | WGMMA), (4, 64, word(8, 4, 0, 2, 2) | WS | WGMMA)):
+        with pytest.raises(DsxError):
+            G.cuda_path(24, 2048, 7168, bits, group, algo=algo)
+    assert not G.cuda_path(24, 36864, 7168, 4, -1, algo=word(8, 8, 0, 2, 2) | WS | MMA)["wgmma"]
+    assert G.cuda_path(24, 2048, 7168, 4, -1, algo=word(8, 8, 0, 2, 2) | WS | WGMMA)["wgmma"]
 
 
 @pytest.mark.parametrize("bits,group", [(4, -1), (4, 128), (8, -1), (8, 128)])
@@ -150,8 +196,10 @@ def test_automatic_rule_17_to_64_rows(n, k, bits, group):
     with cuda.rules_only():
         for m in (17, 32, 40, 64):
             x, q, s, wd = make(m, n, k, bits, group, seed=18)
-            assert G.cuda_path(m, n, k, bits, group) == {"ws": True, "tiles": 1, "xring": False, "fold": False}, m
             warps, splits, chunk, stages, box = ws_config(m, n, k, bits, group, 0)
+            got = G.cuda_path(m, n, k, bits, group)
+            got.pop("wgmma")  # (where it pays: test_17_to_32_rows_wgmma_same_bits_as_mma)
+            assert got == {"ws": True, "tiles": 1, "xring": False, "fold": False}, (m, warps)
             assert (chunk, stages, box) == (-(-nsteps // splits), 2, 2), (m, warps, splits, chunk, stages, box)
             a = G.gemm_weight_only_cuda(x, q, s, bits, group, 90)
             check_bound(a, x, wd, f"auto 17..64 rows m {m} {(n, k, bits, group)}")
@@ -253,7 +301,7 @@ def test_odd_warps_need_several_tiles_and_a_split():
     n, k = 36864, 7168
     cfg = G.cuda_config(16, n, k, 4, -1, algo=word(6, 4, 2, 3, 2) | WS | TILES[2])
     assert (cfg["warps"], cfg["splits"], cfg["chunk"], cfg["stages"], cfg["box"]) == (6, 4, 2, 3, 2), cfg
-    assert G.cuda_path(16, n, k, 4, -1, algo=word(7, 8, 0, 2, 2) | WS | TILES[2]) == {"ws": True, "tiles": 2, "xring": False, "fold": False}
+    assert G.cuda_path(16, n, k, 4, -1, algo=word(7, 8, 0, 2, 2) | WS | TILES[2]) == {"ws": True, "tiles": 2, "xring": False, "fold": False, "wgmma": False}
     for algo in (word(6, 0, 2, 3, 2) | WS | TILES[2],  # (no split given)
                  word(6, 4, 0, 2, 2) | WS,  # (one tile a warp)
                  word(6, 4, 0, 0, 0),  # (the existing kernel)
@@ -284,7 +332,7 @@ def test_x_through_the_ring_same_bits(bits, group, m):
                 if box >= per_split:
                     continue  # (the slice fits one slot: x whole)
                 algo = word(warps, splits, box, stages, box) | WS | TILES[2]
-                assert G.cuda_path(m, n, k, bits, group, algo=algo) == {"ws": True, "tiles": 2, "xring": True, "fold": False}, algo
+                assert G.cuda_path(m, n, k, bits, group, algo=algo) == {"ws": True, "tiles": 2, "xring": True, "fold": False, "wgmma": False}, algo
                 check_same_bits(x, q, s, wd, bits, group, ref, algo, f"xring m {m} n {n} splits {splits}")
     n, k = 23104, 1152  # (9 steps)
     x, q, s, wd = make(m, n, k, bits, group, seed=32)
@@ -294,7 +342,7 @@ def test_x_through_the_ring_same_bits(bits, group, m):
         box = 1 if per_split <= 2 else 2
         for warps in (8, 6):  # (6: 12 tiles a block, 120.3 groups: the last one partial)
             algo = word(warps, splits, box, 2, box) | WS | TILES[2]
-            assert G.cuda_path(m, n, k, bits, group, algo=algo) == {"ws": True, "tiles": 2, "xring": True, "fold": False}, algo
+            assert G.cuda_path(m, n, k, bits, group, algo=algo) == {"ws": True, "tiles": 2, "xring": True, "fold": False, "wgmma": False}, algo
             check_same_bits(x, q, s, wd, bits, group, ref, algo, f"xring persistent m {m} splits {splits} warps {warps}",
                             also=(ONE_GROUP, PDL))
 
@@ -313,7 +361,7 @@ def test_fold_x_ring(m):
         first = None
         for warps, stages in ((8, 2), (6, 2), (8, 3)):
             algo = word(warps, splits, box, stages, box) | WS | TILES[2]
-            assert G.cuda_path(m, n, k, 4, -1, algo=algo) == {"ws": True, "tiles": 2, "xring": True, "fold": True}, algo
+            assert G.cuda_path(m, n, k, 4, -1, algo=algo) == {"ws": True, "tiles": 2, "xring": True, "fold": True, "wgmma": False}, algo
             a = run_raw(x, q, s, 4, -1, algo)
             check_bound(a, x, wd, f"fold m {m} n {n} splits {splits} warps {warps} stages {stages}")
             first = a if first is None else first
@@ -452,7 +500,7 @@ def test_several_tiles_up_to_8_rows_same_bits(bits, group, tiles):
                 check_same_bits(x, q, s, wd, bits, group, ref, word(8, splits, 0, 2, 2) | WS, f"one tile m {m} n {n}")
                 for warps, stages, box in ((8, 0, 0), (8, 2, 2), (4, 2, 1), (8, 4, 1), (2, 3, 4)):
                     algo = word(warps, splits, 0, stages, box) | WS | bit
-                    want = {"ws": True, "tiles": tiles, "xring": False, "fold": False}
+                    want = {"ws": True, "tiles": tiles, "xring": False, "fold": False, "wgmma": False}
                     assert G.cuda_path(m, n, k, bits, group, algo=algo) == want, algo
                     check_same_bits(x, q, s, wd, bits, group, ref, algo, f"{tiles} tiles m {m} n {n}")
                 algo = word(8, splits, 0, 2, 2) | WS | bit
@@ -572,7 +620,7 @@ def check_auto_choice(m, n, k, bits, group, tiles, fields, seed, also=()):
     (and of each (word, message) of `also`), and is reproducible."""
     skip_unless_h200()
     with cuda.rules_only():  # (the rules' choice: where the measured table lists the launch, it decides)
-        assert G.cuda_path(m, n, k, bits, group) == {"ws": True, "tiles": tiles, "xring": False, "fold": False}
+        assert G.cuda_path(m, n, k, bits, group) == {"ws": True, "tiles": tiles, "xring": False, "fold": False, "wgmma": False}
         cfg = G.cuda_config(m, n, k, bits, group)
         assert (cfg["warps"], cfg["splits"], cfg["stages"], cfg["box"]) == tuple(fields), cfg
         x, q, s, wd = make(m, n, k, bits, group, seed=seed)
@@ -630,9 +678,9 @@ def test_automatic_two_tiles_same_bits(bits, group, m):
         assert same(a, run_raw(x, q, s, bits, group, word(8, cfg["splits"], 0, 0, 0))), f"{path}: bits differ from the existing path"
         assert same(a, run_raw(x, q, s, bits, group, word(8, cfg["splits"], 0, 2, 2) | WS)), f"{path}: bits differ from one tile"
         assert same(a, G.gemm_weight_only_cuda(x, q, s, bits, group, 90)), "not reproducible"
-        want = {"ws": True, "tiles": 2, "xring": False, "fold": False}
+        want = {"ws": True, "tiles": 2, "xring": False, "fold": False, "wgmma": False}
         assert G.cuda_path(m, n, k, bits, group, algo=word(8, 4, 0, 2, 2) | WS | TWO) == want
-        assert G.cuda_path(m, n, k, bits, group, algo=word(8, 4, 0, 0, 0)) == {"ws": False, "tiles": 1, "xring": False, "fold": False}
+        assert G.cuda_path(m, n, k, bits, group, algo=word(8, 4, 0, 0, 0)) == {"ws": False, "tiles": 1, "xring": False, "fold": False, "wgmma": False}
 
 
 @pytest.mark.parametrize("m", [9, 12, 16])
@@ -654,7 +702,7 @@ def test_four_tiles_at_twice_the_split_on_h200(m):
     valid code), no float64 reference at this size."""
     skip_unless_h200()
     n, k = 36864, 7168
-    assert G.cuda_path(m, n, k, 4, -1) == {"ws": True, "tiles": 4, "xring": False, "fold": False}
+    assert G.cuda_path(m, n, k, 4, -1) == {"ws": True, "tiles": 4, "xring": False, "fold": False, "wgmma": False}
     cfg = G.cuda_config(m, n, k, 4, -1)
     assert (cfg["warps"], cfg["splits"], cfg["chunk"], cfg["stages"], cfg["box"]) == (8, 8, 7, 2, 1), cfg
     rng = np.random.default_rng([41, m])
@@ -674,7 +722,7 @@ def test_fold_on_36864x7168():
     the SMs)."""
     skip_unless_h200()
     m, n, k = 12, 36864, 7168
-    assert G.cuda_path(m, n, k, 4, -1) == {"ws": True, "tiles": 2, "xring": True, "fold": True}
+    assert G.cuda_path(m, n, k, 4, -1) == {"ws": True, "tiles": 2, "xring": True, "fold": True, "wgmma": False}
     x, q, s, wd = make(m, n, k, 4, -1, seed=34)
     a = G.gemm_weight_only_cuda(x, q, s, 4, -1, 90)
     check_bound(a, x, wd, "fold 36864x7168 m 12")

@@ -70,8 +70,11 @@
  * warp: x through the ring, one tensor copy of x a step into an x ring beside the weights', the
  * same bits; and 3, 5, 6 or 7 warps are taken with bits 29..30 and a given split; where the
  * whole slice does not fit with chunk and ring fields automatic, and for launches of more
- * than 32 rows, the existing kernel runs, its ring automatic; 17..32 rows: one tile a warp, bits
- * 29..30 ignored).
+ * than 32 rows, the existing kernel runs, its ring automatic; 17..32 rows: one tile a warp, and bits
+ * 29..30 pick how its consumers multiply: 0 = wgmma where the steps a block runs are at least 16
+ * (ws_wgmma_pays), else mma.sync; 1 = wgmma (4 or 8 warps, not int4 group 64, x as its operand
+ * fitting, else DSX_EINVAL); 2 = mma.sync. The wgmma chain runs the mma chain's k-steps in its
+ * order: the same bits either way).
  * Warps and splits resolve as without the bit (but for splits and chunk both automatic where
  * that would stage x in chunks: then 8 splits), and the arithmetic is the same: for equal splits
  * the output has the same bits as without it. Bits 29..30 (with bit 28; launches of up to 16 rows):
@@ -152,7 +155,8 @@ int dsx_wo_gemm_config_cuda(int64_t m, int64_t n, int64_t k, int bits, int group
  * warp-specialized one (bit 28, or auto's choice), 2 for it with x through its ring (a given chunk equal to the
  * steps a slot, shorter than the K slice: int4 per channel or group 128, 9..16 rows, two tiles a warp), 3 for that
  * with the fold (int4 per channel, where every block loops over two tile groups or more: see the accumulation
- * order above), and its 16-channel tiles a consumer warp (*tiles: 1, 2 or 4; 1 for the other kernels). */
+ * order above), 4 for it with wgmma consumers (17..32 rows, bits 29..30 above), and its 16-channel tiles a
+ * consumer warp (*tiles: 1, 2 or 4; 1 for the other kernels). */
 int dsx_wo_gemm_path_cuda(int64_t m, int64_t n, int64_t k, int bits, int group_size, int algo, int* ws,
                           int* tiles);
 
