@@ -72,7 +72,8 @@
  * whole slice does not fit with chunk and ring fields automatic, and for launches of more
  * than 32 rows, the existing kernel runs, its ring automatic; 17..32 rows: one tile a warp, and bits
  * 29..30 pick how its consumers multiply: 0 = wgmma where the steps a block runs are at least 16
- * (ws_wgmma_pays), else mma.sync; 1 = wgmma (4 or 8 warps, not int4 group 64, x as its operand
+ * and x for whole token groups of 8 rows keeps the blocks an SM (ws_wgmma_pays), else mma.sync;
+ * 1 = wgmma (4 or 8 warps, not int4 group 64, x as its operand
  * fitting, else DSX_EINVAL); 2 = mma.sync. The wgmma chain runs the mma chain's k-steps in its
  * order: the same bits either way).
  * Warps and splits resolve as without the bit (but for splits and chunk both automatic where
