@@ -43,7 +43,7 @@ bool ws_wgmma(const Config& c, int gmode) {
 }
 
 // Where the wgmma consumers pay: the steps a block runs (its slice's, times the tile groups it loops over when the
-// grid's blocks outnumber those the SMs hold) at least 16. Measured (thirty-second session, H200, bench/wo_ab.sh,
+// grid's blocks outnumber those the SMs hold) at least 32. Measured (thirty-second session, H200, bench/wo_ab.sh,
 // main -> wgmma in every 17..32-row launch of 4 or 8 warps, x for 8 rows a token tile; us): int4 per channel
 // 36864 x 7168 M = 32 / 48 / 64 88.96 / 132.54 / 174.18 -> 81.65 / 125.52 / 159.28 (7 steps a slice, ~9 rounds),
 // 7168 x 18432 56.27 / 82.89 / 111.17 -> 53.64 / 80.81 / 105.81 (18 steps, ~2 rounds); but 7168 x 2048 (4 steps, one
@@ -52,10 +52,12 @@ bool ws_wgmma(const Config& c, int gmode) {
 // its cheaper steps there. int8 per channel unchanged (36864 x 7168 M = 32 104.88 -> 104.02). At 17 rows x for 32
 // rows cost blocks an SM (36864 x 7168 78.40 -> 84.46, 7168 x 18432 48.70 -> 57.75): x is now staged for whole
 // token groups only (24 rows at 17), and the automatic choice also keeps the mma consumers where even that would hold
-// fewer blocks an SM.
+// fewer blocks an SM. The same call with the rule at 16 steps, on the other tensor-parallel shapes: 18432 x 7168 (35
+// steps a block) M = 24 / 32 / 64 46.03 / 48.07 / 94.63 -> 42.99 / 45.75 / 91.04, but 9216 x 7168 (21) 26.38 / 27.55
+// / 54.48 -> 25.61 / 28.07 / 54.97 and 7168 x 9216 (18) 27.32 / 30.47 / 60.18 -> 26.74 / 31.40 / 62.15; hence 32.
 bool ws_wgmma_pays(const Config& c, int per_split, int sms) {
   const int64_t blocks = int64_t(c.blocks_n) * c.splits, resident = int64_t(ws_blocks_per_sm(c)) * sms;
-  return resident > 0 && int64_t(per_split) * ((blocks + resident - 1) / resident) >= 16;
+  return resident > 0 && int64_t(per_split) * ((blocks + resident - 1) / resident) >= 32;
 }
 
 bool ws_fold_pays(const Config& c, int sms) {

@@ -166,8 +166,8 @@ def test_17_to_32_rows_wgmma_same_bits_as_mma(bits, group):
 
 
 def test_17_to_32_rows_wgmma_where_it_pays_and_refusals():
-    """Automatic (tables off): wgmma where the steps a block runs reach 16 (36864 x 7168 at 24 or 32 rows: 7-step
-    slices over ~9 rounds of blocks; 7168 x 18432 at 17..32: 18-step slices over ~4), mma.sync where they do not
+    """Automatic (tables off): wgmma where the steps a block runs reach 32 (36864 x 7168 at 24 or 32 rows: 7-step
+    slices over 9 rounds of blocks; 7168 x 18432 at 17..32: 18-step slices over 2 to 4), mma.sync where they do not
     (7168 x 2048, 24576 x 1536: one or two rounds of 4..6 steps) or where x for whole token groups would cost a block
     an SM (36864 x 7168 at 17 rows: x for 24); int4 group 64 never. Asked for where it cannot run (2 warps, int4
     group 64): DSX_EINVAL."""

@@ -71,7 +71,7 @@
  * same bits; and 3, 5, 6 or 7 warps are taken with bits 29..30 and a given split; where the
  * whole slice does not fit with chunk and ring fields automatic, and for launches of more
  * than 32 rows, the existing kernel runs, its ring automatic; 17..32 rows: one tile a warp, and bits
- * 29..30 pick how its consumers multiply: 0 = wgmma where the steps a block runs are at least 16
+ * 29..30 pick how its consumers multiply: 0 = wgmma where the steps a block runs are at least 32
  * and x for whole token groups of 8 rows keeps the blocks an SM (ws_wgmma_pays), else mma.sync;
  * 1 = wgmma (4 or 8 warps, not int4 group 64, x as its operand
  * fitting, else DSX_EINVAL); 2 = mma.sync. The wgmma chain runs the mma chain's k-steps in its
