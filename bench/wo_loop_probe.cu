@@ -58,62 +58,8 @@ struct LP {
 // The compiler must not see that the resident operands repeat from round to round (ptxas would hoist the
 // loads and the unpack out of the loop, as it did for one instance with an asm move): each round's base
 // address is base + round * p.zero, p.zero = 0 known only at run time.
-__device__ __forceinline__ void keep(uint32_t r) { asm volatile("" ::"r"(r) : "memory"); }
-
-// B descriptor, no swizzle: start >> 4 (bits 0..13), leading byte offset >> 4 (16..29), stride byte
-// offset >> 4 (32..45), layout type 0 (bits 62..63).
-__device__ __forceinline__ uint64_t desc_b(uint32_t addr, uint32_t lbo, uint32_t sbo) {
-  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(lbo >> 4) << 16) |
-         (static_cast<uint64_t>(sbo >> 4) << 32);
-}
-
-// d (+)= A (64 x 16 bf16, this warp's 16 rows in a) * B (16 x 8 MT, descriptor), fp32.
-template <int MT>
-__device__ __forceinline__ void wgmma_rs(float (&d)[4 * MT], const uint32_t (&a)[4], uint64_t db, int accumulate) {
-  if constexpr (MT == 1) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, p, 1, 1, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
-  } else if constexpr (MT == 4) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, "
-        "%13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
-          "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
-  } else if constexpr (MT == 8) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, "
-        "%13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-        "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
-          "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
-          "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
-          "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
-  } else {
-    static_assert(MT == 2, "m64n8 / n16 / n32 / n64");
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, "
-        "%12, p, 1, 1, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
-  }
-}
-
-// Unpacked A registers of k-step ks (i = ks / 2, h = ks % 2) of one tile: step_q_tiles's.
-__device__ __forceinline__ void unpack_a(uint32_t (&a)[4], const dsx_wo::Stage& st, int ks) {
-  const int i = ks >> 1, h = ks & 1;
-  a[0] = dsx_wo::i4_pairj(dsx_wo::word(st.w[0], 2 * h), i);
-  a[1] = dsx_wo::i4_pairj(dsx_wo::word(st.w[1], 2 * h), i);
-  a[2] = dsx_wo::i4_pairj(dsx_wo::word(st.w[0], 2 * h + 1), i);
-  a[3] = dsx_wo::i4_pairj(dsx_wo::word(st.w[1], 2 * h + 1), i);
-}
+// (The wgmma path's pieces are the kernel's: dsx_cuda::sm90::wgmma_bf16_rs, interleave_desc and keep_reg, and
+// dsx_wo::a_frag for k-step ks = 2 i + h of one tile.)
 
 // PATH 0: mma.sync (step_q_tiles); 1: wgmma, one fence / commit / wait a k-step, the chain drained at every
 // step; 2: the same, a step's chain promoted while the next step's first k-step runs (two partial sets);
@@ -170,25 +116,25 @@ __global__ void __launch_bounds__(kWarps * 32) loop_probe(const __grid_constant_
     }
   } else {
     const uint32_t xw0 = dsx_wo::smem_addr(xw);
-    float part[PATH == 2 ? 2 : 1][CT][4 * MT];
-    auto promote = [&](float (&pt)[CT][4 * MT]) {
+    float part[PATH == 2 ? 2 : 1][CT][MT][4];
+    auto promote = [&](float (&pt)[CT][MT][4]) {
 #pragma unroll
       for (int n = 0; n < CT; ++n)
 #pragma unroll
         for (int t = 0; t < MT; ++t)
 #pragma unroll
           for (int i = 0; i < 4; ++i) {
-            dsx_cuda::sm90::fence_reg(pt[n][4 * t + i]);
-            acc[n][t][i] += pt[n][4 * t + i];
+            dsx_cuda::sm90::fence_reg(pt[n][t][i]);
+            acc[n][t][i] += pt[n][t][i];
           }
     };
 #pragma unroll 1
     for (int r = 0; r < p.rounds; ++r) {
       const uint32_t wb = w0 + r * p.zero;
-      const uint64_t db = desc_b(xw0 + r * p.zero, p.lbo, p.sbo);  // (k-step (s, ks): + its offset >> 4)
+      const uint64_t db = dsx_cuda::sm90::interleave_desc(xw0 + r * p.zero, p.lbo, p.sbo);  // (k-step (s, ks): + its offset >> 4)
 #pragma unroll
       for (int s = 0; s < kSteps; ++s) {
-        float(&pt)[CT][4 * MT] = part[PATH == 2 ? s & 1 : 0];
+        float(&pt)[CT][MT][4] = part[PATH == 2 ? s & 1 : 0];
         dsx_wo::Stage st[CT];
         load(st, wb, s);
         if constexpr (PATH == 3) {
@@ -196,13 +142,13 @@ __global__ void __launch_bounds__(kWarps * 32) loop_probe(const __grid_constant_
 #pragma unroll
           for (int ks = 0; ks < 8; ++ks)
 #pragma unroll
-            for (int n = 0; n < CT; ++n) unpack_a(a8[ks][n], st[n], ks);
+            for (int n = 0; n < CT; ++n) dsx_wo::a_frag<4>(a8[ks][n], st[n], ks >> 1, ks & 1);
           dsx_cuda::sm90::wgmma_fence();
 #pragma unroll
           for (int ks = 0; ks < 8; ++ks)
 #pragma unroll
             for (int n = 0; n < CT; ++n)
-              wgmma_rs<MT>(pt[n], a8[ks][n], db + static_cast<uint64_t>((s * 8 + ks) * MT * 16), ks > 0);
+              dsx_cuda::sm90::wgmma_bf16_rs<MT>(pt[n], a8[ks][n], db + static_cast<uint64_t>((s * 8 + ks) * MT * 16), ks > 0);
           dsx_cuda::sm90::wgmma_commit();
           dsx_cuda::sm90::wgmma_wait<0>();
 #pragma unroll
@@ -210,7 +156,7 @@ __global__ void __launch_bounds__(kWarps * 32) loop_probe(const __grid_constant_
 #pragma unroll
             for (int n = 0; n < CT; ++n)
 #pragma unroll
-              for (int j = 0; j < 4; ++j) keep(a8[ks][n][j]);
+              for (int j = 0; j < 4; ++j) dsx_cuda::sm90::keep_reg(a8[ks][n][j]);
           promote(pt);
           continue;
         }
@@ -218,18 +164,18 @@ __global__ void __launch_bounds__(kWarps * 32) loop_probe(const __grid_constant_
 #pragma unroll
         for (int ks = 0; ks < 8; ++ks) {
 #pragma unroll
-          for (int n = 0; n < CT; ++n) unpack_a(a[ks & 1][n], st[n], ks);
+          for (int n = 0; n < CT; ++n) dsx_wo::a_frag<4>(a[ks & 1][n], st[n], ks >> 1, ks & 1);
           dsx_cuda::sm90::wgmma_fence();
 #pragma unroll
           for (int n = 0; n < CT; ++n)
-            wgmma_rs<MT>(pt[n], a[ks & 1][n], db + static_cast<uint64_t>((s * 8 + ks) * MT * 16), ks > 0);
+            dsx_cuda::sm90::wgmma_bf16_rs<MT>(pt[n], a[ks & 1][n], db + static_cast<uint64_t>((s * 8 + ks) * MT * 16), ks > 0);
           dsx_cuda::sm90::wgmma_commit();
           dsx_cuda::sm90::wgmma_wait<1>();
           if (ks > 0)  // (the set k-step ks - 1 read, done now, is live until here: no reuse while in flight)
 #pragma unroll
             for (int n = 0; n < CT; ++n)
 #pragma unroll
-              for (int j = 0; j < 4; ++j) keep(a[(ks + 1) & 1][n][j]);
+              for (int j = 0; j < 4; ++j) dsx_cuda::sm90::keep_reg(a[(ks + 1) & 1][n][j]);
           if (PATH == 2 && ks == 0 && s > 0) promote(part[(s + 1) & 1]);
         }
         if (PATH != 2 || s == kSteps - 1) {  // (PATH 2: drained once a round; ptxas serializes a chain in

@@ -263,6 +263,15 @@ __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
 }
 __device__ __forceinline__ uint32_t half_of(const uint2& v, int i) { return i == 0 ? v.x : v.y; }
 
+// The A fragment of mma k-step (i, h) (issued in the order 2 i + h) of one 16-channel tile: the nibble (int4) or byte
+// (int8) pairs i of words 2 h and 2 h + 1 of the lane's two rows (step_q, step_q_tiles_with, step_q_wgmma).
+template <int BITS, bool SUB = true>
+__device__ __forceinline__ void a_frag(uint32_t (&a)[4], const Stage& st, int i, int h) {
+  auto pair = [](uint32_t w, int j) { return BITS == 8 ? i8_pairj(w, j) : i4_pairj<SUB>(w, j); };
+  a[0] = pair(word(st.w[0], 2 * h), i), a[1] = pair(word(st.w[1], 2 * h), i);
+  a[2] = pair(word(st.w[0], 2 * h + 1), i), a[3] = pair(word(st.w[1], 2 * h + 1), i);
+}
+
 __device__ __forceinline__ void add_scaled(float (&acc)[4], const float (&part)[4], uint32_t s) {
   const float s0 = bf16_bits_to_f32(static_cast<uint16_t>(s & 0xFFFF));
   const float s1 = bf16_bits_to_f32(static_cast<uint16_t>(s >> 16));
@@ -301,7 +310,6 @@ __device__ __forceinline__ void step_q(float (&acc)[MT][4], const Stage (&st)[NS
   // int8: 4 mma k-steps over 64 K (2 pieces of x a lane); int4 (per channel or group 128): 8 over
   // 128 K (lane c's pieces of x at positions c, 4 + c, 8 + c, 12 + c).
   constexpr int kPiecesPerLane = BITS == 8 ? 2 : 4, kStepElems = BITS == 8 ? 64 : 128;
-  auto pair = [](uint32_t w, int i) { return BITS == 8 ? i8_pairj(w, i) : i4_pairj(w, i); };
   float part[NS][MT][4];
 #pragma unroll
   for (int n = 0; n < NS; ++n)
@@ -318,8 +326,8 @@ __device__ __forceinline__ void step_q(float (&acc)[MT][4], const Stage (&st)[NS
     for (int h = 0; h < 2; ++h)
 #pragma unroll
       for (int n = 0; n < NS; ++n) {
-        const uint32_t a[4] = {pair(word(st[n].w[0], 2 * h), i), pair(word(st[n].w[1], 2 * h), i),
-                               pair(word(st[n].w[0], 2 * h + 1), i), pair(word(st[n].w[1], 2 * h + 1), i)};
+        uint32_t a[4];
+        a_frag<BITS>(a, st[n], i, h);
 #pragma unroll
         for (int t = 0; t < MT; ++t)
           dsx_wo::mma_bf16(part[n][t], a, h ? u[n][t].z : u[n][t].x, h ? u[n][t].w : u[n][t].y);
@@ -339,7 +347,6 @@ __device__ __forceinline__ void step_q(float (&acc)[MT][4], const Stage (&st)[NS
 template <int BITS, int MT, int GMODE, int CT, class XLoad, bool SUB = true>
 __device__ __forceinline__ void step_q_tiles_with(float (&acc)[CT][MT][4], const Stage (&st)[CT], XLoad xload) {
   constexpr int kPiecesPerLane = BITS == 8 ? 2 : 4;
-  auto pair = [](uint32_t w, int i) { return BITS == 8 ? i8_pairj(w, i) : i4_pairj<SUB>(w, i); };
   float part[CT][MT][4];
 #pragma unroll
   for (int n = 0; n < CT; ++n)
@@ -354,8 +361,8 @@ __device__ __forceinline__ void step_q_tiles_with(float (&acc)[CT][MT][4], const
     for (int h = 0; h < 2; ++h)
 #pragma unroll
       for (int n = 0; n < CT; ++n) {
-        const uint32_t a[4] = {pair(word(st[n].w[0], 2 * h), i), pair(word(st[n].w[1], 2 * h), i),
-                               pair(word(st[n].w[0], 2 * h + 1), i), pair(word(st[n].w[1], 2 * h + 1), i)};
+        uint32_t a[4];
+        a_frag<BITS, SUB>(a, st[n], i, h);
 #pragma unroll
         for (int t = 0; t < MT; ++t)
           dsx_wo::mma_bf16(part[n][t], a, h ? u[t].z : u[t].x, h ? u[t].w : u[t].y);
@@ -584,14 +591,11 @@ template <int BITS, int MT, int GMODE>
 __device__ __forceinline__ void step_q_wgmma(float (&acc)[MT][4], float (&part)[MT][4], const Stage& st, uint32_t xa,
                                              uint32_t nt) {
   constexpr int kKs = BITS == 8 ? 4 : 8;
-  auto pair = [](uint32_t w, int i) { return BITS == 8 ? i8_pairj(w, i) : i4_pairj(w, i); };
   uint32_t a[2][4];
 #pragma unroll
   for (int ks = 0; ks < kKs; ++ks) {
-    const int i = ks >> 1, h = ks & 1;
     uint32_t(&r)[4] = a[ks & 1];
-    r[0] = pair(word(st.w[0], 2 * h), i), r[1] = pair(word(st.w[1], 2 * h), i);
-    r[2] = pair(word(st.w[0], 2 * h + 1), i), r[3] = pair(word(st.w[1], 2 * h + 1), i);
+    a_frag<BITS>(r, st, ks >> 1, ks & 1);
     dsx_cuda::sm90::wgmma_fence();
     dsx_cuda::sm90::wgmma_bf16_rs<MT>(part, r, dsx_cuda::sm90::interleave_desc(xa + ks * nt * 256, nt * 128, 128), ks > 0);
     dsx_cuda::sm90::wgmma_commit();

@@ -34,12 +34,7 @@ int ws_blocks_per_sm(const Config& c);
 // 36864 x 7168 in us, mma.sync -> wgmma): one tile a warp, four token tiles 46.32 -> 32.36, eight 85.53 -> 44.78;
 // the same bits as the mma chain.
 bool ws_wgmma(const Config& c, int gmode) {
-#ifdef DSX_WO_NO_WGMMA  // (the mma consumers everywhere: bench/wo_alt_lib.sh builds for A/B)
-  (void)c, (void)gmode;
-  return false;
-#else
-  return c.mt == 4 && c.ct == 1 && gmode != 2 && (c.warps == 4 || c.warps == 8) && !c.xring;
-#endif
+  return c.mt == 4 && c.ct == 1 && gmode != 2 && (c.warps == 4 || c.warps == 8);
 }
 
 // Where the wgmma consumers pay: the steps a block runs (its slice's, times the tile groups it loops over when the
