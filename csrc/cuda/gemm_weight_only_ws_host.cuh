@@ -13,6 +13,10 @@ constexpr int kWsNoFit = 1;  // (ws_choose: x whole does not fit, every field au
 // Rows a warp-specialized launch takes: up to 16 (one or two token tiles; one, two or four channel tiles
 // a warp), and 17..32 (four token tiles, one channel tile a warp; ws_auto_rule has the measurements).
 constexpr int kWsMaxRows = 32;
+// Rows a launch with eight token tiles takes (33..64; wgmma consumers only, one tile a warp: bits 29..30 = 1 with bit 28,
+// or the automatic cut in plan_launch): one launch of all the rows, where x for them fits whole (ws_choose).
+constexpr int kWsWideRows = 64;
+constexpr int kWsWgmma = 1 << 29;  // (bits 29..30 = 1 above 16 rows: wgmma consumers)
 
 // Whether x may come through the ring (the kernel's XR instances, x by one tensor copy a step): int4 per channel or
 // group 128, two token tiles (9..16 rows), two tiles a warp.
@@ -34,7 +38,7 @@ int ws_blocks_per_sm(const Config& c);
 // 36864 x 7168 in us, mma.sync -> wgmma): one tile a warp, four token tiles 46.32 -> 32.36, eight 85.53 -> 44.78;
 // the same bits as the mma chain.
 bool ws_wgmma(const Config& c, int gmode) {
-  return c.mt == 4 && c.ct == 1 && gmode != 2 && (c.warps == 4 || c.warps == 8);
+  return (c.mt == 4 || c.mt == 8) && c.ct == 1 && gmode != 2 && (c.warps == 4 || c.warps == 8);
 }
 
 // Where the wgmma consumers pay: the steps a block runs (its slice's, times the tile groups it loops over when the
@@ -70,7 +74,7 @@ bool ws_fold_pays(const Config& c, int sms) {
 // owns 2^t 16-channel tiles (a block 16 * 2^t * warps channels; at 8 rows or fewer with one token
 // tile, x fragments of 8 rows; t = 3 is refused in ws_resolve).
 int ws_choose(int rows, int64_t n, int64_t k, int bits, int group, int algo, int sms, Config* cfg) {
-  if (rows > kWsMaxRows) return DSX_EINVAL;
+  if (rows > kWsMaxRows && (rows > kWsWideRows || (algo & kWsTilesBit) != kWsWgmma)) return DSX_EINVAL;
   const int stages = (algo >> 16) & 15, box = (algo >> 20) & 15;
   // Warps other than a power of two (3, 5, 6, 7; twenty-eighth session): several tiles a warp with a given split only,
   // so that a block's tile groups can fill the resident clusters' rounds evenly (36864 x 7168 at 4 splits: 192 groups
@@ -122,7 +126,8 @@ int ws_choose(int rows, int64_t n, int64_t k, int bits, int group, int algo, int
   cfg->smem = static_cast<int>(smem);
   cfg->fold = cfg->xring && gmode == 0 && ws_fold_pays(*cfg, sms);
   // 17..32 rows: the consumers multiply through wgmma (WG) or mma.sync; bits 29..30 (the tiles a warp up to 16 rows)
-  // choose: 0 where it pays (ws_wgmma_pays), 1 wgmma (refused where it cannot run), 2 mma.sync.
+  // choose: 0 where it pays (ws_wgmma_pays), 1 wgmma (refused where it cannot run), 2 mma.sync. 33..64 rows (eight
+  // token tiles): wgmma only (bits 29..30 = 1, checked above).
   const int consumers = rows > 16 ? (algo & kWsTilesBit) >> 29 : 2;
   if (consumers != 2) {
     const int64_t more = int64_t(((rows + 7) & ~7) - rows) * (int64_t(cfg->chunk) * (bits == 8 ? 64 : 128) + kXPadElems) * 2;
@@ -200,7 +205,7 @@ bool ws_push(const Config& c) {
 // tile (MT 1) 60-68 / 72 / 77-91 registers a thread with 1 / 2 / 4 tiles a warp; two token tiles
 // (MT 2) 60-96 / 93-95 / 117-138) and by shared memory.
 int ws_blocks_per_sm(const Config& c) {
-  const int by_regs = c.mt == 1 ? (c.ct == 4 ? 2 : 3) : (c.ct == 1 ? 3 : c.ct == 2 ? 2 : 1);
+  const int by_regs = c.mt == 1 ? (c.ct == 4 ? 2 : 3) : (c.ct == 1 ? (c.mt == 8 ? 2 : 3) : c.ct == 2 ? 2 : 1);
   return std::min(by_regs, kSmemPerSm / (c.smem + kSmemReserved));
 }
 int ws_resident_tiles(const Config& c) { return c.ct * c.warps * ws_blocks_per_sm(c); }
@@ -472,7 +477,7 @@ int ws_resolve(int rows, int64_t n, int64_t k, int bits, int group, int algo, in
       (!(algo & kWsAlgoBit) || (algo & kWsTilesBit) == kWsTilesBit || gmode_of(bits, group) == 2))
     return DSX_EINVAL;
   if ((*ws = ws_auto_rule(rows, n, k, bits, group, algo, sms, cfg))) return DSX_OK;
-  *ws = (algo & kWsAlgoBit) && rows <= kWsMaxRows;
+  *ws = (algo & kWsAlgoBit) && (rows <= kWsMaxRows || (rows <= kWsWideRows && (algo & kWsTilesBit) == kWsWgmma));
   if (*ws) {
     const int rc = ws_choose(rows, n, k, bits, group, algo, sms, cfg);
     if (rc != kWsNoFit) return rc;
@@ -498,19 +503,56 @@ bool ws_parts_fit(const Config& c, int sms) {
   return c.mt == 4 && c.ct == 1 && 2 * int64_t(c.blocks_n) * c.splits <= int64_t(per_sm) * sms;
 }
 
+// Automatic, 33..64 rows: one launch of eight token tiles (wgmma consumers, x for all the rows staged whole; the
+// layouts of ws_auto_rule) where that fits, with 2 slots of 2 steps, or of 1 step where only that holds two blocks an
+// SM (x for up to 40 rows of a 7-step slice). plan_launch keeps the two grid parts where they fit instead. Measured
+// (thirty-third session, H200, bench/wo_ab.sh, int4 per channel, 3 rounds interleaved with main's build, us, main's cut
+// at 32 rows -> one launch): 36864 x 7168 M = 33 / 40 / 48 / 64 121.44 / 120.88 / 124.96 / 159.41 -> 118.02 / 118.69 /
+// 122.72 / 130.96 (torch 137.5-142.3: 0.86x -> 1.05x at 64); at M = 40 with 2 slots of 1 step (two blocks an SM)
+// 104.70 (9216 x 7168: 35.97 -> 34.26), at 64 that ring lost (144.83: one block an SM still). 18432 x 7168 M = 33 / 64
+// 68.94 / 89.60 -> 63.38 / 71.39; 9216 x 7168 41.44 / 55.19 -> 35.21 / 41.66; 7168 x 9216 44.69 / 59.82 -> 35.43 /
+// 42.06; 7168 x 2048 18.13 / 22.17 -> 14.29 / 17.72; 4096 x 7168 29.07 / 39.12 -> 23.77 / 28.92; 7168 x 2304 21.25 /
+// 26.34 -> 16.91 / 21.72; 4096 x 512 10.98 / 11.69 -> 7.82 / 9.45; int4 group 128 36864 x 7168 M = 64 168.40 -> 136.06;
+// int8 per channel 208.91 -> 166.90. But where main ran two grid parts side by side: 7168 x 256 6.45 / 6.59 / 6.99 ->
+// 7.76 / 8.93 / 10.28 at M = 33 / 48 / 64, 3072 x 1536 8.56 / 8.99 / 9.90 -> 8.53 / 9.62 / 11.84, 1536 x 7168 13.65 /
+// 14.38 / 15.94 -> 12.77 / 14.77 / 17.21. And 24576 x 1536 (2-step slices) 29.99 / 31.33 / 33.15 / 38.86 -> 30.96 /
+// 31.11 / 32.94 / 37.78 (noticed, left: 3% slower at 33 rows).
+bool ws_wide_rule(int rows, int64_t n, int64_t k, int bits, int group, int algo, int sms, Config* cfg) {
+  if (rows <= kWsMaxRows || rows > kWsWideRows || !ws_automatic(algo)) return false;
+  if (!(bits == 8 || (bits == 4 && (group == -1 || group == 128)))) return false;
+  const int word = algo | kWsAlgoBit | kWsWgmma | 2 << 16;
+  Config c, one;
+  if (ws_choose(rows, n, k, bits, group, word | 2 << 20, sms, &c) != DSX_OK || !c.wg) return false;
+  if (ws_blocks_per_sm(c) < 2 && ws_choose(rows, n, k, bits, group, word | 1 << 20, sms, &one) == DSX_OK && one.wg &&
+      ws_blocks_per_sm(one) >= 2)
+    c = one;
+  *cfg = c;
+  return true;
+}
+
 // The next launch when `left` rows remain: its rows, configuration and path. Up to kMaxRows rows, but an
 // automatic launch of more than kWsMaxRows rows is cut at kWsMaxRows where that takes the warp-specialized
 // path (two launches of it beat one of the existing path's eight token tiles: 36864 x 7168 int4 per channel,
 // M = 32 88.3 us on it against 198.6 for M = 64 on the existing path; weights are read again by the second
-// launch). Each launch's configuration is resolved once.
+// launch), unless one launch of all of them with eight token tiles runs (ws_wide_rule; not where the cut's two launches
+// run side by side as two grid parts). Each launch's configuration is resolved once.
 int plan_launch(int64_t left, int64_t n, int64_t k, int bits, int group, int algo, int sms, int* rows, Config* cfg,
                 bool* ws) {
   const int all = static_cast<int>(std::min<int64_t>(std::max<int64_t>(left, 1), kMaxRows));
-  if (all > kWsMaxRows && ws_automatic(algo) && ws_resolve(kWsMaxRows, n, k, bits, group, algo, sms, cfg, ws) == DSX_OK &&
-      *ws) {
-    *rows = kWsMaxRows;
-    if (ws_parts_fit(*cfg, sms)) cfg->parts = 2, *rows = all;
-    return DSX_OK;
+  if (all > kWsMaxRows && ws_automatic(algo)) {
+    Config cut;
+    bool cut_ws = false;
+    const bool cut_ok = ws_resolve(kWsMaxRows, n, k, bits, group, algo, sms, &cut, &cut_ws) == DSX_OK && cut_ws;
+    const bool parts = cut_ok && ws_parts_fit(cut, sms);
+    if (!parts && ws_wide_rule(all, n, k, bits, group, algo, sms, cfg)) {  // (one launch of eight token tiles)
+      *rows = all, *ws = true;
+      return DSX_OK;
+    }
+    if (cut_ok) {
+      *cfg = cut, *ws = true, *rows = kWsMaxRows;
+      if (parts) cfg->parts = 2, *rows = all;
+      return DSX_OK;
+    }
   }
   *rows = all;
   return ws_resolve(all, n, k, bits, group, algo, sms, cfg, ws);
@@ -606,6 +648,10 @@ int ws_launch(Params& p, const void* qweight, int64_t n, int64_t k, int bits, in
         return cfg.mt == 1 ? ws_launch_inst<B, 1, G, 2, P>(p, cfg, stream) : ws_launch_inst<B, 2, G, 2, P>(p, cfg, stream);
       if (cfg.ct == 4)
         return cfg.mt == 1 ? ws_launch_inst<B, 1, G, 4, P>(p, cfg, stream) : ws_launch_inst<B, 2, G, 4, P>(p, cfg, stream);
+    }
+    if constexpr (G != 2) {
+      if (cfg.mt == 8)  // (33..64 rows: wgmma consumers only)
+        return ws_launch_inst<B, 8, G, 1, P, false, false, false, false, true>(p, cfg, stream);
     }
     if (cfg.mt == 4) {
       if constexpr (G != 2) {

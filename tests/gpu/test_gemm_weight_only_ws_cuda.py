@@ -186,27 +186,82 @@ def test_17_to_32_rows_wgmma_where_it_pays_and_refusals():
 
 
 @pytest.mark.parametrize("bits,group", [(4, -1), (4, 128), (8, -1), (8, 128)])
+def test_33_to_64_rows_eight_token_tiles_same_bits(bits, group):
+    """33..64 rows in one launch with bit 28 and bits 29..30 = 1: eight token tiles, wgmma consumers (m64n64k16, x staged
+    whole for ceil(M / 8) token groups). At every split whose x fits, the bits of the existing path (eight token tiles
+    through mma.sync, the same slices), right against float64: M not a multiple of 8, a ragged K (a half int4 step),
+    N past the last block's upper warpgroup, persistent blocks looping over tile groups, PDL. Where x for the rows does
+    not fit (K = 2112 in one slice: 17 steps of 64 rows) the word falls back to the existing path, as at 17..32 rows."""
+    for n, k, m, splits_all in ((320, 2112, 33, (3, 5, 8)), (320, 2112, 64, (3, 8)), (1088, 4160, 47, (4, 8)),
+                                (23104, 576, 57, (1, 4))):
+        x, q, s, wd = make(m, n, k, bits, group, seed=33)
+        for splits in splits_all:
+            ref = existing(x, q, s, wd, bits, group, splits, f"m {m} {(n, k)}")
+            for warps, stages, box in ((8, 2, 2), (4, 3, 1)):
+                algo = word(warps, splits, 0, stages, box) | WS | WGMMA
+                assert G.cuda_path(m, n, k, bits, group, algo=algo) == {
+                    "ws": True, "tiles": 1, "xring": False, "fold": False, "wgmma": True}, (m, n, k, algo)
+                assert G.cuda_launch(m, n, k, bits, group, algo=algo) == {"rows": m, "parts": 1}, algo
+                check_same_bits(x, q, s, wd, bits, group, ref, algo, f"wide m {m} {(n, k)} {algo:#x}", also=(PDL,))
+    x, q, s, wd = make(64, 320, 2112, bits, group, seed=34)
+    algo = word(8, 1, 0, 0, 0) | WS | WGMMA  # (x of 17 steps x 64 rows: no room; the existing path, its bits)
+    assert not G.cuda_path(64, 320, 2112, bits, group, algo=algo)["ws"]
+    assert same(run_raw(x, q, s, bits, group, algo), existing(x, q, s, wd, bits, group, 1, "no room"))
+    with pytest.raises(DsxError):  # (a ring asked for that leaves x no room: refused, as at 17..32 rows)
+        G.cuda_path(64, 320, 2112, bits, group, algo=word(8, 1, 0, 2, 2) | WS | WGMMA)
+
+
+def test_33_to_64_rows_eight_token_tiles_rule_on_h200():
+    """Automatic (tables off), 33..64 rows: one launch of eight token tiles with 2 slots of 2 steps, or of 1 step where
+    only that holds two blocks an SM (36864 x 7168 at 40 rows: x for 40 rows of a 7-step slice; at 41 and 64 rows one
+    block an SM either way); the cut at 32 rows where x for the rows does not fit (7168 x 18432: 18-step slices) or where
+    its two launches run side by side (7168 x 256); int4 group 64 never (the existing path)."""
+    skip_unless_h200()
+    with cuda.rules_only():
+        for m, want in ((40, (8, 8, 7, 2, 1)), (41, (8, 8, 7, 2, 2)), (64, (8, 8, 7, 2, 2))):
+            assert G.cuda_path(m, 36864, 7168, 4, -1)["wgmma"], m
+            assert G.cuda_launch(m, 36864, 7168, 4, -1) == {"rows": m, "parts": 1}, m
+            assert ws_config(m, 36864, 7168, 4, -1, 0) == want, m
+        assert G.cuda_launch(64, 7168, 18432, 4, -1) == {"rows": 32, "parts": 1}
+        assert G.cuda_launch(64, 7168, 256, 4, -1) == {"rows": 64, "parts": 2}
+        assert not G.cuda_path(64, 36864, 7168, 4, 64)["ws"]
+
+
+def test_33_to_64_rows_eight_token_tiles_refusals():
+    """Eight token tiles need whole warpgroups and not int4 group 64 (DSX_EINVAL otherwise); bit 28 alone (or with
+    bits 29..30 = 2) above 32 rows keeps the existing path (test_more_than_32_rows_ignore_the_bit)."""
+    for bits, group, algo in ((4, -1, word(2, 4, 0, 2, 2) | WS | WGMMA), (4, 64, word(8, 4, 0, 2, 2) | WS | WGMMA)):
+        with pytest.raises(DsxError):
+            G.cuda_path(48, 2048, 7168, bits, group, algo=algo)
+    for extra in (0, MMA):
+        assert not G.cuda_path(48, 2048, 7168, 4, -1, algo=word(8, 8, 0, 2, 2) | WS | extra)["ws"], extra
+    assert G.cuda_path(48, 2048, 7168, 4, -1, algo=word(8, 8, 0, 2, 2) | WS | WGMMA)["wgmma"]
+
+
+@pytest.mark.parametrize("bits,group", [(4, -1), (4, 128), (8, -1), (8, 128)])
 @pytest.mark.parametrize("n,k", [(16896, 2048), (7168, 2048), (1024, 1536)])
 def test_automatic_rule_17_to_64_rows(n, k, bits, group):
     """The rules (tables off), 17..32 rows: this path, choose()'s split, x whole, 2 slots of 2 steps,
-    the same bits as the existing path at that split; 33..64 rows: the first 32 rows as launched alone,
-    then the rest, launched alone (two launches), or beside them in one grid of two parts where both fit
-    at once (the rest at the first 32's split: the existing path's bits there). Right against float64."""
+    the same bits as the existing path at that split; 33..64 rows, where x for them fits whole: one launch of eight
+    token tiles through wgmma, 2 slots of 2 steps, the existing path's bits at its split, unless the cut at 32 rows runs
+    as two grid parts side by side (1024 x 1536: 8 tile groups; check_rows_past_32). Right against float64."""
     nsteps = k // 64 if bits == 8 else (k // 64 + 1) // 2
     with cuda.rules_only():
         for m in (17, 32, 40, 64):
             x, q, s, wd = make(m, n, k, bits, group, seed=18)
             warps, splits, chunk, stages, box = ws_config(m, n, k, bits, group, 0)
             got = G.cuda_path(m, n, k, bits, group)
-            got.pop("wgmma")  # (where it pays: test_17_to_32_rows_wgmma_same_bits_as_mma)
+            wg = got.pop("wgmma")  # (17..32 rows, where it pays: test_17_to_32_rows_wgmma_same_bits_as_mma)
             assert got == {"ws": True, "tiles": 1, "xring": False, "fold": False}, (m, warps)
-            assert (chunk, stages, box) == (-(-nsteps // splits), 2, 2), (m, warps, splits, chunk, stages, box)
             a = G.gemm_weight_only_cuda(x, q, s, bits, group, 90)
             check_bound(a, x, wd, f"auto 17..64 rows m {m} {(n, k, bits, group)}")
-            if m <= 32:
-                assert same(a, run_raw(x, q, s, bits, group, word(warps, splits, 0, 0, 0))), f"m {m}: not the existing path's bits"
-            else:
-                check_rows_past_32(a, x, q, s, bits, group, (warps, splits), f"m {m} {(n, k, bits, group)}")
+            if m > 32 and n == 1024:
+                assert check_rows_past_32(a, x, q, s, bits, group, ws_config(32, n, k, bits, group, 0)[:2], f"m {m}") == 2
+                continue
+            assert wg or m <= 32, (m, n, k)
+            assert G.cuda_launch(m, n, k, bits, group) == {"rows": m, "parts": 1}, (m, n, k)
+            assert (chunk, stages, box) == (-(-nsteps // splits), 2, 2), (m, warps, splits, chunk, stages, box)
+            assert same(a, run_raw(x, q, s, bits, group, word(warps, splits, 0, 0, 0))), f"m {m}: not the existing path's bits"
 
 
 def check_rows_past_32(a, x, q, s, bits, group, first, what):
@@ -229,28 +284,27 @@ def check_rows_past_32(a, x, q, s, bits, group, first, what):
 
 @pytest.mark.parametrize("bits,group", [(4, -1), (4, 128), (8, -1), (8, 128)])
 def test_33_to_64_rows_two_parts_side_by_side(bits, group):
-    """Automatic 33..64 rows where both 32-row launches' blocks fit the GPU at once (7168 x 256, DeepSeek-V3's
-    down projections at tp 8: 56 tile groups of at most 2 splits): one launch, two grid parts (rows 32.. beside
-    rows 0..31, with their configuration: the table's word or the rules'); right against float64, the bits
-    above (check_rows_past_32), the same with PDL (a launch option), with the tables on and off. 3072 x 1536
-    (q_b at tp 8) either way (int4 per channel with the table's 4 splits: two parts; at the rules' 8 splits
-    two launches); on 36864 x 2048 (288 tile groups of 128 channels) always two launches."""
-    for n, k in ((7168, 256), (3072, 1536)):
-        for m in (33, 40, 57, 64):
-            x, q, s, wd = make(m, n, k, bits, group, seed=19)
-            for rules in (False, True):
-                with cuda.rules_only() if rules else contextlib.nullcontext():
-                    a = G.gemm_weight_only_cuda(x, q, s, bits, group, 90)
-                    check_bound(a, x, wd, f"two parts m {m} {(n, k, bits, group)} rules {rules}")
-                    cfg = ws_config(32, n, k, bits, group, 0)
-                    what = f"m {m} {(n, k, bits, group)} rules {rules}"
-                    parts = check_rows_past_32(a, x, q, s, bits, group, cfg[:2], what)
-                    assert parts == 2 or n == 3072, what
-                    assert same(run_raw(x, q, s, bits, group, PDL), a), f"{what}: PDL differs"
-    x, q, s, wd = make(64, 36864, 2048, bits, group, seed=20)
+    """Automatic 33..64 rows where both 32-row launches' blocks fit the GPU at once (7168 x 256, DeepSeek-V3's down
+    projections at tp 8: 56 tile groups of at most 2 splits; 1024 x 10240: 8 tile groups of 8 splits, where x for 64 rows
+    would not fit whole either: 10-step slices): one launch, two grid parts (rows 32.. beside rows 0..31, with their configuration: the
+    table's word or the rules'), not the one launch of eight token tiles; right against float64, the bits above
+    (check_rows_past_32), the same with PDL (a launch option), with the tables on and off. 2304 x 10240 (18 tile groups
+    of 8 splits, more than one wave at once, x for 64 rows too large): two launches."""
+    for n, k, m in ((7168, 256, 33), (7168, 256, 64), (1024, 10240, 33), (1024, 10240, 57), (1024, 10240, 64)):
+        x, q, s, wd = make(m, n, k, bits, group, seed=19)
+        for rules in (False, True):
+            with cuda.rules_only() if rules else contextlib.nullcontext():
+                a = G.gemm_weight_only_cuda(x, q, s, bits, group, 90)
+                check_bound(a, x, wd, f"two parts m {m} {(n, k, bits, group)} rules {rules}")
+                cfg = ws_config(32, n, k, bits, group, 0)
+                what = f"m {m} {(n, k, bits, group)} rules {rules}"
+                assert check_rows_past_32(a, x, q, s, bits, group, cfg[:2], what) == 2, what
+                assert same(run_raw(x, q, s, bits, group, PDL), a), f"{what}: PDL differs"
+    n, k = 2304, 10240
+    x, q, s, wd = make(64, n, k, bits, group, seed=20)
     a = G.gemm_weight_only_cuda(x, q, s, bits, group, 90)
-    check_bound(a, x, wd, f"36864x2048 m 64 {(bits, group)}")
-    assert check_rows_past_32(a, x, q, s, bits, group, ws_config(32, 36864, 2048, bits, group, 0)[:2], "36864x2048") == 1
+    check_bound(a, x, wd, f"2304x10240 m 64 {(bits, group)}")
+    assert check_rows_past_32(a, x, q, s, bits, group, ws_config(32, n, k, bits, group, 0)[:2], "2304x10240") == 1
 
 
 def test_more_than_32_rows_ignore_the_bit():
