@@ -151,7 +151,8 @@ def cuda_path(m: int, n: int, k: int, bits: int, group_size: int = -1, algo: int
     (1 on the other kernels), whether x comes through its ring (a given chunk equal to the ring's steps a slot,
     shorter than the slice), whether that launch folds the - 8 of int4 per channel out of the unpack (its bits then
     differ from the other paths' at the same split, within the same bound), and whether its consumers multiply
-    through wgmma (17..32 rows, 4 or 8 warps, not int4 group 64: the same bits as the mma path)."""
+    through wgmma (17..64 rows, 4 or 8 warps, not int4 group 64: the same bits as the mma path; 33..64 rows in one
+    launch of eight token tiles with bit 28 and bits 29..30 = 1, or automatically where x for them fits)."""
     ws, tiles = _query(2, "dsx_wo_gemm_path_cuda", 2, m, n, k, bits, group_size, algo)
     return {"ws": bool(ws), "tiles": tiles, "xring": ws in (2, 3), "fold": ws == 3, "wgmma": ws == 4}
 
@@ -222,7 +223,8 @@ def algo_word(warps: int = 0, splits: int = 0, chunk: int = 0, stages: int = 0, 
     to `box` and shorter than the slice, int4 at 9..16 rows and 2 tiles a warp, x through a ring of its own; not with
     `balanced`); tiles: 16-channel tiles a consumer warp owns, 1, 2 or 4 (bits 29..30 = log2; with
     warp_specialized, up to 16 rows: one x fragment load feeds all of them; not for int4 group 64; at 17..32 rows
-    the same bits pick the consumers: tiles 2 = wgmma, 4 = mma.sync, 1 = wgmma where it pays).
+    the same bits pick the consumers: tiles 2 = wgmma, 4 = mma.sync, 1 = wgmma where it pays; at 33..64 rows
+    tiles 2 = one launch of eight token tiles through wgmma, else the existing path).
     Only `splits` changes the result's bits (and `balanced`, for tiles that a warp run boundary cuts).
     """
     tiles_bits = (tiles.bit_length() - 1) if warp_specialized and tiles in (2, 4) else 0
