@@ -46,8 +46,9 @@
  * asynchronous on `stream` (a cudaStream_t as void*, NULL = legacy default stream), no
  * allocation, one launch per 64 rows of x, or per 32 where automatic launches of 32 rows take the
  * warp-specialized kernel (33..64 rows: one launch of two grid parts where both parts' blocks are
- * resident at once, the second part's rows with the first's configuration; dsx_wo_gemm_launch_cuda says
- * which) (so CUDA-graph capturable; the weights' TMA
+ * resident at once, the second part's rows with the first's configuration), unless an automatic launch of
+ * all 33..64 rows takes it with eight token tiles (below; dsx_wo_gemm_launch_cuda says which) (so CUDA-graph
+ * capturable; the weights' TMA
  * descriptor travels as a kernel parameter). `algo` 0 = automatic; otherwise a tuning word:
  * bits 0..3 warps per block (each warp owns 16 output channels: 1, 2, 4, 8), bits 4..7 K
  * splits = cluster size (1..8), bits 8..15 x chunk (steps of activations staged in
@@ -61,7 +62,7 @@
  * Bits 25 (one K step at a time instead of two interleaved chains) and 26 (one tile group per block
  * instead of persistent blocks) are for measurements; neither changes the output bits, nor does
  * bit 24.
- * Bit 28 (launches of up to 32 rows): the warp-specialized kernel
+ * Bit 28 (launches of up to 32 rows; up to 64 with bits 29..30 = 1): the warp-specialized kernel
  * (gemm_weight_only_ws.cuh): one producer warp a block issues the weights' tensor copies into a
  * ring shared by the block's warps (bits 16..19: its slots, automatic 4; bits 20..23: steps
  * per slot, automatic 1; a slot holds those steps of all warps), and x is staged whole (an
@@ -75,7 +76,8 @@
  * and x for whole token groups of 8 rows keeps the blocks an SM (ws_wgmma_pays), else mma.sync;
  * 1 = wgmma (4 or 8 warps, not int4 group 64, x as its operand
  * fitting, else DSX_EINVAL); 2 = mma.sync. The wgmma chain runs the mma chain's k-steps in its
- * order: the same bits either way).
+ * order: the same bits either way. 33..64 rows with bits 29..30 = 1: one launch of eight token tiles
+ * (m64n64k16), the same conditions; with 0 or 2 the existing kernel as above).
  * Warps and splits resolve as without the bit (but for splits and chunk both automatic where
  * that would stage x in chunks: then 8 splits), and the arithmetic is the same: for equal splits
  * the output has the same bits as without it. Bits 29..30 (with bit 28; launches of up to 16 rows):
@@ -103,8 +105,12 @@
  * then the plain kernel's at its split (not the balanced grid's). Automatic at 17..32 rows (int4 per
  * channel or group 128, int8): bit 28, one tile a warp, the split without it, 2 slots of 2 steps,
  * wherever x fits whole (measured, H200: faster than the kernel without it at every DeepSeek-V3 tp
- * shape, 1.04-3.1x); so the same bits as the kernel without bit 28 at that split. Bits 27 and 28
- * together: DSX_EINVAL.
+ * shape, 1.04-3.1x); so the same bits as the kernel without bit 28 at that split. Automatic at 33..64
+ * rows (the same layouts): one launch of all the rows with eight token tiles through wgmma (its split, 2
+ * slots of 2 steps, or of 1 step where only that holds two blocks an SM) where x fits whole and the cut
+ * at 32 rows would not run as two grid parts; else the cut above (measured, H200: int4 36864 x 7168 M = 64
+ * 159 -> 131 us, M = 33..40 121 -> 104; the same bits as the kernel without bit 28 at its split). Bits 27
+ * and 28 together: DSX_EINVAL.
  * Returns 0, DSX_EINVAL
  * or DSX_ECUDA (launch failure, or no driver entry point for the TMA descriptor).
  *
@@ -156,7 +162,7 @@ int dsx_wo_gemm_config_cuda(int64_t m, int64_t n, int64_t k, int bits, int group
  * warp-specialized one (bit 28, or auto's choice), 2 for it with x through its ring (a given chunk equal to the
  * steps a slot, shorter than the K slice: int4 per channel or group 128, 9..16 rows, two tiles a warp), 3 for that
  * with the fold (int4 per channel, where every block loops over two tile groups or more: see the accumulation
- * order above), 4 for it with wgmma consumers (17..32 rows, bits 29..30 above), and its 16-channel tiles a
+ * order above), 4 for it with wgmma consumers (17..64 rows, bits 29..30 above), and its 16-channel tiles a
  * consumer warp (*tiles: 1, 2 or 4; 1 for the other kernels). */
 int dsx_wo_gemm_path_cuda(int64_t m, int64_t n, int64_t k, int bits, int group_size, int algo, int* ws,
                           int* tiles);
