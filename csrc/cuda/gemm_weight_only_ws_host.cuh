@@ -32,8 +32,8 @@ int ws_blocks_per_sm(const Config& c);
 // one-group grids slower: 7168 x 18432 M = 9 / 16 27.91 / 28.11 -> 28.46 / 28.63, 7168 x 4608 11.2 -> 11.6, 3072 x
 // 1536 5.6 -> 5.85. (Taking the sums from global memory before the first step instead, in every launch of up to 16
 // rows, lost everywhere: 7168 x 18432 M = 16 27.73 -> 31.89, 24576 x 1536 13.65 -> 18.82.)
-// Whether a launch runs wgmma consumers (the kernel's WG): four token tiles (17..32 rows, one tile a warp), every
-// layout but int4 group 64, 4 or 8 consumer warps (whole warpgroups). Measured first in bench/wo_loop_probe.cu
+// Whether a launch runs wgmma consumers (the kernel's WG): four or eight token tiles (17..32 or 33..64 rows, one tile a
+// warp), every layout but int4 group 64, 4 or 8 consumer warps (whole warpgroups). Measured first in bench/wo_loop_probe.cu
 // (thirty-second session, H200: the step loop alone, operands resident in shared memory, the loop's floor on
 // 36864 x 7168 in us, mma.sync -> wgmma): one tile a warp, four token tiles 46.32 -> 32.36, eight 85.53 -> 44.78;
 // the same bits as the mma chain.
