@@ -125,7 +125,7 @@ struct Config {
   int parts = 1;     // warp-specialized kernel: launches of kWsMaxRows rows side by side in one grid (its z)
   bool xring = false;  // warp-specialized kernel: x through the ring (a given chunk = box < the slice; ws_xring_ok)
   bool fold = false;   // with it, the fold (int4 per channel, every block over two tile groups or more: ws_fold_pays)
-  bool wg = false;     // warp-specialized kernel: wgmma consumers (four token tiles, one tile a warp: ws_wgmma)
+  bool wg = false;     // warp-specialized kernel: wgmma consumers (four or eight token tiles, one tile a warp: ws_wgmma)
 };
 
 // Clusters (of cfg.splits blocks; blocks when splits == 1) of this kernel instance the

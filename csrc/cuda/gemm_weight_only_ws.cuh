@@ -124,7 +124,7 @@ __device__ __forceinline__ void ws_st_async2(uint32_t raddr, float a, float b, u
 template <int BITS, int MT, int GMODE, int CT = 1, bool PUSH = false, bool PARTS = false, bool RED = false,
           bool XR = false, bool FOLD = false, bool WG = false>
 __global__ void __launch_bounds__((kMaxWarps + (RED ? 2 : 1)) * 32, CT == 4 || MT == 8 ? (MT == 1 ? 2 : 1)
-                                                                  : (CT == 2 && (MT == 2 || PUSH)) || (MT == 2 && GMODE == 2) || MT >= 4 ? 2 : 3)
+                                                                  : (CT == 2 && (MT == 2 || PUSH)) || (MT == 2 && GMODE == 2) || MT == 4 ? 2 : 3)
     wo_gemm_ws_kernel(const __grid_constant__ Params p) {
   extern __shared__ __align__(128) uint8_t smem[];
   constexpr int kStepK = BITS == 8 ? 64 : 128;

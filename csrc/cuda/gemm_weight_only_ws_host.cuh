@@ -249,12 +249,13 @@ int ws_resident_tiles(const Config& c) { return c.ct * c.warps * ws_blocks_per_s
 // An automatic launch: every tuning field 0 (bits 24..26, launch options, may be set), not bits 27..30.
 bool ws_automatic(int algo) { return (algo & 0xFFFFFF) == 0 && (algo & (1 << 27 | kWsAlgoBit | kWsTilesBit)) == 0; }
 
+// The layouts the automatic rules take to this kernel: int4 per channel or group 128, and int8 (its groups of 128 and 64
+// take int8 per channel's rules since the sixteenth session); int4 group 64 stays on the existing path.
+bool ws_auto_layout(int bits, int group) { return bits == 8 || (bits == 4 && (group == -1 || group == 128)); }
+
 bool ws_auto_rule(int rows, int64_t n, int64_t k, int bits, int group, int algo, int sms, Config* cfg) {
-  if (rows > kWsMaxRows || !ws_automatic(algo)) return false;
-  // (int8 groups of 128 and 64 take int8 per channel's rules since the sixteenth session, below)
-  const bool int4pc = bits == 4 && group == -1, int4g128 = bits == 4 && group == 128;
-  const bool int8 = bits == 8;
-  if (!int4pc && !int4g128 && !int8) return false;
+  if (rows > kWsMaxRows || !ws_automatic(algo) || !ws_auto_layout(bits, group)) return false;
+  const bool int4pc = bits == 4 && group == -1, int4g128 = bits == 4 && group == 128, int8 = bits == 8;
   const int ring = algo | kWsAlgoBit | 2 << 16 | 2 << 20;
   // Twenty-second session: 17..32 rows (four token tiles, one channel tile a warp), choose()'s split, x
   // whole, 2 slots of 2 steps, wherever that fits. Before, the existing path (its MT = 4 kernel, x in chunks
@@ -518,8 +519,7 @@ bool ws_parts_fit(const Config& c, int sms) {
 // 14.38 / 15.94 -> 12.77 / 14.77 / 17.21. And 24576 x 1536 (2-step slices) 29.99 / 31.33 / 33.15 / 38.86 -> 30.96 /
 // 31.11 / 32.94 / 37.78 (noticed, left: 3% slower at 33 rows).
 bool ws_wide_rule(int rows, int64_t n, int64_t k, int bits, int group, int algo, int sms, Config* cfg) {
-  if (rows <= kWsMaxRows || rows > kWsWideRows || !ws_automatic(algo)) return false;
-  if (!(bits == 8 || (bits == 4 && (group == -1 || group == 128)))) return false;
+  if (rows <= kWsMaxRows || rows > kWsWideRows || !ws_automatic(algo) || !ws_auto_layout(bits, group)) return false;
   const int word = algo | kWsAlgoBit | kWsWgmma | 2 << 16;
   Config c, one;
   if (ws_choose(rows, n, k, bits, group, word | 2 << 20, sms, &c) != DSX_OK || !c.wg) return false;
