@@ -222,13 +222,15 @@ def test_killed_mid_file_resumes_from_the_partial_bytes(fake, source, tmp_path, 
 
 
 def test_ctrl_c_while_waiting_for_workers_is_a_flag_checked_at_one_point():
-    """engine._ctrl_c_as_flag: in the main thread with Python's own handler, a SIGINT sets the flag instead of raising
-    wherever the thread is (inside concurrent.futures.wait it could leave a future's lock held and the pool's shutdown
-    hanging); the handler is put back after. Off the main thread, or with a handler of the caller's, nothing changes."""
+    """interrupt.ctrl_c_as_flag (dsx download and dsx quantize): in the main thread with Python's own handler, a SIGINT
+    sets the flag instead of raising wherever the thread is (inside concurrent.futures.wait it could leave a future's
+    lock held and the pool's shutdown hanging); the handler is put back after. Off the main thread, or with a handler of the caller's, nothing changes."""
     import threading
 
+    from ds_export.interrupt import ctrl_c_as_flag
+
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    with engine._ctrl_c_as_flag() as hit:
+    with ctrl_c_as_flag() as hit:
         assert not hit()
         os.kill(os.getpid(), signal.SIGINT)  # (no KeyboardInterrupt here)
         deadline = time.monotonic() + 5
@@ -240,7 +242,7 @@ def test_ctrl_c_while_waiting_for_workers_is_a_flag_checked_at_one_point():
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(1)
     seen = []
-    t = threading.Thread(target=lambda: seen.append(engine._ctrl_c_as_flag().__enter__()()))
+    t = threading.Thread(target=lambda: seen.append(ctrl_c_as_flag().__enter__()()))
     t.start()
     t.join()
     assert seen == [False] and signal.getsignal(signal.SIGINT) is signal.default_int_handler

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import textwrap
+import threading
 
 import ml_dtypes
 import numpy as np
@@ -164,6 +167,86 @@ def test_resume_after_sigkill_is_byte_identical(tiny_fp8, tmp_path):
         if f.name != "dsx-manifest.json":
             assert sha256_file(f) == sha256_file(tmp_path / "k" / f.name), f.name
     assert Manifest.load(tmp_path / "k").complete
+
+
+class _CtrlCAtFirstChunk(engine.Reporter):
+    """Ctrl-C (SIGINT to this process) at the first converted chunk; that worker then waits for the run's stop event,
+    so its shard is abandoned at a known point (the other workers may finish theirs first: tiny shards are fast)."""
+
+    def __init__(self, stop):
+        self.stop, self.sent, self.done, self.at = stop, False, [], threading.local()
+        self.in_flight = None  # the tensor whose chunk sent Ctrl-C
+
+    def tensor(self, name):
+        self.at.name = name
+
+    def advance(self, nbytes):
+        if not self.sent:
+            self.sent, self.in_flight = True, self.at.name
+            os.kill(os.getpid(), signal.SIGINT)
+            assert self.stop.wait(10), "the run never set its stop event"
+
+    def shard_done(self, file):
+        self.done.append(file)
+
+
+def _published(out):
+    return sorted(f.name for f in out.glob("model-*.safetensors"))
+
+
+def test_ctrl_c_stops_the_workers_at_their_next_chunk_and_resumes(tiny_fp8, tmp_path):
+    """Ctrl-C while the workers convert: the main thread sees it as a flag (interrupt.ctrl_c_as_flag), tells the
+    workers to stop, and raises KeyboardInterrupt (the CLI's exit 130) once they have: the shard in flight is
+    abandoned (no partial file left), shards that finished are recorded, nothing is published; a rerun resumes to the
+    same bytes as an uninterrupted run."""
+    ck = Checkpoint.open(tiny_fp8)
+    p = plan_mod.build(ck, plan_mod.load_recipe("a8w8_fp8_wint4", None, arch=None, group_size=None, mtp_type=None))
+    stop = threading.Event()
+    rep = _CtrlCAtFirstChunk(stop)
+    out = tmp_path / "i"
+    with pytest.raises(KeyboardInterrupt):
+        engine.run(ck, p, out, engine.Options(workers=2), rep, stop=stop)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    m = Manifest.load(out)
+    assert not m.complete and not (out / "model.safetensors.index.json").exists()
+    in_flight = next(s.file for s in p.shards if any(t.src == rep.in_flight for t in s.tasks))
+    assert in_flight not in m.files and sorted(m.files) == sorted(rep.done) == _published(out)
+    assert not list(out.glob("*.partial"))
+    res = engine.run(ck, p, out)
+    assert res["skipped"] == len(rep.done) and res["converted"] == len(p.shards) - len(rep.done)
+    engine.run(ck, p, tmp_path / "clean")
+    for f in sorted((tmp_path / "clean").iterdir()):
+        if f.name != "dsx-manifest.json":
+            assert sha256_file(f) == sha256_file(out / f.name), f.name
+
+
+def test_a_failing_worker_stops_the_others_at_their_next_chunk(tiny_fp8, tmp_path, monkeypatch):
+    """Planted fault: the first shard taken fails at once. The run raises that failure (not KeyboardInterrupt, not the
+    others' abandonment); the second shard's worker, held until the run's stop event is set, abandons its shard
+    instead of finishing it; nothing is published and no partial file is left."""
+    ck = Checkpoint.open(tiny_fp8)
+    p = plan_mod.build(ck, plan_mod.load_recipe("a8w8_fp8_wint4", None, arch=None, group_size=None, mtp_type=None))
+    assert len(p.shards) >= 2
+    order = sorted(p.shards, key=lambda s: -s.bytes_in)  # (the engine's order: big shards first)
+    failing, held = order[0].file, order[1].file
+    file_of = {id(t): s.file for s in p.shards for t in s.tasks}
+    real, stop = engine.convert, threading.Event()
+
+    def planted(ck_, task, write, **kw):
+        if file_of[id(task)] == failing:
+            raise DsxError(f"planted fault in {failing}")
+        if file_of[id(task)] == held:
+            assert stop.wait(10), "the run never set its stop event"
+        return real(ck_, task, write, **kw)
+
+    monkeypatch.setattr(engine, "convert", planted)
+    out = tmp_path / "f"
+    with pytest.raises(DsxError, match="planted fault"):
+        engine.run(ck, p, out, engine.Options(workers=2), stop=stop)
+    m = Manifest.load(out)
+    assert not m.complete and not (out / "model.safetensors.index.json").exists()
+    assert failing not in m.files and held not in m.files and sorted(m.files) == _published(out)
+    assert not list(out.glob("*.partial"))
 
 
 def test_corrupt_finished_shard_is_redone(mixed):
@@ -327,6 +410,22 @@ class DyingGpu(CpuStandInGpu):
         os._exit(3)
 
 
+class CtrlCGpu(CpuStandInGpu):
+    """Ctrl-C at the worker process's first conversion (SIGINT to the main process, as a terminal would also send
+    it to the workers, which leave it to the main one); then it waits for the stop event the main process sets."""
+
+    def fp8_to_weight_only(self, *a, **k):
+        import os
+        import signal
+
+        from pathlib import Path
+
+        os.kill(os.getppid(), signal.SIGINT)
+        seen = engine._local.stop.wait(10)
+        Path(os.environ["DSX_TEST_GPU_MARKS"], "stop-seen" if seen else "stop-missed").touch()
+        return super().fp8_to_weight_only(*a, **k)
+
+
 def _gpu_path(ck, out, backend, workers, gpus=(0, 1)):
     p = plan_mod.build(ck, plan_mod.load_recipe("a8w8_fp8_wint4", None, arch=None, group_size=None, mtp_type=None))
     return engine.run(ck, p, out, engine.Options(gpus=gpus, workers=workers, gpu_backend=backend))
@@ -346,6 +445,23 @@ def test_gpu_worker_processes_write_the_cpu_bytes(tiny_fp8, tmp_path, monkeypatc
     for f in sorted((tmp_path / "c").iterdir()):
         if f.name != "dsx-manifest.json":
             assert sha256_file(f) == sha256_file(tmp_path / "g" / f.name), f.name
+
+
+def test_ctrl_c_stops_the_gpu_worker_processes_and_resumes(tiny_fp8, tmp_path, monkeypatch):
+    """The worker-process path (--device cuda) on Ctrl-C: KeyboardInterrupt (exit 130) once the workers have stopped,
+    not a 'GPU worker process died' error; no partial file left, nothing published; a rerun completes."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    monkeypatch.setenv("DSX_TEST_GPU_MARKS", str(marks))
+    ck = Checkpoint.open(tiny_fp8)
+    with pytest.raises(KeyboardInterrupt):
+        _gpu_path(ck, tmp_path / "g", CtrlCGpu, 1, gpus=(0,))
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    m = Manifest.load(tmp_path / "g")
+    assert not m.complete and not (tmp_path / "g" / "model.safetensors.index.json").exists()
+    assert sorted(m.files) == _published(tmp_path / "g") and not list((tmp_path / "g").glob("*.partial"))
+    assert (marks / "stop-seen").exists() and not (marks / "stop-missed").exists()
+    assert _gpu_path(ck, tmp_path / "g", CpuStandInGpu, 1, gpus=(0,))["complete"]
 
 
 def test_a_dead_gpu_worker_is_one_clear_error_and_resumable(tiny_fp8, tmp_path, monkeypatch):

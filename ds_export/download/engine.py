@@ -18,11 +18,9 @@ from __future__ import annotations
 
 import json
 import shutil
-import signal
 import threading
 import time
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -33,6 +31,7 @@ from ds_export.download.fetch import Cancelled, FileJob, Policy, check_header, f
 from ds_export.download.hub import Hub, RemoteFile
 from ds_export.download.state import State, WORK_DIR, partial_path
 from ds_export.errors import UsageError
+from ds_export.interrupt import ctrl_c_as_flag
 from ds_export.io.checkpoint import INDEX_NAME
 
 DEFAULT_WORKERS = 8
@@ -163,7 +162,7 @@ class _Run:
             futs = [ex.submit(self.one, rf) for rf in files]
             pending = set(futs)
             try:
-                with _ctrl_c_as_flag() as hit:
+                with ctrl_c_as_flag() as hit:
                     while pending:  # a timed wait, so Ctrl-C is seen within 0.2 s even while workers block
                         if hit():
                             raise KeyboardInterrupt
@@ -175,30 +174,6 @@ class _Run:
                 for f in futs:
                     f.cancel()
                 raise
-
-
-@contextmanager
-def _ctrl_c_as_flag():
-    """While the main thread waits for the workers, Ctrl-C only sets a flag that the wait loop checks, and the loop
-    raises KeyboardInterrupt at that one clean point. Raised wherever the main thread happened to be, it could land
-    inside concurrent.futures.wait while that holds some futures' locks (taken one by one, released at the end of a
-    `with`): the lock stayed held, the worker finishing that future blocked on it, and the pool's shutdown waited for
-    that worker forever (a Ctrl-C'd download that never exited; seen once in CI). Elsewhere (not the main thread, or
-    a handler of the caller's own in place) nothing changes."""
-    flag = [False]
-    if threading.current_thread() is not threading.main_thread() or \
-            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-        yield lambda: False
-        return
-
-    def on_ctrl_c(signum, frame):
-        flag[0] = True
-
-    previous = signal.signal(signal.SIGINT, on_ctrl_c)
-    try:
-        yield lambda: flag[0]
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 def _partial_done(job: FileJob) -> int:

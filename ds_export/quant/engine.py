@@ -27,14 +27,16 @@ from __future__ import annotations
 import os
 import queue
 import shutil
+import signal
 import threading
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from ds_export import __version__
 from ds_export.errors import DsxError, UsageError
+from ds_export.interrupt import ctrl_c_as_flag
 from ds_export.io.checkpoint import INDEX_NAME, Checkpoint
 from ds_export.io.manifest import MANIFEST_NAME, Manifest
 from ds_export.io.writer import PARTIAL_SUFFIX, ShardWriter, atomic_write_json, write_index
@@ -191,14 +193,23 @@ class _WriteBehind:
             raise self.error
 
 
-_local = threading.local()  # a GPU worker process: its checkpoint, backend and progress queue
+_local = threading.local()  # a GPU worker process: its checkpoint, backend, progress queue and stop event
 
 
-def _gpu_worker_init(root: str, partial: bool, ids, threads: int, progress, make_backend) -> None:
-    """A GPU worker process (spawned): opens the source itself and binds the GPU it takes from `ids`."""
+class _Stopped(Exception):
+    """A worker saw the stop event (Ctrl-C, or another worker's failure) and abandoned its shard (the partial file
+    removed, nothing recorded)."""
+
+
+def _gpu_worker_init(root: str, partial: bool, ids, threads: int, progress, make_backend, stop) -> None:
+    """A GPU worker process (spawned): opens the source itself and binds the GPU it takes from `ids`. Ctrl-C is the
+    main process's to handle (a terminal sends it to the whole process group): it sets `stop`, which the worker checks
+    between chunks, as the CPU path's threads do."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _local.ck = Checkpoint.open(root, partial=partial)
     _local.backend = make_backend(ids.get(), threads)
     _local.progress = progress
+    _local.stop = stop
 
 
 class _QueueReporter(Reporter):
@@ -221,13 +232,13 @@ class _QueueReporter(Reporter):
 def _write_shard_gpu(out: Path, shard: OutShard, chunk_bytes: int) -> tuple[str, str, int]:
     rep = _QueueReporter(_local.progress)
     try:
-        return _write_shard(_local.ck, out, shard, chunk_bytes, 0, rep)
+        return _write_shard(_local.ck, out, shard, chunk_bytes, 0, rep, _local.stop)
     finally:
         rep.flush()
 
 
-def _drain(q, reporter: Reporter, stop: threading.Event) -> None:
-    while not stop.is_set() or not q.empty():
+def _drain(q, reporter: Reporter, done: threading.Event) -> None:
+    while not done.is_set() or not q.empty():
         try:
             reporter.advance(q.get(timeout=0.1))
         except queue.Empty:
@@ -235,15 +246,24 @@ def _drain(q, reporter: Reporter, stop: threading.Event) -> None:
 
 
 def _write_shard(ck: Checkpoint, out: Path, shard: OutShard, chunk_bytes: int, threads: int,
-                 reporter: Reporter) -> tuple[str, str, int]:
+                 reporter: Reporter, stop) -> tuple[str, str, int]:
+    """Convert one output shard; `stop` (an Event) is checked before each tensor and after each chunk."""
     backend = getattr(_local, "backend", None) or CpuBackend(threads)
     path = out / shard.file
+
+    def progress(nbytes: int) -> None:
+        reporter.advance(nbytes)
+        if stop.is_set():
+            raise _Stopped(shard.file)
+
     with ShardWriter(path, shard.entries(), {"format": "pt"}) as w:
         wb = _WriteBehind(w)
         try:
             for task in shard.tasks:
+                if stop.is_set():
+                    raise _Stopped(shard.file)
                 reporter.tensor(task.src)
-                convert(ck, task, wb.write, chunk_bytes=chunk_bytes, backend=backend, progress=reporter.advance)
+                convert(ck, task, wb.write, chunk_bytes=chunk_bytes, backend=backend, progress=progress)
         finally:
             wb.drain()
         sha = w.close()
@@ -251,8 +271,13 @@ def _write_shard(ck: Checkpoint, out: Path, shard: OutShard, chunk_bytes: int, t
 
 
 def run(ck: Checkpoint, plan: Plan, out: str | os.PathLike, opts: Options = Options(),
-        reporter: Reporter | None = None, *, on_shard: Callable[[str], None] | None = None) -> dict:
+        reporter: Reporter | None = None, *, on_shard: Callable[[str], None] | None = None,
+        stop: threading.Event | None = None) -> dict:
+    """Convert what is left of `plan` into `out`. `stop`: set to end the run early (from another thread): the workers
+    abandon their shards at their next chunk and run raises KeyboardInterrupt, as on Ctrl-C; run sets it itself on
+    Ctrl-C or on a worker's failure. Either way the finished shards are recorded and the output is not published."""
     out = Path(out)
+    stop = stop or threading.Event()
     reporter = reporter or Reporter()
     n_nodes, rank = opts.num_nodes, opts.node_rank
     mine = plan.shards if n_nodes == 1 else assign(plan.shards, n_nodes)[rank]
@@ -276,11 +301,11 @@ def run(ck: Checkpoint, plan: Plan, out: str | os.PathLike, opts: Options = Opti
     todo.sort(key=lambda s: -s.bytes_in)  # big shards first: better balance
     if opts.gpus:
         _run_gpu_processes(ck, out, todo, chunk_bytes, gpu_ids, threads, opts.gpu_backend, manifest, reporter,
-                           on_shard)
+                           on_shard, stop)
     else:
         with ThreadPoolExecutor(max_workers=workers) as pool:
-            futs = [pool.submit(_write_shard, ck, out, s, chunk_bytes, threads, reporter) for s in todo]
-            _collect(futs, manifest, reporter, on_shard)
+            futs = [pool.submit(_write_shard, ck, out, s, chunk_bytes, threads, reporter, stop) for s in todo]
+            _collect(futs, manifest, reporter, on_shard, stop)
     res = {"out": str(out), "shards": len(mine), "converted": len(todo), "skipped": len(done),
            "bytes_in": sum(s.bytes_in for s in mine), "bytes_out": sum(s.bytes_out for s in mine),
            "plan_digest": plan.digest(), "workers": workers, "node": f"{rank}/{n_nodes}", "complete": True,
@@ -294,23 +319,50 @@ def run(ck: Checkpoint, plan: Plan, out: str | os.PathLike, opts: Options = Opti
     return res
 
 
-def _collect(futs, manifest: Manifest, reporter: Reporter, on_shard) -> None:
-    """Record each finished shard in the manifest as it completes (this thread is the only writer)."""
-    try:
-        for f in as_completed(futs):
-            file, sha, size = f.result()
-            manifest.record(file, sha, size)
-            reporter.shard_done(file)
-            if on_shard:
-                on_shard(file)
-    except BaseException:
-        for f in futs:
-            f.cancel()
-        raise
+def _collect(futs, manifest: Manifest, reporter: Reporter, on_shard, stop, workers_stop=None) -> None:
+    """Record each finished shard in the manifest as it completes (this thread is the only writer).
+
+    On Ctrl-C, `stop` set by a caller, or the first failure: `stop` (and `workers_stop`, the worker processes' own
+    event) tells the running workers to abandon their shards at their next chunk, the queued ones are cancelled,
+    shards that finished meanwhile are still recorded (a rerun skips them), and KeyboardInterrupt or the failure goes
+    on up. Ctrl-C is a flag checked here (interrupt.ctrl_c_as_flag), also while the workers wind down: a second one
+    does not cut that short."""
+    recorded = set()
+
+    def record(f) -> None:
+        file, sha, size = f.result()
+        recorded.add(f)
+        manifest.record(file, sha, size)
+        reporter.shard_done(file)
+        if on_shard:
+            on_shard(file)
+
+    with ctrl_c_as_flag() as hit:
+        pending = set(futs)
+        try:
+            while pending:  # a timed wait, so Ctrl-C is seen within 0.2 s
+                if hit() or stop.is_set():
+                    raise KeyboardInterrupt
+                done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+                for f in sorted(done, key=futs.index):
+                    record(f)
+        except BaseException:
+            stop.set()
+            if workers_stop is not None:
+                workers_stop.set()
+            for f in futs:
+                f.cancel()
+            while not all(f.done() for f in futs):
+                wait(futs, timeout=0.2)
+            for f in futs:
+                if f not in recorded and not f.cancelled() and f.exception() is None:
+                    record(f)
+            raise
 
 
 def _run_gpu_processes(ck: Checkpoint, out: Path, todo: list[OutShard], chunk_bytes: int, gpu_ids: list[int],
-                       threads: int, make_backend, manifest: Manifest, reporter: Reporter, on_shard) -> None:
+                       threads: int, make_backend, manifest: Manifest, reporter: Reporter, on_shard,
+                       stop: threading.Event) -> None:
     """One spawned worker process per entry of `gpu_ids` (bound to that GPU), each taking whole shards as
     it frees up (balanced by bytes: the largest shards go first). Output bytes do not depend on which
     worker or GPU wrote a shard."""
@@ -322,15 +374,16 @@ def _run_gpu_processes(ck: Checkpoint, out: Path, todo: list[OutShard], chunk_by
     ids, progress = ctx.Queue(), ctx.Queue()
     for g in gpu_ids:
         ids.put(g)
-    stop = threading.Event()
-    drainer = threading.Thread(target=_drain, args=(progress, reporter, stop), daemon=True)
+    drained = threading.Event()
+    stop_workers = ctx.Event()
+    drainer = threading.Thread(target=_drain, args=(progress, reporter, drained), daemon=True)
     drainer.start()
     try:
         with ProcessPoolExecutor(max_workers=len(gpu_ids), mp_context=ctx, initializer=_gpu_worker_init,
                                  initargs=(str(ck.root), bool(ck.missing_shards), ids, threads, progress,
-                                           make_backend)) as pool:
+                                           make_backend, stop_workers)) as pool:
             futs = [pool.submit(_write_shard_gpu, out, s, chunk_bytes) for s in todo]
-            _collect(futs, manifest, reporter, on_shard)
+            _collect(futs, manifest, reporter, on_shard, stop, stop_workers)
     except BrokenProcessPool:
         raise DsxError(f"a GPU worker process died while converting ({len(gpu_ids)} workers on GPU(s) "
                        f"{','.join(map(str, sorted(set(gpu_ids))))}); {len(manifest.files)} finished shard(s) are "
@@ -338,7 +391,7 @@ def _run_gpu_processes(ck: Checkpoint, out: Path, todo: list[OutShard], chunk_by
                        hint="rerun the same command to resume; if memory ran out (dmesg, nvidia-smi), pass fewer "
                             "--workers") from None
     finally:
-        stop.set()
+        drained.set()
         drainer.join()
 
 
