@@ -27,6 +27,12 @@ class UsageError(DsxError):
     exit_code = 2
 
 
+class Interrupted(DsxError):
+    """Ctrl-C: what was finished is kept; the message says what a rerun does."""
+
+    exit_code = 130
+
+
 class CheckpointError(DsxError):
     """A source checkpoint is malformed, incomplete or inconsistent."""
 

@@ -148,6 +148,26 @@ def _tensor_parts(et: ds.ExpectedTensor, seed: int, block, chunk_bytes: int):
 
 
 CHUNK_BYTES = 64 << 20
+_stop = None  # a worker process's stop event (write_tiny with workers > 1): checked after every chunk
+
+
+class _Stopped(Exception):
+    """A worker process saw the stop event (Ctrl-C in the main process) and abandoned its shard."""
+
+
+def _worker_init(stop) -> None:
+    """A shard-writing process: Ctrl-C is the main process's to handle (a terminal sends it to the whole process
+    group); the main process sets `stop`, which the worker checks after every chunk."""
+    import signal
+
+    global _stop
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _stop = stop
+
+
+def _check_stop(path: Path) -> None:
+    if _stop is not None and _stop.is_set():
+        raise _Stopped(path.name)
 
 
 def _write_shard(path: Path, group: list[ds.ExpectedTensor], weights_of: dict[str, ds.ExpectedTensor],
@@ -167,6 +187,7 @@ def _write_shard(path: Path, group: list[ds.ExpectedTensor], weights_of: dict[st
                 continue
             parts = []
             for q, sc in _tensor_parts(t, seed, block, CHUNK_BYTES):
+                _check_stop(path)
                 w.write(t.name, q)
                 if sc is not None:
                     parts.append(sc)
@@ -242,12 +263,36 @@ def write_tiny(out: str | Path, spec: TinySpec = TinySpec(), *, progress=None, w
             done(fname, _write_shard(out / fname, group, weights_of, spec.seed, block, carried))
     else:
         import multiprocessing as mp
-        from concurrent.futures import ProcessPoolExecutor
+        from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
 
-        with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
-            futs = [(fname, pool.submit(_write_shard, out / fname, group, weights_of, spec.seed, block))
+        from ds_export.interrupt import ctrl_c_as_flag
+
+        ctx = mp.get_context("spawn")
+        stop = ctx.Event()
+        with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_worker_init,
+                                 initargs=(stop,)) as pool:
+            futs = [pool.submit(_write_shard, out / fname, group, weights_of, spec.seed, block)
                     for fname, group in zip(fnames, shards)]
-            for fname, fut in futs:
+            # Ctrl-C is a flag checked here (a timed wait): the workers are told to stop at their next chunk and the
+            # queued shards are cancelled, instead of the pool's shutdown writing every remaining shard first.
+            with ctrl_c_as_flag() as hit:
+                pending = set(futs)
+                try:
+                    while pending:
+                        if hit():
+                            raise KeyboardInterrupt
+                        _, pending = wait(pending, timeout=0.2, return_when=FIRST_EXCEPTION)
+                        for f in futs:
+                            if f.done() and f not in pending:
+                                f.result()  # (a worker's failure, raised here)
+                except BaseException:
+                    stop.set()
+                    for f in futs:
+                        f.cancel()
+                    while not all(f.done() for f in futs):
+                        wait(futs, timeout=0.2)
+                    raise
+            for fname, fut in zip(fnames, futs):
                 done(fname, fut.result())
     for name, text in tokenizer_files(raw_cfg).items():
         atomic_write_text(out / name, text)

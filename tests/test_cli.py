@@ -76,3 +76,17 @@ def test_usage_errors(args, code, msg):
 def test_version():
     r = dsx("--version")
     assert r.returncode == 0 and r.stdout.startswith("dsx ")
+
+
+def test_ctrl_c_inside_a_command_is_exit_130_with_one_line(tiny_fp8, tmp_path, monkeypatch, capsys):
+    """KeyboardInterrupt inside a command (Typer turns it into Exit(130), which click hands back as the return value
+    when not standalone): still exit 130 with the one-line message, not a silent 130."""
+    from ds_export.quant import engine
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(engine, "run", interrupted)
+    assert main(["quantize", str(tiny_fp8), "--out", str(tmp_path / "q"), "--type", "bf16", "-q"]) == 130
+    err = capsys.readouterr().err
+    assert "interrupted" in err and "rerun" in err and len(err.strip().splitlines()) == 1

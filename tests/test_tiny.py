@@ -121,3 +121,35 @@ def test_tokenizer_round_trip(tiny_fp8):
     tokenizers = pytest.importorskip("tokenizers")
     t = tokenizers.Tokenizer.from_file(str(tiny_fp8 / "tokenizer.json"))
     assert t.encode(text).ids == encode(text)
+
+
+def test_ctrl_c_stops_the_shard_writers_at_their_next_chunk(tmp_path):
+    """dsx tiny -j 2, Ctrl-C to the process group (as a terminal sends it) once the first shard is being written: the
+    worker processes leave it to the main one, which tells them to stop and cancels the queued shards, so dsx exits
+    at once with 130 and one line; before, the pool's shutdown wrote every remaining shard first (14 of 16 MiB here)
+    and the message was lost (Typer's Exit(130) came back as a return value)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "t"
+    proc = subprocess.Popen([sys.executable, "-m", "ds_export.cli.app", "tiny", str(out), "--layers", "24", "--experts",
+                             "64", "--shard-mb", "16", "-j", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, preexec_fn=lambda: (signal.signal(signal.SIGINT, signal.SIG_DFL), os.setpgrp()))
+    try:
+        deadline = time.monotonic() + 120
+        while not list(out.glob("model-*")):
+            assert time.monotonic() < deadline and proc.poll() is None, "no shard was ever started"
+            time.sleep(0.02)
+        shards = int(next(out.glob("model-*")).name.split("-of-")[1][:5])
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and len(err.strip().splitlines()) == 1
+    assert "interrupted" in err and "incomplete checkpoint" in err, err
+    complete = list(out.glob("model-*.safetensors"))
+    assert shards >= 10 and len(complete) <= shards // 2, (len(complete), shards)
+    assert not list(out.glob("*.partial")) and not (out / "model.safetensors.index.json").exists()

@@ -44,6 +44,9 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
     pass
 
 
+_INTERRUPTED = "interrupted; partial outputs were left unpublished (rerun to resume)"
+
+
 def _fail(msg: str, code: int) -> int:
     if os.environ.get("DSX_DEBUG"):
         traceback.print_exc()
@@ -57,13 +60,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rv = app(args=args, prog_name="dsx", standalone_mode=False)
         code = rv if isinstance(rv, int) else 0
+        if code == 130:  # Ctrl-C inside a command: Typer turns it into Exit(130), which click returns as the value
+            code = _fail(_INTERRUPTED, 130)
     except DsxError as e:
         code = _fail(e.one_line(), e.exit_code)
     except typer.Exit as e:  # Typer reports Ctrl-C as Exit(130) without a word
-        code = _fail("interrupted; partial outputs were left unpublished (rerun to resume)", 130) \
-            if e.exit_code == 130 else e.exit_code
+        code = _fail(_INTERRUPTED, 130) if e.exit_code == 130 else e.exit_code
     except (KeyboardInterrupt, typer.Abort):
-        code = _fail("interrupted; partial outputs were left unpublished (rerun to resume)", 130)
+        code = _fail(_INTERRUPTED, 130)
     except BrokenPipeError:
         code = 1
     except OSError as e:

@@ -9,7 +9,7 @@ import typer
 
 from ds_export.cli.options import Json, Quiet
 from ds_export.cli.output import Out, human_bytes
-from ds_export.errors import UsageError
+from ds_export.errors import Interrupted, UsageError
 
 
 def tiny(
@@ -40,7 +40,11 @@ def tiny(
     if workers is not None and workers < 1:
         raise UsageError("--workers must be at least 1")
     spec = TinySpec("real-dims" if real_dims else "tiny", dtype, seed, layers, experts, shard_mb)
-    res = write_tiny(out_dir, spec, workers=workers)
+    try:
+        res = write_tiny(out_dir, spec, workers=workers)
+    except KeyboardInterrupt:
+        raise Interrupted(f"interrupted; {out_dir} holds an incomplete checkpoint (no index)",
+                          hint="remove it and rerun") from None
     res.pop("config")
     out.result(res)
     out.print(f"wrote {res['tensors']} tensors in {res['shards']} shards ({human_bytes(res['bytes'])}) to {out_dir}")

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from ds_export.errors import DsxError
+from ds_export.errors import DsxError, Interrupted as _Interrupted
 
 
 class DownloadError(DsxError):
     """The hub, the network or the local disk stopped a download (exit code 1)."""
 
 
-class Interrupted(DownloadError):
+class Interrupted(DownloadError, _Interrupted):
     """Ctrl-C: partial files are kept for the next run."""
 
     exit_code = 130
