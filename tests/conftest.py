@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import signal
+
 import pytest
 
 from ds_export.tiny import TinySpec, write_tiny
+
+# A run started in the background of a non-interactive shell (`cmd &`) inherits SIGINT ignored, and so would every
+# process the tests start: the Ctrl-C tests need Python's own handler, as a terminal's `dsx` has.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")
