@@ -1,4 +1,4 @@
-"""Ctrl-C while the main thread waits for worker threads or processes (dsx download, dsx quantize).
+"""Ctrl-C while the main thread waits for worker threads or processes (dsx download, quantize, tiny).
 
 Raised wherever the main thread happens to be, KeyboardInterrupt can land inside concurrent.futures.wait or
 as_completed while they hold some futures' locks (taken one by one, released at the end of a `with`): the lock stays
@@ -11,8 +11,13 @@ from __future__ import annotations
 
 import signal
 import threading
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from contextlib import contextmanager
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
+
+
+class Stopped(Exception):
+    """A worker saw its stop event (Ctrl-C, a caller, or another worker's failure) and abandoned its item."""
 
 
 @contextmanager
@@ -34,3 +39,35 @@ def ctrl_c_as_flag() -> Iterator[Callable[[], bool]]:
         yield lambda: flag[0]
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def wait_for_workers(futs: Sequence[Future], on_done: Callable[[Future], None], stops: Sequence) -> None:
+    """Wait for `futs`, calling `on_done(f)` as each finishes (submission order within a batch; a worker's failure
+    is `f.result()` raising there). On Ctrl-C (a flag: ctrl_c_as_flag), any of `stops` set by someone else, or an
+    exception out of `on_done`: every event of `stops` is set (the workers abandon their items at their next
+    check), the queued futures are cancelled, the running ones are waited for (a second Ctrl-C does not cut that
+    short), `on_done` is called for those that finished without an error, and KeyboardInterrupt or the exception
+    goes on up."""
+    order = {f: i for i, f in enumerate(futs)}
+    handled = set()
+    with ctrl_c_as_flag() as hit:
+        pending = set(futs)
+        try:
+            while pending:  # a timed wait, so Ctrl-C is seen within 0.2 s even while the workers block
+                if hit() or any(s.is_set() for s in stops):
+                    raise KeyboardInterrupt
+                done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+                for f in sorted(done, key=order.__getitem__):
+                    handled.add(f)
+                    on_done(f)
+        except BaseException:
+            for s in stops:
+                s.set()
+            for f in futs:
+                f.cancel()
+            while not all(f.done() for f in futs):
+                wait(futs, timeout=0.2)
+            for f in futs:
+                if f not in handled and not f.cancelled() and f.exception() is None:
+                    on_done(f)
+            raise

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from ds_export.errors import UsageError
+from ds_export.interrupt import Stopped, wait_for_workers
 from ds_export.io.dtypes import ST_TO_NP
 from ds_export.io.writer import Entry, ShardWriter, atomic_write_json, atomic_write_text, write_index
 from ds_export.models import deepseek_v3 as ds
@@ -151,10 +152,6 @@ CHUNK_BYTES = 64 << 20
 _stop = None  # a worker process's stop event (write_tiny with workers > 1): checked after every chunk
 
 
-class _Stopped(Exception):
-    """A worker process saw the stop event (Ctrl-C in the main process) and abandoned its shard."""
-
-
 def _worker_init(stop) -> None:
     """A shard-writing process: Ctrl-C is the main process's to handle (a terminal sends it to the whole process
     group); the main process sets `stop`, which the worker checks after every chunk."""
@@ -167,7 +164,7 @@ def _worker_init(stop) -> None:
 
 def _check_stop(path: Path) -> None:
     if _stop is not None and _stop.is_set():
-        raise _Stopped(path.name)
+        raise Stopped(path.name)
 
 
 def _write_shard(path: Path, group: list[ds.ExpectedTensor], weights_of: dict[str, ds.ExpectedTensor],
@@ -263,9 +260,7 @@ def write_tiny(out: str | Path, spec: TinySpec = TinySpec(), *, progress=None, w
             done(fname, _write_shard(out / fname, group, weights_of, spec.seed, block, carried))
     else:
         import multiprocessing as mp
-        from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
-
-        from ds_export.interrupt import ctrl_c_as_flag
+        from concurrent.futures import ProcessPoolExecutor
 
         ctx = mp.get_context("spawn")
         stop = ctx.Event()
@@ -273,25 +268,9 @@ def write_tiny(out: str | Path, spec: TinySpec = TinySpec(), *, progress=None, w
                                  initargs=(stop,)) as pool:
             futs = [pool.submit(_write_shard, out / fname, group, weights_of, spec.seed, block)
                     for fname, group in zip(fnames, shards)]
-            # Ctrl-C is a flag checked here (a timed wait): the workers are told to stop at their next chunk and the
-            # queued shards are cancelled, instead of the pool's shutdown writing every remaining shard first.
-            with ctrl_c_as_flag() as hit:
-                pending = set(futs)
-                try:
-                    while pending:
-                        if hit():
-                            raise KeyboardInterrupt
-                        _, pending = wait(pending, timeout=0.2, return_when=FIRST_EXCEPTION)
-                        for f in futs:
-                            if f.done() and f not in pending:
-                                f.result()  # (a worker's failure, raised here)
-                except BaseException:
-                    stop.set()
-                    for f in futs:
-                        f.cancel()
-                    while not all(f.done() for f in futs):
-                        wait(futs, timeout=0.2)
-                    raise
+            # Ctrl-C or a worker's failure: the workers stop at their next chunk and the queued shards are cancelled,
+            # instead of the pool's shutdown writing every remaining shard first.
+            wait_for_workers(futs, lambda f: f.result(), [stop])
             for fname, fut in zip(fnames, futs):
                 done(fname, fut.result())
     for name, text in tokenizer_files(raw_cfg).items():

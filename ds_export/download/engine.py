@@ -20,7 +20,7 @@ import json
 import shutil
 import threading
 import time
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -31,7 +31,7 @@ from ds_export.download.fetch import Cancelled, FileJob, Policy, check_header, f
 from ds_export.download.hub import Hub, RemoteFile
 from ds_export.download.state import State, WORK_DIR, partial_path
 from ds_export.errors import UsageError
-from ds_export.interrupt import ctrl_c_as_flag
+from ds_export.interrupt import wait_for_workers
 from ds_export.io.checkpoint import INDEX_NAME
 
 DEFAULT_WORKERS = 8
@@ -160,20 +160,9 @@ class _Run:
             return
         with ThreadPoolExecutor(max_workers=max(1, min(workers, len(files))), thread_name_prefix="dsx-dl") as ex:
             futs = [ex.submit(self.one, rf) for rf in files]
-            pending = set(futs)
-            try:
-                with ctrl_c_as_flag() as hit:
-                    while pending:  # a timed wait, so Ctrl-C is seen within 0.2 s even while workers block
-                        if hit():
-                            raise KeyboardInterrupt
-                        done, pending = wait(pending, timeout=0.2, return_when=FIRST_EXCEPTION)
-                        for fut in done:
-                            fut.result()
-            except BaseException:
-                self.stop.set()
-                for f in futs:
-                    f.cancel()
-                raise
+            # Ctrl-C or the first failure: self.stop makes the other workers stop at their next chunk (their
+            # partials stay for the next run)
+            wait_for_workers(futs, lambda f: f.result(), [self.stop])
 
 
 def _partial_done(job: FileJob) -> int:

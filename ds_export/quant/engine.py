@@ -29,14 +29,14 @@ import queue
 import shutil
 import signal
 import threading
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from ds_export import __version__
 from ds_export.errors import DsxError, UsageError
-from ds_export.interrupt import ctrl_c_as_flag
+from ds_export.interrupt import Stopped, wait_for_workers
 from ds_export.io.checkpoint import INDEX_NAME, Checkpoint
 from ds_export.io.manifest import MANIFEST_NAME, Manifest
 from ds_export.io.writer import PARTIAL_SUFFIX, ShardWriter, atomic_write_json, write_index
@@ -196,11 +196,6 @@ class _WriteBehind:
 _local = threading.local()  # a GPU worker process: its checkpoint, backend, progress queue and stop event
 
 
-class _Stopped(Exception):
-    """A worker saw the stop event (Ctrl-C, or another worker's failure) and abandoned its shard (the partial file
-    removed, nothing recorded)."""
-
-
 def _gpu_worker_init(root: str, partial: bool, ids, threads: int, progress, make_backend, stop) -> None:
     """A GPU worker process (spawned): opens the source itself and binds the GPU it takes from `ids`. Ctrl-C is the
     main process's to handle (a terminal sends it to the whole process group): it sets `stop`, which the worker checks
@@ -254,14 +249,14 @@ def _write_shard(ck: Checkpoint, out: Path, shard: OutShard, chunk_bytes: int, t
     def progress(nbytes: int) -> None:
         reporter.advance(nbytes)
         if stop.is_set():
-            raise _Stopped(shard.file)
+            raise Stopped(shard.file)  # (ShardWriter removes the partial file)
 
     with ShardWriter(path, shard.entries(), {"format": "pt"}) as w:
         wb = _WriteBehind(w)
         try:
             for task in shard.tasks:
                 if stop.is_set():
-                    raise _Stopped(shard.file)
+                    raise Stopped(shard.file)
                 reporter.tensor(task.src)
                 convert(ck, task, wb.write, chunk_bytes=chunk_bytes, backend=backend, progress=progress)
         finally:
@@ -322,42 +317,19 @@ def run(ck: Checkpoint, plan: Plan, out: str | os.PathLike, opts: Options = Opti
 def _collect(futs, manifest: Manifest, reporter: Reporter, on_shard, stop, workers_stop=None) -> None:
     """Record each finished shard in the manifest as it completes (this thread is the only writer).
 
-    On Ctrl-C, `stop` set by a caller, or the first failure: `stop` (and `workers_stop`, the worker processes' own
-    event) tells the running workers to abandon their shards at their next chunk, the queued ones are cancelled,
-    shards that finished meanwhile are still recorded (a rerun skips them), and KeyboardInterrupt or the failure goes
-    on up. Ctrl-C is a flag checked here (interrupt.ctrl_c_as_flag), also while the workers wind down: a second one
-    does not cut that short."""
-    recorded = set()
+    On Ctrl-C, `stop` set by a caller, or the first failure (interrupt.wait_for_workers): `stop` (and `workers_stop`,
+    the worker processes' own event) tells the running workers to abandon their shards at their next chunk, the
+    queued ones are cancelled, shards that finished meanwhile are still recorded (a rerun skips them), and
+    KeyboardInterrupt or the failure goes on up."""
 
     def record(f) -> None:
         file, sha, size = f.result()
-        recorded.add(f)
         manifest.record(file, sha, size)
         reporter.shard_done(file)
         if on_shard:
             on_shard(file)
 
-    with ctrl_c_as_flag() as hit:
-        pending = set(futs)
-        try:
-            while pending:  # a timed wait, so Ctrl-C is seen within 0.2 s
-                if hit() or stop.is_set():
-                    raise KeyboardInterrupt
-                done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
-                for f in sorted(done, key=futs.index):
-                    record(f)
-        except BaseException:
-            stop.set()
-            if workers_stop is not None:
-                workers_stop.set()
-            for f in futs:
-                f.cancel()
-            while not all(f.done() for f in futs):
-                wait(futs, timeout=0.2)
-            for f in futs:
-                if f not in recorded and not f.cancelled() and f.exception() is None:
-                    record(f)
-            raise
+    wait_for_workers(futs, record, [stop] if workers_stop is None else [stop, workers_stop])
 
 
 def _run_gpu_processes(ck: Checkpoint, out: Path, todo: list[OutShard], chunk_bytes: int, gpu_ids: list[int],
