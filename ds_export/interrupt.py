@@ -5,6 +5,11 @@ as_completed while they hold some futures' locks (taken one by one, released at 
 held, the worker finishing that future blocks on it, and the pool's shutdown waits for that worker forever (a Ctrl-C'd
 download that never exited, seen once in CI). So, while the main thread waits, Ctrl-C only sets a flag, and the wait
 loop (a timed wait) raises KeyboardInterrupt at its one clean point, after telling the workers to stop.
+
+Worker processes leave Ctrl-C to the main process (a terminal sends it to the whole process group): they start with
+SIGINT blocked (sigint_blocked, around the code that spawns them), so that it cannot kill one while its interpreter
+starts ("Fatal Python error: init_import_site" and a traceback, before any of our code runs), and ignore it once they
+run (ignore_sigint). multiprocessing starts its resource tracker the same way.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from __future__ import annotations
 import signal
 import threading
 from concurrent.futures import FIRST_COMPLETED, Future, wait
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Callable, Iterator, Sequence
 
 
@@ -41,16 +46,51 @@ def ctrl_c_as_flag() -> Iterator[Callable[[], bool]]:
         signal.signal(signal.SIGINT, previous)
 
 
-def wait_for_workers(futs: Sequence[Future], on_done: Callable[[Future], None], stops: Sequence) -> None:
-    """Wait for `futs`, calling `on_done(f)` as each finishes (submission order within a batch; a worker's failure
-    is `f.result()` raising there). On Ctrl-C (a flag: ctrl_c_as_flag), any of `stops` set by someone else, or an
+@contextmanager
+def sigint_blocked() -> Iterator[None]:
+    """SIGINT blocked in this thread inside: processes it starts (fork, then exec) begin with it blocked too. A Ctrl-C
+    that comes meanwhile is held back and delivered when the block ends, so it cannot cut a process start short
+    (another thread may take the signal, but Python runs its handler in the main thread, wherever that is: there,
+    the handler is swapped for a note for the duration). multiprocessing's resource tracker is started first if it
+    is not running: starting it inside, as the first spawn would, ends with SIGINT unblocked in this thread (its own
+    guard takes the block off rather than restoring the mask), and the processes after it would start exposed."""
+    from multiprocessing import resource_tracker
+
+    resource_tracker.ensure_running()
+    held = []
+    main = threading.current_thread() is threading.main_thread()
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum)) if main else None
+    try:
+        yield
+    finally:
+        if main:
+            signal.signal(signal.SIGINT, previous)
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)  # (a SIGINT pending for this thread: delivered now)
+        if held:
+            signal.raise_signal(signal.SIGINT)  # (to the handler in place again: KeyboardInterrupt, or a flag)
+
+
+def ignore_sigint() -> None:
+    """First thing in a worker process started under sigint_blocked: Ctrl-C is the main process's to handle."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # (a pending one is dropped: ignored)
+
+
+def wait_for_workers(start: Callable[[], Sequence[Future]], on_done: Callable[[Future], None],
+                     stops: Sequence, processes: bool = False) -> list[Future]:
+    """Submit the work (`start()`: the futures; with `processes`, a process pool's, under sigint_blocked, so that the
+    worker processes it spawns there start deaf to Ctrl-C), then wait for the futures, calling `on_done(f)` as each finishes (submission order within
+    a batch; a worker's failure is `f.result()` raising there). On Ctrl-C (a flag: ctrl_c_as_flag), any of `stops` set by someone else, or an
     exception out of `on_done`: every event of `stops` is set (the workers abandon their items at their next
     check), the queued futures are cancelled, the running ones are waited for (a second Ctrl-C does not cut that
     short), `on_done` is called for those that finished without an error, and KeyboardInterrupt or the exception
-    goes on up."""
-    order = {f: i for i, f in enumerate(futs)}
+    goes on up. Returns the futures, all done."""
     handled = set()
     with ctrl_c_as_flag() as hit:
+        with sigint_blocked() if processes else nullcontext():  # (a Ctrl-C meanwhile comes when it ends: the flag)
+            futs = list(start())
+        order = {f: i for i, f in enumerate(futs)}
         pending = set(futs)
         try:
             while pending:  # a timed wait, so Ctrl-C is seen within 0.2 s even while the workers block
@@ -71,3 +111,4 @@ def wait_for_workers(futs: Sequence[Future], on_done: Callable[[Future], None], 
                 if f not in handled and not f.cancelled() and f.exception() is None:
                     on_done(f)
             raise
+        return futs

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from ds_export.errors import UsageError
-from ds_export.interrupt import Stopped, wait_for_workers
+from ds_export.interrupt import Stopped, ignore_sigint, wait_for_workers
 from ds_export.io.dtypes import ST_TO_NP
 from ds_export.io.writer import Entry, ShardWriter, atomic_write_json, atomic_write_text, write_index
 from ds_export.models import deepseek_v3 as ds
@@ -155,10 +155,8 @@ _stop = None  # a worker process's stop event (write_tiny with workers > 1): che
 def _worker_init(stop) -> None:
     """A shard-writing process: Ctrl-C is the main process's to handle (a terminal sends it to the whole process
     group); the main process sets `stop`, which the worker checks after every chunk."""
-    import signal
-
     global _stop
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    ignore_sigint()
     _stop = stop
 
 
@@ -266,11 +264,11 @@ def write_tiny(out: str | Path, spec: TinySpec = TinySpec(), *, progress=None, w
         stop = ctx.Event()
         with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_worker_init,
                                  initargs=(stop,)) as pool:
-            futs = [pool.submit(_write_shard, out / fname, group, weights_of, spec.seed, block)
-                    for fname, group in zip(fnames, shards)]
             # Ctrl-C or a worker's failure: the workers stop at their next chunk and the queued shards are cancelled,
             # instead of the pool's shutdown writing every remaining shard first.
-            wait_for_workers(futs, lambda f: f.result(), [stop])
+            futs = wait_for_workers(lambda: [pool.submit(_write_shard, out / fname, group, weights_of, spec.seed, block)
+                                             for fname, group in zip(fnames, shards)], lambda f: f.result(), [stop],
+                                    processes=True)
             for fname, fut in zip(fnames, futs):
                 done(fname, fut.result())
     for name, text in tokenizer_files(raw_cfg).items():

@@ -309,3 +309,40 @@ def test_quantized_two_rank_programs_match_tp1(mixed, tmp_path):
         top1 = float((a[key].argmax(-1) == b[key].argmax(-1)).mean())
         # The only difference is where the bf16 rounding of row-parallel partials happens.
         assert rel(b[key], a[key]) < 0.25 and top1 >= 0.75, (key, rel(b[key], a[key]), top1)
+
+
+def test_ctrl_c_stops_the_rank_processes_with_one_line_and_leaves_nothing(aligned, tmp_path):
+    """Ctrl-C to the process group (as a terminal sends it) at several points of a --tp 2 export, from the rank
+    processes' start to their writing: exit 130 and one line, no traceback from a rank process (they start with SIGINT
+    blocked and ignore it; before, one killed while its interpreter started printed "Fatal Python error" and a
+    traceback), no OUT and no OUT.partial left (an export starts over, so its partial output is only disk taken), and
+    no process left behind."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    for i, delay in enumerate((0.0, 0.02, 0.05, 0.3, 1.0)):
+        out = tmp_path / f"o{i}"
+        proc = subprocess.Popen([sys.executable, "-m", "ds_export.cli.app", "export", str(aligned / "src"), "--out",
+                                 str(out), "--tp", "2", "--speculate", "--max-seq-len", "64", "-q", "--workers", "2"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                preexec_fn=lambda: (signal.signal(signal.SIGINT, signal.SIG_DFL), os.setpgrp()))
+        try:
+            deadline = time.monotonic() + 60
+            while not (tmp_path / f"o{i}.partial").exists():  # (made just before the rank processes start)
+                assert time.monotonic() < deadline and proc.poll() is None, "the export never started"
+                time.sleep(0.005)
+            time.sleep(delay)
+            os.killpg(proc.pid, signal.SIGINT)
+            _, err = proc.communicate(timeout=120)
+        finally:
+            proc.kill()
+        assert proc.returncode == 130 and len(err.strip().splitlines()) == 1, (delay, err)
+        assert "interrupted" in err and "was not written" in err and "Traceback" not in err, err
+        assert not out.exists() and not (tmp_path / f"o{i}.partial").exists(), delay
+        deadline = time.monotonic() + 10  # (the resource tracker leaves once its pipe closes)
+        while subprocess.run(["pgrep", "-g", str(proc.pid)], capture_output=True).returncode == 0:
+            assert time.monotonic() < deadline, f"processes left behind in group {proc.pid}"
+            time.sleep(0.05)

@@ -232,12 +232,14 @@ def test_a_failing_worker_stops_the_others_at_their_next_chunk(tiny_fp8, tmp_pat
     order = sorted(p.shards, key=lambda s: -s.bytes_in)  # (the engine's order: big shards first)
     failing, held = order[0].file, order[1].file
     file_of = {id(t): s.file for s in p.shards for t in s.tasks}
-    real, stop, seen = engine.convert, threading.Event(), []
+    real, stop, seen, held_in = engine.convert, threading.Event(), [], threading.Event()
 
     def planted(ck_, task, write, **kw):
         if file_of[id(task)] == failing:
+            held_in.wait(10)  # (fails once the other worker holds its shard, so that it has one to abandon)
             raise DsxError(f"planted fault in {failing}")
         if file_of[id(task)] == held and not seen:
+            held_in.set()
             seen.append(stop.wait(10))  # (recorded: an assert here would only fail the held worker's own future)
         return real(ck_, task, write, **kw)
 

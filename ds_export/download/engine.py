@@ -159,10 +159,9 @@ class _Run:
         if not files:
             return
         with ThreadPoolExecutor(max_workers=max(1, min(workers, len(files))), thread_name_prefix="dsx-dl") as ex:
-            futs = [ex.submit(self.one, rf) for rf in files]
             # Ctrl-C or the first failure: self.stop makes the other workers stop at their next chunk (their
             # partials stay for the next run)
-            wait_for_workers(futs, lambda f: f.result(), [self.stop])
+            wait_for_workers(lambda: [ex.submit(self.one, rf) for rf in files], lambda f: f.result(), [self.stop])
 
 
 def _partial_done(job: FileJob) -> int:

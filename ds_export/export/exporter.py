@@ -31,7 +31,7 @@ import shutil
 from pathlib import Path
 
 from ds_export import __version__
-from ds_export.errors import DsxError, UsageError
+from ds_export.errors import DsxError, Interrupted, UsageError
 from ds_export.io.checkpoint import Checkpoint
 from ds_export.io.manifest import Manifest
 from ds_export.io.writer import atomic_write_json
@@ -154,9 +154,13 @@ class _RankTraceback(Exception):
 
 
 def _rank_main(args: tuple, conn) -> None:
-    """Entry of a spawned rank process: sends None, or (the exception, its traceback text)."""
+    """Entry of a spawned rank process: sends None, or (the exception, its traceback text). Ctrl-C is the main
+    process's to handle (it terminates the ranks): a rank starts with it blocked and ignores it."""
     import traceback
 
+    from ds_export.interrupt import ignore_sigint
+
+    ignore_sigint()
     try:
         _rank_process(*args)
         conn.send(None)
@@ -177,6 +181,8 @@ def _write_ranks_in_processes(src, tmp: Path, tp: int, workers: int, dtype: str,
     import multiprocessing as mp
     from multiprocessing.connection import wait
 
+    from ds_export.interrupt import sigint_blocked
+
     ctx = mp.get_context("spawn")
     src, tmp = os.fspath(Path(src).resolve()), os.fspath(Path(tmp).resolve())
     pending, running = list(range(tp)), {}  # rank -> (process, receiving end)
@@ -187,7 +193,8 @@ def _write_ranks_in_processes(src, tmp: Path, tp: int, workers: int, dtype: str,
                 recv, send = ctx.Pipe(duplex=False)
                 proc = ctx.Process(target=_rank_main, args=((src, tmp, r, tp, dtype, max_seq_len, speculate), send),
                                    name=f"dsx-export-rank-{r}")
-                proc.start()
+                with sigint_blocked():  # (a Ctrl-C meanwhile comes when it ends, here in the main process)
+                    proc.start()
                 send.close()
                 running[r] = (proc, recv)
             ready = set(wait([c for _, c in running.values()] + [p.sentinel for p, _ in running.values()]))
@@ -244,28 +251,47 @@ def export(src: str | os.PathLike, out: str | os.PathLike, *, dtype: str = "floa
         tmp = out.with_name(out.name + ".partial")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        layers = cfg.num_hidden_layers + (1 if speculate else 0)
-        workers = min(tp, workers or default_workers(tp, layers))
-        if tp > 1:  # one program per rank, each built in a fresh process, `workers` at once
-            _write_ranks_in_processes(src, tmp, tp, workers, dtype, max_seq_len, speculate)
-        else:  # OUT/ itself
-            _write_rank(weights, tmp, 0, 1, max_seq_len, speculate)
-        icfg = inference_config(ck.config, dtype=dtype, max_seq_len=max_seq_len, block_size=block_size, tp=tp,
-                                speculate=speculate, draft_tokens=draft_tokens, source_quant=sq,
-                                custom_ops=_uses_ops(weights.top, weights.layers))
-        atomic_write_json(tmp / "config.json", icfg)
-        for name in SIDE_FILES:
-            if (ck.root / name).is_file():
-                shutil.copyfile(ck.root / name, tmp / name)
-        if speculate:
-            mcfg = dict(icfg, num_hidden_layers=1, num_nextn_predict_layers=0, speculate_method=None,
-                        quant_type=sq["mtp_quant_type"], dsx_custom_ops="dsx_paddle_ops" if _uses_ops(
-                            {}, weights.mtp[:1]) else None,
-                        mtp_source_layer=cfg.mtp_layers[0], dsx_export=dict(icfg["dsx_export"], program=(
-                            "draft(input_ids, hidden, cache_lens, cache) -> (logits, hidden, cache): token t+1 "
-                            "and the base hidden state of position t predict token t+2")))
-            atomic_write_json(tmp / "mtp" / "config.json", mcfg)
-        del weights
+        try:
+            layers = cfg.num_hidden_layers + (1 if speculate else 0)
+            workers = min(tp, workers or default_workers(tp, layers))
+            if tp > 1:  # one program per rank, each built in a fresh process, `workers` at once
+                _write_ranks_in_processes(src, tmp, tp, workers, dtype, max_seq_len, speculate)
+            else:  # OUT/ itself
+                _write_rank(weights, tmp, 0, 1, max_seq_len, speculate)
+            icfg = inference_config(ck.config, dtype=dtype, max_seq_len=max_seq_len, block_size=block_size, tp=tp,
+                                    speculate=speculate, draft_tokens=draft_tokens, source_quant=sq,
+                                    custom_ops=_uses_ops(weights.top, weights.layers))
+            atomic_write_json(tmp / "config.json", icfg)
+            for name in SIDE_FILES:
+                if (ck.root / name).is_file():
+                    shutil.copyfile(ck.root / name, tmp / name)
+            if speculate:
+                mcfg = dict(icfg, num_hidden_layers=1, num_nextn_predict_layers=0, speculate_method=None,
+                            quant_type=sq["mtp_quant_type"], dsx_custom_ops="dsx_paddle_ops" if _uses_ops(
+                                {}, weights.mtp[:1]) else None,
+                            mtp_source_layer=cfg.mtp_layers[0], dsx_export=dict(icfg["dsx_export"], program=(
+                                "draft(input_ids, hidden, cache_lens, cache) -> (logits, hidden, cache): token t+1 "
+                                "and the base hidden state of position t predict token t+2")))
+                atomic_write_json(tmp / "mtp" / "config.json", mcfg)
+            del weights
+            m = _manifest(tmp, src, dtype, tp, speculate)
+        except KeyboardInterrupt:
+            # Ctrl-C (rank processes, if any, are stopped by now): an export starts over, so its partial output is
+            # only disk taken (hundreds of GB for R1); the one already at OUT, if --force was given, is untouched.
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise Interrupted(f"interrupted; {out} was not written" + (" (the one there is unchanged)"
+                                                                       if out.exists() else ""),
+                              hint="rerun the command: an export starts over") from None
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(tmp, out)
+    files = sorted(m.files)
+    return {"out": str(out), "files": files, "bytes": sum(e["size"] for e in m.files.values()),
+            "speculate": speculate, "dtype": dtype, "workers": workers}
+
+
+def _manifest(tmp: Path, src, dtype: str, tp: int, speculate: bool) -> Manifest:
+    """The complete manifest of the export written in tmp (every file's size and hash)."""
     m = Manifest(tmp, run={"tool": "dsx", "version": __version__, "command": "export", "source": str(src),
                            "dtype": dtype, "tp": tp, "speculate": speculate})
     for p in sorted(tmp.rglob("*")):
@@ -275,12 +301,7 @@ def export(src: str | os.PathLike, out: str | os.PathLike, *, dtype: str = "floa
         m.record_file(rel)
     m.complete = True
     m.save()
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(tmp, out)
-    files = sorted(m.files)
-    return {"out": str(out), "files": files, "bytes": sum(e["size"] for e in m.files.values()),
-            "speculate": speculate, "dtype": dtype, "workers": workers}
+    return m
 
 
 def check_export(path: str | os.PathLike) -> Manifest:

@@ -27,7 +27,6 @@ from __future__ import annotations
 import os
 import queue
 import shutil
-import signal
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -36,7 +35,7 @@ from typing import Callable
 
 from ds_export import __version__
 from ds_export.errors import DsxError, UsageError
-from ds_export.interrupt import Stopped, wait_for_workers
+from ds_export.interrupt import Stopped, ignore_sigint, wait_for_workers
 from ds_export.io.checkpoint import INDEX_NAME, Checkpoint
 from ds_export.io.manifest import MANIFEST_NAME, Manifest
 from ds_export.io.writer import PARTIAL_SUFFIX, ShardWriter, atomic_write_json, write_index
@@ -200,7 +199,7 @@ def _gpu_worker_init(root: str, partial: bool, ids, threads: int, progress, make
     """A GPU worker process (spawned): opens the source itself and binds the GPU it takes from `ids`. Ctrl-C is the
     main process's to handle (a terminal sends it to the whole process group): it sets `stop`, which the worker checks
     between chunks, as the CPU path's threads do."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    ignore_sigint()
     _local.ck = Checkpoint.open(root, partial=partial)
     _local.backend = make_backend(ids.get(), threads)
     _local.progress = progress
@@ -299,8 +298,8 @@ def run(ck: Checkpoint, plan: Plan, out: str | os.PathLike, opts: Options = Opti
                            on_shard, stop)
     else:
         with ThreadPoolExecutor(max_workers=workers) as pool:
-            futs = [pool.submit(_write_shard, ck, out, s, chunk_bytes, threads, reporter, stop) for s in todo]
-            _collect(futs, manifest, reporter, on_shard, stop)
+            _collect(lambda: [pool.submit(_write_shard, ck, out, s, chunk_bytes, threads, reporter, stop) for s in todo],
+                     manifest, reporter, on_shard, stop)
     res = {"out": str(out), "shards": len(mine), "converted": len(todo), "skipped": len(done),
            "bytes_in": sum(s.bytes_in for s in mine), "bytes_out": sum(s.bytes_out for s in mine),
            "plan_digest": plan.digest(), "workers": workers, "node": f"{rank}/{n_nodes}", "complete": True,
@@ -314,13 +313,14 @@ def run(ck: Checkpoint, plan: Plan, out: str | os.PathLike, opts: Options = Opti
     return res
 
 
-def _collect(futs, manifest: Manifest, reporter: Reporter, on_shard, stop, workers_stop=None) -> None:
-    """Record each finished shard in the manifest as it completes (this thread is the only writer).
+def _collect(start, manifest: Manifest, reporter: Reporter, on_shard, stop, workers_stop=None) -> None:
+    """Submit the shards (`start()`: their futures) and record each finished shard in the manifest as it completes
+    (this thread is the only writer).
 
     On Ctrl-C, `stop` set by a caller, or the first failure (interrupt.wait_for_workers): `stop` (and `workers_stop`,
-    the worker processes' own event) tells the running workers to abandon their shards at their next chunk, the
-    queued ones are cancelled, shards that finished meanwhile are still recorded (a rerun skips them), and
-    KeyboardInterrupt or the failure goes on up."""
+    the worker processes' own event, given where `start` submits to a process pool) tells the running workers to
+    abandon their shards at their next chunk, the queued ones are cancelled, shards that finished meanwhile are still
+    recorded (a rerun skips them), and KeyboardInterrupt or the failure goes on up."""
 
     def record(f) -> None:
         file, sha, size = f.result()
@@ -329,7 +329,8 @@ def _collect(futs, manifest: Manifest, reporter: Reporter, on_shard, stop, worke
         if on_shard:
             on_shard(file)
 
-    wait_for_workers(futs, record, [stop] if workers_stop is None else [stop, workers_stop])
+    wait_for_workers(start, record, [stop] if workers_stop is None else [stop, workers_stop],
+                     processes=workers_stop is not None)
 
 
 def _run_gpu_processes(ck: Checkpoint, out: Path, todo: list[OutShard], chunk_bytes: int, gpu_ids: list[int],
@@ -354,8 +355,8 @@ def _run_gpu_processes(ck: Checkpoint, out: Path, todo: list[OutShard], chunk_by
         with ProcessPoolExecutor(max_workers=len(gpu_ids), mp_context=ctx, initializer=_gpu_worker_init,
                                  initargs=(str(ck.root), bool(ck.missing_shards), ids, threads, progress,
                                            make_backend, stop_workers)) as pool:
-            futs = [pool.submit(_write_shard_gpu, out, s, chunk_bytes) for s in todo]
-            _collect(futs, manifest, reporter, on_shard, stop, stop_workers)
+            _collect(lambda: [pool.submit(_write_shard_gpu, out, s, chunk_bytes) for s in todo], manifest, reporter,
+                     on_shard, stop, stop_workers)
     except BrokenProcessPool:
         raise DsxError(f"a GPU worker process died while converting ({len(gpu_ids)} workers on GPU(s) "
                        f"{','.join(map(str, sorted(set(gpu_ids))))}); {len(manifest.files)} finished shard(s) are "
