@@ -15,6 +15,9 @@
 //                promotion, as the kernel), a ring of `st` stages refilled as soon as a stage lands (the
 //                consumers' release made instant), O CTAs a SM by shared memory, clusters of S;
 //                "mcC": the token tile shared by TMA multicast over C weight tiles (gemm6_loads_mc)
+//   gemm6 ... skG the same loads dealt stream-K fashion (gemm6_loads_sk): G CTAs, the (weight tile, K block) units in
+//                tile-major order cut into G equal runs, one a CTA (thirty-fifth session: would all 132 SMs reading
+//                help where the 64-row tiles leave 20 idle, 7168 x 2048?)
 // Build: nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Icsrc/cuda bench/fp8_read_probe.cu -o fp8_read_probe
 // Run:   ./fp8_read_probe            (one line per variant: us per launch and TB/s of weight bytes read)
 #include <cuda.h>
@@ -84,27 +87,45 @@ struct G6 {
   CUtensorMap tw, tx;
   int kbt, splits, stages, bm, mn;
 };
-__global__ void gemm6_loads(const __grid_constant__ G6 p) {
+// One thread's ring of `nk` loads: load i is K block kb(i) of weight rows [row(i), +bm) and token rows [tok, +mn)
+// (unit(i) -> {kb, row}); each stage refilled as soon as it lands.
+template <class Unit>
+__device__ void gemm6_ring(const G6& p, int nk, int tok, Unit unit) {
   extern __shared__ uint8_t smraw[];
-  if (threadIdx.x != 0) return;
   uint8_t* sm = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smraw) + 1023) & ~uintptr_t{1023});
   const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(sm));
   const int wb = p.bm * 128, xb = p.mn * 128, stage = wb + xb;
   const uint32_t bars = base + p.stages * stage;
   for (int s = 0; s < p.stages; ++s) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bars + 8 * s));
   asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  const int split = blockIdx.x, tile = blockIdx.y;
-  const int kb0 = split * p.kbt / p.splits, nk = (split + 1) * p.kbt / p.splits - kb0;
   for (int i = 0; i < nk; ++i) {
     const int s = i % p.stages;
     if (i >= p.stages) probe_mbar_wait(bars + 8 * s, static_cast<uint32_t>((i / p.stages - 1) & 1));
     mbar_arrive_expect_tx(bars + 8 * s, stage);
     const uint32_t dst = base + s * stage;
-    tma_load_2d(dst, &p.tw, bars + 8 * s, (kb0 + i) * 128, tile * p.bm);
-    tma_load_2d(dst + wb, &p.tx, bars + 8 * s, (kb0 + i) * 128, static_cast<int>(blockIdx.z) * p.mn);
+    const int2 u = unit(i);
+    tma_load_2d(dst, &p.tw, bars + 8 * s, u.x * 128, u.y);
+    tma_load_2d(dst + wb, &p.tx, bars + 8 * s, u.x * 128, tok);
   }
   for (int j = nk > p.stages ? nk - p.stages : 0; j < nk; ++j)
     probe_mbar_wait(bars + 8 * (j % p.stages), static_cast<uint32_t>((j / p.stages) & 1));
+}
+
+__global__ void gemm6_loads(const __grid_constant__ G6 p) {
+  if (threadIdx.x != 0) return;
+  const int split = blockIdx.x, row = blockIdx.y * p.bm;
+  const int kb0 = split * p.kbt / p.splits, nk = (split + 1) * p.kbt / p.splits - kb0;
+  gemm6_ring(p, nk, static_cast<int>(blockIdx.z) * p.mn, [&](int i) { return make_int2(kb0 + i, row); });
+}
+
+// The same loads, stream-K: CTA c reads units [c U / G, (c + 1) U / G) of the U = tiles x K blocks, unit u being
+// K block u % kbt of weight tile u / kbt (with the token rows of that K block).
+__global__ void gemm6_loads_sk(const __grid_constant__ G6 p, int tiles) {
+  if (threadIdx.x != 0) return;
+  const long long units = static_cast<long long>(tiles) * p.kbt;
+  const int u0 = static_cast<int>(blockIdx.x * units / gridDim.x);
+  const int nk = static_cast<int>((blockIdx.x + 1) * units / gridDim.x) - u0;
+  gemm6_ring(p, nk, 0, [&](int i) { return make_int2((u0 + i) % p.kbt, (u0 + i) / p.kbt * p.bm); });
 }
 
 // The same loads with the token tile shared by multicast (probe only, asked in the twenty-first session: is the
@@ -178,6 +199,7 @@ static bool encode(PFN_cuTensorMapEncodeTiled_v12000 enc, CUtensorMap* m, const 
 struct Cfg6 {
   int bm, mn, splits, occ, stages, tt = 1;  // tt: token tiles of mn rows along the grid
   int mc = 1;                               // weight tiles a cluster sharing the token tile by multicast
+  int sk = 0;                               // stream-K: this many CTAs (per `occ` a SM), splits 1, tt 1, mc 1
 };
 
 int main(int argc, char** argv) {
@@ -199,12 +221,19 @@ int main(int argc, char** argv) {
       // two 64-token tiles; the K halves' tiles: 64 rows, all 64 / 128 tokens, one CTA a SM)
       // (twenty-first session: the M = 128 layouts, the token tile also multicast over 2 / 4 weight tiles)
       {4608, 7168, {{128, 128, 3, 1, 6, 1, 1}, {128, 128, 3, 1, 6, 1, 2}, {64, 128, 2, 1, 8, 1, 1},
-                    {64, 128, 2, 1, 8, 1, 2}, {64, 128, 2, 1, 8, 1, 4}}},
+                    {64, 128, 2, 1, 8, 1, 2}, {64, 128, 2, 1, 8, 1, 4},
+                    // (thirty-fifth session: stream-K over 132 CTAs, 64- and 128-row tiles, all 128 tokens)
+                    {64, 128, 1, 1, 8, 1, 1, 132}, {64, 128, 1, 2, 4, 1, 1, 264}, {128, 128, 1, 1, 6, 1, 1, 132}}},
       {4096, 7168, {{64, 128, 2, 1, 8, 1, 1}, {64, 128, 2, 1, 8, 1, 2}, {64, 128, 2, 1, 8, 1, 4}}},
       {7168, 2048, {{64, 16, 1, 3, 7}, {64, 16, 1, 3, 4}, {64, 16, 1, 1, 12}, {128, 32, 1, 1, 8}, {128, 32, 1, 1, 8, 2},
                     {128, 32, 1, 1, 10, 2}, {128, 64, 1, 1, 8, 2}, {64, 64, 1, 1, 12}, {64, 128, 1, 1, 8},
                     {64, 128, 1, 1, 8, 1, 2}, {64, 128, 1, 1, 8, 1, 4}, {64, 64, 1, 1, 12, 1, 2}, {64, 64, 1, 1, 12, 1, 4},
-                    {128, 128, 2, 1, 6}, {128, 128, 2, 1, 6, 1, 2}, {128, 128, 2, 1, 6, 1, 4}}},
+                    {128, 128, 2, 1, 6}, {128, 128, 2, 1, 6, 1, 2}, {128, 128, 2, 1, 6, 1, 4},
+                    // (thirty-fifth session: the K halves' loads at M = 64 / 128 against stream-K over 112 / 128 /
+                    // 132 CTAs, and two a SM)
+                    {64, 64, 1, 1, 12, 1, 1, 112}, {64, 64, 1, 1, 12, 1, 1, 128}, {64, 64, 1, 1, 12, 1, 1, 132},
+                    {64, 64, 1, 2, 6, 1, 1, 264}, {64, 128, 1, 1, 8, 1, 1, 112}, {64, 128, 1, 1, 8, 1, 1, 132},
+                    {64, 128, 1, 2, 4, 1, 1, 264}}},
   };
   const char* only = argc > 1 ? argv[1] : nullptr;
   uint4* sink;
@@ -270,6 +299,7 @@ int main(int argc, char** argv) {
       if (smem > 232448) continue;
       CK(cudaFuncSetAttribute(gemm6_loads, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
       CK(cudaFuncSetAttribute(gemm6_loads_mc, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+      CK(cudaFuncSetAttribute(gemm6_loads_sk, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
       if (c.mc > 1) CK(cudaFuncSetAttribute(gemm6_loads_mc, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
       std::vector<G6> ps(sets);
       bool ok = true;
@@ -293,11 +323,16 @@ int main(int argc, char** argv) {
       at[0].val.clusterDim.x = c.splits, at[0].val.clusterDim.y = c.mc, at[0].val.clusterDim.z = 1;
       lc.attrs = at;
       lc.numAttrs = c.splits * c.mc > 1 ? 1 : 0;
+      if (c.sk) lc.gridDim = dim3(c.sk, 1, 1), lc.numAttrs = 0;
+      const int tiles = static_cast<int>((sh.n + c.bm - 1) / c.bm);
       char name[64];
       std::snprintf(name, sizeof name, "gemm6 bm%d mn%dx%d S%d o%d st%d mc%d (%d CTAs)", c.bm, c.mn, c.tt, c.splits,
                     c.occ, c.stages, c.mc, c.splits * c.tt * static_cast<int>(lc.gridDim.y));
+      if (c.sk) std::snprintf(name, sizeof name, "gemm6 bm%d mn%d o%d st%d sk%d", c.bm, c.mn, c.occ, c.stages, c.sk);
       auto l = [&](int i) {
-        if (c.mc > 1)
+        if (c.sk)
+          CK(cudaLaunchKernelEx(&lc, gemm6_loads_sk, ps[i], tiles));
+        else if (c.mc > 1)
           CK(cudaLaunchKernelEx(&lc, gemm6_loads_mc, ps[i], c.mc));
         else
           CK(cudaLaunchKernelEx(&lc, gemm6_loads, ps[i]));
