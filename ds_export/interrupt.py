@@ -80,9 +80,9 @@ def ignore_sigint() -> None:
 def wait_for_workers(start: Callable[[], Sequence[Future]], on_done: Callable[[Future], None],
                      stops: Sequence, processes: bool = False) -> list[Future]:
     """Submit the work (`start()`: the futures; with `processes`, a process pool's, under sigint_blocked, so that the
-    worker processes it spawns there start deaf to Ctrl-C), then wait for the futures, calling `on_done(f)` as each finishes (submission order within
-    a batch; a worker's failure is `f.result()` raising there). On Ctrl-C (a flag: ctrl_c_as_flag), any of `stops` set by someone else, or an
-    exception out of `on_done`: every event of `stops` is set (the workers abandon their items at their next
+    worker processes it spawns there start deaf to Ctrl-C), then wait for the futures, calling `on_done(f)` as each
+    finishes (submission order within a batch; a worker's failure is `f.result()` raising there). On Ctrl-C (a flag:
+    ctrl_c_as_flag), any of `stops` set by someone else, or an exception out of `on_done`: every event of `stops` is set (the workers abandon their items at their next
     check), the queued futures are cancelled, the running ones are waited for (a second Ctrl-C does not cut that
     short), `on_done` is called for those that finished without an error, and KeyboardInterrupt or the exception
     goes on up. Returns the futures, all done."""
