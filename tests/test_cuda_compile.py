@@ -57,6 +57,21 @@ def test_light_unit_compiles(unit, tmp_path):
         assert "C7514" not in log and "C7517" not in log, f"{unit}: wgmma serialized or a wait injected"
 
 
+def test_fp8_timeline_stamps_stay_out_of_the_library(tmp_path):
+    """Algo 6's timeline stamps (the global timer, for bench/fp8_timeline.cu) exist only where DSX_FP8_TIMELINE is
+    defined: the library's kernel reads no timer; the probe's build does (so the macro still switches them on)."""
+    def ptx(*defs: str) -> str:
+        out = tmp_path / f"small{len(defs)}.ptx"
+        cmd = [NVCC, "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-O3", *defs, f"-I{CSRC / 'include'}",
+               f"-I{CSRC / 'cuda'}", "-ptx", str(CSRC / "cuda" / "gemm_fp8_small.cu"), "-o", str(out)]
+        res = subprocess.run(cmd, capture_output=True, text=True)
+        assert res.returncode == 0, res.stderr[-4000:]
+        return out.read_text()
+
+    assert "%globaltimer" not in ptx()
+    assert "%globaltimer" in ptx("-DDSX_FP8_TIMELINE")
+
+
 BENCH_PROBES = sorted((CSRC.parent / "bench").glob("*.cu"))
 
 

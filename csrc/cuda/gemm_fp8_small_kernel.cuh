@@ -101,6 +101,42 @@ struct Layout {
 // KS = 2 (Config): two consumer warpgroups over the K halves of 64 weight rows (the uniform form only, one
 // CTA split); stage 2 j + w of the ring belongs to warpgroup w (its j-th), the producers fill the two halves
 // alternately in K order.
+// Diagnostic timeline (bench/fp8_timeline.cu defines DSX_FP8_TIMELINE before including gemm_fp8_small.cu;
+// the library never does): per CTA, TL_SLOTS stamps of the global timer (ns) and counts in a device array that
+// the probe reads back. Compiled out otherwise (the stamps are no-ops).
+#ifdef DSX_FP8_TIMELINE
+enum TlSlot {
+  TL_ENTRY, TL_READY, TL_SMID,                       // entry; after the set-up; the SM
+  TL_P_FIRST, TL_P_BLOCKED, TL_P_LAST,               // producer: first / last TMA issued, time waiting on empty
+  TL_C0_FIRST, TL_C0_LAST, TL_C0_LOOP,               // consumer warpgroup 0: first / last full barrier passed, loop done
+  TL_C1_FIRST, TL_C1_LAST, TL_C1_LOOP,               // warpgroup 1 the same
+  TL_END, TL_C0_WAITED,                              // after the stores; wg 0's time in full waits
+  TL_EPI_BAR1, TL_EPI_BAR2,                          // K halves: wg0 past the epilogue's first / second barrier
+  TL_P_IN, TL_P_TX, TL_P_W,                          // producer's first step: in, bytes expected, weight load issued
+  TL_SLOTS
+};
+constexpr int kTlMaxCtas = 4096;
+__device__ unsigned long long dsx_fp8_tl[kTlMaxCtas * TL_SLOTS];
+__device__ __forceinline__ unsigned long long tl_clock() {
+  unsigned long long c;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(c)::"memory");
+  return c;
+}
+__device__ __forceinline__ void tl_put(int slot, unsigned long long v) {
+  const unsigned cta = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  if (cta < kTlMaxCtas) dsx_fp8_tl[cta * TL_SLOTS + slot] = v;
+}
+__device__ __forceinline__ void tl_end(bool me) {
+  if (me) tl_put(TL_END, tl_clock());
+}
+#define DSX_TL(slot, v) tl_put(slot, v)
+#define DSX_TL_CLOCK() tl_clock()
+#else
+__device__ __forceinline__ void tl_end(bool) {}
+#define DSX_TL(slot, v) ((void)0)
+#define DSX_TL_CLOCK() 0ull
+#endif
+
 template <int MN, int BM, bool kOverlap, bool kUni, bool kAhead, int KS>
 __global__ void __launch_bounds__(Config<MN, BM, KS>::kThreads, Config<MN, BM, KS>::kBlocks)
     small_gemm_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtensorMap tx, const Params p) {
@@ -124,6 +160,14 @@ __global__ void __launch_bounds__(Config<MN, BM, KS>::kThreads, Config<MN, BM, K
   const int m0 = (p.token_major ? blockIdx.y : blockIdx.z) * MN;  // this CTA's tokens [m0, m0 + MN)
   const int kb0 = split * p.kbt / p.splits, nk = (split + 1) * p.kbt / p.splits - kb0;
 
+#ifdef DSX_FP8_TIMELINE
+  if (tid == 0) {
+    DSX_TL(TL_ENTRY, tl_clock());
+    unsigned smid;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+    DSX_TL(TL_SMID, smid);
+  }
+#endif
   if (tid == 0) {
     for (int s = 0; s < stages; ++s) {
       mbar_init(full(s), 1 + 32);               // the TMA thread's arrive.expect_tx + 32 scale lanes
@@ -138,6 +182,7 @@ __global__ void __launch_bounds__(Config<MN, BM, KS>::kThreads, Config<MN, BM, K
   // Programmatic dependent launch: no-ops unless launched with it. Nothing global was touched yet.
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   asm volatile("griddepcontrol.wait;" ::: "memory");
+  if (tid == 0) DSX_TL(TL_READY, DSX_TL_CLOCK());
 
   float acc[MN / 2];
   // reg_out: accumulator group j of a consumer thread (tokens c = 8j + 2 (lane % 4) and c + 1, weight rows
@@ -175,16 +220,26 @@ __global__ void __launch_bounds__(Config<MN, BM, KS>::kThreads, Config<MN, BM, K
   };
   if (warp == kConsumerWarps) {  // TMA producer
     if (lane == 0) {
+      unsigned long long tl_blocked = 0;
+      (void)tl_blocked;
       for (int i = 0; i < nl; ++i) {
         int s, kb;
         uint32_t ph;
         if (!slot_of(i, s, ph, kb)) continue;
+        const unsigned long long c0 = DSX_TL_CLOCK();
+        if (i == 0) DSX_TL(TL_P_IN, c0);
         mbar_wait(empty(s), ph ^ 1);
+        tl_blocked += DSX_TL_CLOCK() - c0;
         mbar_arrive_expect_tx(full(s), L::kStage);
+        if (i == 0) DSX_TL(TL_P_TX, DSX_TL_CLOCK());
         const int kx = kb * kBK;
         tma_load_2d(w_smem + s * L::kW, &tw, full(s), kx, tile * BM);
+        if (i == 0) DSX_TL(TL_P_W, DSX_TL_CLOCK());
         tma_load_2d(x_smem + s * L::kX, &tx, full(s), kx, m0);
+        if (i == 0) DSX_TL(TL_P_FIRST, DSX_TL_CLOCK());
       }
+      DSX_TL(TL_P_LAST, DSX_TL_CLOCK());
+      DSX_TL(TL_P_BLOCKED, tl_blocked);
     }
     __syncwarp();
   } else if (warp == kConsumerWarps + 1) {  // scale producer
@@ -224,10 +279,30 @@ __global__ void __launch_bounds__(Config<MN, BM, KS>::kThreads, Config<MN, BM, K
                            __shfl_sync(0xffffffffu, KS == 2 ? cw * (L::kW / 16) : cw * (64 * kBK / 16), 0);
     const uint32_t x_lo0 = sw128_desc_lo(x_smem) + __shfl_sync(0xffffffffu, KS == 2 ? cw * (L::kX / 16) : 0, 0);
     const uint32_t sc_u32 = smem_u32(scales);
+    // (timeline: the first and last full-barrier passes of this warpgroup and its time spent waiting, kept
+    // in registers by selects, no branch: a divergent store here made ptxas serialize the wgmma)
+    unsigned long long tl_waited = 0, tl_first = 0, tl_last = 0;
+    const bool tl_me = wl == 0 && lane == 0;
+    auto tl_mark = [&](int i, unsigned long long c0) {
+      (void)i;
+      (void)c0;
+#ifdef DSX_FP8_TIMELINE
+      const unsigned long long c = tl_clock();
+      tl_waited += c - c0;
+      tl_first = i == 0 ? c : tl_first;
+      tl_last = i == nkc - 1 ? c : tl_last;
+#endif
+    };
+    (void)tl_waited;
+    (void)tl_first;
+    (void)tl_last;
+    (void)tl_me;
     auto issue = [&](float* t, int i) {
       if constexpr (kUni) {
         const int s = s_iss;
+        const unsigned long long c0 = DSX_TL_CLOCK();
         mbar_wait(full(phys(s)), ph_iss);
+        tl_mark(i, c0);
         const int s1 = s + 1 < ring ? s + 1 : 0;
         ph_iss ^= s1 == 0 ? 1u : 0u;
         s_iss = s1;
@@ -242,7 +317,9 @@ __global__ void __launch_bounds__(Config<MN, BM, KS>::kThreads, Config<MN, BM, K
         wgmma_commit();
       } else {
         const int s = i % stages;
+        const unsigned long long c0 = DSX_TL_CLOCK();
         mbar_wait(full(s), (i / stages) & 1);
+        tl_mark(i, c0);
 #pragma unroll
         for (int r = 0; r < MN / 2; ++r) fence_reg(t[r]);
         wgmma_fence();
@@ -409,11 +486,18 @@ __global__ void __launch_bounds__(Config<MN, BM, KS>::kThreads, Config<MN, BM, K
         promote(t0, sc, i);
       }
     }
+    if (tl_me) {
+      DSX_TL(cw == 0 ? TL_C0_LOOP : TL_C1_LOOP, DSX_TL_CLOCK());
+      DSX_TL(cw == 0 ? TL_C0_FIRST : TL_C1_FIRST, tl_first);
+      DSX_TL(cw == 0 ? TL_C0_LAST : TL_C1_LAST, tl_last);
+      if (cw == 0) DSX_TL(TL_C0_WAITED, tl_waited);
+    }
     if constexpr (KS == 2) {
       // The K halves: once both warpgroups are done with the stage buffers (every load was waited for),
       // warpgroup 1 leaves its partial sums in the front of shared memory (each thread its own 16-byte
       // slots), warpgroup 0 adds them to its own, p0 + p1 (commutative: the bits of S = 2), and stores.
       asm volatile("bar.sync 1, %0;" ::"n"(32 * kConsumerWarps) : "memory");
+      if (tid == 0) DSX_TL(TL_EPI_BAR1, DSX_TL_CLOCK());
       const uint32_t xb = smem_u32(smem) + 16u * (tid % 128);
       if (cw == 1) {
 #pragma unroll
@@ -422,6 +506,7 @@ __global__ void __launch_bounds__(Config<MN, BM, KS>::kThreads, Config<MN, BM, K
         }
       }
       asm volatile("bar.sync 1, %0;" ::"n"(32 * kConsumerWarps) : "memory");
+      if (tid == 0) DSX_TL(TL_EPI_BAR2, DSX_TL_CLOCK());
       if (cw == 0) {
 #pragma unroll
         for (int j = 0; j < MN / 8; ++j) {
@@ -429,12 +514,14 @@ __global__ void __launch_bounds__(Config<MN, BM, KS>::kThreads, Config<MN, BM, K
           const float v[4] = {acc[4 * j] + u.x, acc[4 * j + 1] + u.y, acc[4 * j + 2] + u.z, acc[4 * j + 3] + u.w};
           store_group(j, v);
         }
+        tl_end(tid == 0);
       }
       return;
     }
     if (p.reg_out && p.splits == 1) {  // no K split: the output straight from the registers
 #pragma unroll
       for (int j = 0; j < MN / 8; ++j) store_group(j, acc + 4 * j);
+      tl_end(tid == 0);
       return;
     }
     if (!p.reg_out) {  // (two K splits with reg_out: exchanged below)
