@@ -93,14 +93,6 @@ struct Layout {
   static_assert(kX % 1024 == 0 && kW % 1024 == 0, "tiles stay 1024-byte aligned");
 };
 
-// kOverlap: two temporaries alternate, so that the wgmma of K step i+1 is issued before step i is
-// promoted (the same promotions in the same order: the bits of the one-temporary loop).
-// kAhead (with kOverlap and kUni): each K step's scales are read right after its stage's barrier wait,
-// into the register set of its temporary, and multiplied at its promotion one step later (no scale
-// load waited for between the wgmma of a step; the same products, the same bits).
-// KS = 2 (Config): two consumer warpgroups over the K halves of 64 weight rows (the uniform form only, one
-// CTA split); stage 2 j + w of the ring belongs to warpgroup w (its j-th), the producers fill the two halves
-// alternately in K order.
 // Diagnostic timeline (bench/fp8_timeline.cu defines DSX_FP8_TIMELINE before including gemm_fp8_small.cu;
 // the library never does): per CTA, TL_SLOTS stamps of the global timer (ns) and counts in a device array that
 // the probe reads back. Compiled out otherwise (the stamps are no-ops).
@@ -137,6 +129,14 @@ __device__ __forceinline__ void tl_end(bool) {}
 #define DSX_TL_CLOCK() 0ull
 #endif
 
+// kOverlap: two temporaries alternate, so that the wgmma of K step i+1 is issued before step i is
+// promoted (the same promotions in the same order: the bits of the one-temporary loop).
+// kAhead (with kOverlap and kUni): each K step's scales are read right after its stage's barrier wait,
+// into the register set of its temporary, and multiplied at its promotion one step later (no scale
+// load waited for between the wgmma of a step; the same products, the same bits).
+// KS = 2 (Config): two consumer warpgroups over the K halves of 64 weight rows (the uniform form only, one
+// CTA split); stage 2 j + w of the ring belongs to warpgroup w (its j-th), the producers fill the two halves
+// alternately in K order.
 template <int MN, int BM, bool kOverlap, bool kUni, bool kAhead, int KS>
 __global__ void __launch_bounds__(Config<MN, BM, KS>::kThreads, Config<MN, BM, KS>::kBlocks)
     small_gemm_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtensorMap tx, const Params p) {
