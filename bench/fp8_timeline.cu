@@ -3,8 +3,8 @@
 // first and last TMA issue, at each consumer warpgroup's first and last full-barrier pass and loop end, after the
 // stores; the cycles the producer waited on empty stages and warpgroup 0 on full ones), timed as bench/gpu_timing.py
 // times (graph of rotated input sets past L2, median of replays), then the stamps of the graph's last launch read
-// back and summarized over the CTAs that stamp their end (the K halves' and the no-split register output's; median,
-// 10th and 90th percentile, us).
+// back and summarized over the CTAs (median, 10th and 90th percentile, us; thread 0 stamps the end after its
+// stores, or, where the CTAs of a cluster reduce their split sums, after the last cluster barrier).
 //
 //   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Icsrc/include -Icsrc/cuda bench/fp8_timeline.cu \
 //        -lcuda -o tl && ./tl [MxNxK[:KNOBS],...]

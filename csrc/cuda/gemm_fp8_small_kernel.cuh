@@ -573,6 +573,7 @@ __global__ void __launch_bounds__(Config<MN, BM, KS>::kThreads, Config<MN, BM, K
         }
       }
     }
+    tl_end(tid == 0);
     return;
   }
   // Reduction over the cluster's K splits in split order, bf16 out; CTA `rank` writes its share
@@ -611,6 +612,7 @@ __global__ void __launch_bounds__(Config<MN, BM, KS>::kThreads, Config<MN, BM, K
     *reinterpret_cast<uint2*>(p.out + static_cast<size_t>(m0 + mm) * p.n + n0 + n4) = packed;
   }
   if (S > 1) cluster_sync();  // peers may still read this CTA's partial tile
+  tl_end(tid == 0);
 }
 
 }  // namespace
