@@ -142,6 +142,9 @@ int main(int argc, char** argv) {
     for (uint16_t x : o) h = (h ^ x) * 1099511628211ull;
     std::printf("\n%s: %.2f us a launch (graph of %d sets x 4); %zu CTAs on %d SMs (at most %d a SM); output hash %016llx\n",
                 item.c_str(), us, sets, ctas.size(), sms_used, most, h);
+    if (ctas.size() >= static_cast<size_t>(kTlMaxCtas)) {
+      std::printf("  (only the first %d CTAs of the grid are stamped: kTlMaxCtas)\n", kTlMaxCtas);
+    }
     std::printf("  CTA entries spread %.2f us, ends spread %.2f us, first entry to last end %.2f us\n",
                 (g0max - g0) / 1e3, (g1 - g1min) / 1e3, (g1 - g0) / 1e3);
     auto row = [&](const char* what, Stat s) {
