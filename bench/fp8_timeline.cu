@@ -1,16 +1,17 @@
 // Where a launch of algo 6 (the block FP8 GEMM for M <= 128, csrc/cuda/gemm_fp8_small.cu) spends its time, per CTA:
 // the kernel built with its timeline stamps (DSX_FP8_TIMELINE: the global timer at entry, after set-up, at the producer's
 // first and last TMA issue, at each consumer warpgroup's first and last full-barrier pass and loop end, after the
-// stores; the cycles the producer waited on empty stages and warpgroup 0 on full ones), timed as bench/gpu_timing.py
+// stores; the time the producer waited on empty stages and warpgroup 0 on full ones), timed as bench/gpu_timing.py
 // times (graph of rotated input sets past L2, median of replays), then the stamps of the graph's last launch read
 // back and summarized over the CTAs (median, 10th and 90th percentile, us; thread 0 stamps the end after its
 // stores, or, where the CTAs of a cluster reduce their split sums, after the last cluster barrier).
 //
 //   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Icsrc/include -Icsrc/cuda bench/fp8_timeline.cu \
-//        -lcuda -o tl && ./tl [MxNxK[:KNOBS],...]
+//        -o tl && ./tl [MxNxK[:KNOBS],...]
 //
 // KNOBS: small_run's knob word (gemm_fp8_small.cu; 0 = what algo 0 picks when it takes this kernel). The
-// stamps cost a few registers and stores; compare the timed figure with the library's (bench/gpu_kernels.py).
+// stamps' timer reads cost (about 0.3 us a launch at 16 and 64 tokens, H200): a change is judged by the library's
+// own A/B (bench/gemm_fp8_ab_libs.py), the probe says where the time goes.
 #define DSX_FP8_TIMELINE 1
 #include "gemm_fp8_small.cu"
 
@@ -179,13 +180,13 @@ int main(int argc, char** argv) {
     };
     for (const auto& r : kRows) row(r.what, r.from < 0 ? count(r.to) : span(r.from, r.to));
     // the same by how many CTAs shared the SM (where the grid puts more than one CTA on some SMs)
-    for (int k = 1; k <= most && most > 1; ++k) {
+    for (int share = 1; share <= most && most > 1; ++share) {
       std::vector<double> d;
       for (auto* c : ctas)
-        if (per_sm[c[TL_SMID] % 1024] == k) d.push_back(static_cast<double>(c[TL_END] - c[TL_ENTRY]) / 1e3);
+        if (per_sm[c[TL_SMID] % 1024] == share) d.push_back(static_cast<double>(c[TL_END] - c[TL_ENTRY]) / 1e3);
       if (d.empty()) continue;
       char what[64];
-      std::snprintf(what, sizeof what, "entry -> stores issued, %d CTAs an SM (%zu)", k, d.size());
+      std::snprintf(what, sizeof what, "entry -> stores issued, %d CTAs an SM (%zu)", share, d.size());
       row(what, stat(d));
     }
     for (auto& s : v) {

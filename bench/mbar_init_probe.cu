@@ -3,7 +3,7 @@
 // of every CTA of a one-wave grid (one CTA an SM, algo 6's 320 threads), timed by thread 0 with the SM clock from
 // its entry to just after the CTA barrier that follows the set-up; medians over the CTAs and over 20 launches.
 //
-//   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a bench/mbar_init_probe.cu -o mbar && ./mbar
+//   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Icsrc/cuda bench/mbar_init_probe.cu -o mbar && ./mbar
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -11,14 +11,13 @@
 #include <vector>
 
 #include "probe_common.cuh"
+#include "sm90_ptx.cuh"  // csrc/cuda: the mbarrier init and fences the kernels use
 
 constexpr int kBars = 24;  // algo 6's K halves at 64 tokens: 12 stages, a full and an empty barrier each
 
-__device__ __forceinline__ void init_bar(uint32_t bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void fence_init() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
-__device__ __forceinline__ void fence_proxy() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+using dsx_cuda::sm90::fence_async_smem;  // fence.proxy.async.shared::cta
+using dsx_cuda::sm90::mbar_init;
+using dsx_cuda::sm90::mbar_init_fence;   // fence.mbarrier_init.release.cluster
 __device__ __forceinline__ long long clk() {
   long long c;
   asm volatile("mov.u64 %0, %%clock64;" : "=l"(c)::"memory");
@@ -36,26 +35,26 @@ __global__ void setup(int variant, long long* out) {
   const long long c0 = clk();
   if (variant == 1 || variant == 2 || variant == 6) {
     if (tid == 0) {
-      for (int s = 0; s < kBars; ++s) init_bar(base + 8 * s, 33);
-      if (variant == 2) fence_init();
-      if (variant == 6) fence_proxy();
+      for (int s = 0; s < kBars; ++s) mbar_init(base + 8 * s, 33);
+      if (variant == 2) mbar_init_fence();
+      if (variant == 6) fence_async_smem();
     }
   } else if (variant == 8 || variant == 9) {
     if (tid == 0) {
-      for (int s = 0; s < kBars; ++s) init_bar(base + 8 * s, 33);
+      for (int s = 0; s < kBars; ++s) mbar_init(base + 8 * s, 33);
     }
-    if (variant == 8 || tid % 32 == 0) fence_init();
+    if (variant == 8 || tid % 32 == 0) mbar_init_fence();
   } else if (variant == 3) {
-    if (tid == 0) fence_init();
+    if (tid == 0) mbar_init_fence();
   } else if (variant == 4 || variant == 5 || variant == 7) {
     if (tid < 32) {
       if (tid < kBars / 2) {
-        init_bar(base + 16 * tid, 33);
-        init_bar(base + 16 * tid + 8, 128);
-        if (variant == 4) fence_init();
+        mbar_init(base + 16 * tid, 33);
+        mbar_init(base + 16 * tid + 8, 128);
+        if (variant == 4) mbar_init_fence();
       }
       __syncwarp();
-      if (variant == 5 && tid == 0) fence_init();
+      if (variant == 5 && tid == 0) mbar_init_fence();
     }
   }
   __syncthreads();
