@@ -202,6 +202,14 @@ int sm_count() {
 
 namespace {
 
+// kSmall's knobs from its algo word (the bit layout at run below; 0 for what algo 0 runs there)
+int small_knobs(const Algo& al, int algo) {
+  return al.base == kSmall ? al.tuning.splits | al.tuning.swizzle << 8 | al.tuning.decomposition << 12 |
+                                 al.tuning.raster << 16 | al.tuning.reduction << 24 |
+                                 ((algo >> (kPdlBit + 1)) & 3) << 28
+                           : 0;
+}
+
 int workspace_of(int64_t m, int64_t n, int64_t k, int algo, int64_t* bytes) {
   Algo a;
   if (!bytes || !decode(algo, &a) || !shape_ok(m, n, k)) return DSX_EINVAL;
@@ -209,8 +217,10 @@ int workspace_of(int64_t m, int64_t n, int64_t k, int algo, int64_t* bytes) {
   // Pointers are not known yet: assume 16-byte aligned ones (cudaMalloc gives 256).
   const auto al = reinterpret_cast<const uint8_t*>(uintptr_t{256});
   GemmNt g{al, nullptr, al, nullptr, reinterpret_cast<uint16_t*>(uintptr_t{256}), m, n, k};
-  if (use_small(g, a)) {  // no workspace; M = 0 is a no-op for every algo
-    return m == 0 || dsx_cuda::small_supported(g) ? DSX_OK : DSX_EINVAL;
+  if (use_small(g, a)) {  // M = 0 is a no-op for every algo; S >= 3: the split sums through L2
+    if (m == 0) return DSX_OK;
+    if (!dsx_cuda::small_supported(g)) return DSX_EINVAL;
+    return dsx_cuda::small_run(g, small_knobs(a, algo), a.pdl, nullptr, nullptr, 0, bytes);
   }
   if (use_large(g, &a)) {  // no workspace
     GemmNt g1 = g;
@@ -287,14 +297,8 @@ int run(const uint8_t* a, const float* sa, const uint8_t* b, const float* sb, ui
   // tokens per CTA (0 automatic, 1: 16, 2: 32, 3: 64, 4: all), bits 4..5 L2 promotion (0 automatic, 1: 256 B, 2: 128 B,
   // 3: none), bits 6..7 grid order (0 automatic, 1: weight tiles adjacent, 2: token tiles adjacent), bit 28 PDL,
   // bits 29..30 the output path (0 automatic = 2, 1: through the fp32 tile in shared memory, the form before, 2: from
-  // the registers at S <= 2; 3 refused by small_run)
-  if (use_small(g, al)) {
-    const int knobs = al.base == kSmall ? al.tuning.splits | al.tuning.swizzle << 8 | al.tuning.decomposition << 12 |
-                                              al.tuning.raster << 16 | al.tuning.reduction << 24 |
-                                              ((algo >> (kPdlBit + 1)) & 3) << 28
-                                        : 0;
-    return dsx_cuda::small_run(g, knobs, al.pdl, s);
-  }
+  // the registers at S <= 2, at S >= 3 with 16 or 32 tokens a tile through the workspace; 3 refused by small_run)
+  if (use_small(g, al)) return dsx_cuda::small_run(g, small_knobs(al, algo), al.pdl, s, workspace, workspace_bytes);
   if (use_large(g, &al)) return dsx_cuda::large_run(g, al.tuning.decomposition, 4 * al.tuning.swizzle, s);
   int err;
   if (use_cutlass(g, &al, &err)) {

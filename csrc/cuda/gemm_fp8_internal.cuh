@@ -73,7 +73,10 @@ bool small_supported(const GemmNt& g);
 bool small_auto(const GemmNt& g);
 // algo 0 prefers the small-M kernel to swap-AB data-parallel here (where small_auto also holds)
 bool small_before_swap_dp(const GemmNt& g);
-int small_run(const GemmNt& g, int knobs, bool pdl, cudaStream_t s);
+// ws / ws_bytes: the caller's workspace (the split sums through L2 at S >= 3 where it suffices); with `query` set,
+// nothing runs: the bytes of workspace that launch would use are stored there (0: none)
+int small_run(const GemmNt& g, int knobs, bool pdl, cudaStream_t s, void* ws = nullptr, int64_t ws_bytes = 0,
+              int64_t* query = nullptr);
 
 // ---- hand-written persistent sm_90a kernel for large M (gemm_fp8_large.cu) ----
 // BM x BN tiles, one CTA per SM walking them in a grouped order (`group` 128-row M tiles, 0 =

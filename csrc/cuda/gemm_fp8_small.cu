@@ -70,6 +70,27 @@
 // half of its partial sums that the other stores (distributed shared-memory stores, not loads) and adds
 // what it received. Measured (same call, S = 1, against the shared-memory tile, with the fill below):
 // 16x7168x2048 0.42 us less, 64x7168x2048 0.27 us less in 4 of 4 rounds.
+// l2x_note: at S >= 3 and 16 or 32 tokens a tile the split sums through L2 (bits 29..30 = 0 or 2; where the
+// caller's workspace holds them). The fp32 tile's reduction reads S - 1 slices of the other CTAs' tiles
+// over distributed shared memory, which moved about 20 GB/s a SM: bench/fp8_timeline.cu at 128x4608x7168 (S = 3,
+// 128 tokens) spent 0.70 us writing the tile, 0.58 at the cluster barrier, 2.37 in that loop, 0.51 at the last
+// barrier. Instead each consumer thread writes the accumulator groups other CTAs store to the workspace (16-byte
+// stores, coalesced), and after the cluster barrier each owner reads them (ld.global.cg) and adds the S sums in
+// split order (the same bits). H200, the probe, 3 rounds interleaved, same output hashes (thirty-seventh session),
+// fp32 tile -> through L2: 16x2048x7168 (S = 8) 8.13 -> 7.56 us, 64x2048x7168 (S = 8) 10.39 -> 9.57,
+// 128x2048x7168 (S = 8) 13.44 -> 12.70, 16x7168x2048 (S = 4, 128 rows) 11.58 -> 10.28, 5x3000x1024 (S = 3) 4.90 ->
+// 4.44, 7x520x1024 (S = 8) 4.55 -> 4.01; not at 64 or 128 tokens with S = 3..5 (128x4608x7168 18.25 -> 18.23,
+// 100x4608x7168 17.76 -> 18.09, 40x1000x2048 S = 5 5.96 -> 6.13). The library built with it at 16 or 32 tokens a tile
+// or S = 8, against main's build (bench/gemm_fp8_ab_libs.py, 3 rounds, bits equal, auto / PDL): 16x2048x7168
+// 7.98-8.07 / 7.06-7.18 -> 7.76-7.92 / 6.86-6.94 us, 32x2048x7168 8.58-8.65 / 7.71-7.83 -> 8.32-8.36 / 7.25-7.34,
+// 16x1024x7168 6.35-6.40 / 5.70-5.83 -> 6.08-6.15 / 5.09-5.12, 64 / 128x2048x7168 (S = 8) ties; but with the path
+// compiled into every form, forms that never run it slowed: 128x7168x2048 (K halves) 9.07-9.21 -> 9.58-9.73,
+// 128x4608x7168 (S = 3, 128 tokens) 18.47-18.51 -> 18.69-18.80. So it is compiled only at 16 and 32 tokens a tile
+// without the K halves, and taken there at every S >= 3. Tried there first and dropped
+// (the probe, same hashes): the own slice read locally (no change: a CTA's own reads were not the cost), all S loads
+// of two items in flight (no change), the slices pushed to their owner by bulk copies (128x4608x7168 21.2 us), the
+// groups sent to their owner's shared memory (distributed shared-memory stores; 19.8), a TMA store of the output
+// staged by stmatrix (see the thirty-seventh session in docs/benchmarks.md).
 // Tried and dropped: the TMA thread setting up the barriers and issuing the ring's first fill before
 // the CTA barrier (the others waiting there): 0.6-1.1 us slower on all four focus shapes, 4 of 4 rounds.
 // The K halves (rows knob 3, KS = 2 below; automatic on N = 7168 with 1024 <= K < 4096, halves_auto): 64
@@ -135,9 +156,19 @@ struct Params {
   int token_major;  // grid (S, token tiles, weight tiles): the CTAs that share a weight tile are adjacent
   int scale_point;  // a K step's scale products read 0: before its wgmma wait, 1: after it (the order
                     // before), 2: before the next step's issue (two temporaries; else 0); same bits
-  int reg_out;      // S <= 2: the output rounded and stored from the accumulator registers (S = 2: each CTA
-                    // sends the half of its partial tile that the other stores through distributed shared
-                    // memory); 0: through the fp32 partial tile in shared memory (the form before); same bits
+  int reg_out;      // the output rounded and stored from the accumulator registers (S = 2: each CTA sends the
+                    // half of its partial tile that the other stores through distributed shared memory; S >= 3:
+                    // through the workspace, ws); 0: through the fp32 partial tile in shared memory (the form
+                    // before); same bits
+  float4* ws;       // S >= 3 with reg_out: [clusters][S][MN / 8][consumer threads] partial-sum groups
+};
+
+// The caller's workspace (gemm_fp8.h), and the workspace query: with `query` set, Launcher::run stores the bytes
+// the launch it would make needs there and launches nothing.
+struct Workspace {
+  void* ptr;
+  int64_t bytes;
+  int64_t* query;
 };
 
 // ---------------------------------------------------------------- PTX helpers
@@ -229,8 +260,9 @@ struct Launcher {
 
   // stages: 0 automatic (kAutoStages, clamped to kStages: kBlocks CTAs a SM), else clamped to
   // [kMinStages, kForcedStages] (more than kStages: fewer CTAs a SM)
-  static int run(const GemmNt& g, int splits, int stages, int promo, bool token_major, int scale_point, bool reg_out,
-                 bool pdl, cudaStream_t stream) {
+  // reg_mode: the output path (0 automatic, 1 the fp32 tile, 2 the registers where they can be used)
+  static int run(const GemmNt& g, int splits, int stages, int promo, bool token_major, int scale_point, int reg_mode,
+                 const Workspace& ws, bool pdl, cudaStream_t stream) {
     // (KS = 2: automatic the deepest ring one CTA a SM holds, an even count: half a warpgroup)
     if (stages == 0) stages = KS == 2 ? kStages : kAutoStages < kStages ? kAutoStages : kStages;
     if (stages > kForcedStages) stages = kForcedStages;
@@ -259,12 +291,24 @@ struct Launcher {
       if (splits < 1) splits = 1;
     }
     if (splits > kMaxSplits || splits > kbt) return DSX_EINVAL;
+    // The output from the registers: at S <= 2 unless the fp32 tile is asked for; at S >= 3 through the workspace
+    // (l2x_note) at 16 or 32 tokens a tile (one consumer warpgroup pair or one, no K halves) unless the fp32 tile is
+    // asked for, where the caller gave enough of it (else the fp32 tile).
+    bool l2x = KS == 1 && MN <= 32 && splits >= 3 && reg_mode != 1;
+    constexpr int kConsumerThreads = 128 * Config<MN, BM, KS>::kConsumerWarpgroups;
+    const int64_t need = l2x ? int64_t{16} * splits * tiles * (MN / 8) * kConsumerThreads : 0;  // [S tiles][G][threads]
+    if (ws.query) {
+      *ws.query = need;
+      return DSX_OK;
+    }
+    l2x = l2x && ws.ptr && ws.bytes >= need && reinterpret_cast<uintptr_t>(ws.ptr) % 16 == 0;
+    const bool reg_out = splits <= 2 ? reg_mode != 1 : l2x;
     CUtensorMap tw, tx;
     if (!encode_kmajor(&tw, g.b, g.n, g.k, BM, promo) || !encode_kmajor(&tx, g.a, g.m, g.k, MN, promo)) {
       return DSX_EINVAL;
     }
     Params p{g.sa, g.sb, g.out, static_cast<int>(g.m), static_cast<int>(g.n), kbt, splits, stages, pdl ? 1 : 0,
-             token_major ? 1 : 0, scale_point, reg_out && splits <= 2 ? 1 : 0};
+             token_major ? 1 : 0, scale_point, reg_out ? 1 : 0, l2x ? static_cast<float4*>(ws.ptr) : nullptr};
     cudaLaunchConfig_t lc = {};
     lc.gridDim = token_major ? dim3(splits, mtiles, tiles / mtiles) : dim3(splits, tiles / mtiles, mtiles);
     lc.blockDim = dim3(kThreads, 1, 1);
@@ -299,7 +343,9 @@ constexpr bool kCanOverlap = MN <= (BM == 128 || KS == 2 ? 64 : 32);
 struct Knobs {
   int splits, stages, promo, width;
   int scale_point;
-  bool overlap, token_major, uni, ahead, reg_out;
+  bool overlap, token_major, uni, ahead;
+  int reg_mode;  // 0 automatic, 1 the fp32 tile, 2 the registers
+  Workspace ws;
 };
 
 template <int MN, int BM, bool kOverlap, int KS>
@@ -307,16 +353,16 @@ int run_form(const GemmNt& g, const Knobs& k, bool pdl, cudaStream_t s) {
   if constexpr (kOverlap) {  // the scales one step ahead: two temporaries only (else the uniform form)
     if (k.uni && k.ahead) {
       return Launcher<MN, BM, true, true, true, KS>::run(g, k.splits, k.stages, k.promo, k.token_major,
-                                                         k.scale_point, k.reg_out, pdl, s);
+                                                         k.scale_point, k.reg_mode, k.ws, pdl, s);
     }
   }
   if (k.uni) {
     return Launcher<MN, BM, kOverlap, true, false, KS>::run(g, k.splits, k.stages, k.promo, k.token_major,
-                                                            k.scale_point, k.reg_out, pdl, s);
+                                                            k.scale_point, k.reg_mode, k.ws, pdl, s);
   }
   if constexpr (KS == 1) {
     return Launcher<MN, BM, kOverlap, false, false, 1>::run(g, k.splits, k.stages, k.promo, k.token_major,
-                                                            k.scale_point, k.reg_out, pdl, s);
+                                                            k.scale_point, k.reg_mode, k.ws, pdl, s);
   }
   return DSX_EINVAL;  // K halves: the uniform form only (small_run refuses the form before)
 }
@@ -447,7 +493,7 @@ bool small_supported(const GemmNt& g) {
 // tiles, token tiles); 2: the token tiles of one weight tile adjacent, grid (S, token tiles, weight
 // tiles)), bits 24..27 the tokens per CTA (24..27: 0 automatic (auto_width), 1: 16, 2: 32, 3: 64, M split
 // over the grid; 4: all of M).
-int small_run(const GemmNt& g, int knobs, bool pdl, cudaStream_t s) {
+int small_run(const GemmNt& g, int knobs, bool pdl, cudaStream_t s, void* ws, int64_t ws_bytes, int64_t* query) {
   if (!small_supported(g)) return DSX_EINVAL;
   const int splits = knobs & 15, stages = (knobs >> 4) & 15;  // algo bits 16..19 and 20..23
   const int rows_knob = (knobs >> 8) & 3, form_knob = (knobs >> 10) & 3, temps_knob = (knobs >> 12) & 3, scales_knob = (knobs >> 14) & 3;
@@ -488,8 +534,9 @@ int small_run(const GemmNt& g, int knobs, bool pdl, cudaStream_t s) {
   // where algo 0 runs this kernel: 0.3-5.7% faster on all 11 (128x4096x7168 15.25 against 16.07 us,
   // 64x7168x2048 7.34 / 7.78, 16x7168x2048 6.65 / 7.03, 16x4096x7168 10.92 / 11.19), each alone
   // within +0.5% of the forms before where it does not help
-  const bool ahead = form_knob == 3 || (form_knob == 0 && scales_knob == 0), reg_out = out_knob != 1;
-  const Knobs k{splits, stages, l2, width, scale_point, overlap, order != 1, form_knob != 1, ahead, reg_out};
+  const bool ahead = form_knob == 3 || (form_knob == 0 && scales_knob == 0);
+  const Knobs k{splits, stages, l2, width, scale_point, overlap, order != 1, form_knob != 1, ahead, out_knob,
+                Workspace{ws, ws_bytes, query}};
   if (halves) return run_rows<64, 2>(g, k, pdl, s);
   return rows == 64 ? run_rows<64>(g, k, pdl, s) : run_rows<128>(g, k, pdl, s);
 }

@@ -550,6 +550,56 @@ __global__ void __launch_bounds__(Config<MN, BM, KS>::kThreads, Config<MN, BM, K
     // bits of the split-order reduction below).
     if (S == 1) return;
     constexpr int kHalf = MN / 16, kConsumerThreads = 32 * kConsumerWarps;
+    if constexpr (KS == 1 && MN <= 32) {  // (only there: compiled into the other forms it slowed them, l2x_note)
+      if (S > 2) {
+        // S >= 3, through L2 (the workspace): rank r stores the accumulator groups j (8 tokens each, G = MN / 8) with
+        // j S / G = r. Every consumer thread writes each group another rank stores to the workspace at [cluster][its
+        // rank][j][thread] (16-byte stores, a warp's 512 bytes contiguous), and after the cluster barrier (release /
+        // acquire at cluster scope: those writes visible) the owner reads the others' (ld.global.cg, past L1) and adds
+        // the S partial sums in split order, ((p0 + p1) + p2) + ...: the bits of the fp32 tile's reduction below.
+        // (Distributed shared memory moves about 20 GB/s a SM here: that reduction read its tile slices at that rate.)
+        constexpr int G = MN / 8;
+        const int me = static_cast<int>(blockIdx.x), cl = static_cast<int>(blockIdx.y + gridDim.y * blockIdx.z);
+        float4* ws = p.ws + static_cast<size_t>(cl) * S * G * kConsumerThreads + tid;
+        if (warp < kConsumerWarps) {
+#pragma unroll
+          for (int j = 0; j < G; ++j) {
+            if (j * S / G != me) {
+              ws[static_cast<size_t>(me * G + j) * kConsumerThreads] =
+                  make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]);
+            }
+          }
+        }
+        cluster_sync();
+        if (warp < kConsumerWarps) {
+#pragma unroll
+          for (int j = 0; j < G; ++j) {
+            if (j * S / G == me) {
+              const float4 a4 = make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]);
+              float4 u[kMaxSplits];
+#pragma unroll
+              for (int s = 0; s < kMaxSplits; ++s) {
+                if (s < S) u[s] = s == me ? a4 : __ldcg(ws + static_cast<size_t>(s * G + j) * kConsumerThreads);
+              }
+              float4 v = u[0];
+#pragma unroll
+              for (int s = 1; s < kMaxSplits; ++s) {
+                if (s < S) {
+                  v.x += u[s].x;
+                  v.y += u[s].y;
+                  v.z += u[s].z;
+                  v.w += u[s].w;
+                }
+              }
+              const float w4[4] = {v.x, v.y, v.z, v.w};
+              store_group(j, w4);
+            }
+          }
+        }
+        tl_end(tid == 0);
+        return;
+      }
+    }
     cluster_sync();
     const uint32_t me = cluster_rank(), xb = smem_u32(smem) + 16u * tid;
     // (the groups are walked with constant indices and chosen by rank: acc stays in registers)

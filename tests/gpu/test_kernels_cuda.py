@@ -39,7 +39,8 @@ SCALES_LATE, SCALES_EARLY, SCALES_ISSUE = 1 << 14, 2 << 14, 3 << 14
 # one step ahead where two temporaries run; with bits 14..15 non-zero refused)
 FORM_OLD, FORM_UNI, FORM_AHEAD = 1 << 10, 2 << 10, 3 << 10
 # bits 29..30: the output path (0 automatic = 2; 1: the fp32 tile through shared memory, the form before; 2: from
-# the accumulator registers at S <= 2, the halves of the two partial tiles exchanged at S = 2)
+# the accumulator registers at S <= 2, the halves of the two partial tiles exchanged at S = 2; at S >= 3 with 16 or
+# 32 tokens a tile the split sums through the workspace where it holds them)
 OUT_SMEM, OUT_REG = 1 << 29, 2 << 29
 # hand-written persistent kernel for large M: bits 8..11 = v, tile order in groups of 4v M tiles (0 default);
 # bits 12..15 the variant (0 = 10: 128x128, scale products one K block ahead; 1: the order before, same bits)
@@ -318,6 +319,33 @@ def test_small_m_kernel_matches_float64_and_is_deterministic(m, n, k):
                 cuda.gemm_fp8_nt(a, sa, b, sb, algo=SMALL | rows | (kb + 1) << 16)
 
 
+@pytest.mark.parametrize("m,n,k,knobs", [(16, 2048, 7168, 0), (5, 3000, 1024, 3 << 16), (9, 640, 3072, 8 << 16),
+                                          (32, 1000, 2048, OUT_REG | 5 << 16), (17, 520, 1040, ROWS64 | 4 << 16),
+                                          (40, 256, 2048, WIDTH16 | 6 << 16), (100, 1000, 1024, WIDTH32 | 7 << 16)])
+def test_small_m_split_sums_through_the_workspace_keep_the_bits(m, n, k, knobs):
+    """Algo 6 at S >= 3 with 16 or 32 tokens a tile: the CTAs' partial sums through L2 (the workspace its query
+    asks for) give bitwise the fp32 tile's reduction over distributed shared memory (forced by bits 29..30 = 1,
+    which needs no workspace), and so do launches given no workspace or one 16 bytes short (they fall back to that
+    reduction); a workspace full of NaN bytes is overwritten before it is read. Ragged M (token tiles split over the
+    grid too) and N, 64 and 128 weight rows, 3..8 splits. At 64 tokens a tile no workspace is asked for."""
+    rng = np.random.default_rng(m + n + k)
+    a, sa, b, sb = make_gemm(rng, m, n, k)
+    algo = SMALL | knobs
+    need = cuda.gemm_workspace_bytes(m, n, k, algo)
+    assert need > 0, "the split sums should go through the workspace here"
+    assert cuda.gemm_workspace_bytes(m, n, k, algo & ~(3 << 29) | OUT_SMEM) == 0
+    if m > 32:  # (64-token tiles: up to 64 tokens WIDTH64 is all of M in one tile of 16 or 32)
+        assert cuda.gemm_workspace_bytes(m, n, k, algo & ~(15 << 24) | WIDTH64) == 0
+    want = cuda.gemm_fp8_nt(a, sa, b, sb, algo=algo & ~(3 << 29) | OUT_SMEM)
+    assert_gemm_close(want, a, sa, b, sb, f"small S >= 3 {(m, n, k, hex(knobs))}")
+    dev = [cuda.to_device(x.view(np.uint8) if x.dtype == FP8 else x) for x in (a, sa, b, sb)]
+    for ws in (cuda.empty((need,), np.uint8).fill_bytes(0xFF), None, cuda.empty((need - 16,), np.uint8)):
+        out = cuda.empty((m, n), np.uint16).fill_bytes(0xFF)
+        cuda.gemm_fp8_nt_device(*dev, out, workspace=ws, algo=algo)
+        got = out.numpy()
+        assert np.array_equal(got, want.view(np.uint16)), f"workspace {None if ws is None else ws.nbytes}"
+
+
 def test_small_m_kernel_rejects_what_it_cannot_take():
     rng = np.random.default_rng(5)
     for m, n, k in ((129, 256, 256), (16, 130, 256), (16, 256, 200)):  # M > 128, N % 8, K % 16
@@ -358,11 +386,16 @@ def test_small_m_kernel_with_pdl_in_cuda_graph_keeps_launch_order():
     stream = cuda.Stream()
     order = [1, 0, 1, 1, 0]
     for rows in (ROWS128, ROWS64, ROWS128 | TEMPS2 | WIDTH32, ROWS64 | OUT_SMEM | FORM_UNI,
-                 ROWS128 | WIDTH32 | OUT_SMEM, ROWS128 | 2 << 16 | WIDTH16):
+                 ROWS128 | WIDTH32 | OUT_SMEM, ROWS128 | 2 << 16 | WIDTH16, ROWS128 | 8 << 16):
+        # (S = 8 at 32 tokens a tile: the split sums through one workspace that every launch of the graph shares)
         want = cuda.gemm_fp8_nt(*sets[0], algo=SMALL | rows)
         out = cuda.empty((m, n), np.uint16).fill_bytes(0xFF)
-        graph = cuda.Graph(lambda s, rows=rows: [cuda.gemm_fp8_nt_device(*dev[i], out, algo=SMALL | rows | 1 << 28,
-                                                                         stream=s) for i in order], stream)
+        need = cuda.gemm_workspace_bytes(m, n, k, SMALL | rows | 1 << 28)
+        assert (need > 0) == (rows == ROWS128 | 8 << 16)
+        ws = cuda.empty((need,), np.uint8) if need else None
+        graph = cuda.Graph(lambda s, rows=rows, ws=ws: [cuda.gemm_fp8_nt_device(*dev[i], out, workspace=ws,
+                                                                                algo=SMALL | rows | 1 << 28, stream=s)
+                                                        for i in order], stream)
         for _ in range(3):
             graph.launch()
         stream.synchronize()

@@ -51,12 +51,14 @@
  * scheduling knobs), 6 = the small-M kernel (M <= 128, no CUTLASS): swapped operands
  * (out^T = W . A^T), one CTA per R weight rows x all tokens x a K range, TMA loads, wgmma, the
  * same per-block promotion order; K split over a thread-block cluster of S CTAs whose fp32 partials
- * are summed through distributed shared memory in split order 0..S-1 (no workspace, no atomics:
- * reproducible); bits 16..19 = S (0 automatic: the most that keep the grid resident in one wave,
- * at most 8 and at most ceil(K/128); at 64 rows see above); bits 20..23 = the stage count (0
- * automatic = 8, at most what shared memory holds at the CTAs a SM of R; else 2..12, at most what
- * one CTA's shared memory holds (a count above the automatic one's limit runs fewer CTAs a SM), at
- * least what the fp32 partial tile needs); bits 8..9 = R (0 automatic, 1 = 128 rows, one CTA per SM,
+ * are summed in split order 0..S-1 (no atomics: reproducible), through distributed shared memory, or
+ * at S >= 3 through the workspace where the output path below takes it (query it with the same algo;
+ * with less given, distributed shared memory: the same bits); bits 16..19 = S (0 automatic: the most
+ * that keep the grid resident in one wave, at most 8 and at most ceil(K/128); at 64 rows see above);
+ * bits 20..23 = the stage count (0 automatic = 8, at most what shared memory holds at the CTAs a SM
+ * of R; else 2..12, at most what one CTA's shared memory holds (a count above the automatic one's
+ * limit runs fewer CTAs a SM), at least what the fp32 partial tile needs); bits 8..9 = R (0 automatic,
+ * 1 = 128 rows, one CTA per SM,
  * 2 = 64 rows, two (M > 64) or three CTAs per SM; under the same S both give the same bits; 3 = the K
  * halves: 64 rows, one CTA per SM, its two consumer warpgroups each on one half of the CTA's K blocks
  * (the first floor(n/2) and the rest, each with half of the stage ring), their fp32 partial sums added at
@@ -89,7 +91,11 @@
  * S <= 2 from the accumulator registers: each consumer thread rounds its own sums to bf16 (two adjacent
  * weight rows exchanged between neighbouring lanes into one 4-byte store); at S = 2 each CTA first
  * sends the half of its partial tile that the other CTA stores into that CTA's shared memory and adds
- * what it received, p0 + p1; with S > 2 the form before; 3 refused); the same bits.
+ * what it received, p0 + p1; at S > 2 with 16 or 32 tokens a tile (not R = 3), where the workspace holds
+ * the S partial tiles, CTA r stores the groups of 8 tokens [ceil(r G / S), ceil((r + 1) G / S)) of the
+ * G = tokens / 8 a tile: each CTA writes the groups others store to the workspace, and after the cluster
+ * barrier their owner reads them and adds the S sums in split order; else the form before; 3 refused);
+ * the same bits.
  * 7 = the large-M kernel (no CUTLASS; same TMA alignment rules as the CUTLASS kernels, no
  * workspace): persistent, one CTA per SM walking the BM x BN output tiles in a grouped order (bits
  * 8..11 = v: groups of 4v 128-row M tiles, 0 = 16), TMA loads into a ring of stages, two consumer
