@@ -64,6 +64,10 @@ int main(int argc, char** argv) {
   CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   CK(cudaEventCreate(&e0));
   CK(cudaEventCreate(&e1));
+  // the workspace algo 6 sums its K splits through at S >= 3 (small_run's query is at most this on these shapes)
+  constexpr int64_t kWsBytes = int64_t{64} << 20;
+  void* ws = nullptr;
+  CK(cudaMalloc(&ws, kWsBytes));
   size_t pos = 0;
   while (pos < spec.size()) {
     size_t end = spec.find(',', pos);
@@ -99,12 +103,20 @@ int main(int argc, char** argv) {
     CK(cudaDeviceSynchronize());
     auto launch = [&](int i) {
       const GemmNt g{v[i].a, v[i].sa, v[i].b, v[i].sb, v[i].out, m, n, k};
-      const int rc = small_run(g, knobs, false, st);
+      const int rc = small_run(g, knobs, false, st, ws, kWsBytes);
       if (rc != 0) {
         std::printf("small_run refused %s (rc %d)\n", item.c_str(), rc);
         std::exit(1);
       }
     };
+    int64_t need = 0;  // (the launch's workspace: more than the probe holds runs the distributed shared-memory sum)
+    {
+      const GemmNt g{v[0].a, v[0].sa, v[0].b, v[0].sb, v[0].out, m, n, k};
+      if (small_run(g, knobs, false, st, nullptr, 0, &need) == 0 && need > kWsBytes) {
+        std::printf("%s: needs %lld bytes of workspace, the probe has %lld: not through L2\n", item.c_str(),
+                    static_cast<long long>(need), static_cast<long long>(kWsBytes));
+      }
+    }
     std::vector<unsigned long long> zero(kTlMaxCtas * TL_SLOTS, 0);
     CK(cudaMemcpyToSymbol(dsx_fp8_tl, zero.data(), zero.size() * 8));
     const float us = graph_median_us(st, e0, e1, sets, 4, 30, launch);
@@ -141,8 +153,9 @@ int main(int argc, char** argv) {
     CK(cudaMemcpy(o.data(), v[sets - 1].out, o.size() * 2, cudaMemcpyDeviceToHost));
     unsigned long long h = 1469598103934665603ull;
     for (uint16_t x : o) h = (h ^ x) * 1099511628211ull;
-    std::printf("\n%s: %.2f us a launch (graph of %d sets x 4); %zu CTAs on %d SMs (at most %d a SM); output hash %016llx\n",
-                item.c_str(), us, sets, ctas.size(), sms_used, most, h);
+    std::printf("\n%s: %.2f us a launch (graph of %d sets x 4); %zu CTAs on %d SMs (at most %d a SM); workspace %lld B;"
+                " output hash %016llx\n",
+                item.c_str(), us, sets, ctas.size(), sms_used, most, static_cast<long long>(need), h);
     if (ctas.size() >= static_cast<size_t>(kTlMaxCtas)) {
       std::printf("  (only the first %d CTAs of the grid are stamped: kTlMaxCtas)\n", kTlMaxCtas);
     }

@@ -2,8 +2,9 @@
 
 ``python3 bench/gemm_fp8_ab_libs.py OLD.so NEW.so MxNxK[,MxNxK...] ALGO[,ALGO...] [ROUNDS]``: for each shape and
 round, every algo on both builds over the same rotated input sets (past L2), medians of graph replays, and whether
-the two builds' outputs are bitwise equal. E.g. main's build against a branch's, auto with and without PDL:
-``... 64x7168x2048,128x7168x2048 0,268435456 3``. Random fp8 bytes 0..119 (no NaN codes), scales 5e-3..2e-2.
+the two builds' outputs are bitwise equal. Each build runs with the workspace its own query asks for. E.g. main's
+build against a branch's, auto with and without PDL: ``... 64x7168x2048,128x7168x2048 0,268435456 3``. Random fp8
+bytes 0..119 (no NaN codes), scales 5e-3..2e-2.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ def main() -> int:
     for lib in libs.values():
         lib.dsx_gemm_fp8_nt_cuda.argtypes = [P, P, P, P, P, I64, I64, I64, P, I64, I32, P]
         lib.dsx_gemm_fp8_nt_cuda.restype = I32
+        lib.dsx_gemm_fp8_nt_workspace_cuda.argtypes = [I64, I64, I64, I32, P]
+        lib.dsx_gemm_fp8_nt_workspace_cuda.restype = I32
     shapes = [tuple(int(x) for x in s.split("x")) for s in sys.argv[3].split(",")]
     algos = [int(a) for a in sys.argv[4].split(",")]
     rounds = int(sys.argv[5]) if len(sys.argv) > 5 else 2
@@ -45,10 +48,15 @@ def main() -> int:
             samplers = {}
             for name, lib in libs.items():
                 for algo in algos:
-                    def call(d, lib=lib, algo=algo, o=outs[name]):
+                    # each build's own workspace for this algo (what its query asks; a build may need none)
+                    need = I64(0)
+                    assert lib.dsx_gemm_fp8_nt_workspace_cuda(m, n, k, algo, ctypes.byref(need)) == 0
+                    ws = cuda.empty((max(1, need.value),), np.uint8)
+
+                    def call(d, lib=lib, algo=algo, o=outs[name], ws=ws):
                         def f(s):
-                            rc = lib.dsx_gemm_fp8_nt_cuda(d[0].ptr, d[1].ptr, d[2].ptr, d[3].ptr, o.ptr, m, n, k, None, 0,
-                                                          algo, cuda._h(s))
+                            rc = lib.dsx_gemm_fp8_nt_cuda(d[0].ptr, d[1].ptr, d[2].ptr, d[3].ptr, o.ptr, m, n, k,
+                                                          ws.ptr, ws.nbytes, algo, cuda._h(s))
                             assert rc == 0, f"algo {algo:#x}: rc {rc}"
                         return f
                     samplers[f"{name}:{algo:#x}"] = ours_sampler([call(d) for d in sets])[0]
