@@ -9,6 +9,7 @@ report: no spills in the GEMM kernels and no serialized wgmma pipeline (warning 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -57,19 +58,42 @@ def test_light_unit_compiles(unit, tmp_path):
         assert "C7514" not in log and "C7517" not in log, f"{unit}: wgmma serialized or a wait injected"
 
 
-def test_fp8_timeline_stamps_stay_out_of_the_library(tmp_path):
+def small_ptx(out: Path, *defs: str) -> str:
+    """The PTX of gemm_fp8_small.cu (algo 6) with the given -D flags."""
+    cmd = [NVCC, "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-O3", *defs, f"-I{CSRC / 'include'}",
+           f"-I{CSRC / 'cuda'}", "-ptx", str(CSRC / "cuda" / "gemm_fp8_small.cu"), "-o", str(out)]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-4000:]
+    return out.read_text()
+
+
+@pytest.fixture(scope="module")
+def library_small_ptx(tmp_path_factory) -> str:
+    return small_ptx(tmp_path_factory.mktemp("ptx") / "small.ptx")
+
+
+def test_fp8_timeline_stamps_stay_out_of_the_library(library_small_ptx, tmp_path):
     """Algo 6's timeline stamps (the global timer, for bench/fp8_timeline.cu) exist only where DSX_FP8_TIMELINE is
     defined: the library's kernel reads no timer; the probe's build does (so the macro still switches them on)."""
-    def ptx(*defs: str) -> str:
-        out = tmp_path / f"small{len(defs)}.ptx"
-        cmd = [NVCC, "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-O3", *defs, f"-I{CSRC / 'include'}",
-               f"-I{CSRC / 'cuda'}", "-ptx", str(CSRC / "cuda" / "gemm_fp8_small.cu"), "-o", str(out)]
-        res = subprocess.run(cmd, capture_output=True, text=True)
-        assert res.returncode == 0, res.stderr[-4000:]
-        return out.read_text()
+    assert "%globaltimer" not in library_small_ptx
+    assert "%globaltimer" in small_ptx(tmp_path / "timeline.ptx", "-DDSX_FP8_TIMELINE")
 
-    assert "%globaltimer" not in ptx()
-    assert "%globaltimer" in ptx("-DDSX_FP8_TIMELINE")
+
+def test_fp8_l2_split_sums_only_in_the_forms_that_run_them(library_small_ptx):
+    """Algo 6's split sums through L2 (the workspace, read by ld.global.cg) are compiled into the 16- and 32-token
+    forms without the K halves, and into no other: compiled into the forms that never run them, they slowed those
+    (128x7168x2048 by 5%, thirty-seventh session)."""
+    name = re.compile(r"small_gemm_kernelILi(\d+)ELi(\d+)ELb\dELb\dELb\dELi(\d)E")
+    forms = {}
+    for entry in re.split(r"\n(?=\.visible \.entry|\.entry)", library_small_ptx):
+        m = name.search(entry[:400])
+        if m and ".entry" in entry[:200]:
+            mn, _, ks = (int(x) for x in m.groups())
+            forms.setdefault((mn, ks), []).append("ld.global.cg.v4.f32" in entry)
+    assert {(16, 1), (32, 1), (64, 1), (128, 1), (16, 2), (128, 2)} <= set(forms), sorted(forms)
+    for (mn, ks), has in forms.items():
+        want = ks == 1 and mn <= 32
+        assert all(h == want for h in has), f"{mn} tokens, KS = {ks}: L2 split sums {'missing' if want else 'present'}"
 
 
 BENCH_PROBES = sorted((CSRC.parent / "bench").glob("*.cu"))
