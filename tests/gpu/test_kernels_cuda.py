@@ -339,11 +339,13 @@ def test_small_m_split_sums_through_the_workspace_keep_the_bits(m, n, k, knobs):
     want = cuda.gemm_fp8_nt(a, sa, b, sb, algo=algo & ~(3 << 29) | OUT_SMEM)
     assert_gemm_close(want, a, sa, b, sb, f"small S >= 3 {(m, n, k, hex(knobs))}")
     dev = [cuda.to_device(x.view(np.uint8) if x.dtype == FP8 else x) for x in (a, sa, b, sb)]
-    for ws in (cuda.empty((need,), np.uint8).fill_bytes(0xFF), None, cuda.empty((need - 16,), np.uint8)):
+    for i, ws in enumerate((cuda.empty((need,), np.uint8).fill_bytes(0xFF), None, cuda.empty((need - 16,), np.uint8))):
         out = cuda.empty((m, n), np.uint16).fill_bytes(0xFF)
         cuda.gemm_fp8_nt_device(*dev, out, workspace=ws, algo=algo)
         got = out.numpy()
         assert np.array_equal(got, want.view(np.uint16)), f"workspace {None if ws is None else ws.nbytes}"
+        if i == 0:  # the sums did go through it: the NaN bytes were written over
+            assert (ws.numpy() != 0xFF).any(), "the workspace was not used"
 
 
 def test_small_m_kernel_rejects_what_it_cannot_take():
