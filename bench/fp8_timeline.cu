@@ -9,7 +9,13 @@
 //   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Icsrc/include -Icsrc/cuda bench/fp8_timeline.cu \
 //        -o tl && ./tl [MxNxK[:KNOBS],...]
 //
-// KNOBS: small_run's knob word (gemm_fp8_small.cu; 0 = what algo 0 picks when it takes this kernel). The
+// Built with -DDSX_FP8_DIAG_NORED=1 as well, the kernel leaves out its split and K-halves sums (wrong values: each CTA
+// stores its own partial sums from the registers): run both builds alternately for the epilogue's lower bound. Where
+// the K range is split over a cluster, a last row says how far apart the cluster's CTAs end their loops.
+//
+// KNOBS: small_run's knob word (gemm_fp8_small.cu; 0 = what small_run picks by itself, which need not be algo 0's
+// table word: a table word's knobs are its splits | swizzle << 8 | decomposition << 12 | raster << 16 | reduction << 24
+// | bits 29..30 << 28, gemm_fp8_api.cu's small_knobs, e.g. 0x4000106 -> 0x4000100). The
 // stamps' timer reads cost (about 0.3 us a launch at 16 and 64 tokens, H200): a change is judged by the library's
 // own A/B (bench/gemm_fp8_ab_libs.py), the probe says where the time goes.
 #define DSX_FP8_TIMELINE 1
@@ -201,6 +207,30 @@ int main(int argc, char** argv) {
       char what[64];
       std::snprintf(what, sizeof what, "entry -> stores issued, %d CTAs an SM (%zu)", share, d.size());
       row(what, stat(d));
+    }
+    // K splits: how far apart the CTAs of one cluster finish their loops (the last warpgroup's loop end; the split
+    // sums wait for the cluster's slowest CTA), median and 90th percentile over the clusters
+    {
+      std::vector<std::pair<unsigned long long, unsigned long long>> by(kTlMaxCtas + 1, {~0ull, 0ull});
+      std::vector<int> members(kTlMaxCtas + 1, 0);
+      for (auto* c : ctas) {
+        const unsigned long long id = c[TL_CLUSTER], done = std::max(c[TL_C0_LOOP], c[TL_C1_LOOP]);
+        if (!id || id > static_cast<unsigned long long>(kTlMaxCtas) || !done) continue;
+        by[id].first = std::min(by[id].first, done);
+        by[id].second = std::max(by[id].second, done);
+        members[id]++;
+      }
+      std::vector<double> skew;
+      int size = 0;
+      for (int id = 1; id <= kTlMaxCtas; ++id) {
+        if (members[id] > 1) skew.push_back(static_cast<double>(by[id].second - by[id].first) / 1e3);
+        size = std::max(size, members[id]);
+      }
+      if (!skew.empty()) {
+        char what[64];
+        std::snprintf(what, sizeof what, "cluster's loop ends apart (%d CTAs, %zu)", size, skew.size());
+        row(what, stat(skew));
+      }
     }
     for (auto& s : v) {
       CK(cudaFree(s.a));

@@ -79,6 +79,17 @@ def test_fp8_timeline_stamps_stay_out_of_the_library(library_small_ptx, tmp_path
     assert "%globaltimer" in small_ptx(tmp_path / "timeline.ptx", "-DDSX_FP8_TIMELINE")
 
 
+def test_fp8_diag_nored_leaves_out_the_sums_only_where_asked(library_small_ptx, tmp_path):
+    """DSX_FP8_DIAG_NORED (bench/fp8_timeline.cu's lower-bound build, wrong values) takes the split and K-halves sums
+    out: no cluster barrier and no read of another CTA's shared memory remain in that build, while the library
+    keeps both (so the macro is what removes them, and the library never defines it)."""
+    for marker in ("barrier.cluster", "ld.shared::cluster"):
+        assert marker in library_small_ptx, marker
+    diag = small_ptx(tmp_path / "nored.ptx", "-DDSX_FP8_TIMELINE", "-DDSX_FP8_DIAG_NORED=1")
+    for marker in ("barrier.cluster", "ld.shared::cluster", "st.shared::cluster", "ld.global.cg"):
+        assert marker not in diag, marker
+
+
 def test_fp8_l2_split_sums_only_in_the_forms_that_run_them(library_small_ptx):
     """Algo 6's split sums through L2 (the workspace, read by ld.global.cg) are compiled into the 16- and 32-token
     forms without the K halves, and into no other: compiled into the forms that never run them, they slowed those

@@ -105,6 +105,7 @@ enum TlSlot {
   TL_END, TL_C0_WAITED,                              // after the stores; wg 0's time in full waits
   TL_EPI_BAR1, TL_EPI_BAR2,                          // K halves: wg0 past the epilogue's first / second barrier
   TL_P_IN, TL_P_TX, TL_P_W,                          // producer's first step: in, bytes expected, weight load issued
+  TL_CLUSTER,                                        // the CTA's cluster (its K splits' tile): 1 + its index
   TL_SLOTS
 };
 constexpr int kTlMaxCtas = 4096;
@@ -166,6 +167,7 @@ __global__ void __launch_bounds__(Config<MN, BM, KS>::kThreads, Config<MN, BM, K
     unsigned smid;
     asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
     DSX_TL(TL_SMID, smid);
+    DSX_TL(TL_CLUSTER, 1 + blockIdx.y + gridDim.y * blockIdx.z);
   }
 #endif
   if (tid == 0) {
@@ -492,6 +494,16 @@ __global__ void __launch_bounds__(Config<MN, BM, KS>::kThreads, Config<MN, BM, K
       DSX_TL(cw == 0 ? TL_C0_LAST : TL_C1_LAST, tl_last);
       if (cw == 0) DSX_TL(TL_C0_WAITED, tl_waited);
     }
+#ifdef DSX_FP8_DIAG_NORED
+    // Diagnostic only (bench/fp8_timeline.cu builds it; wrong values): no split or K-halves sum, each CTA's consumers
+    // (K halves: warpgroup 0) store their own partial sums straight from the registers: the epilogue's lower bound.
+    if (KS == 1 || cw == 0) {
+#pragma unroll
+      for (int j = 0; j < MN / 8; ++j) store_group(j, acc + 4 * j);
+    }
+    tl_end(tid == 0);
+    return;
+#endif
     if constexpr (KS == 2) {
       // The K halves: once both warpgroups are done with the stage buffers (every load was waited for),
       // warpgroup 1 leaves its partial sums in the front of shared memory (each thread its own 16-byte
@@ -541,6 +553,9 @@ __global__ void __launch_bounds__(Config<MN, BM, KS>::kThreads, Config<MN, BM, K
     }
   }
 
+#ifdef DSX_FP8_DIAG_NORED
+  return;  // (the producers: no cluster barrier to join)
+#endif
   const int S = p.splits;
   if (p.reg_out) {
     // S = 1: the consumers stored the output. S = 2: once both CTAs are done with their stage buffers,
