@@ -90,17 +90,40 @@ def test_fp8_diag_nored_leaves_out_the_sums_only_where_asked(library_small_ptx, 
         assert marker not in diag, marker
 
 
+def small_entries(ptx: str):
+    """(tokens MN, weight rows BM, KS, PTX text) of each algo 6 kernel entry in gemm_fp8_small.cu's PTX."""
+    name = re.compile(r"small_gemm_kernelILi(\d+)ELi(\d+)ELb\dELb\dELb\dELi(\d)E")
+    for entry in re.split(r"\n(?=\.visible \.entry|\.entry)", ptx):
+        m = name.search(entry[:400])
+        if m and ".entry" in entry[:200]:
+            mn, bm, ks = (int(x) for x in m.groups())
+            yield mn, bm, ks, entry
+
+
+def test_fp8_early_loads_only_in_the_forms_they_speed_up(library_small_ptx):
+    """Algo 6's early loads (the TMA thread issues the first 1-4 loads before the CTA barrier; kEarlyLoads) are
+    compiled into the forms without the K halves whose stages are at most 24 KB, except 64-row tiles of 16 tokens:
+    in the K halves and in those tiles the library ran slower with them (thirty-eighth session), and 32 KB stages
+    (128 rows x 128 tokens) made the CTA barrier wait for the issue. In the PTX a tensor copy then comes before the
+    first CTA barrier."""
+    forms = {}
+    for mn, bm, ks, entry in small_entries(library_small_ptx):
+        bar = re.search(r"\bbar(?:rier)?\.sync(?:\.aligned)?\s+0;", entry)
+        assert bar, f"{mn} tokens, {bm} rows, KS = {ks}: no CTA barrier found"
+        forms.setdefault((mn, bm, ks), []).append(entry.find("cp.async.bulk.tensor") < bar.start())
+    assert {(16, 64, 1), (16, 128, 1), (64, 64, 1), (128, 128, 1), (16, 64, 2), (128, 64, 2)} <= set(forms), sorted(forms)
+    for (mn, bm, ks), early in forms.items():
+        want = ks == 1 and not (bm == 64 and mn == 16) and (bm + mn) * 128 <= 24 * 1024
+        assert all(e == want for e in early), f"{mn} tokens, {bm} rows, KS = {ks}: early loads {'missing' if want else 'present'}"
+
+
 def test_fp8_l2_split_sums_only_in_the_forms_that_run_them(library_small_ptx):
     """Algo 6's split sums through L2 (the workspace, read by ld.global.cg) are compiled into the 16- and 32-token
     forms without the K halves, and into no other: compiled into the forms that never run them, they slowed those
     (128x7168x2048 by 5%, thirty-seventh session)."""
-    name = re.compile(r"small_gemm_kernelILi(\d+)ELi(\d+)ELb\dELb\dELb\dELi(\d)E")
     forms = {}
-    for entry in re.split(r"\n(?=\.visible \.entry|\.entry)", library_small_ptx):
-        m = name.search(entry[:400])
-        if m and ".entry" in entry[:200]:
-            mn, _, ks = (int(x) for x in m.groups())
-            forms.setdefault((mn, ks), []).append("ld.global.cg.v4.f32" in entry)
+    for mn, _, ks, entry in small_entries(library_small_ptx):
+        forms.setdefault((mn, ks), []).append("ld.global.cg.v4.f32" in entry)
     assert {(16, 1), (32, 1), (64, 1), (128, 1), (16, 2), (128, 2)} <= set(forms), sorted(forms)
     for (mn, ks), has in forms.items():
         want = ks == 1 and mn <= 32

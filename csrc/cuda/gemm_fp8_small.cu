@@ -93,6 +93,9 @@
 // staged by stmatrix (see the thirty-seventh session in docs/benchmarks.md).
 // Tried and dropped: the TMA thread setting up the barriers and issuing the ring's first fill before
 // the CTA barrier (the others waiting there): 0.6-1.1 us slower on all four focus shapes, 4 of 4 rounds.
+// Kept (thirty-eighth session): the same with only the first 1, 2 or 4 loads (by the stage's bytes, none at 32 KB;
+// not in the K halves nor in 64-row tiles of 16 tokens, where they lost) and only without PDL: 64x4096x7168 13.08 ->
+// 12.4 us, 128x4096x7168 15.4 -> 14.9 (kEarlyLoads in gemm_fp8_small_kernel.cuh has the figures).
 // The K halves (rows knob 3, KS = 2 below; automatic on N = 7168 with 1024 <= K < 4096, halves_auto): 64
 // weight rows and all tokens a CTA, one CTA a SM, two consumer warpgroups on the two halves of the CTA's K
 // blocks (the bits of a 2-CTA cluster split, no cluster). At M = 64 / 128 the layouts before split M into two

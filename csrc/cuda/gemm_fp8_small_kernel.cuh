@@ -93,6 +93,20 @@ struct Layout {
   static_assert(kX % 1024 == 0 && kW % 1024 == 0, "tiles stay 1024-byte aligned");
 };
 
+// Loads the TMA thread issues before the CTA barrier (the kernel's early loads), by the bytes of a stage. H200, the
+// timeline probe (thirty-eighth session, 2 rounds, us a launch, none / 1 / 2 / 4 early): 16x7168x2048 (10 KB stages)
+// 6.75 / 6.58 / 6.62 / 6.35, 64x7168x2048 (16 KB) 7.48 / 7.35 / 7.34 / 7.28, 16x2048x7168 (18 KB) 7.66 / 7.41 / 7.35 /
+// 7.31, 128x7168x2048 (24 KB) 9.18 / 9.13 / 9.20 / 9.65, 128x4608x7168 (32 KB) 18.27 / 18.37 / 18.86 / 19.7. The
+// library with them, against main's build (bench/gemm_fp8_ab_libs.py, 3 rounds, bits equal, auto): 64x4096x7168
+// 13.03-13.13 -> 12.31-12.51 us, 128x4096x7168 15.35-15.52 -> 14.76-14.99, 64x2048x7168 10.39-10.41 -> 10.03-10.06,
+// 64x24576x1536 14.34-14.39 -> 13.82-14.05, 32x2304x7168 8.52-8.59 -> 8.25-8.40, 16x2048x7168 7.76-7.81 -> 7.61-7.66;
+// but in the K halves (64x7168x2048 7.10-7.29 -> 7.39-7.54, 128x7168x2048 9.12-9.20 -> 9.22-9.28; their launches with
+// PDL, which issue none early, slower too: 16x7168x2048 5.34-5.36 -> 5.60-5.68) and in 64-row tiles of 16 tokens
+// (16x4096x7168 10.83-10.99 -> 11.00-11.17, with PDL too) they lost: those forms are compiled without them.
+__host__ __device__ constexpr int kEarlyLoads(int stage_bytes) {
+  return stage_bytes <= 12 * 1024 ? 4 : stage_bytes <= 20 * 1024 ? 2 : stage_bytes <= 24 * 1024 ? 1 : 0;
+}
+
 // Diagnostic timeline (bench/fp8_timeline.cu defines DSX_FP8_TIMELINE before including gemm_fp8_small.cu;
 // the library never does): per CTA, TL_SLOTS stamps of the global timer (ns) and counts in a device array that
 // the probe reads back. Compiled out otherwise (the stamps are no-ops).
@@ -170,12 +184,31 @@ __global__ void __launch_bounds__(Config<MN, BM, KS>::kThreads, Config<MN, BM, K
     DSX_TL(TL_CLUSTER, 1 + blockIdx.y + gridDim.y * blockIdx.z);
   }
 #endif
-  if (tid == 0) {
+  // Early loads: without PDL, the TMA thread sets the barriers up and issues the first kEarly loads (weight and token
+  // tiles; the scale warp adds its part after the CTA barrier) before that barrier, so that the first bytes are on
+  // their way one set-up earlier (with PDL nothing global may be read before griddepcontrol.wait, and the set-up
+  // overlaps the previous grid anyway). As many as keep the issue short: 4 loads of 10-12 KB stages, 2 of 16-20 KB,
+  // 1 of 24 KB, none of 32 KB (there the CTA barrier waited for the issue; kEarlyLoads). DSX_FP8_EARLY overrides it
+  // (bench/fp8_timeline.cu builds).
+#ifdef DSX_FP8_EARLY
+  constexpr int kEarly = DSX_FP8_EARLY;
+#else
+  constexpr int kEarly = KS == 2 || (BM == 64 && MN == 16) ? 0 : kEarlyLoads(L::kStage);  // (kEarlyLoads' note)
+#endif
+  const int early_cap = KS == 2 ? 2 * (nk / 2) : nk < stages ? nk : stages;
+  const int early = kEarly > 0 && !p.pdl ? (kEarly < early_cap ? kEarly : early_cap) : 0;
+  if (tid == (early > 0 ? 32 * kConsumerWarps : 0)) {
     for (int s = 0; s < stages; ++s) {
       mbar_init(full(s), 1 + 32);               // the TMA thread's arrive.expect_tx + 32 scale lanes
       mbar_init(empty(s), 32 * kConsumerWarps / KS);  // every consumer thread (KS = 2: of the stage's warpgroup)
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    for (int i = 0; i < early; ++i) {  // load i: stage i (KS = 2: warpgroup i % 2's first, K block kb0 + (i % 2) nh)
+      const int kb = kb0 + (KS == 2 ? (i % 2) * (nk / 2) + i / 2 : i);
+      mbar_arrive_expect_tx(full(i), L::kStage);
+      tma_load_2d(w_smem + i * L::kW, &tw, full(i), kb * kBK, tile * BM);
+      tma_load_2d(x_smem + i * L::kX, &tx, full(i), kb * kBK, m0);
+    }
   } else if (tid == 32) {
     asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&tw)) : "memory");
     asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&tx)) : "memory");
@@ -227,7 +260,7 @@ __global__ void __launch_bounds__(Config<MN, BM, KS>::kThreads, Config<MN, BM, K
       for (int i = 0; i < nl; ++i) {
         int s, kb;
         uint32_t ph;
-        if (!slot_of(i, s, ph, kb)) continue;
+        if (!slot_of(i, s, ph, kb) || i < early) continue;
         const unsigned long long c0 = DSX_TL_CLOCK();
         if (i == 0) DSX_TL(TL_P_IN, c0);
         mbar_wait(empty(s), ph ^ 1);

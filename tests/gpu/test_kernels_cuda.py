@@ -256,7 +256,8 @@ def test_large_m_kernel_in_cuda_graph():
 def test_small_m_kernel_matches_float64_and_is_deterministic(m, n, k):
     """Algo 6: ragged M (zero-filled token rows), ragged N (576, 640: partial weight tiles), a 16-wide last
     K block, one K block, every token width (16/32/64/128), automatic and forced cluster split-K sizes,
-    and programmatic dependent launch (same bits as without); 64-row CTAs (two or three a SM) give
+    and programmatic dependent launch (same bits as without, where the TMA thread issues the first 1-4 loads before
+    the CTA barrier; with it none); 64-row CTAs (two or three a SM) give
     bitwise the 128-row CTAs' output under the same split count (same wgmma rows, same order), and so
     do one or two alternating wgmma temporaries (same promotions in the same order), M split over
     token tiles of 16, 32 or 64 (ragged last tile; the same products per output element), the TMA
