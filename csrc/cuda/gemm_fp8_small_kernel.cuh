@@ -203,7 +203,11 @@ __global__ void __launch_bounds__(Config<MN, BM, KS>::kThreads, Config<MN, BM, K
       mbar_init(empty(s), 32 * kConsumerWarps / KS);  // every consumer thread (KS = 2: of the stage's warpgroup)
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    for (int i = 0; i < early; ++i) {  // load i: stage i (KS = 2: warpgroup i % 2's first, K block kb0 + (i % 2) nh)
+    // load i: stage i (KS = 2: warpgroup i % 2's first, K block kb0 + (i % 2) nh): slot_of's map on the ring's first
+    // pass, written out (slot_of itself here, defined before the set-up, changed the SASS of every form, and the
+    // forms were timed as they are; a mismatch would load the wrong K block, which the GPU tests' bits of launches
+    // with PDL, none early, against launches without would show)
+    for (int i = 0; i < early; ++i) {
       const int kb = kb0 + (KS == 2 ? (i % 2) * (nk / 2) + i / 2 : i);
       mbar_arrive_expect_tx(full(i), L::kStage);
       tma_load_2d(w_smem + i * L::kW, &tw, full(i), kb * kBK, tile * BM);
