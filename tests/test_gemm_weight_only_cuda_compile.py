@@ -359,6 +359,13 @@ def test_warp_specialized_instances_compile_without_spills(entries):
     xr = {xr_flags.search(b).groups()[:6] for b in blocks if xr_flags.search(b).group(7) == "1"}
     assert xr == {("4", "2", gm, "2", push, red) for gm in "01" for push, red in (("0", "0"), ("1", "0"), ("1", "1"))}, (
         f"x through the ring: {sorted(xr)}")
+    # (FOLD: int4 per channel through the ring, pulled and pushed, the pushed one with and without the reducer warp (its
+    # launch without that warp))
+    more = re.compile(r"wo_gemm_ws_kernelILi(\d)ELi(\d)ELi(\d)ELi(\d)ELb([01])ELb[01]ELb([01])ELb[01]ELb([01])E")
+    assert all(more.search(b) for b in blocks), "every instance names FOLD"
+    three = {(push, red) for push, red in (("0", "0"), ("1", "0"), ("1", "1"))}
+    fold = {more.search(b).groups()[:6] for b in blocks if more.search(b).group(7) == "1"}
+    assert fold == {("4", "2", "0", "2") + pr for pr in three}, f"fold instances: {sorted(fold)}"
     allowed = {"4201b1": (4, 4), "4411b1": (4, 8), "4421b0": (44, 96), "4421b1": (28, 52)}  # (stores, loads)
     for b in blocks:
         inst = "".join(re.search(r"wo_gemm_ws_kernelILi(\d)ELi(\d)ELi(\d)ELi(\d)EL(b[01])E", b).groups())
@@ -378,6 +385,32 @@ def test_warp_specialized_instances_compile_without_spills(entries):
         else:
             limit = 224 if ct == "4" else 112 if ct == "2" or mt == "4" else 96 if (bits, mt, gm) == ("4", "2", "2") else 72
         assert regs <= limit, f"{regs} registers (more than {limit}) in {b[:120]}"
+
+
+def test_fold_instances_unpack_without_the_subtraction(tmp_path):
+    """The fold's point (FOLD instances: int4 per channel through the x ring): the unpack leaves each weight at 128 + u,
+    so their PTX has no bf16x2 fma (the - 136 of i4_pairj) at all, while the x-ring instances without the fold (per
+    channel and group 128) have one for every weight pair (so the check can fail)."""
+    if NVCC is None:
+        pytest.skip("nvcc not installed")
+    ptx = tmp_path / "wo.ptx"
+    cmd = [NVCC, "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "--expt-relaxed-constexpr", "-O3", "-DNDEBUG",
+           f"-I{CSRC / 'include'}", "-ptx", str(UNIT), "-o", str(ptx)]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    assert res.returncode == 0, f"nvcc failed:\n{(res.stdout + res.stderr)[-4000:]}"
+    name = re.compile(r"wo_gemm_ws_kernelILi4ELi2ELi([01])ELi2ELb([01])ELb0ELb([01])ELb1ELb([01])ELb0E")
+    seen = {}
+    for entry in re.split(r"\n(?=\.visible \.entry|\.entry)", ptx.read_text()):
+        m = name.search(entry[:400])
+        if m and ".entry" in entry[:200]:
+            gm, push, red, fold = m.groups()
+            seen[(gm, push, red, fold)] = entry.count("fma.rn.bf16x2")
+    assert {("0", "1", "1", "1"), ("0", "0", "0", "1"), ("1", "1", "1", "0"), ("0", "1", "1", "0")} <= set(seen), sorted(seen)
+    for (gm, push, red, fold), fmas in seen.items():
+        if fold == "1":
+            assert fmas == 0, f"fold instance (group mode {gm}, push {push}, reducer {red}): {fmas} bf16x2 fma"
+        else:
+            assert fmas >= 64, f"x-ring instance without the fold (group mode {gm}): {fmas} bf16x2 fma, want one a pair"
 
 
 # ------------------------------------------------- 4. the measured table, host side
