@@ -587,7 +587,41 @@ bool ws_encode_xmap(CUtensorMap* map, const void* x, int64_t rows, int64_t k) {
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <int BITS, int MT, int GMODE, int CT, bool PUSH, bool PARTS, bool RED, bool XR, bool FOLD, bool WG>
+// int4 group 128's scales for the scale rows of a ring slot in one tensor copy (Params::smap; the kernel's STMA
+// instances, x through the ring only): bf16 [ceil(k / 128), n] as 2-D, a box of `steps` rows x 16 * tiles channels (rows
+// and channels past the ends filled with zeros, counted in the slot's bytes), rows packed 32 * tiles bytes apart. Only
+// where the copy engine takes it: the scales' address 16-byte aligned, at most 256 channels a block; otherwise the
+// kernel copies a row a step (bulk_g2s from the address's 16-byte boundary below, `lead`). The same scale values either
+// way: the same bits.
+// Thirty-ninth session (H200, bench/wo_ab.sh, interleaved, us): group 128's scale copies cost 36864 x 7168 at M = 12 /
+// 16 2.7-3.0 us of 51.5-52.4 (a diagnostic build without them, wrong values: 48.8 / 49.4), about twice their bytes'
+// share; the same bytes in one copy a slot instead of one a step (a diagnostic, wrong values) took 0.9-1.0 us of that.
+// Issuing the scale copies before the weights' (slower: 51.3 -> 51.9 at M = 12), prefetching a tile group's scale rows
+// into L2 at its first fill, or copying them without the evict-first hint did not (within 0.3 us). This, as STMA
+// instances beside main's (whose code it leaves as it was), against main's build: 7168 x 18432 M = 9 / 12 / 16 30.49 /
+// 30.89 / 30.60 -> 29.29 / 29.35 / 29.08, 36864 x 7168 M = 12 / 16 51.75 / 52.50 -> 50.80 / 50.85; 2048 x 7168 (not
+// taken: 4 slots) within 0.15.
+// Where it is taken (ws_smap_pays): slots of two steps or more and at least 6 a tile group. Measured with a first build
+// that switched at run time in every group-128 launch (the switch alone cost 0.2-0.3 us on the launches it left as
+// before): one-step slots lost (a tensor copy where one bulk copy was: 36864 x 7168 M = 8 44.22 -> 44.83, 2048 x 7168
+// M = 8 8.57 -> 9.16), and 2048 x 7168 at 12 / 16 rows, 4 slots of 2 steps, one tile group a block, 9.30 / 9.43 ->
+// 9.74 / 9.88.
+bool ws_smap_pays(int box, int per_split) { return box >= 2 && (per_split + box - 1) / box >= 6; }
+
+bool ws_encode_smap(CUtensorMap* map, const void* scale, int64_t n, int64_t k, int steps, int tiles) {
+  if ((reinterpret_cast<uintptr_t>(scale) & 15) != 0 || 16 * tiles > 256 || (2 * n) % 16 != 0) return false;
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+  if (!encode) return false;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(n), static_cast<cuuint64_t>((k + 127) / 128)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(2 * n)};
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(16 * tiles), static_cast<cuuint32_t>(steps)};
+  const cuuint32_t elem[2] = {1, 1};
+  return encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, const_cast<void*>(scale), dims, strides, box, elem,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+template <int BITS, int MT, int GMODE, int CT, bool PUSH, bool PARTS, bool RED, bool XR, bool FOLD, bool WG, bool STMA>
 std::atomic<int>* ws_smem_allowed() {
   static std::atomic<int> set[kMaxDevices];
   return set;
@@ -598,10 +632,10 @@ std::atomic<int>* ws_smem_allowed() {
 // with one group a block the reducer warp would have nothing to do, and its kernel lost 1-2.5% there: 2048 x 7168 and
 // 7168 x 18432 at 8..16 rows, twenty-fifth session).
 template <int BITS, int MT, int GMODE, int CT = 1, bool PUSH = false, bool PARTS = false, bool RED = ws_red_warp(CT, MT, PUSH),
-          bool XR = false, bool FOLD = false, bool WG = false>
+          bool XR = false, bool FOLD = false, bool WG = false, bool STMA = false>
 cudaError_t ws_launch_inst(const Params& p, const Config& cfg, cudaStream_t stream) {
-  auto kernel = wo_gemm_ws_kernel<BITS, MT, GMODE, CT, PUSH, PARTS, RED, XR, FOLD, WG>;
-  const cudaError_t se = ensure_smem(kernel, cfg.smem, ws_smem_allowed<BITS, MT, GMODE, CT, PUSH, PARTS, RED, XR, FOLD, WG>());
+  auto kernel = wo_gemm_ws_kernel<BITS, MT, GMODE, CT, PUSH, PARTS, RED, XR, FOLD, WG, STMA>;
+  const cudaError_t se = ensure_smem(kernel, cfg.smem, ws_smem_allowed<BITS, MT, GMODE, CT, PUSH, PARTS, RED, XR, FOLD, WG, STMA>());
   if (se != cudaSuccess) return se;
   cudaLaunchConfig_t lc = {};
   lc.gridDim = dim3(cfg.splits, cfg.blocks_n, cfg.parts);
@@ -616,7 +650,7 @@ cudaError_t ws_launch_inst(const Params& p, const Config& cfg, cudaStream_t stre
   }
   if constexpr (RED) {
     if (!(resident > 0 && resident < cfg.blocks_n))
-      return ws_launch_inst<BITS, MT, GMODE, CT, PUSH, PARTS, false, XR, FOLD, WG>(p, cfg, stream);
+      return ws_launch_inst<BITS, MT, GMODE, CT, PUSH, PARTS, false, XR, FOLD, WG, STMA>(p, cfg, stream);
   }
   if (resident > 0 && resident < cfg.blocks_n) lc.gridDim.y = resident;
   lc.dynamicSmemBytes = cfg.smem;
@@ -631,6 +665,9 @@ int ws_launch(Params& p, const void* qweight, int64_t n, int64_t k, int bits, in
       !ws_encode_map(&p.wmap1, qweight, n, k, bits, 1, cfg.ct * cfg.warps))
     return DSX_ECUDA;
   if (cfg.xring && !ws_encode_xmap(&p.xmap, p.x, p.m, k)) return DSX_ECUDA;
+  const int per_split = static_cast<int>(((k / 64 + 1) / 2 + cfg.splits - 1) / cfg.splits);
+  const bool stma = bits == 4 && p.group == 128 && cfg.xring && ws_smap_pays(cfg.box, per_split) &&
+                    ws_encode_smap(&p.smap, p.scale, n, k, cfg.box, cfg.ct * cfg.warps);  // (else a bulk copy a step)
   p.chunk = cfg.chunk, p.stages = cfg.stages, p.box = cfg.box, p.pair = cfg.pair ? 1 : 0;
   p.groups = cfg.blocks_n;
   auto by_ct = [&](auto bg, auto pg) {
@@ -641,6 +678,10 @@ int ws_launch(Params& p, const void* qweight, int64_t n, int64_t k, int bits, in
         if constexpr (G == 0) {
           if (cfg.xring && cfg.fold)
             return ws_launch_inst<B, 2, G, 2, P, false, ws_red_warp(2, 2, P), true, true>(p, cfg, stream);
+        }
+        if constexpr (G == 1) {  // (int4 group 128: the scale rows by one tensor copy a slot where it pays)
+          if (cfg.xring && stma)
+            return ws_launch_inst<B, 2, G, 2, P, false, ws_red_warp(2, 2, P), true, false, false, true>(p, cfg, stream);
         }
         if (cfg.xring) return ws_launch_inst<B, 2, G, 2, P, false, ws_red_warp(2, 2, P), true>(p, cfg, stream);
       }

@@ -401,6 +401,37 @@ def test_x_through_the_ring_same_bits(bits, group, m):
                             also=(ONE_GROUP, PDL))
 
 
+@pytest.mark.parametrize("m", [12, 16])
+def test_group128_scales_at_any_address(m):
+    """int4 group 128 through the x ring: a slot's scale rows by one tensor copy (STMA, thirty-ninth session) where the
+    scales' address is 16-byte aligned and the slots hold 2 steps or more, at least 6 a tile group (ws_smap_pays: here
+    1 split of 17 steps, slots of 2 or 3, 8 or 6 warps, the last slot short and the last block's channels past N);
+    else a bulk copy a step from the 16-byte boundary below the address (scales 1, 4 or 7 bf16 past one; 4 splits: 3
+    slots a group). The existing path's bits every way, and with x whole."""
+    n, k = 448, 2112
+    x, q, s, wd = make(m, n, k, 4, 128, seed=36)
+    refs = {sp: run_raw(x, q, s, 4, 128, word(8, sp, 0, 0, 0)) for sp in (1, 4)}
+    check_bound(refs[1], x, wd, f"existing m {m}")
+    words = [(1, word(8, 1, 2, 2, 2)), (1, word(8, 1, 3, 2, 3)), (1, word(6, 1, 2, 3, 2)), (4, word(8, 4, 2, 2, 2))]
+    words = [(sp, w | WS | TILES[2]) for sp, w in words] + [(4, word(8, 4, 0, 2, 2) | WS)]
+    for sp, w in words:
+        path = G.cuda_path(m, n, k, 4, 128, algo=w)
+        assert (path["ws"], path["xring"]) == (True, (w >> 8) & 255 != 0), (w, path)
+    dx, dq = cuda.to_device(x.view(np.uint16)), cuda.to_device(q)
+    flat = s.view(np.uint16).ravel()
+    for off in (0, 1, 4, 7):  # (bf16 past the allocation's 256-byte-aligned start)
+        buf = np.zeros(flat.size + 8, np.uint16)
+        buf[off:off + flat.size] = flat
+        ds = cuda.to_device(buf)
+        for sp, algo in words:
+            out = cuda.empty((m, n), np.uint16).fill_bytes(0xFF)
+            rc = G._cuda_fns()[0](dx.ptr, dq.ptr, ds.ptr + 2 * off, out.ptr, m, n, k, 4, 128, 90, algo, None)
+            assert rc == 0, f"rc {rc} for algo {algo:#x} offset {off}"
+            cuda.synchronize()
+            got = out.numpy().view(BF16)
+            assert same(got, refs[sp]), f"m {m} algo {algo:#x}, scales {2 * off} bytes past 16-byte alignment"
+
+
 @pytest.mark.parametrize("m", [9, 11, 13, 16])
 def test_fold_x_ring(m):
     """The fold (int4 per channel, x through the ring, where every block loops over two tile groups or more: 91 or 121
@@ -781,3 +812,20 @@ def test_fold_on_36864x7168():
     a = G.gemm_weight_only_cuda(x, q, s, 4, -1, 90)
     check_bound(a, x, wd, "fold 36864x7168 m 12")
     assert same(a, G.gemm_weight_only_cuda(x, q, s, 4, -1, 90)), "not reproducible"
+
+
+@pytest.mark.parametrize("m", [12, 16])
+def test_group128_one_scale_copy_on_7168x18432(m):
+    """Where the table sends int4 group 128 7168 x 18432 (a DeepSeek-V3 down projection at tp 1) at 12 and 16 rows: x
+    through the ring, 8 splits of 18 steps, slots of 2 (9 a tile group), so each slot's scale rows come by one tensor
+    copy (ws_smap_pays); right against float64, reproducible, and the bits of the existing path at 8 splits."""
+    skip_unless_h200()
+    n, k = 7168, 18432
+    assert G.cuda_path(m, n, k, 4, 128) == {"ws": True, "tiles": 2, "xring": True, "fold": False, "wgmma": False}
+    cfg = G.cuda_config(m, n, k, 4, 128)
+    assert (cfg["splits"], cfg["box"]) == (8, 2), cfg
+    x, q, s, wd = make(m, n, k, 4, 128, seed=37)
+    a = G.gemm_weight_only_cuda(x, q, s, 4, 128, 90)
+    check_bound(a, x, wd, f"group 128 7168x18432 m {m}")
+    assert same(a, G.gemm_weight_only_cuda(x, q, s, 4, 128, 90)), "not reproducible"
+    assert same(a, run_raw(x, q, s, 4, 128, word(8, 8, 0, 0, 0))), "bits differ from the existing path at 8 splits"
