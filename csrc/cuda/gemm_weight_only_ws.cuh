@@ -212,10 +212,6 @@ __global__ void __launch_bounds__((kMaxWarps + (RED ? 2 : 1)) * 32, CT == 4 || M
   auto sums_bar = [&]() { return dsx_wo::smem_addr(sums_of()) + 64; };
   auto ngroups = [&]() { return GMODE == 2 ? kt : p.group > 0 ? (p.k + p.group - 1) / p.group : 1; };
   auto lead = [&]() { return static_cast<uint32_t>(reinterpret_cast<uintptr_t>(p.scale) & 15); };
-  // STMA (int4 group 128 through the x ring, where ws_smap_pays): a slot's scale rows by one tensor copy (Params::smap),
-  // packed 32 * tiles bytes apart; otherwise a bulk copy a step, ws_scale_row(CT) apart from the 16-byte boundary below
-  // the scales' address
-  auto stma = [&]() { return STMA; };
 
   // The owner's sum of one pushed tile group (PUSH; its pieces have landed): this block's owned tiles, by threads t0,
   // t0 + tstride, ... (the consumers, or the reducer warp).
@@ -255,7 +251,7 @@ __global__ void __launch_bounds__((kMaxWarps + (RED ? 2 : 1)) * 32, CT == 4 || M
   if (threadIdx.x == 0) {
     dsx_wo::prefetch_tmap(&p.wmap);
     if constexpr (XR) dsx_wo::prefetch_tmap(&p.xmap);
-    if (stma()) dsx_wo::prefetch_tmap(&p.smap);
+    if constexpr (STMA) dsx_wo::prefetch_tmap(&p.smap);
     for (int i = 0; i < nst; ++i) {
       dsx_wo::mbar_init(full0 + 8 * i, 1);
       dsx_wo::mbar_init(empty0 + 8 * i, nwarps);
@@ -341,7 +337,7 @@ __global__ void __launch_bounds__((kMaxWarps + (RED ? 2 : 1)) * 32, CT == 4 || M
           if (lane == 0) {
             const int len = min(box, s_end - first);
             uint32_t bytes = len * tiles * kWBytes;
-            if (GMODE == 1) bytes += stma() ? box * 32 * tiles : len * srow;  // (a tensor copy: its whole box)
+            if (GMODE == 1) bytes += STMA ? box * 32 * tiles : len * srow;  // (STMA's tensor copy: its whole box)
             if (GMODE == 2)
               for (int j = 0; j < len; ++j) bytes += srow * (2 * (first + j) + 1 < ngroups() ? 2u : 1u);
             if (XR) bytes += len * kXrStepBytes;
@@ -354,7 +350,7 @@ __global__ void __launch_bounds__((kMaxWarps + (RED ? 2 : 1)) * 32, CT == 4 || M
               for (int j = 0; j < len; ++j)
                 dsx_wo::tma_load_2d(dst + j * tiles * kWBytes, &p.wmap1, (first + j) * kElemStep, row0, bar, policy);
             }
-            if (GMODE == 1 && stma()) {  // (int4 group 128: the slot's scale rows in one tensor copy, ws_encode_smap)
+            if (STMA) {  // (int4 group 128: the slot's scale rows in one tensor copy, ws_encode_smap)
               dsx_cuda::sm90::tma_load_2d(dst + box * tiles * kWBytes, &p.smap, bar, n_blk, first);
             } else if (GMODE != 0) {
               for (int j = 0; j < len; ++j) {
@@ -419,8 +415,11 @@ __global__ void __launch_bounds__((kMaxWarps + (RED ? 2 : 1)) * 32, CT == 4 || M
   const int wrow = BITS == 8 ? g >> 1 : g >> 2;
   const int win = BITS == 8 ? (g & 1) * 64 + 16 * c : (g & 3) * 32 + (c >> 1) * 128 + (c & 1) * 16;
   auto read_scale = [&](const uint8_t* sl, int j, int i, int v) -> uint32_t {  // (v: the block's tile)
+    // (STMA, int4 group 128 through the x ring where ws_smap_pays: the slot's rows by one tensor copy, Params::smap,
+    // packed 32 * tiles bytes apart; otherwise a bulk copy a step, ws_scale_row(CT) apart, from the 16-byte boundary
+    // below the scales' address)
     const uint8_t* b =
-        stma() ? sl + box * tiles * kWBytes + j * 32 * tiles + 2 * (16 * v + g)
+        STMA ? sl + box * tiles * kWBytes + j * 32 * tiles + 2 * (16 * v + g)
                : sl + box * tiles * kWBytes + (ws_scale_rows(GMODE) * j + i) * ws_scale_row(CT) + lead() + 2 * (16 * v + g);
     return static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(b)) |
            static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(b + 16)) << 16;
