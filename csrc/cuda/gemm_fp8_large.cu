@@ -32,6 +32,7 @@
 // K any multiple of 16 (the last K block's columns past K read zeros). Deterministic: no atomics,
 // a fixed summation order, every output element written by exactly one CTA.
 #include "gemm_fp8_internal.cuh"
+#include "launch_attrs.cuh"
 #include "sm90_ptx.cuh"
 
 #include <cuda_bf16.h>
@@ -458,18 +459,11 @@ int launch(const GemmNt& g, int group, cudaStream_t stream) {
   using C = Cfg<BM, BN, kOverlap>;
   auto kernel = large_gemm_kernel<BM, BN, kOverlap, kCta, kShareA, kEarly>;
   cudaLaunchConfig_t lc = {};
-  cudaLaunchAttribute attr[1] = {};
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = kCta;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
+  dsx_launch::Attrs attrs;
+  attrs.set(lc, kCta);
   lc.blockDim = dim3(kThreads, 1, 1);
   lc.dynamicSmemBytes = C::kSmem;
   lc.stream = stream;
-  if (kCta > 1) {
-    lc.attrs = attr;
-    lc.numAttrs = 1;
-  }
   // Once per device: the shared-memory limit and how many CTAs run at once (1 per SM; pairs need
   // two SMs of one GPC, so fewer may fit: the grid is sized to what is resident, never a second round).
   static std::atomic<int> state[kMaxDevices];  // 0 new, > 0 resident CTAs, -1 failed
@@ -479,9 +473,8 @@ int launch(const GemmNt& g, int group, cudaStream_t stream) {
     bool ok = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem) == cudaSuccess;
     int n = ok ? sm_count() : 0;
     if (ok && kCta > 1) {
-      lc.gridDim = dim3(kCta, 1, 1);
       int clusters = 0;
-      ok = cudaOccupancyMaxActiveClusters(&clusters, kernel, &lc) == cudaSuccess;
+      ok = dsx_launch::max_active_clusters(&clusters, kernel, kCta, kThreads, C::kSmem) == cudaSuccess;
       n = clusters * kCta;
     }
     if (!ok) cudaGetLastError();

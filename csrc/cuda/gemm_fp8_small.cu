@@ -115,6 +115,7 @@
 // higher IPC: more streams add instructions, not data; the loop waits on its loads. The token halves also
 // read each weight K step from shared memory twice (two m64n64k32 read 8 KB where one m64n128k32 reads 6 KB).
 #include "gemm_fp8_internal.cuh"
+#include "launch_attrs.cuh"
 #include "sm90_ptx.cuh"
 
 #include <cuda.h>
@@ -236,22 +237,8 @@ struct Launcher {
       int per_sm = 0;
       ok = ok && cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, kSmem) == cudaSuccess;
       clusters[dev][1] = per_sm * sm_count();
-      for (int s = 2; ok && s <= kMaxSplits; ++s) {
-        cudaLaunchConfig_t lc = {};
-        lc.gridDim = dim3(s, 1, 1);
-        lc.blockDim = dim3(kThreads, 1, 1);
-        lc.dynamicSmemBytes = kSmem;
-        cudaLaunchAttribute attr[1];
-        attr[0].id = cudaLaunchAttributeClusterDimension;
-        attr[0].val.clusterDim.x = s;
-        attr[0].val.clusterDim.y = 1;
-        attr[0].val.clusterDim.z = 1;
-        lc.attrs = attr;
-        lc.numAttrs = 1;
-        int n = 0;
-        ok = cudaOccupancyMaxActiveClusters(&n, kernel, &lc) == cudaSuccess;
-        clusters[dev][s] = n;
-      }
+      for (int s = 2; ok && s <= kMaxSplits; ++s)
+        ok = dsx_launch::max_active_clusters(&clusters[dev][s], kernel, s, kThreads, kSmem) == cudaSuccess;
       ok = ok && clusters[dev][1] > 0;
       state[dev].store(ok ? 1 : 2, std::memory_order_release);
       if (!ok) cudaGetLastError();
@@ -317,22 +304,8 @@ struct Launcher {
     lc.blockDim = dim3(kThreads, 1, 1);
     lc.dynamicSmemBytes = L::bytes(stages);  // the automatic 8 stages take what they took before
     lc.stream = stream;
-    cudaLaunchAttribute attr[2];
-    int na = 0;
-    if (splits > 1) {
-      attr[na].id = cudaLaunchAttributeClusterDimension;
-      attr[na].val.clusterDim.x = splits;
-      attr[na].val.clusterDim.y = 1;
-      attr[na].val.clusterDim.z = 1;
-      ++na;
-    }
-    if (pdl) {
-      attr[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-      attr[na].val.programmaticStreamSerializationAllowed = 1;
-      ++na;
-    }
-    lc.attrs = attr;
-    lc.numAttrs = na;
+    dsx_launch::Attrs attrs;
+    attrs.set(lc, splits, pdl);
     return cuda_rc(cudaLaunchKernelEx(&lc, small_gemm_kernel<MN, BM, kOverlap, kUni, kAhead, KS>, tw, tx, p));
   }
 };

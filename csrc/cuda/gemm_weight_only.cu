@@ -54,6 +54,7 @@
 
 #include "dsx.h"
 #include "gemm_weight_only.cuh"
+#include "launch_attrs.cuh"
 #include "sm90_ptx.cuh"
 #include "tuned_tables.cuh"
 
@@ -414,22 +415,8 @@ cudaError_t ensure_smem(Kernel kernel, int bytes, std::atomic<int>* done) {
 // weights may then be read before the previous kernel in the stream ends).
 template <typename Kernel>
 cudaError_t launch_ex(cudaLaunchConfig_t& lc, const Config& cfg, Kernel kernel, const Params& p) {
-  cudaLaunchAttribute attr[2];
-  unsigned n_attr = 0;
-  if (cfg.splits > 1) {
-    attr[n_attr].id = cudaLaunchAttributeClusterDimension;
-    attr[n_attr].val.clusterDim.x = cfg.splits;
-    attr[n_attr].val.clusterDim.y = 1;
-    attr[n_attr].val.clusterDim.z = 1;
-    ++n_attr;
-  }
-  if (cfg.pdl) {
-    attr[n_attr].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[n_attr].val.programmaticStreamSerializationAllowed = 1;
-    ++n_attr;
-  }
-  lc.attrs = attr;
-  lc.numAttrs = n_attr;
+  dsx_launch::Attrs attrs;
+  attrs.set(lc, cfg.splits, cfg.pdl);
   return cudaLaunchKernelEx(&lc, kernel, p);
 }
 
@@ -453,18 +440,7 @@ int resident_groups(const void* kernel, const Config& cfg, int dev) {
   }
   int n = 0;
   if (cfg.splits > 1) {
-    cudaLaunchConfig_t lc = {};
-    lc.gridDim = dim3(cfg.splits, 1, 1);
-    lc.blockDim = dim3(32 * cfg.warps, 1, 1);
-    lc.dynamicSmemBytes = cfg.smem;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = cfg.splits;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    lc.attrs = attr;
-    lc.numAttrs = 1;
-    if (cudaOccupancyMaxActiveClusters(&n, kernel, &lc) != cudaSuccess) n = 0;
+    dsx_launch::max_active_clusters(&n, kernel, cfg.splits, 32 * cfg.warps, cfg.smem);
   } else {
     int per_sm = 0, sms = 0;
     if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 32 * cfg.warps, cfg.smem) == cudaSuccess &&

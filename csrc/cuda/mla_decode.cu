@@ -41,6 +41,7 @@
 #include <cstdlib>
 
 #include "dsx.h"
+#include "launch_attrs.cuh"
 #include "mla_decode.cuh"
 
 namespace dsx_mla {
@@ -690,13 +691,8 @@ cudaError_t launch_wgmma_lm(const Params& p, const CUtensorMap& map, int row_til
   cfg.blockDim = dim3(kWThreads);                                                    // padding tile (no rows)
   cfg.dynamicSmemBytes = PlanWG::kAlloc;
   cfg.stream = stream;
-  cudaLaunchAttribute attrs[1];
-  attrs[0].id = cudaLaunchAttributeClusterDimension;
-  attrs[0].val.clusterDim.x = LM == 2 ? 2 : 1;
-  attrs[0].val.clusterDim.y = 1;
-  attrs[0].val.clusterDim.z = 1;
-  cfg.attrs = attrs;
-  cfg.numAttrs = LM == 2 ? 1 : 0;
+  dsx_launch::Attrs attrs;
+  attrs.set(cfg, LM == 2 ? 2 : 1);
   return cudaLaunchKernelEx(&cfg, mla_decode_wgmma_kernel<LM>, p, map);
 }
 
@@ -710,20 +706,10 @@ static bool pairs_schedulable() {
   int k = known[dev].load(std::memory_order_relaxed);
   if (k == 0) {
     int clusters = 0;
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(2, 1, 1);
-    cfg.blockDim = dim3(kWThreads);
-    cfg.dynamicSmemBytes = PlanWG::kAlloc;
-    cudaLaunchAttribute attr;
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = 2;
-    attr.val.clusterDim.y = 1;
-    attr.val.clusterDim.z = 1;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
     const bool ok = cudaFuncSetAttribute(mla_decode_wgmma_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          PlanWG::kAlloc) == cudaSuccess &&
-                    cudaOccupancyMaxActiveClusters(&clusters, mla_decode_wgmma_kernel<2>, &cfg) == cudaSuccess &&
+                    dsx_launch::max_active_clusters(&clusters, mla_decode_wgmma_kernel<2>, 2, kWThreads,
+                                                    PlanWG::kAlloc) == cudaSuccess &&
                     clusters > 0;
     if (!ok) (void)cudaGetLastError();  // the query's error is not the caller's
     k = ok ? 1 : 2;
