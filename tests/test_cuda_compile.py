@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from ds_export.native.build import CSRC
+from ptx_entries import ptx_entries
 
 NVCC = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None)
 pytestmark = pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
@@ -93,11 +94,9 @@ def test_fp8_diag_nored_leaves_out_the_sums_only_where_asked(library_small_ptx, 
 def small_entries(ptx: str):
     """(tokens MN, weight rows BM, KS, PTX text) of each algo 6 kernel entry in gemm_fp8_small.cu's PTX."""
     name = re.compile(r"small_gemm_kernelILi(\d+)ELi(\d+)ELb\dELb\dELb\dELi(\d)E")
-    for entry in re.split(r"\n(?=\.visible \.entry|\.entry)", ptx):
-        m = name.search(entry[:400])
-        if m and ".entry" in entry[:200]:
-            mn, bm, ks = (int(x) for x in m.groups())
-            yield mn, bm, ks, entry
+    for m, entry in ptx_entries(ptx, name):
+        mn, bm, ks = (int(x) for x in m.groups())
+        yield mn, bm, ks, entry
 
 
 def test_fp8_early_loads_only_in_the_forms_they_speed_up(library_small_ptx):

@@ -33,6 +33,7 @@ from ds_export.formats import weight_only as wo
 from ds_export.native import cuda
 from ds_export.native import gemm_weight_only as G
 from ds_export.native.build import CSRC
+from ptx_entries import ptx_entries
 
 BF16 = ml_dtypes.bfloat16
 NVCC = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None)
@@ -405,11 +406,8 @@ def test_fold_instances_unpack_without_the_subtraction(tmp_path):
     assert res.returncode == 0, f"nvcc failed:\n{(res.stdout + res.stderr)[-4000:]}"
     name = re.compile(r"wo_gemm_ws_kernelILi4ELi2ELi([01])ELi2ELb([01])ELb0ELb([01])ELb1ELb([01])ELb0E")
     seen = {}
-    for entry in re.split(r"\n(?=\.visible \.entry|\.entry)", ptx.read_text()):
-        m = name.search(entry[:400])
-        if m and ".entry" in entry[:200]:
-            gm, push, red, fold = m.groups()
-            seen[(gm, push, red, fold)] = entry.count("fma.rn.bf16x2")
+    for m, entry in ptx_entries(ptx.read_text(), name):
+        seen[m.groups()] = entry.count("fma.rn.bf16x2")
     assert {("0", "1", "1", "1"), ("0", "0", "0", "1"), ("1", "1", "1", "0"), ("0", "1", "1", "0")} <= set(seen), sorted(seen)
     for (gm, push, red, fold), fmas in seen.items():
         if fold == "1":
