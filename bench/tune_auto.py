@@ -49,7 +49,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 # candidate words: w{warps}s{splits}d{ring slots}b{steps a slot}[c{chunk}]+{bits 28..30: warp-specialized, tiles a
 # warp}; a chunk equal to the steps a slot (and shorter than the slice): x through the ring (9..16 rows, int4 per
-# channel and group 128, two tiles a warp; elsewhere the word is refused and the sweep skips it)
+# channel and group 128, two tiles a warp; elsewhere the word is refused and the sweep skips it); a chunk that holds
+# the whole slice (short K, e.g. 512 at 4 splits) stages x whole, at any rows, as the automatic chunk does
 ONE, TWO, FOUR = 0x10000000, 0x30000000, 0x50000000
 CANDIDATES = (
     [(8, s, 2, 2, ONE) for s in (2, 4, 8)] + [(4, s, 2, 2, ONE) for s in (4, 8)] + [(8, 4, 4, 1, ONE), (8, 8, 4, 1, ONE)]

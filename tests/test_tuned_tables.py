@@ -50,13 +50,16 @@ def problems(rows) -> list[str]:
         # again), tiles a warp 1, 2 or 4 (bits 29..30 not 3), a split of at most 8, x's chunk automatic
         if not (word & WS and (word >> 16) & 15 and (word >> 20) & 15) or (word & TILES) == TILES:
             out.append(f"{where}: word {word:#x} is not a warp-specialized word with its ring")
-        # (warps 0, 4, 8, or 3, 5, 6, 7 with several tiles a warp and a given split; a chunk only for x through the
-        # ring: equal to the steps a slot, int4 per channel or group 128, two tiles a warp, 9..16 rows)
+        # (warps 0, 4, 8, or 3, 5, 6, 7 with several tiles a warp and a given split; a chunk either holds the whole
+        # K slice of a given split (x staged whole, as with the automatic chunk) or is x through the ring: equal to
+        # the steps a slot, int4 per channel or group 128, two tiles a warp, 9..16 rows)
         warps, splits, chunk, box = word & 15, (word >> 4) & 15, (word >> 8) & 255, (word >> 20) & 15
         odd_ok = warps in (3, 5, 6, 7) and word & TILES and splits
         ring_ok = chunk == box and (word >> 29) & 3 == 1 and bits == 4 and group in (-1, 128) \
             and 9 <= lo and hi <= 16
-        if splits > 8 or not (warps in (0, 4, 8) or odd_ok) or (chunk and not ring_ok):
+        steps = -(-k // (128 if bits == 4 else 64))
+        whole_ok = splits and chunk >= -(-steps // splits)
+        if splits > 8 or not (warps in (0, 4, 8) or odd_ok) or (chunk and not (ring_ok or whole_ok)):
             out.append(f"{where}: word {word:#x} has a bad split, warp count or chunk")
         seen.setdefault((bits, group, n, k), []).append((lo, hi))
     return out + overlaps(seen, "row")
@@ -93,10 +96,18 @@ def test_table_entries_are_valid():
     ((4, -1, 9216, 7168, 8, 9, 0x30220248), "bad split"),  # (x through the ring at 8 rows)
     ((8, -1, 9216, 7168, 9, 9, 0x30220248), "bad split"),  # (int8)
     ((4, -1, 9216, 7168, 9, 9, 0x50220248), "bad split"),  # (four tiles a warp)
+    ((4, -1, 8192, 512, 1, 1, 0x30220214), "bad split"),  # (a chunk of 2 short of one split's 4-step slice)
 ])
 def test_planted_faults_are_caught(fault, msg):
     rows = tune_auto.read_table()
     assert any(msg in p for p in problems(rows + [fault]))
+
+
+def test_a_chunk_that_holds_the_slice_is_x_whole():
+    """A given chunk at least as long as the K slice stages x whole (the kernel's host side takes it so), at any
+    rows: 8192x512 (4 steps) at 4 splits with a chunk of 2, the word the fortieth session's sweep confirmed there."""
+    assert problems([(4, -1, 8192, 512, 1, 5, 0x30220244)]) == []
+    assert problems([(4, -1, 8192, 512, 1, 5, 0x30220214)]) != []  # (1 split: a 4-step slice)
 
 
 def test_the_rules_shapes_are_tabled_too():
