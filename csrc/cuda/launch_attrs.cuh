@@ -45,7 +45,6 @@ cudaError_t max_active_clusters(int* clusters, Kernel kernel, unsigned cluster_x
   lc.dynamicSmemBytes = smem;
   Attrs at;
   at.set(lc, cluster_x);
-  *clusters = 0;
   const cudaError_t e = cudaOccupancyMaxActiveClusters(clusters, kernel, &lc);
   if (e != cudaSuccess) *clusters = 0;
   return e;
