@@ -195,12 +195,15 @@ int blocks_per_sm(int warps, int64_t smem, int mt) {
 constexpr double kBlockCost = 4.0;
 constexpr int kFullWarps = 32;
 
+// K steps of a launch: 64 K a step for int8, 128 for int4 (K a multiple of 64; the last int4 step may be half).
+int k_steps(int64_t k, int bits) { return static_cast<int>(bits == 8 ? k / 64 : (k / 64 + 1) / 2); }
+
 int choose(int64_t m, int64_t n, int64_t k, int bits, int group, int algo, int sms, Config* cfg) {
   const int rows = static_cast<int>(std::min<int64_t>(std::max<int64_t>(m, 1), kMaxRows));
   const int mt = rows <= 8 ? 1 : rows <= 16 ? 2 : rows <= 32 ? 4 : 8;
   const int gmode = gmode_of(bits, group);
   const int step_k = bits == 8 ? 64 : 128;
-  const int nsteps = static_cast<int>(bits == 8 ? k / 64 : (k / 64 + 1) / 2);
+  const int nsteps = k_steps(k, bits);
   if (algo < 0 || (algo >> 28) != 0) return DSX_EINVAL;
   const bool pdl = (algo >> 24) & 1, pair = !((algo >> 25) & 1), persist = !((algo >> 26) & 1);
   const bool bal = (algo >> 27) & 1;

@@ -85,7 +85,7 @@ int ws_choose(int rows, int64_t n, int64_t k, int bits, int group, int algo, int
   const int fields = (algo & ~(kWsAlgoBit | kWsTilesBit | 0xFF0000) & ~(odd_warps ? 15 : 0)) | (odd_warps ? 8 : 0);
   int rc = choose(rows, n, k, bits, group, fields, sms, cfg);
   if (rc != DSX_OK) return rc;
-  const int nsteps = static_cast<int>(bits == 8 ? k / 64 : (k / 64 + 1) / 2);
+  const int nsteps = k_steps(k, bits);
   // Splits and chunk automatic: where choose() would stage x in chunks, 8 splits (x whole here).
   if ((fields & 0xFFF0) == 0 && cfg->splits < kMaxSplits && cfg->chunk < (nsteps + cfg->splits - 1) / cfg->splits &&
       (nsteps + kMaxSplits - 1) / kMaxSplits >= 2) {
@@ -305,7 +305,7 @@ bool ws_auto_rule(int rows, int64_t n, int64_t k, int bits, int group, int algo,
     // / 45.69 -> 45.29 / 44.72 / 45.33), not taken. (At 9..16 rows four tiles at 8 splits run one
     // block an SM: 63.7-66.2 against 55.4-64.5, not taken.)
     const int sp4 = 2 * two.splits;
-    const int nsteps = static_cast<int>(k / 64 + 1) / 2;
+    const int nsteps = k_steps(k, 4);
     Config four2;
     const int64_t blocks2 = int64_t(two.blocks_n) * two.splits;
     if (int4pc && rows >= 2 && rows <= 8 && blocks2 > int64_t(ws_blocks_per_sm(two)) * sms && sp4 <= kMaxSplits &&
@@ -665,7 +665,7 @@ int ws_launch(Params& p, const void* qweight, int64_t n, int64_t k, int bits, in
       !ws_encode_map(&p.wmap1, qweight, n, k, bits, 1, cfg.ct * cfg.warps))
     return DSX_ECUDA;
   if (cfg.xring && !ws_encode_xmap(&p.xmap, p.x, p.m, k)) return DSX_ECUDA;
-  const int per_split = static_cast<int>(((k / 64 + 1) / 2 + cfg.splits - 1) / cfg.splits);
+  const int per_split = (k_steps(k, 4) + cfg.splits - 1) / cfg.splits;
   const bool stma = bits == 4 && p.group == 128 && cfg.xring && ws_smap_pays(cfg.box, per_split) &&
                     ws_encode_smap(&p.smap, p.scale, n, k, cfg.box, cfg.ct * cfg.warps);  // (else a bulk copy a step)
   p.chunk = cfg.chunk, p.stages = cfg.stages, p.box = cfg.box, p.pair = cfg.pair ? 1 : 0;
