@@ -17,6 +17,7 @@ automatic choice consults first on GPUs with the SM count it was measured on:
 
     python bench/tune_auto.py --kernel wo|fp8 --out DIR [--tp 1,2,4,8] [--ms ...] [--layouts 4,-1/8,128]
     python bench/tune_auto.py --kernel wo|fp8 --emit DIR/tune.jsonl [...] > csrc/cuda/<its table>
+    python bench/tune_auto.py --kernel wo|fp8 --changed OLD.inc NEW.inc      (the rows an A/B of the two must time)
 
 The first form measures (DIR/tune.jsonl: every sweep and confirmation row); the second, anywhere, turns
 confirmed rows into the table. The measuring form runs with DSX_TUNED_TABLES=0, so that "auto" is the
@@ -347,6 +348,37 @@ def read_table(path: Path = TABLES["wo"]) -> list[tuple[int, ...]]:
     return [key + (lo, hi, value) for key, lo, hi, value, _, _ in read_table_entries(path)[1]]
 
 
+# rows an A/B of two fp8 tables times where their words differ: the ends of the sweep's default row ranges
+FP8_AB_ROWS = (1, 16, 17, 32, 33, 64, 65, 128)
+
+
+def changed_rows(old: Path, new: Path, kernel: str = "wo") -> list[tuple[tuple, list[int]]]:
+    """Where two tables of `kernel` choose differently: (key, rows) for each key with a row whose word (an entry's
+    value, or the rules where a table has none) differs, keys and rows ascending. Weight-only: every such row;
+    fp8: those of FP8_AB_ROWS (its tables hold rows up to 128). What an A/B of the two tables' builds has to time:
+    an A/B at a few fixed shapes misses most of a re-tune (the forty-first session's int8 tables: a tie at its five
+    shapes, -5..+3% at the 66 rows whose words changed)."""
+    def words(path: Path) -> dict[tuple, int]:
+        return {key + (row,): value for key, lo, hi, value, _, _ in read_table_entries(path)[1] for row in range(lo, hi + 1)}
+    a, b = words(old), words(new)
+    out: dict[tuple, list[int]] = {}
+    for full in sorted(set(a) | set(b)):
+        if a.get(full) != b.get(full) and (kernel == "wo" or full[-1] in FP8_AB_ROWS):
+            out.setdefault(full[:-1], []).append(full[-1])
+    return list(out.items())
+
+
+def print_changed(old: str, new: str, kernel: str) -> int:
+    """--changed OLD NEW: one line a key, "bits,group NxK m,m,..." (wo: wo_ab.sh's LAYOUT, SHAPES and MS) or
+    "NxK m,m,..." (fp8), then a last line "# keys rows"."""
+    rows = changed_rows(Path(old), Path(new), kernel)
+    for key, ms in rows:
+        layout = f"{key[0]},{key[1]} " if kernel == "wo" else ""
+        print(f"{layout}{key[-2]}x{key[-1]} {','.join(map(str, ms))}")
+    print(f"# {len(rows)} {sum(len(ms) for _, ms in rows)}")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--kernel", choices=("wo", "fp8"), default="wo")
@@ -361,7 +393,10 @@ def main() -> int:
     ap.add_argument("--gain", type=float, default=0.04, help="a sweep winner is confirmed if this much faster than auto")
     ap.add_argument("--keep", type=float, default=0.025, help="and taken if this much faster at both ends of its rows")
     ap.add_argument("--emit", nargs="+", metavar="TUNE_JSONL", help="write the table from these measurements instead (a .inc table may come first)")
+    ap.add_argument("--changed", nargs=2, metavar=("OLD_INC", "NEW_INC"), help="print the rows where two tables' words differ")
     args = ap.parse_args()
+    if args.changed:
+        return print_changed(*args.changed, args.kernel)
     if args.emit:
         return emit_table(args.emit, args.kernel)
     args.ms = args.ms or ("1,4,8,16" if args.kernel == "wo" else "16,32,64,128")

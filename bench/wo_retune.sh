@@ -5,14 +5,15 @@
 #      words against the rules at every DeepSeek-V3 tensor-parallel shape (bench/tune_auto.py, tables off);
 #   2. the confirmed words are emitted over the shipped table (tune_auto --emit TABLE new.jsonl: the new
 #      sweep decides the rows it swept, the table keeps the rest);
-#   3. a build with the new table is timed against this tree's (bench/wo_ab.sh, interleaved with torch).
+#   3. a build with the new table is timed against this tree's (bench/wo_ab.sh, interleaved with torch) at every
+#      row whose word changed (tune_auto --changed), or at AB_SHAPES x AB_MS where AB_SHAPES is given.
 # The shipped table is not touched here (the tree on the GPU machine is a copy): the new one comes back in
 # $OUT/gemm_weight_only_tuned.inc with its diff; copy it into csrc/cuda/ and run the GPU tests on it.
 #   OUT=out/retune LAYOUTS=4,-1/4,128 MS=9,10,11,12,13,14,15,16 ROWS_FROM=9 bench/wo_retune.sh
 # Environment: LAYOUTS (bits,group pairs separated by /; 4,-1), MS (9..16), ROWS_FROM (the first row the
-# smallest M stands for; 9), TP (1,2,4,8), AB_SHAPES (36864x7168,7168x18432,18432x7168), AB_MS (MS),
-# AB_LAYOUT (the first of LAYOUTS), ROUNDS (4). Five files come back: tune.jsonl, tune.log, the table, its
-# diff against the shipped one, ab.log.
+# smallest M stands for; 9), TP (1,2,4,8), AB_SHAPES (none: the changed rows), AB_MS (MS), AB_LAYOUT (the
+# first of LAYOUTS), ROUNDS (4). Five files come back: tune.jsonl, tune.log, the table, its diff against the
+# shipped one, ab.log (its last lines the sums).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
@@ -42,6 +43,26 @@ echo "== A/B: the new table's build (new) against this tree's (old)"
 cp "$table" "$work/shipped.inc" && cp "$out/gemm_weight_only_tuned.inc" "$table"
 bench/wo_alt_lib.sh . "$work/new.so" || { cp "$work/shipped.inc" "$table"; exit 1; }
 cp "$work/shipped.inc" "$table"
-OUT="$work" NEW="$work/new.so" OLD="$work/base.so" SHAPES="${AB_SHAPES:-36864x7168,7168x18432,18432x7168}" \
-  MS="${AB_MS:-$ms}" LAYOUT="${AB_LAYOUT:-${layouts%%/*}}" ROUNDS="${ROUNDS:-4}" bench/wo_ab.sh | tee "$out/ab.log"
+if [ -n "${AB_SHAPES:-}" ]; then  # fixed shapes and rows
+  echo "${AB_LAYOUT:-${layouts%%/*}} $AB_SHAPES ${AB_MS:-$ms}" > "$work/ab_rows.txt"
+else  # every row whose word changed
+  python3 bench/tune_auto.py --kernel wo --changed "$work/shipped.inc" "$out/gemm_weight_only_tuned.inc" > "$work/ab_rows.txt"
+  echo "$(tail -1 "$work/ab_rows.txt" | cut -c3-) (keys rows) whose word changed"
+fi
+{ grep -v '^#' "$work/ab_rows.txt" || true; } | while read -r layout shapes rows; do
+  OUT="$work" NEW="$work/new.so" OLD="$work/base.so" SHAPES="$shapes" MS="$rows" LAYOUT="$layout" \
+    ROUNDS="${ROUNDS:-4}" bench/wo_ab.sh < /dev/null
+done | tee "$out/ab.log"
+# summed over the rows timed, and the rows that moved more than 2% either way
+python3 - "$out/ab.log" <<'PY' | tee -a "$out/ab.log"
+import re, sys
+rows = [(m[1], int(m[2]), float(m[3]), float(m[4])) for m in
+        (re.match(r"\S+ (\S+) M=\s*(\d+) new\s+([\d.]+) old\s+([\d.]+)", line) for line in open(sys.argv[1])) if m]
+if rows:
+    new, old = sum(r[2] for r in rows), sum(r[3] for r in rows)
+    moved = lambda f: ", ".join(f"{s} M={m} {o} -> {n}" for s, m, n, o in rows if f(n / o)) or "-"
+    print(f"A/B: {len(rows)} rows, old {old:.2f} -> new {new:.2f} us summed ({100 * (new / old - 1):+.1f}%)")
+    print(f"  over 2% faster: {moved(lambda r: r < 0.98)}")
+    print(f"  over 2% slower: {moved(lambda r: r > 1.02)}")
+PY
 rm -rf "$work"

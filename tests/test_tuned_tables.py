@@ -237,6 +237,26 @@ def test_emit_a_table_then_a_sweep_of_other_rows(tmp_path):
     assert "M=9 31.0 -> 30.0, M=16 33.5 -> 31" in out.getvalue() and "2026-12-01, 2026-12-02" in out.getvalue()
 
 
+def test_changed_rows_are_where_the_words_differ(tmp_path, capsys):
+    """`--changed OLD NEW`: the rows an A/B of two tables' builds must time, each row whose word differs (a word
+    in one table against the rules in the other too); fp8 only at the ends of the sweep's row ranges."""
+    w1, w2 = "w8s8d2b2+10000000", "w0s0d2b2+10000000"
+    old, new = tmp_path / "old.inc", tmp_path / "new.inc"
+    old.write_text(f"{{8, -1, 9216, 7168, 1, 8, 0x10220088}},  // {w1}: M=1 9.0 -> 8.0\n"
+                   f"{{8, 128, 7168, 2048, 9, 10, 0x10220088}},  // {w1}: M=9 9.0 -> 8.0\n")
+    new.write_text(f"{{8, -1, 9216, 7168, 1, 4, 0x10220088}},  // {w1}: M=1 9.0 -> 8.0\n"
+                   f"{{8, -1, 9216, 7168, 5, 8, 0x10220000}},  // {w2}: M=5 9.0 -> 8.0\n"
+                   f"{{8, 128, 7168, 2048, 10, 11, 0x10220088}},  // {w1}: M=10 9.0 -> 8.0\n")
+    assert tune_auto.changed_rows(old, old) == []
+    assert tune_auto.changed_rows(old, new) == [((8, -1, 9216, 7168), [5, 6, 7, 8]), ((8, 128, 7168, 2048), [9, 11])]
+    tune_auto.print_changed(str(old), str(new), "wo")
+    assert capsys.readouterr().out == "8,-1 9216x7168 5,6,7,8\n8,128 7168x2048 9,11\n# 2 6\n"
+    f_old, f_new = tmp_path / "f_old.inc", tmp_path / "f_new.inc"
+    f_old.write_text("{7168, 2048, 1, 64, 0x306},  // ks: M=1 9.0 -> 8.0\n")
+    f_new.write_text("{7168, 2048, 1, 16, 0x306},  // ks: M=1 9.0 -> 8.0\n{7168, 2048, 17, 40, 0x106},  // small: M=17 9.0 -> 8.0\n")
+    assert tune_auto.changed_rows(f_old, f_new, "fp8") == [((7168, 2048), [17, 32, 33, 64])]
+
+
 def test_read_table_refuses_a_malformed_line(tmp_path):
     bad = tmp_path / "t.inc"
     bad.write_text("{4, -1, 9216, 7168, 2, 8},  // the word missing\n")
