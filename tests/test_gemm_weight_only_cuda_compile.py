@@ -37,6 +37,8 @@ from ptx_entries import ptx_entries
 
 BF16 = ml_dtypes.bfloat16
 NVCC = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None)
+# the tests that run nvcc (CI has it; a machine without it skips them)
+needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
 UNIT = CSRC / "cuda" / "gemm_weight_only.cu"
 
 
@@ -46,8 +48,6 @@ UNIT = CSRC / "cuda" / "gemm_weight_only.cu"
 @pytest.fixture(scope="module")
 def entries(tmp_path_factory):
     """ptxas -v's report of every kernel entry of the unit (compiled once for the tests below)."""
-    if NVCC is None:
-        pytest.skip("nvcc not installed")
     cmd = [NVCC, "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "--expt-relaxed-constexpr", "-O3",
            "-DNDEBUG", "-Xcompiler", "-fPIC", "-Xptxas", "-v", f"-I{CSRC / 'include'}", "-c", str(UNIT),
            "-o", str(tmp_path_factory.mktemp("wo") / "wo.o")]
@@ -57,6 +57,7 @@ def entries(tmp_path_factory):
     return log.split("Compiling entry function")[1:]
 
 
+@needs_nvcc
 def test_compiles_for_sm90a_without_spills(entries):
     blocks = [b for b in entries if "wo_gemm_kernel" in b.split("\n")[0]]
     names = {re.search(r"wo_gemm_kernelILi(\d)ELi(\d)ELi(\d)", b).groups() for b in blocks}
@@ -315,6 +316,7 @@ def test_device_entry_checks_before_launch(case, match):
         G.check_algo(9 << 4)  # 9 splits
 
 
+@needs_nvcc
 def test_warp_specialized_instances_compile_without_spills(entries):
     """Algo bit 28's kernel (gemm_weight_only_ws.cuh, up to 32 rows: mt 1, 2 and 4 (17..32 rows, one
     tile a warp, 2 blocks an SM: 112 registers) of every layout, and 2 or 4 tiles a warp (bits 29..30) at
@@ -393,12 +395,11 @@ def test_warp_specialized_instances_compile_without_spills(entries):
         assert regs <= limit, f"{regs} registers (more than {limit}) in {b[:120]}"
 
 
+@needs_nvcc
 def test_fold_instances_unpack_without_the_subtraction(tmp_path):
     """The fold's point (FOLD instances: int4 per channel through the x ring): the unpack leaves each weight at 128 + u,
     so their PTX has no bf16x2 fma (the - 136 of i4_pairj) at all, while the x-ring instances without the fold (per
     channel and group 128) have one for every weight pair (so the check can fail)."""
-    if NVCC is None:
-        pytest.skip("nvcc not installed")
     ptx = tmp_path / "wo.ptx"
     cmd = [NVCC, "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "--expt-relaxed-constexpr", "-O3", "-DNDEBUG",
            f"-I{CSRC / 'include'}", "-ptx", str(UNIT), "-o", str(ptx)]
@@ -469,12 +470,11 @@ int main() {
 '''
 
 
+@needs_nvcc
 def test_tuned_table_is_the_automatic_choice_host_side(tmp_path):
     """Every entry of gemm_weight_only_tuned.inc, at both ends of its row range, is what the automatic choice
     resolves to for a 132-SM GPU (ws_resolve, host code only: a word that did not fit would fall back to the
     rules silently); tests/gpu checks the same on an H200, with data."""
-    if NVCC is None:
-        pytest.skip("nvcc not installed")
     src = tmp_path / "harness.cu"
     src.write_text(HARNESS.replace("UNIT", str(UNIT)))
     exe = tmp_path / "harness"
