@@ -320,7 +320,7 @@ def test_device_entry_checks_before_launch(case, match):
 def test_warp_specialized_instances_compile_without_spills(entries):
     """Algo bit 28's kernel (gemm_weight_only_ws.cuh, up to 32 rows: mt 1, 2 and 4 (17..32 rows, one
     tile a warp, 2 blocks an SM: 112 registers) of every layout, and 2 or 4 tiles a warp (bits 29..30) at
-    mt 1 and 2 for every layout but int4 group 64) at its
+    mt 1 and 2 for every layout (int4 group 64 too since the forty-second session)) at its
     register cap (3 blocks of 9 warps an SM; 2 for int4 group 64 at 16 rows, for 2 tiles a warp and
     for 4 at mt 1, 1 for 4 at mt 2): 0 spills. At mt 1 two tiles a warp stay within 72 registers and
     four within 112 (3 and 2 blocks an SM: what ws_blocks_per_sm, the automatic rule's count, assumes).
@@ -330,14 +330,16 @@ def test_warp_specialized_instances_compile_without_spills(entries):
     on the H200 it still beat the pulled one, 2048x7168 M = 9..16; 4 bytes since its owner applies the scales,
     fifteenth session): at most 4 bytes. Two at four token tiles (17..32 rows; twenty-second session): int4
     group 128 pushed, 4 / 8 bytes (measured with them: 1.3-2.5x the existing path at 17..32 rows), and int4
-    group 64, 44 / 96 bytes pulled and 28 / 52 pushed (explicit words only: the automatic rule leaves group 64
-    to the existing path there). Nowhere else. The four-token-tile instances exist once more with PARTS (two
+    group 64, 52 / 92 bytes pulled and 56 / 76 pushed (44 / 96 and 28 / 52 before its step took several tiles, the
+    forty-second session; with them the automatic choice since then, 1.9-2.2x the existing path at 24 and 32 rows).
+    Nowhere else. The four-token-tile instances exist once more with PARTS (two
     grid parts side by side, twenty-third session), under the same limits. The pushed instances with two tiles a warp
     and two token tiles, or four tiles a warp, exist once more with the reducer warp (RED, twenty-fifth session: 10
     warps a block): no spills, and the blocks an SM of the instance without it (2: 96 registers; 1 at four tiles and
     two token tiles). The int4 instances (per channel, group 128) with two tiles a warp and two token tiles exist once
     more with x through the ring (XR, twenty-seventh session; pulled, pushed, pushed with the reducer warp): no spills,
-    the same register limits. Eight token tiles (33..64 rows in one launch, wgmma consumers only, every layout but int4
+    the same register limits (and for int4 group 64 since the forty-second session).
+    Eight token tiles (33..64 rows in one launch, wgmma consumers only, every layout but int4
     group 64; thirty-third session): launch bounds of one block an SM (at two, ptxas capped them at 96 registers and the
     int4 ones spilled 84-104 bytes), no spills within 112 registers. The int4 x-ring instances exist once more folded
     (FOLD, per channel) and with group 128's scale rows by one tensor copy a slot (STMA, thirty-ninth session): no
@@ -346,7 +348,7 @@ def test_warp_specialized_instances_compile_without_spills(entries):
     names = {re.search(r"wo_gemm_ws_kernelILi(\d)ELi(\d)ELi(\d)ELi(\d)", b).groups() for b in blocks}
     want = {(b, mt, gm, "1") for b, gms in (("8", "01"), ("4", "012")) for gm in gms for mt in "124"}
     want |= {(b, "8", gm, "1") for b in "48" for gm in "01"}  # (eight token tiles: wgmma consumers only)
-    want |= {(b, mt, gm, ct) for b, gm in (("8", "0"), ("8", "1"), ("4", "0"), ("4", "1")) for ct in "24" for mt in "12"}
+    want |= {(b, mt, gm, ct) for b, gm in (("8", "0"), ("8", "1"), ("4", "0"), ("4", "1"), ("4", "2")) for ct in "24" for mt in "12"}
     assert names == want, f"warp-specialized instances: got {sorted(names)}"
     pushed = {re.search(r"wo_gemm_ws_kernelILi\dELi\dELi\dELi\dELb([01])E", b).group(1) for b in blocks}
     assert pushed == {"0", "1"}, "pulled and pushed instances"
@@ -362,7 +364,7 @@ def test_warp_specialized_instances_compile_without_spills(entries):
     xr_flags = re.compile(r"wo_gemm_ws_kernelILi(\d)ELi(\d)ELi(\d)ELi(\d)ELb([01])ELb[01]ELb([01])ELb([01])E")
     assert all(xr_flags.search(b) for b in blocks), "every instance names XR"
     xr = {xr_flags.search(b).groups()[:6] for b in blocks if xr_flags.search(b).group(7) == "1"}
-    assert xr == {("4", "2", gm, "2", push, red) for gm in "01" for push, red in (("0", "0"), ("1", "0"), ("1", "1"))}, (
+    assert xr == {("4", "2", gm, "2", push, red) for gm in "012" for push, red in (("0", "0"), ("1", "0"), ("1", "1"))}, (
         f"x through the ring: {sorted(xr)}")
     # (FOLD: int4 per channel through the ring, pulled and pushed, the pushed one with and without the reducer warp (its
     # launch without that warp); STMA: int4 group 128 through the ring, its scale rows by one tensor copy a slot, the
@@ -374,7 +376,7 @@ def test_warp_specialized_instances_compile_without_spills(entries):
     assert fold == {("4", "2", "0", "2") + pr for pr in three}, f"fold instances: {sorted(fold)}"
     stma = {more.search(b).groups()[:6] for b in blocks if more.search(b).group(8) == "1"}
     assert stma == {("4", "2", "1", "2") + pr for pr in three}, f"one scale copy a slot: {sorted(stma)}"
-    allowed = {"4201b1": (4, 4), "4411b1": (4, 8), "4421b0": (44, 96), "4421b1": (28, 52)}  # (stores, loads)
+    allowed = {"4201b1": (4, 4), "4411b1": (4, 8), "4421b0": (52, 92), "4421b1": (56, 76)}  # (stores, loads)
     for b in blocks:
         inst = "".join(re.search(r"wo_gemm_ws_kernelILi(\d)ELi(\d)ELi(\d)ELi(\d)EL(b[01])E", b).groups())
         if inst in allowed:

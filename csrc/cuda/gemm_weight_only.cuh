@@ -1,6 +1,6 @@
 // Device helpers of the weight-only GEMM (gemm_weight_only.cu): the bulk-copy pipeline
 // primitives, Paddle-layout unpacking into mma fragments, the bf16 tensor-core mma, and the
-// warp steps per layout (step_q: int8 and int4, one or two steps at once; step_int4_g64).
+// warp steps per layout (step_q: int8 and int4, one or two steps at once; step_g64_tiles: int4 group 64).
 //
 // How Paddle's bytes meet the mma (m16n8k16, A = weights [16 channels x 16 k] row-major,
 // B = activations [16 k x 8 tokens]; lane = 4 * g + c, g = groupID, c = thread in group):
@@ -25,7 +25,7 @@
 //        (nibbles {i, i+4} of word 2h) and 4i + 2h + 1 (the same nibbles of word 2h + 1).
 //  Either way the two B registers of k-step (i, h) are words 2h, 2h + 1 of the lane's x
 //  piece i: one 16-byte load of x serves two mma.
-//  (int4 group 64, step_int4_g64, pairs its k differently: see there.)
+//  (int4 group 64, step_g64_tiles, pairs its k differently: see there.)
 //
 // x in shared memory: a step's row of x is stored as 16-byte pieces (8 k each) in the order
 // that makes every lane's loads consecutive: the piece of real k = 8 * (IPC * c + i) (lane c's
@@ -426,62 +426,115 @@ __device__ __forceinline__ void fold_step_sum_xr(float (&sum)[2][2], const uint8
   }
 }
 
-// int4 step with group 64: a step spans two groups, but each mma must stay inside one. Lane
-// c holds tile c/2 only, so lanes c and c^2 swap half their words: afterwards word slots
-// 0, 1 of every lane hold tile 0 and slots 2, 3 tile 1 (slot w of lane c is word
-// (w & 1) | (c/2) << 1 of lane (w/2 == c/2 ? c : c ^ 2)), and mma k-steps 0..3 / 4..7
-// cover one 64-group each, with their own partial sums and scales.
-// (xo[t] here: row offset plus 8 (c & 1) + 4 (c >> 1), see below.)
-template <int MT>
-__device__ __forceinline__ void step_int4_g64(float (&acc)[MT][4], const Stage& st,
-                                              const uint16_t* xs, const int (&xo)[MT], int c) {
+// int4 step with group 64: a step spans two groups, but each mma must stay inside one. Lane c's
+// words in "g64 order": word slots 0, 1 of every lane hold 32-block c & 1 of the step (the first
+// 64-group) and slots 2, 3 block 2 + (c & 1) (the second), half c >> 1 of each block's words
+// (slot w is word (w & 1) | (c >> 1) << 1 of block 2 (w >> 1) + (c & 1)), so that mma k-steps 0..3
+// / 4..7 cover one 64-group each, with their own partial sums and scales (st.s[0], st.s[1]). Both
+// kernels read them so from shared memory, two 8-byte loads a row (g64_stage). (Before the
+// forty-second session a lane read Paddle's 16 bytes as the other layouts do and traded half its
+// words with lane c ^ 2: four shuffles a step, and one tile a warp only.)
+// (xo[t] here: row offset plus 8 (c & 1) + 4 (c >> 1): the lane's 8-byte x pieces, below.)
+// The same from Paddle's 16 bytes a lane as the other layouts read them (the plain kernel: its one-token-tile
+// instances sit at their 64-register cap, where two 8-byte loads a row spilled): lanes c and c ^ 2 trade half
+// their words.
+__device__ __forceinline__ void g64_words(Stage& st, int c) {
   const bool hi = (c >> 1) != 0;
-  uint32_t wd[2][4];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const uint4 v = st.w[r];
     const uint32_t got0 = __shfl_xor_sync(0xffffffffu, hi ? v.x : v.z, 2);
     const uint32_t got1 = __shfl_xor_sync(0xffffffffu, hi ? v.y : v.w, 2);
-    wd[r][0] = hi ? got0 : v.x;
-    wd[r][1] = hi ? got1 : v.y;
-    wd[r][2] = hi ? v.z : got0;
-    wd[r][3] = hi ? v.w : got1;
+    st.w[r] = make_uint4(hi ? got0 : v.x, hi ? got1 : v.y, hi ? v.z : got0, hi ? v.w : got1);
   }
-  uint32_t a[8][4];
+}
+
+// A lane's two rows of one step in g64 order straight from shared memory: row r's slots 0, 1 at
+// p + r * rgap and slots 2, 3 at 128 bytes further (the next 64 k of the channel-group row),
+// p = the row's step + 32 (g & 3) + 16 (c & 1) + 8 (c >> 1).
+__device__ __forceinline__ void g64_stage(Stage& st, const uint8_t* p, int rgap) {
 #pragma unroll
-  for (int w = 0; w < 4; ++w) {
-    const uint32_t r0 = wd[0][w], r1 = wd[1][w];
-    a[2 * w][0] = dsx_wo::i4_pair<0>(r0);
-    a[2 * w][1] = dsx_wo::i4_pair<0>(r1);
-    a[2 * w][2] = dsx_wo::i4_pair<1>(r0);
-    a[2 * w][3] = dsx_wo::i4_pair<1>(r1);
-    a[2 * w + 1][0] = dsx_wo::i4_pair<2>(r0);
-    a[2 * w + 1][1] = dsx_wo::i4_pair<2>(r1);
-    a[2 * w + 1][2] = dsx_wo::i4_pair<3>(r0);
-    a[2 * w + 1][3] = dsx_wo::i4_pair<3>(r1);
+  for (int r = 0; r < 2; ++r) {
+    const uint2 lo = lds64(p + r * rgap), hi = lds64(p + r * rgap + 128);
+    st.w[r] = make_uint4(lo.x, lo.y, hi.x, hi.y);
   }
-  // slot w, half h, pair lo: real k = 64 (w/2) + 32 (c&1) + 2 ((w&1) | hi << 1) + 16 h + {0,1},
-  // i.e. piece 8 sg + 4 (c&1) + 2 h (+1 for the pair 8 above), at position 4 i + 2 sg + (c&1)
-  // with i = 2 h (+1), and 4 elements further in for the hi lanes.
+}
+
+// One group-64 step of CT channel tiles (st[n] in g64 order) at once: each 8-byte x piece feeds
+// the mma of every tile. Chain (n, t, sg) is the mma k-steps s = 4 sg .. 4 sg + 3 in that order
+// from 0, then fma'd into acc with the scale of group sg: per tile the chains of a lone tile, the
+// same bits whatever CT. xload(sg, i, t): the lane's x piece i (8 bytes) of group sg, token tile t.
+// Slot w, half h, pair lo of k-step s = 2 w + h: real k = 64 (w / 2) + 32 (c & 1) + 2 ((w & 1) |
+// (c >> 1) << 1) + 16 h + {0, 1}: piece i = 2 h (+1 for the pair 8 above), word w & 1.
+template <int MT, int CT, class XLoad>
+__device__ __forceinline__ void step_g64_tiles_with(float (&acc)[CT][MT][4], const Stage (&st)[CT], XLoad xload) {
+  // The k-steps unpacked once for every token tile: both groups' at once, and both groups' x pieces loaded at
+  // once, with one tile a warp and up to two token tiles (as before the forty-second session: the plain kernel's
+  // one-token-tile instances sit at their 64-register cap, and a group at a time spilled there), else a group's at a
+  // time (16 registers a tile; four token tiles spilled less so).
+  constexpr int kAtOnce = CT == 1 && MT <= 2 ? 2 : 1;
 #pragma unroll
-  for (int t = 0; t < MT; ++t) {
-    const uint16_t* p = xs + xo[t];  // row + 8 (c & 1) + 4 hi
-    uint2 xv[2][4];
+  for (int sg0 = 0; sg0 < 2; sg0 += kAtOnce) {
+    uint32_t a[CT][4 * kAtOnce][4];
 #pragma unroll
-    for (int sg = 0; sg < 2; ++sg)
+    for (int n = 0; n < CT; ++n)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) xv[sg][i] = dsx_wo::lds64(p + 16 * sg + 32 * i);
-#pragma unroll
-    for (int sg = 0; sg < 2; ++sg) {
-      float part[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-      for (int s = 4 * sg; s < 4 * sg + 4; ++s) {
-        const int w = s >> 1, h = s & 1;
-        dsx_wo::mma_bf16(part, a[s], half_of(xv[sg][2 * h], w & 1), half_of(xv[sg][2 * h + 1], w & 1));
+      for (int w = 0; w < 2 * kAtOnce; ++w) {
+        const uint32_t r0 = word(st[n].w[0], 2 * sg0 + w), r1 = word(st[n].w[1], 2 * sg0 + w);
+        a[n][2 * w][0] = i4_pair<0>(r0), a[n][2 * w][1] = i4_pair<0>(r1);
+        a[n][2 * w][2] = i4_pair<1>(r0), a[n][2 * w][3] = i4_pair<1>(r1);
+        a[n][2 * w + 1][0] = i4_pair<2>(r0), a[n][2 * w + 1][1] = i4_pair<2>(r1);
+        a[n][2 * w + 1][2] = i4_pair<3>(r0), a[n][2 * w + 1][3] = i4_pair<3>(r1);
       }
-      add_scaled(acc[t], part, st.s[sg]);
+#pragma unroll
+    for (int t = 0; t < MT; ++t) {
+      uint2 xv[kAtOnce][4];
+#pragma unroll
+      for (int q = 0; q < kAtOnce; ++q)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) xv[q][i] = xload(sg0 + q, i, t);
+#pragma unroll
+      for (int q = 0; q < kAtOnce; ++q) {
+        float part[CT][4];
+#pragma unroll
+        for (int n = 0; n < CT; ++n) part[n][0] = part[n][1] = part[n][2] = part[n][3] = 0.f;
+#pragma unroll
+        for (int s = 0; s < 4; ++s) {
+          const int w = s >> 1, h = s & 1;  // (k-step 4 sg + s: slot 2 sg + w, whose word parity is w)
+#pragma unroll
+          for (int n = 0; n < CT; ++n)
+            dsx_wo::mma_bf16(part[n], a[n][4 * q + s], half_of(xv[q][2 * h], w), half_of(xv[q][2 * h + 1], w));
+        }
+#pragma unroll
+        for (int n = 0; n < CT; ++n) add_scaled(acc[n][t], part[n], st[n].s[sg0 + q]);
+      }
     }
   }
+}
+
+// x staged in the permuted layout (stage_x_steps): the lane's piece i of group sg, token tile t, at
+// xs + xo[t] + 16 sg + 32 i (32-block 2 sg + (c & 1), half c >> 1).
+template <int MT, int CT>
+__device__ __forceinline__ void step_g64_tiles(float (&acc)[CT][MT][4], const Stage (&st)[CT], const uint16_t* xs,
+                                               const int (&xo)[MT]) {
+  step_g64_tiles_with<MT, CT>(acc, st,
+                              [&](int sg, int i, int t) { return dsx_wo::lds64(xs + xo[t] + 16 * sg + 32 * i); });
+}
+
+// int4 group 64 from the x ring (XR; step_q_tiles_xr's layout): the lane's 8-byte piece i of group sg, token tile t, is
+// half c >> 1 of piece i of segment 2 sg + (c & 1) of row 8 t + g, whose swizzle is (2 g + sg) & 3 (2048 t moves
+// none of bits 4..5): at (off + xg0 + 144 sg) ^ (16 i), + 2048 t, xg0 = xr_g64_off(g, c) (group 1: 128 bytes on,
+// swizzle + 1; no carry reaches bits 4..5, so the xor stays on the piece index).
+__device__ __forceinline__ int xr_g64_off(int g, int c) {
+  return 256 * g + 64 * (c & 1) + 8 * (c >> 1) + 16 * ((2 * g) & 3);
+}
+template <int MT, int CT>
+__device__ __forceinline__ void step_g64_tiles_xr(float (&acc)[CT][MT][4], const Stage (&st)[CT], const uint8_t* smem,
+                                                  uint32_t off, int xg0) {
+  const uint32_t o = off + static_cast<uint32_t>(xg0);
+  step_g64_tiles_with<MT, CT>(acc, st, [&](int sg, int i, int t) {
+    return dsx_wo::lds64(smem + (((o + 144u * sg) ^ (16u * i)) + 2048u * t));
+  });
 }
 
 // x steps [s0, s0 + steps) of rows [0, m) (row-major [m, k] bf16) into buf, row stride ld elements:

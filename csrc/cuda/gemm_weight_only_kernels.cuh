@@ -237,7 +237,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MT == 1 ? 4 : MT == 2 ? 3 : 1)
             if (BITS == 8) {
               dsx_wo::step_q<8, MT, GMODE, 1>(acc, st, xs, xo);
             } else if (GMODE == 2) {
-              dsx_wo::step_int4_g64<MT>(acc, st[0], xs, xo, c);
+              dsx_wo::g64_words(st[0], c);  // (Paddle's 16 bytes a lane into g64 order)
+              dsx_wo::step_g64_tiles<MT, 1>(reinterpret_cast<float(&)[1][MT][4]>(acc), st, xs, xo);
             } else {
               dsx_wo::step_q<4, MT, GMODE, 1>(acc, st, xs, xo);
             }

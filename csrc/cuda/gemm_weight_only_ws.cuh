@@ -4,7 +4,7 @@
 // gemm_weight_only_ws_host.cuh.
 //
 // The same arithmetic as wo_gemm_kernel (each consumer warp owns 16 output channels, unpacks
-// Paddle's bytes in registers and runs the same step_q / step_int4_g64 on them, with the same
+// Paddle's bytes in registers and runs the same step_q / step_g64_tiles on them, with the same
 // x layout in shared memory, the same per-step partials joined in increasing k and the same
 // cluster reduction in slice order: for a given split the output bits are those of the
 // existing path), but the weights reach shared memory differently: one producer warp (the
@@ -132,7 +132,7 @@ __global__ void __launch_bounds__((kMaxWarps + (RED ? 2 : 1)) * 32, CT == 4 || M
   constexpr int kElemStep = kRowStep / 8;          // the same in tensor-map elements
   constexpr int kRowsPerWarp = BITS == 8 ? 8 : 4;  // channel-group rows of one warp's 16 channels
   static_assert(!RED || ws_red_warp(CT, MT, PUSH), "the reducer warp: pushed sums with several tiles a warp only");
-  static_assert(!XR || (BITS == 4 && MT == 2 && CT == 2 && GMODE != 2 && !PARTS), "x through the ring: ws_xring_ok");
+  static_assert(!XR || (BITS == 4 && MT == 2 && CT == 2 && !PARTS), "x through the ring: ws_xring_ok");
   static_assert(!FOLD || (XR && GMODE == 0), "the fold: x through the ring, int4 per channel (ws_choose)");
   static_assert(!WG || (MT >= 4 && CT == 1 && GMODE != 2 && !XR), "wgmma consumers: ws_wgmma");
   static_assert(!STMA || (BITS == 4 && GMODE == 1 && XR), "scale rows by one tensor copy a slot: ws_smap_pays");
@@ -413,7 +413,10 @@ __global__ void __launch_bounds__((kMaxWarps + (RED ? 2 : 1)) * 32, CT == 4 || M
   const int cthreads = 32 * nwarps;
   constexpr int kRowGap = BITS == 8 ? 4 : 2;
   const int wrow = BITS == 8 ? g >> 1 : g >> 2;
-  const int win = BITS == 8 ? (g & 1) * 64 + 16 * c : (g & 3) * 32 + (c >> 1) * 128 + (c & 1) * 16;
+  // (int4 group 64: the lane's two 8-byte halves in g64 order, dsx_wo::g64_stage: 128 bytes apart)
+  const int win = BITS == 8 ? (g & 1) * 64 + 16 * c
+                  : GMODE == 2 ? (g & 3) * 32 + (c & 1) * 16 + (c >> 1) * 8
+                               : (g & 3) * 32 + (c >> 1) * 128 + (c & 1) * 16;
   auto read_scale = [&](const uint8_t* sl, int j, int i, int v) -> uint32_t {  // (v: the block's tile)
     // (STMA, int4 group 128 through the x ring where ws_smap_pays: the slot's rows by one tensor copy, Params::smap,
     // packed 32 * tiles bytes apart; otherwise a bulk copy a step, ws_scale_row(CT) apart, from the 16-byte boundary
@@ -423,6 +426,11 @@ __global__ void __launch_bounds__((kMaxWarps + (RED ? 2 : 1)) * 32, CT == 4 || M
                : sl + box * tiles * kWBytes + (ws_scale_rows(GMODE) * j + i) * ws_scale_row(CT) + lead() + 2 * (16 * v + g);
     return static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(b)) |
            static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(b + 16)) << 16;
+  };
+  // int4 group 64: a step's two scale rows (the second past K on a half step: 0, its weights and x are zeros)
+  auto g64_scales = [&](Stage& st, const uint8_t* sl, int j, int step, int v) {
+    st.s[0] = read_scale(sl, j, 0, v);
+    st.s[1] = 2 * step + 1 < ngroups() ? read_scale(sl, j, 1, v) : 0u;
   };
   // x: the block's whole K slice, staged once (ws_choose requires that it fits), pieces permuted
   // as in the existing path (gemm_weight_only.cuh).
@@ -454,8 +462,8 @@ __global__ void __launch_bounds__((kMaxWarps + (RED ? 2 : 1)) * 32, CT == 4 || M
 #pragma unroll
   for (int t = 0; t < MT; ++t)
     xo[t] = min(8 * t + g, rows_of() - 1) * ld + (BITS == 4 && GMODE == 2 ? 8 * (c & 1) + 4 * (c >> 1) : 8 * c);
-  if constexpr (XR)  // (XR: the lane's row-g bytes in a step of the x ring, step_q_tiles_xr)
-    xo[0] = dsx_wo::xr_lane_off(g, c);
+  if constexpr (XR)  // (XR: the lane's row-g bytes in a step of the x ring: step_q_tiles_xr, int4 group 64 step_g64_tiles_xr)
+    xo[0] = GMODE == 2 ? dsx_wo::xr_g64_off(g, c) : dsx_wo::xr_lane_off(g, c);
   constexpr bool kPair = MT == 1 ? !(BITS == 4 && GMODE == 2) : MT == 2 && BITS == 4 && GMODE == 0;
   const bool pair = kPair && p.pair != 0;
   int slot = 0;
@@ -502,12 +510,22 @@ __global__ void __launch_bounds__((kMaxWarps + (RED ? 2 : 1)) * 32, CT == 4 || M
 #pragma unroll
             for (int q = 0; q < CT; ++q) {
               const uint8_t* wp = wbase + q * tstride + j * jstride;
-              st[q].w[0] = dsx_wo::lds128(wp);
-              st[q].w[1] = dsx_wo::lds128(wp + rgap);
-              if (GMODE == 1) st[q].s[0] = read_scale(sl, j, 0, CT * warp + q);
+              if constexpr (GMODE == 2) {
+                dsx_wo::g64_stage(st[q], wp, rgap);
+                g64_scales(st[q], sl, j, first + j, CT * warp + q);
+              } else {
+                st[q].w[0] = dsx_wo::lds128(wp);
+                st[q].w[1] = dsx_wo::lds128(wp + rgap);
+                if (GMODE == 1) st[q].s[0] = read_scale(sl, j, 0, CT * warp + q);
+              }
             }
 #ifndef DSX_WO_NOMATH
-            if constexpr (XR) {
+            if constexpr (GMODE == 2 && XR) {
+              const uint32_t xoff = xring0() - dsx_wo::smem_addr(smem) + static_cast<uint32_t>((slot * box + j) * kXrStepBytes);
+              dsx_wo::step_g64_tiles_xr<MT, CT>(acc, st, smem, xoff, xo[0]);
+            } else if constexpr (GMODE == 2) {
+              dsx_wo::step_g64_tiles<MT, CT>(acc, st, xs, xo);
+            } else if constexpr (XR) {
               const uint32_t xoff = xring0() - dsx_wo::smem_addr(smem) + static_cast<uint32_t>((slot * box + j) * kXrStepBytes);
               dsx_wo::step_q_tiles_xr<BITS, MT, GMODE, CT, !FOLD>(acc, st, smem, xoff, xo[0]);
             } else {
@@ -539,19 +557,19 @@ __global__ void __launch_bounds__((kMaxWarps + (RED ? 2 : 1)) * 32, CT == 4 || M
           } else {
             Stage st[1];
             const uint8_t* wp = wbase + j * jstride;
-            st[0].w[0] = dsx_wo::lds128(wp);
-            st[0].w[1] = dsx_wo::lds128(wp + rgap);
-            if (GMODE == 1) st[0].s[0] = read_scale(sl, j, 0, warp);
-            if (GMODE == 2) {
-              const int step = first + j;
-              st[0].s[0] = read_scale(sl, j, 0, warp);
-              st[0].s[1] = 2 * step + 1 < ngroups() ? read_scale(sl, j, 1, warp) : 0u;
+            if constexpr (GMODE == 2) {
+              dsx_wo::g64_stage(st[0], wp, rgap);
+              g64_scales(st[0], sl, j, first + j, warp);
+            } else {
+              st[0].w[0] = dsx_wo::lds128(wp);
+              st[0].w[1] = dsx_wo::lds128(wp + rgap);
+              if (GMODE == 1) st[0].s[0] = read_scale(sl, j, 0, warp);
             }
 #ifndef DSX_WO_NOMATH
             if (BITS == 8) {
               dsx_wo::step_q<8, MT, GMODE, 1>(acc[0], st, xs, xo);
-            } else if (GMODE == 2) {
-              dsx_wo::step_int4_g64<MT>(acc[0], st[0], xs, xo, c);
+            } else if constexpr (GMODE == 2) {
+              dsx_wo::step_g64_tiles<MT, 1>(acc, st, xs, xo);
             } else {
               dsx_wo::step_q<4, MT, GMODE, 1>(acc[0], st, xs, xo);
             }

@@ -18,9 +18,9 @@ constexpr int kWsMaxRows = 32;
 constexpr int kWsWideRows = 64;
 constexpr int kWsWgmma = 1 << 29;  // (bits 29..30 = 1 above 16 rows: wgmma consumers)
 
-// Whether x may come through the ring (the kernel's XR instances, x by one tensor copy a step): int4 per channel or
-// group 128, two token tiles (9..16 rows), two tiles a warp.
-bool ws_xring_ok(int rows, int bits, int gmode, int ct) { return bits == 4 && gmode != 2 && rows > 8 && rows <= 16 && ct == 2; }
+// Whether x may come through the ring (the kernel's XR instances, x by one tensor copy a step): int4 (per channel, group
+// 128, group 64 since the forty-second session), two token tiles (9..16 rows), two tiles a warp.
+bool ws_xring_ok(int rows, int bits, int gmode, int ct) { return bits == 4 && rows > 8 && rows <= 16 && ct == 2; }
 
 int ws_blocks_per_sm(const Config& c);
 // The fold (the kernel's FOLD instances; x through the ring, int4 per channel): where the grid's blocks, as many as
@@ -99,7 +99,6 @@ int ws_choose(int rows, int64_t n, int64_t k, int bits, int group, int algo, int
     cfg->warps = odd_warps;
   }
   if (cfg->ct > 1) {
-    if (gmode_of(bits, group) == 2) return DSX_EINVAL;  // (int4 group 64: one tile a warp only)
     const int64_t blocks_n = (n / 16 + cfg->ct * cfg->warps - 1) / (cfg->ct * cfg->warps);
     cfg->blocks_n = static_cast<int>(blocks_n);
   }
@@ -249,13 +248,16 @@ int ws_resident_tiles(const Config& c) { return c.ct * c.warps * ws_blocks_per_s
 // An automatic launch: every tuning field 0 (bits 24..26, launch options, may be set), not bits 27..30.
 bool ws_automatic(int algo) { return (algo & 0xFFFFFF) == 0 && (algo & (1 << 27 | kWsAlgoBit | kWsTilesBit)) == 0; }
 
-// The layouts the automatic rules take to this kernel: int4 per channel or group 128, and int8 (its groups of 128 and 64
-// take int8 per channel's rules since the sixteenth session); int4 group 64 stays on the existing path.
-bool ws_auto_layout(int bits, int group) { return bits == 8 || (bits == 4 && (group == -1 || group == 128)); }
+// The layouts the automatic rules take to this kernel: every one. int8's groups of 128 and 64 take int8 per channel's
+// rules (sixteenth session); int4 group 64 takes group 128's since the forty-second (its step runs several tiles a warp
+// since then; before, one tile a warp, and the rules left it on the existing path).
+bool ws_auto_layout(int bits, int group) {
+  return bits == 8 || (bits == 4 && (group == -1 || group == 128 || group == 64));
+}
 
 bool ws_auto_rule(int rows, int64_t n, int64_t k, int bits, int group, int algo, int sms, Config* cfg) {
   if (rows > kWsMaxRows || !ws_automatic(algo) || !ws_auto_layout(bits, group)) return false;
-  const bool int4pc = bits == 4 && group == -1, int4g128 = bits == 4 && group == 128, int8 = bits == 8;
+  const bool int4pc = bits == 4 && group == -1, int4g = bits == 4 && group != -1, int8 = bits == 8;  // (int4g: 128, 64)
   const int ring = algo | kWsAlgoBit | 2 << 16 | 2 << 20;
   // Twenty-second session: 17..32 rows (four token tiles, one channel tile a warp), choose()'s split, x
   // whole, 2 slots of 2 steps, wherever that fits. Before, the existing path (its MT = 4 kernel, x in chunks
@@ -331,7 +333,7 @@ bool ws_auto_rule(int rows, int64_t n, int64_t k, int bits, int group, int algo,
     // build A/B M = 1 / 4 / 8 7.80 / 7.79 / 7.95 -> 7.06 / 7.13 / 7.43, torch 10.9-11.2).
     Config half;
     const bool half_two = group != -1 || rows <= 4;
-    if ((int8 || int4g128) && rows <= 8 && two.chunk <= 4 && two.splits >= 2 &&
+    if ((int8 || int4g) && rows <= 8 && two.chunk <= 4 && two.splits >= 2 &&
         ws_choose(rows, n, k, bits, group, ring | (half_two ? 1 << 29 | 4 : 8) | (two.splits / 2) << 4, sms, &half) ==
             DSX_OK &&
         int64_t(half.blocks_n) * half.splits >= sms) {
@@ -364,7 +366,7 @@ bool ws_auto_rule(int rows, int64_t n, int64_t k, int bits, int group, int algo,
   // 11.50 -> 10.89; at 9..16 1-2%), one row (int8 group 128 10.64 -> 10.30 forced, int4 group 128 8.24 ->
   // 8.43), and 4 warps for int4 group 128 (M = 2 / 4 / 8 8.13 / 8.22 / 9.10 forced). Int4 per channel at
   // 9..16 rows too (before, one tile a warp): M = 9 / 12 / 16 10.02 / 10.16 / 10.53 -> 9.71 / 9.85 / 10.27.
-  if (((int8 && group != -1) || int4g128 || (int4pc && rows > 8)) && rows >= 2) {
+  if (((int8 && group != -1) || int4g || (int4pc && rows > 8)) && rows >= 2) {
     Config one8, two8;
     if (steps / kMaxSplits >= 4 &&
         ws_choose(rows, n, k, bits, group, ring | kMaxSplits << 4 | 8, sms, &one8) == DSX_OK &&
@@ -472,11 +474,8 @@ int ws_resolve(int rows, int64_t n, int64_t k, int bits, int group, int algo, in
       if (ws_resolve(rows, n, k, bits, group, word | algo, sms, cfg, ws) == DSX_OK) return DSX_OK;
       *ws = false;  // (a word that does not fit this launch: the rules; tests/gpu check every entry fits)
     }
-  // Bits 29..30 only with bit 28, not 3, and not for int4 group 64 (its step pairs two lanes' words:
-  // one tile a warp).
-  if ((algo & kWsTilesBit) &&
-      (!(algo & kWsAlgoBit) || (algo & kWsTilesBit) == kWsTilesBit || gmode_of(bits, group) == 2))
-    return DSX_EINVAL;
+  // Bits 29..30 only with bit 28, and not 3.
+  if ((algo & kWsTilesBit) && (!(algo & kWsAlgoBit) || (algo & kWsTilesBit) == kWsTilesBit)) return DSX_EINVAL;
   if ((*ws = ws_auto_rule(rows, n, k, bits, group, algo, sms, cfg))) return DSX_OK;
   *ws = (algo & kWsAlgoBit) && (rows <= kWsMaxRows || (rows <= kWsWideRows && (algo & kWsTilesBit) == kWsWgmma));
   if (*ws) {
@@ -673,23 +672,21 @@ int ws_launch(Params& p, const void* qweight, int64_t n, int64_t k, int bits, in
   auto by_ct = [&](auto bg, auto pg) {
     constexpr int B = decltype(bg)::kBits, G = decltype(bg)::kGmode;
     constexpr bool P = decltype(pg)::value;
-    if constexpr (G != 2) {  // (several tiles a warp: not int4 group 64; ws_choose)
-      if constexpr (B == 4) {
-        if constexpr (G == 0) {
-          if (cfg.xring && cfg.fold)
-            return ws_launch_inst<B, 2, G, 2, P, false, ws_red_warp(2, 2, P), true, true>(p, cfg, stream);
-        }
-        if constexpr (G == 1) {  // (int4 group 128: the scale rows by one tensor copy a slot where it pays)
-          if (cfg.xring && stma)
-            return ws_launch_inst<B, 2, G, 2, P, false, ws_red_warp(2, 2, P), true, false, false, true>(p, cfg, stream);
-        }
-        if (cfg.xring) return ws_launch_inst<B, 2, G, 2, P, false, ws_red_warp(2, 2, P), true>(p, cfg, stream);
+    if constexpr (B == 4) {  // (x through the ring, ws_xring_ok)
+      if constexpr (G == 0) {
+        if (cfg.xring && cfg.fold)
+          return ws_launch_inst<B, 2, G, 2, P, false, ws_red_warp(2, 2, P), true, true>(p, cfg, stream);
       }
-      if (cfg.ct == 2)
-        return cfg.mt == 1 ? ws_launch_inst<B, 1, G, 2, P>(p, cfg, stream) : ws_launch_inst<B, 2, G, 2, P>(p, cfg, stream);
-      if (cfg.ct == 4)
-        return cfg.mt == 1 ? ws_launch_inst<B, 1, G, 4, P>(p, cfg, stream) : ws_launch_inst<B, 2, G, 4, P>(p, cfg, stream);
+      if constexpr (G == 1) {  // (int4 group 128: the scale rows by one tensor copy a slot where it pays)
+        if (cfg.xring && stma)
+          return ws_launch_inst<B, 2, G, 2, P, false, ws_red_warp(2, 2, P), true, false, false, true>(p, cfg, stream);
+      }
+      if (cfg.xring) return ws_launch_inst<B, 2, G, 2, P, false, ws_red_warp(2, 2, P), true>(p, cfg, stream);
     }
+    if (cfg.ct == 2)
+      return cfg.mt == 1 ? ws_launch_inst<B, 1, G, 2, P>(p, cfg, stream) : ws_launch_inst<B, 2, G, 2, P>(p, cfg, stream);
+    if (cfg.ct == 4)
+      return cfg.mt == 1 ? ws_launch_inst<B, 1, G, 4, P>(p, cfg, stream) : ws_launch_inst<B, 2, G, 4, P>(p, cfg, stream);
     if constexpr (G != 2) {
       if (cfg.mt == 8)  // (33..64 rows: wgmma consumers only)
         return ws_launch_inst<B, 8, G, 1, P, false, false, false, false, true>(p, cfg, stream);

@@ -222,7 +222,7 @@ def algo_word(warps: int = 0, splits: int = 0, chunk: int = 0, stages: int = 0, 
     shared by its warps, `stages` x `box` steps of all of them, x staged whole, or, with a chunk equal
     to `box` and shorter than the slice, int4 at 9..16 rows and 2 tiles a warp, x through a ring of its own; not with
     `balanced`); tiles: 16-channel tiles a consumer warp owns, 1, 2 or 4 (bits 29..30 = log2; with
-    warp_specialized, up to 16 rows: one x fragment load feeds all of them; not for int4 group 64; at 17..32 rows
+    warp_specialized, up to 16 rows: one x fragment load feeds all of them; at 17..32 rows
     the same bits pick the consumers: tiles 2 = wgmma, 4 = mma.sync, 1 = wgmma where it pays; at 33..64 rows
     tiles 2 = one launch of eight token tiles through wgmma, else the existing path).
     Only `splits` changes the result's bits (and `balanced`, for tiles that a warp run boundary cuts).

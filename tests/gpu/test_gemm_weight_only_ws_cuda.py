@@ -215,7 +215,7 @@ def test_33_to_64_rows_eight_token_tiles_rule_on_h200():
     """Automatic (tables off), 33..64 rows: one launch of eight token tiles with 2 slots of 2 steps, or of 1 step where
     only that holds two blocks an SM (36864 x 7168 at 40 rows: x for 40 rows of a 7-step slice; at 41 and 64 rows one
     block an SM either way); the cut at 32 rows where x for the rows does not fit (7168 x 18432: 18-step slices) or where
-    its two launches run side by side (7168 x 256); int4 group 64 never (the existing path)."""
+    its two launches run side by side (7168 x 256); int4 group 64 never (no wgmma instance: the cut at 32 rows)."""
     skip_unless_h200()
     with cuda.rules_only():
         for m, want in ((40, (8, 8, 7, 2, 1)), (41, (8, 8, 7, 2, 2)), (64, (8, 8, 7, 2, 2))):
@@ -224,7 +224,8 @@ def test_33_to_64_rows_eight_token_tiles_rule_on_h200():
             assert ws_config(m, 36864, 7168, 4, -1, 0) == want, m
         assert G.cuda_launch(64, 7168, 18432, 4, -1) == {"rows": 32, "parts": 1}
         assert G.cuda_launch(64, 7168, 256, 4, -1) == {"rows": 64, "parts": 2}
-        assert not G.cuda_path(64, 36864, 7168, 4, 64)["ws"]
+        assert G.cuda_launch(64, 36864, 7168, 4, 64) == {"rows": 32, "parts": 1}  # (int4 group 64: no wgmma, the cut)
+        assert G.cuda_path(64, 36864, 7168, 4, 64)["ws"] and not G.cuda_path(64, 36864, 7168, 4, 64)["wgmma"]
 
 
 def test_33_to_64_rows_eight_token_tiles_refusals():
@@ -322,9 +323,8 @@ def test_more_than_32_rows_ignore_the_bit():
 
 def test_given_chunk_must_hold_the_slice():
     """x is staged whole on this path: a chunk shorter than the slice is refused (DSX_EINVAL), but for x through
-    the ring (a chunk equal to the ring's steps a slot, int4 per channel or group 128, two tiles a warp, 9..16
-    rows): not with one tile a warp, not with a chunk other than the slot's steps, not at 8 rows or fewer, not
-    for int8 or int4 group 64."""
+    the ring (a chunk equal to the ring's steps a slot, int4, two tiles a warp, 9..16 rows): not with one tile a
+    warp, not with a chunk other than the slot's steps, not at 8 rows or fewer, not for int8."""
     m, n, k = 16, 256, 2048  # 16 int4 steps: 8 a slice at 2 splits
     run = G._cuda_fns()[0]
     for bits, group, m in ((4, -1, 16), (4, -1, 8), (4, 128, 9), (8, -1, 16), (4, 64, 12)):
@@ -335,7 +335,7 @@ def test_given_chunk_must_hold_the_slice():
         def rc(algo):
             return run(dx.ptr, dq.ptr, ds.ptr, out.ptr, m, n, k, bits, group, 90, algo, None)
 
-        ring = bits == 4 and group != 64 and m > 8
+        ring = bits == 4 and m > 8
         half = k // (64 if bits == 8 else 128) // 2  # (the slice at 2 splits: 16 int8 steps, 8 int4 ones)
         assert rc(word(8, 2, 4, 0, 0) | WS) == -1
         assert rc(word(8, 2, half, 0, 0) | WS) == 0
@@ -343,8 +343,7 @@ def test_given_chunk_must_hold_the_slice():
         assert rc(word(8, 2, 2, 2, 2) | WS | TILES[4]) == -1  # (four)
         assert rc(word(8, 2, 4, 2, 2) | WS | TILES[2]) == -1  # (chunk 4, slots of 2 steps)
         assert rc(word(8, 2, 2, 2, 2) | WS | TILES[2]) == (0 if ring else -1), (bits, group, m)
-        if (bits, group) != (4, 64):  # (int4 group 64 has no several-tiles instance: refused)
-            assert G.cuda_path(m, n, k, bits, group, algo=word(8, 2, half, 2, 2) | WS | TILES[2])["xring"] is False
+        assert G.cuda_path(m, n, k, bits, group, algo=word(8, 2, half, 2, 2) | WS | TILES[2])["xring"] is False
         cuda.synchronize()
 
 
@@ -367,7 +366,7 @@ def test_odd_warps_need_several_tiles_and_a_split():
 
 
 @pytest.mark.parametrize("m", [9, 11, 13, 16])
-@pytest.mark.parametrize("bits,group", [(4, -1), (4, 128)])
+@pytest.mark.parametrize("bits,group", [(4, -1), (4, 128), (4, 64)])
 def test_x_through_the_ring_same_bits(bits, group, m):
     """x through the ring (XR: a second ring holds x's rows of each slot's steps, one tensor copy a step issued by the
     producer warp, zeros past K and M, 64-byte swizzle; a given
@@ -503,7 +502,7 @@ def test_up_to_8_rows_where_auto_takes_the_balanced_grid():
 
 TILES = {2: 1 << 29, 4: 2 << 29}  # algo bits 29..30 (with bit 28): 16-channel tiles a consumer warp, 1..16 rows
 TWO = TILES[2]
-TWO_LAYOUTS = [(4, -1), (4, 128), (8, -1), (8, 128)]
+TWO_LAYOUTS = [(4, -1), (4, 128), (4, 64), (8, -1), (8, 128)]
 
 
 @pytest.mark.parametrize("tiles", [2, 4])
@@ -531,7 +530,7 @@ def test_two_tiles_a_warp_same_bits_every_split(bits, group, tiles):
 
 @pytest.mark.parametrize("tiles", [2, 4])
 @pytest.mark.parametrize("m", [3, 10, 16])
-@pytest.mark.parametrize("bits,group", [(4, -1), (8, 128)])
+@pytest.mark.parametrize("bits,group", [(4, -1), (4, 64), (8, 128)])
 def test_two_tiles_persistent_blocks(bits, group, m, tiles):
     """N = 23104 (361 x 64): 91 groups of 256 channels (8 warps of two tiles; the last one a
     quarter full; of 4 tiles 46 of 512), more than stay resident with a deep ring (one block an SM),
@@ -548,7 +547,7 @@ def test_two_tiles_persistent_blocks(bits, group, m, tiles):
 
 @pytest.mark.parametrize("tiles", [1, 2, 4])
 @pytest.mark.parametrize("m", [3, 11, 16])
-@pytest.mark.parametrize("bits,group", [(4, -1), (4, 128), (8, -1)])
+@pytest.mark.parametrize("bits,group", [(4, -1), (4, 128), (4, 64), (8, -1)])
 def test_pushed_sum_persistent_blocks(bits, group, m, tiles):
     """Where the split is 4 or 8 and divides the block's 16-channel tiles, the cluster's sum is
     pushed (ws_push): each block sends its pieces to the tile's owner (st.async on the owner's
@@ -593,8 +592,9 @@ def test_several_tiles_up_to_8_rows_same_bits(bits, group, tiles):
 
 
 def test_two_tiles_refused_combinations():
-    """Bits 29..30 without bit 28, = 3, or for int4 group 64 (any M): DSX_EINVAL from the config entry
-    and the launch (before any launch). More than 16 rows: ignored (17 rows: bit 28's four token tiles with
+    """Bits 29..30 without bit 28, or = 3: DSX_EINVAL from the config entry and the launch (before any launch);
+    int4 group 64 takes them (since the forty-second session; before, refused). More than 16 rows: ignored
+    (17 rows: bit 28's four token tiles with
     one channel tile a warp; 80: the existing path for 64 of them), the same bits."""
     v = [ctypes.c_int() for _ in range(5)]
     cfg = G._cuda_fns()[1]
@@ -602,9 +602,10 @@ def test_two_tiles_refused_combinations():
     assert cfg(16, 2048, 7168, 4, -1, WS | TWO, *[ctypes.byref(i) for i in v]) == 0
     assert cfg(16, 2048, 7168, 4, -1, WS | 3 << 29, *[ctypes.byref(i) for i in v]) != 0
     for m in (4, 16):
-        assert cfg(m, 2048, 7168, 4, 64, WS | TWO, *[ctypes.byref(i) for i in v]) != 0
+        assert cfg(m, 2048, 7168, 4, 64, WS | TWO, *[ctypes.byref(i) for i in v]) == 0
+        assert cfg(m, 2048, 7168, 4, 64, TWO, *[ctypes.byref(i) for i in v]) != 0
     run = G._cuda_fns()[0]
-    for m, group, algo in ((12, -1, TWO), (12, 64, WS | TWO), (3, 64, WS | TWO), (16, -1, WS | 3 << 29)):
+    for m, group, algo in ((12, -1, TWO), (12, 64, TWO), (3, 64, WS | 3 << 29), (16, -1, WS | 3 << 29)):
         x, q, s, _ = make(m, 256, 1024, 4, group, seed=23)
         dx, dq, ds = cuda.to_device(x.view(np.uint16)), cuda.to_device(q), cuda.to_device(s.view(np.uint16))
         out = cuda.empty((m, 256), np.uint16)
@@ -648,11 +649,16 @@ AUTO_H200 = {
     (2048, 7168, 8, 128, 1): (False, 1), (7168, 2048, 8, 64, 1): (True, 2), (7168, 2048, 8, -1, 4): (True, 2),
     (7168, 2048, 8, -1, 8): (True, 1), (7168, 2048, 4, 128, 4): (True, 2), (2048, 7168, 8, -1, 12): (True, 1),
     (36864, 7168, 8, 64, 16): (True, 2), (24576, 1536, 8, 64, 9): (True, 2), (7168, 18432, 8, 64, 16): (True, 2),
-    (36864, 7168, 4, 64, 16): (False, 1),
+    # int4 group 64: group 128's rules (forty-second session; before, the existing path). At 16 rows on 36864 x 7168 one
+    # tile a warp: two scale rows a step leave the two-tile block (2 x 2 slots, x for 14 steps) one an SM, 16 tiles
+    # resident against one tile's 24 (the table's x-ring word takes that row: 78.9 -> 60.0 us)
+    (36864, 7168, 4, 64, 16): (True, 1), (36864, 7168, 4, 64, 9): (True, 2), (7168, 18432, 4, 64, 16): (True, 2),
+    (36864, 7168, 4, 64, 8): (True, 2), (7168, 18432, 4, 64, 1): (True, 2), (2048, 7168, 4, 64, 2): (True, 2),
+    (2048, 7168, 4, 64, 12): (True, 2), (7168, 2048, 4, 64, 4): (True, 2),
     # 17..32 rows: four token tiles, one channel tile a warp, x whole, wherever it fits (twenty-second session;
     # before, the existing path); not int4 group 64
     (36864, 7168, 4, -1, 17): (True, 1), (7168, 18432, 4, -1, 32): (True, 1), (36864, 7168, 8, 128, 24): (True, 1),
-    (36864, 7168, 4, 64, 32): (False, 1),
+    (36864, 7168, 4, 64, 32): (True, 1),
     # up to 8 rows (int4 per channel)
     (36864, 7168, 4, -1, 1): (True, 2), (36864, 7168, 4, -1, 2): (True, 4), (36864, 7168, 4, -1, 4): (True, 4),
     (36864, 7168, 4, -1, 8): (True, 4),
@@ -667,7 +673,6 @@ AUTO_H200 = {
     # else at 2..8 rows two tiles at 8 splits (sixteenth session)
     (2048, 7168, 8, -1, 4): (False, 1), (2048, 7168, 8, 128, 8): (True, 2), (2048, 7168, 4, 128, 2): (True, 2),
     (2048, 7168, 8, 64, 16): (True, 2), (2048, 7168, 4, 128, 12): (True, 2),
-    (7168, 18432, 4, 64, 1): (False, 1),
 }
 
 
@@ -719,10 +724,11 @@ def check_auto_choice(m, n, k, bits, group, tiles, fields, seed, also=()):
 
 @pytest.mark.parametrize(
     "bits,group,m",
-    [(b, g, m) for b, g in [(8, 128), (8, 64), (4, 128)] for m in (2, 5, 8, 9, 16)] + [(4, -1, 9), (4, -1, 16)],
+    [(b, g, m) for b, g in [(8, 128), (8, 64), (4, 128), (4, 64)] for m in (2, 5, 8, 9, 16)] + [(4, -1, 9), (4, -1, 16)],
 )
 def test_two_tiles_eight_splits_rule_on_h200(bits, group, m):
-    """2048 x 7168, int8 with group scales and int4 group 128 at 2..16 rows, int4 per channel at 9..16,
+    """2048 x 7168, int8 with group scales and int4 group 128 (and 64: its rules since the forty-second session) at
+    2..16 rows, int4 per channel at 9..16,
     where one tile a warp at 8 splits leaves SMs without a block: auto takes two tiles a warp, 8 warps,
     at 8 splits (sixteenth session; before, the kernel without bit 28 up to 8 rows, one tile a warp
     above). Right against float64, the same bits as the existing path and one tile a warp at 8 splits,
@@ -735,7 +741,7 @@ def test_two_tiles_eight_splits_rule_on_h200(bits, group, m):
     "bits,group,m,want",
     [(8, g, m, (2, 4, 4, 2, 2)) for g in (128, 64) for m in (1, 4, 8)]
     + [(8, -1, m, (2, 4, 4, 2, 2)) for m in (1, 4)] + [(8, -1, m, (1, 8, 4, 2, 2)) for m in (5, 8)]
-    + [(4, 128, m, (2, 4, 4, 2, 2)) for m in (1, 4, 8)] + [(4, -1, m, (1, 8, 4, 2, 1)) for m in (1, 4, 8, 9, 16)],
+    + [(4, g, m, (2, 4, 4, 2, 2)) for g in (128, 64) for m in (1, 4, 8)] + [(4, -1, m, (1, 8, 4, 2, 1)) for m in (1, 4, 8, 9, 16)],
 )
 def test_short_slice_rules_on_h200(bits, group, m, want):
     """7168 x 2048 (32 int8 / 16 int4 steps), where the slices auto took kept at most 4 steps: int8 and

@@ -67,7 +67,7 @@
  * ring shared by the block's warps (bits 16..19: its slots, automatic 4; bits 20..23: steps
  * per slot, automatic 1; a slot holds those steps of all warps), and x is staged whole (an
  * automatic chunk becomes the slice; a given chunk must hold it, else DSX_EINVAL, but for a given
- * chunk equal to the steps a slot with int4 per channel or group 128, 9..16 rows and two tiles a
+ * chunk equal to the steps a slot with int4 (any scales), 9..16 rows and two tiles a
  * warp: x through the ring, one tensor copy of x a step into an x ring beside the weights', the
  * same bits; and 3, 5, 6 or 7 warps are taken with bits 29..30 and a given split; where the
  * whole slice does not fit with chunk and ring fields automatic, and for launches of more
@@ -84,7 +84,7 @@
  * 1 or 2 = each consumer warp owns 2 or 4 tiles of 16 output channels (a block
  * 16 x tiles x warps channels), so that one x fragment load from shared memory feeds the mma of
  * all of them; each tile's arithmetic is unchanged (the same bits). DSX_EINVAL: bits 29..30
- * without bit 28, equal to 3, or with int4 group 64. Automatic (algo 0, or only bits 24..26) at
+ * without bit 28, or equal to 3. Automatic (algo 0, or only bits 24..26) at
  * 9..16 rows, where x fits whole, with 2 slots of 2 steps: int4 per channel, int4 group 128 and
  * int8 per channel take bit 28 with two tiles a warp (8 warps) where that grid still has a block
  * for every SM and keeps at least as many tiles resident on an SM as one tile a warp; else int4 (per channel or group 128) takes bit 28
@@ -102,15 +102,16 @@
  * else the plain or balanced kernel as before (measured, H200, same run: 5-16% faster than the
  * previous choice on the three large DeepSeek-V3 shapes at M = 1, 4, 8, 1-5% on the three small ones,
  * four tiles 4-11% at 9..16 rows on 7168 x 18432 and 24576 x 1536). At 1..8 rows auto's bits are
- * then the plain kernel's at its split (not the balanced grid's). Automatic at 17..32 rows (int4 per
- * channel or group 128, int8): bit 28, one tile a warp, the split without it, 2 slots of 2 steps,
+ * then the plain kernel's at its split (not the balanced grid's). Int4 group 64 takes group 128's rules
+ * (since the forty-second session; before, the kernel without bit 28 at any rows). Automatic at 17..32 rows
+ * (every layout): bit 28, one tile a warp, the split without it, 2 slots of 2 steps,
  * wherever x fits whole (measured, H200: faster than the kernel without it at every DeepSeek-V3 tp
  * shape, 1.04-3.1x); so the same bits as the kernel without bit 28 at that split. Automatic at 33..64
- * rows (the same layouts): one launch of all the rows with eight token tiles through wgmma (its split, 2
- * slots of 2 steps, or of 1 step where only that holds two blocks an SM) where x fits whole and the cut
- * at 32 rows would not run as two grid parts; else the cut above (measured, H200: int4 36864 x 7168 M = 64
- * 159 -> 131 us, M = 33..40 121 -> 104; the same bits as the kernel without bit 28 at its split). Bits 27
- * and 28 together: DSX_EINVAL.
+ * rows (every layout but int4 group 64, which has no wgmma consumers: the cut below): one launch of all
+ * the rows with eight token tiles through wgmma (its split, 2 slots of 2 steps, or of 1 step where only
+ * that holds two blocks an SM) where x fits whole and the cut at 32 rows would not run as two grid parts;
+ * else the cut above (measured, H200: int4 36864 x 7168 M = 64 159 -> 131 us, M = 33..40 121 -> 104; the
+ * same bits as the kernel without bit 28 at its split). Bits 27 and 28 together: DSX_EINVAL.
  * Returns 0, DSX_EINVAL
  * or DSX_ECUDA (launch failure, or no driver entry point for the TMA descriptor).
  *
@@ -160,7 +161,7 @@ int dsx_wo_gemm_config_cuda(int64_t m, int64_t n, int64_t k, int bits, int group
 
 /* Which kernel `algo` resolves to for the first launch (min(M, 64) rows, or 32 as above): *ws = 1 for the
  * warp-specialized one (bit 28, or auto's choice), 2 for it with x through its ring (a given chunk equal to the
- * steps a slot, shorter than the K slice: int4 per channel or group 128, 9..16 rows, two tiles a warp), 3 for that
+ * steps a slot, shorter than the K slice: int4, 9..16 rows, two tiles a warp), 3 for that
  * with the fold (int4 per channel, where every block loops over two tile groups or more: see the accumulation
  * order above), 4 for it with wgmma consumers (17..64 rows, bits 29..30 above), and its 16-channel tiles a
  * consumer warp (*tiles: 1, 2 or 4; 1 for the other kernels). */
