@@ -41,7 +41,7 @@ def problems(rows) -> list[str]:
     seen: dict[tuple, list[tuple[int, int]]] = {}
     for bits, group, n, k, lo, hi, word in rows:
         where = f"entry {bits}, {group}, {n}x{k}, rows {lo}..{hi}"
-        if (bits, group) not in {(4, -1), (4, 128), (8, -1), (8, 128)}:
+        if (bits, group) not in {(4, -1), (4, 128), (4, 64), (8, -1), (8, 128)}:
             out.append(f"{where}: not a tuned layout")
         out += shape_and_range_problems(where, known, n, k, lo, hi, "rows", 32)  # (kWsMaxRows)
         if hi > 16 and word & TILES:  # (17..32 rows: one tile a warp; the bits would be ignored)
@@ -52,10 +52,10 @@ def problems(rows) -> list[str]:
             out.append(f"{where}: word {word:#x} is not a warp-specialized word with its ring")
         # (warps 0, 4, 8, or 3, 5, 6, 7 with several tiles a warp and a given split; a chunk either holds the whole
         # K slice of a given split (x staged whole, as with the automatic chunk) or is x through the ring: equal to
-        # the steps a slot, int4 per channel or group 128, two tiles a warp, 9..16 rows)
+        # the steps a slot, int4 (any scales), two tiles a warp, 9..16 rows)
         warps, splits, chunk, box = word & 15, (word >> 4) & 15, (word >> 8) & 255, (word >> 20) & 15
         odd_ok = warps in (3, 5, 6, 7) and word & TILES and splits
-        ring_ok = chunk == box and (word >> 29) & 3 == 1 and bits == 4 and group in (-1, 128) \
+        ring_ok = chunk == box and (word >> 29) & 3 == 1 and bits == 4 \
             and 9 <= lo and hi <= 16
         steps = -(-k // (128 if bits == 4 else 64))
         whole_ok = splits and chunk >= -(-steps // splits)
@@ -83,7 +83,7 @@ def test_table_entries_are_valid():
 
 @pytest.mark.parametrize("fault,msg", [
     ((4, -1, 9216, 7000, 1, 1, 0x10220044), "not a DeepSeek-V3 shape"),
-    ((4, 64, 9216, 7168, 1, 1, 0x10220044), "not a tuned layout"),
+    ((8, 64, 9216, 7168, 1, 1, 0x10220044), "not a tuned layout"),
     ((4, -1, 9216, 7168, 1, 33, 0x10220044), "rows out of"),
     ((4, -1, 9216, 7168, 17, 20, 0x30220088), "several tiles a warp above 16 rows"),
     ((4, -1, 9216, 7168, 1, 1, 0x00220044), "not a warp-specialized word"),
