@@ -430,14 +430,13 @@ __device__ __forceinline__ void fold_step_sum_xr(float (&sum)[2][2], const uint8
 // words in "g64 order": word slots 0, 1 of every lane hold 32-block c & 1 of the step (the first
 // 64-group) and slots 2, 3 block 2 + (c & 1) (the second), half c >> 1 of each block's words
 // (slot w is word (w & 1) | (c >> 1) << 1 of block 2 (w >> 1) + (c & 1)), so that mma k-steps 0..3
-// / 4..7 cover one 64-group each, with their own partial sums and scales (st.s[0], st.s[1]). Both
-// kernels read them so from shared memory, two 8-byte loads a row (g64_stage). (Before the
-// forty-second session a lane read Paddle's 16 bytes as the other layouts do and traded half its
-// words with lane c ^ 2: four shuffles a step, and one tile a warp only.)
+// / 4..7 cover one 64-group each, with their own partial sums and scales (st.s[0], st.s[1]). The
+// warp-specialized kernel reads them so from shared memory, two 8-byte loads a row (g64_stage);
+// the plain kernel reads Paddle's 16 bytes a lane as for the other layouts and trades half its
+// words with lane c ^ 2 (g64_words: its one-token-tile instances sit at their 64-register cap,
+// where the 8-byte loads spilled). (Before the forty-second session both traded, which tied the
+// step to one tile a warp.)
 // (xo[t] here: row offset plus 8 (c & 1) + 4 (c >> 1): the lane's 8-byte x pieces, below.)
-// The same from Paddle's 16 bytes a lane as the other layouts read them (the plain kernel: its one-token-tile
-// instances sit at their 64-register cap, where two 8-byte loads a row spilled): lanes c and c ^ 2 trade half
-// their words.
 __device__ __forceinline__ void g64_words(Stage& st, int c) {
   const bool hi = (c >> 1) != 0;
 #pragma unroll

@@ -20,7 +20,7 @@ constexpr int kWsWgmma = 1 << 29;  // (bits 29..30 = 1 above 16 rows: wgmma cons
 
 // Whether x may come through the ring (the kernel's XR instances, x by one tensor copy a step): int4 (per channel, group
 // 128, group 64 since the forty-second session), two token tiles (9..16 rows), two tiles a warp.
-bool ws_xring_ok(int rows, int bits, int gmode, int ct) { return bits == 4 && rows > 8 && rows <= 16 && ct == 2; }
+bool ws_xring_ok(int rows, int bits, int ct) { return bits == 4 && rows > 8 && rows <= 16 && ct == 2; }
 
 int ws_blocks_per_sm(const Config& c);
 // The fold (the kernel's FOLD instances; x through the ring, int4 per channel): where the grid's blocks, as many as
@@ -114,7 +114,7 @@ int ws_choose(int rows, int64_t n, int64_t k, int bits, int group, int algo, int
   const bool auto_chunk = ((algo >> 8) & 255) == 0;
   if (auto_chunk) cfg->chunk = per_split;
   cfg->xring = cfg->chunk < per_split;
-  if (cfg->xring && (cfg->chunk != cfg->box || !ws_xring_ok(rows, bits, gmode, cfg->ct))) return DSX_EINVAL;
+  if (cfg->xring && (cfg->chunk != cfg->box || !ws_xring_ok(rows, bits, cfg->ct))) return DSX_EINVAL;
   // (smem_bytes with `tiles` warps and no ring: x whole and the partial tile of 16 * tiles channels)
   // (XR: the x ring and the partial tile instead)
   const int64_t smem = ws_barrier_bytes(cfg->stages) + int64_t(cfg->stages) * ws_slot_bytes(gmode, cfg->box, tiles, cfg->ct) +

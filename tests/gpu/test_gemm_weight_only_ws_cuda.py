@@ -593,9 +593,9 @@ def test_several_tiles_up_to_8_rows_same_bits(bits, group, tiles):
 
 def test_two_tiles_refused_combinations():
     """Bits 29..30 without bit 28, or = 3: DSX_EINVAL from the config entry and the launch (before any launch);
-    int4 group 64 takes them (since the forty-second session; before, refused). More than 16 rows: ignored
-    (17 rows: bit 28's four token tiles with
-    one channel tile a warp; 80: the existing path for 64 of them), the same bits."""
+    int4 group 64 takes them (since the forty-second session; before, refused). More than 16 rows: ignored (17
+    rows: bit 28's four token tiles with one channel tile a warp; 80: the existing path for 64 of them), the same
+    bits."""
     v = [ctypes.c_int() for _ in range(5)]
     cfg = G._cuda_fns()[1]
     assert cfg(16, 2048, 7168, 4, -1, TWO, *[ctypes.byref(i) for i in v]) != 0
