@@ -59,7 +59,7 @@ from gpu_timing import n_sets, time_ours  # noqa: E402
 SHAPES = [(36864, 7168), (7168, 18432), (2048, 7168), (7168, 2048), (24576, 1536), (4096, 7168)]
 MS = [1, 2, 4, 8, 16, 64]
 MS_OTHER = [1, 4, 16]
-LAYOUTS = [(4, -1), (4, 128), (8, -1)]
+LAYOUTS = [(4, -1), (4, 128), (4, 64), (8, -1)]  # (int4 group 64 since the forty-second session: the same kernels)
 # (warps, splits, x chunk, ring slots, steps per slot); chunk 0 = automatic
 SWEEP = [(w, s, 0, d, b) for w in (4, 8) for s in range(1, 9) for d, b in ((4, 1), (2, 2), (2, 4))]
 SWEEP_M16 = [(8, s, 16, d, b) for s in (2, 3, 4, 6, 8) for d, b in ((4, 1), (2, 4))]  # larger x chunks at M = 16
