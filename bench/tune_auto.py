@@ -348,6 +348,9 @@ def read_table(path: Path = TABLES["wo"]) -> list[tuple[int, ...]]:
     return [key + (lo, hi, value) for key, lo, hi, value, _, _ in read_table_entries(path)[1]]
 
 
+# the weight-only layouts the table holds (the default of --layouts; tests/test_tuned_tables.py checks the table by it)
+WO_LAYOUTS = ((4, -1), (4, 128), (4, 64), (8, -1), (8, 128))
+
 # rows an A/B of two fp8 tables times where their words differ: the ends of the sweep's default row ranges
 FP8_AB_ROWS = (1, 16, 17, 32, 33, 64, 65, 128)
 
@@ -385,7 +388,8 @@ def main() -> int:
     ap.add_argument("--out", default="out/tune")
     ap.add_argument("--tp", default="1,2,4,8", help="tensor-parallel degrees whose shapes are tuned")
     ap.add_argument("--shapes", default="", help="only these NxK (comma-separated) of those")
-    ap.add_argument("--layouts", default="4,-1/4,128/8,-1/8,128", help="--kernel wo: bits,group pairs separated by /")
+    ap.add_argument("--layouts", default="/".join(f"{b},{g}" for b, g in WO_LAYOUTS),
+                    help="--kernel wo: bits,group pairs separated by /")
     ap.add_argument("--ms", default=None, help="M values (default wo 1,4,8,16; fp8 16,32,64,128)")
     ap.add_argument("--rows-from", type=int, default=1, help="the first row the smallest of --ms stands for")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the sweep")

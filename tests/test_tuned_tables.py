@@ -41,7 +41,7 @@ def problems(rows) -> list[str]:
     seen: dict[tuple, list[tuple[int, int]]] = {}
     for bits, group, n, k, lo, hi, word in rows:
         where = f"entry {bits}, {group}, {n}x{k}, rows {lo}..{hi}"
-        if (bits, group) not in {(4, -1), (4, 128), (4, 64), (8, -1), (8, 128)}:
+        if (bits, group) not in tune_auto.WO_LAYOUTS:
             out.append(f"{where}: not a tuned layout")
         out += shape_and_range_problems(where, known, n, k, lo, hi, "rows", 32)  # (kWsMaxRows)
         if hi > 16 and word & TILES:  # (17..32 rows: one tile a warp; the bits would be ignored)

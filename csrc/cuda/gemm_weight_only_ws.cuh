@@ -520,14 +520,14 @@ __global__ void __launch_bounds__((kMaxWarps + (RED ? 2 : 1)) * 32, CT == 4 || M
               }
             }
 #ifndef DSX_WO_NOMATH
-            if constexpr (GMODE == 2 && XR) {
+            if constexpr (XR) {
               const uint32_t xoff = xring0() - dsx_wo::smem_addr(smem) + static_cast<uint32_t>((slot * box + j) * kXrStepBytes);
-              dsx_wo::step_g64_tiles_xr<MT, CT>(acc, st, smem, xoff, xo[0]);
+              if constexpr (GMODE == 2)
+                dsx_wo::step_g64_tiles_xr<MT, CT>(acc, st, smem, xoff, xo[0]);
+              else
+                dsx_wo::step_q_tiles_xr<BITS, MT, GMODE, CT, !FOLD>(acc, st, smem, xoff, xo[0]);
             } else if constexpr (GMODE == 2) {
               dsx_wo::step_g64_tiles<MT, CT>(acc, st, xs, xo);
-            } else if constexpr (XR) {
-              const uint32_t xoff = xring0() - dsx_wo::smem_addr(smem) + static_cast<uint32_t>((slot * box + j) * kXrStepBytes);
-              dsx_wo::step_q_tiles_xr<BITS, MT, GMODE, CT, !FOLD>(acc, st, smem, xoff, xo[0]);
             } else {
               dsx_wo::step_q_tiles<BITS, MT, GMODE, CT>(acc, st, xs, xo);
             }
