@@ -342,8 +342,8 @@ def test_warp_specialized_instances_compile_without_spills(entries):
     Eight token tiles (33..64 rows in one launch, wgmma consumers only, every layout but int4
     group 64; thirty-third session): launch bounds of one block an SM (at two, ptxas capped them at 96 registers and the
     int4 ones spilled 84-104 bytes), no spills within 112 registers. The int4 x-ring instances exist once more folded
-    (FOLD, per channel) and with group 128's scale rows by one tensor copy a slot (STMA, thirty-ninth session): no
-    spills, the same register limits."""
+    (FOLD, per channel) and with group 128's scale rows by one tensor copy a slot (STMA, thirty-ninth session; group
+    64's too since the forty-third): no spills, the same register limits."""
     blocks = [b for b in entries if "wo_gemm_ws_kernel" in b.split("\n")[0]]
     names = {re.search(r"wo_gemm_ws_kernelILi(\d)ELi(\d)ELi(\d)ELi(\d)", b).groups() for b in blocks}
     want = {(b, mt, gm, "1") for b, gms in (("8", "01"), ("4", "012")) for gm in gms for mt in "124"}
@@ -367,7 +367,7 @@ def test_warp_specialized_instances_compile_without_spills(entries):
     assert xr == {("4", "2", gm, "2", push, red) for gm in "012" for push, red in (("0", "0"), ("1", "0"), ("1", "1"))}, (
         f"x through the ring: {sorted(xr)}")
     # (FOLD: int4 per channel through the ring, pulled and pushed, the pushed one with and without the reducer warp (its
-    # launch without that warp); STMA: int4 group 128 through the ring, its scale rows by one tensor copy a slot, the
+    # launch without that warp); STMA: int4 group 128 and 64 through the ring, its scale rows by one tensor copy a slot, the
     # same three)
     more = re.compile(r"wo_gemm_ws_kernelILi(\d)ELi(\d)ELi(\d)ELi(\d)ELb([01])ELb[01]ELb([01])ELb[01]ELb([01])ELb[01]ELb([01])E")
     assert all(more.search(b) for b in blocks), "every instance names FOLD and STMA"
@@ -375,7 +375,7 @@ def test_warp_specialized_instances_compile_without_spills(entries):
     fold = {more.search(b).groups()[:6] for b in blocks if more.search(b).group(7) == "1"}
     assert fold == {("4", "2", "0", "2") + pr for pr in three}, f"fold instances: {sorted(fold)}"
     stma = {more.search(b).groups()[:6] for b in blocks if more.search(b).group(8) == "1"}
-    assert stma == {("4", "2", "1", "2") + pr for pr in three}, f"one scale copy a slot: {sorted(stma)}"
+    assert stma == {("4", "2", gm, "2") + pr for gm in "12" for pr in three}, f"one scale copy a slot: {sorted(stma)}"
     allowed = {"4201b1": (4, 4), "4411b1": (4, 8), "4421b0": (52, 92), "4421b1": (56, 76)}  # (stores, loads)
     for b in blocks:
         inst = "".join(re.search(r"wo_gemm_ws_kernelILi(\d)ELi(\d)ELi(\d)ELi(\d)EL(b[01])E", b).groups())

@@ -104,7 +104,7 @@ struct Params {
   int part_m;             // warp-specialized kernel: rows of each grid-z part (part z: rows z * part_m ..,
                           // at most m in all; = m where the grid has one part)
   CUtensorMap xmap;       // warp-specialized kernel with x through its ring: x as 32 k x K/32 x m (ws_encode_xmap)
-  CUtensorMap smap;       // warp-specialized kernel, int4 group 128 (STMA): scales as [K/128, N], a slot's rows (ws_encode_smap)
+  CUtensorMap smap;       // warp-specialized kernel, int4 groups (STMA): scales as [K/group, N], a slot's rows (ws_encode_smap)
 };
 
 }  // namespace

@@ -135,7 +135,7 @@ __global__ void __launch_bounds__((kMaxWarps + (RED ? 2 : 1)) * 32, CT == 4 || M
   static_assert(!XR || (BITS == 4 && MT == 2 && CT == 2 && !PARTS), "x through the ring: ws_xring_ok");
   static_assert(!FOLD || (XR && GMODE == 0), "the fold: x through the ring, int4 per channel (ws_choose)");
   static_assert(!WG || (MT >= 4 && CT == 1 && GMODE != 2 && !XR), "wgmma consumers: ws_wgmma");
-  static_assert(!STMA || (BITS == 4 && GMODE == 1 && XR), "scale rows by one tensor copy a slot: ws_smap_pays");
+  static_assert(!STMA || (BITS == 4 && GMODE != 0 && XR), "scale rows by one tensor copy a slot: ws_smap_pays");
   const int lane = threadIdx.x & 31, nwarps = (blockDim.x >> 5) - (RED ? 2 : 1);  // consumer warps
   const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x >> 5), 0);
   const int g = lane >> 2, c = lane & 3;
@@ -337,8 +337,10 @@ __global__ void __launch_bounds__((kMaxWarps + (RED ? 2 : 1)) * 32, CT == 4 || M
           if (lane == 0) {
             const int len = min(box, s_end - first);
             uint32_t bytes = len * tiles * kWBytes;
-            if (GMODE == 1) bytes += STMA ? box * 32 * tiles : len * srow;  // (STMA's tensor copy: its whole box)
-            if (GMODE == 2)
+            // (STMA's tensor copy: its whole box, ws_scale_rows(GMODE) rows a step, zeros past K and N counted too)
+            if (STMA) bytes += ws_scale_rows(GMODE) * box * 32 * tiles;
+            if (GMODE == 1 && !STMA) bytes += len * srow;
+            if (GMODE == 2 && !STMA)
               for (int j = 0; j < len; ++j) bytes += srow * (2 * (first + j) + 1 < ngroups() ? 2u : 1u);
             if (XR) bytes += len * kXrStepBytes;
             const uint32_t bar = full0 + 8 * slot, dst = dsx_wo::smem_addr(ring) + slot * slot_sz;
@@ -350,8 +352,8 @@ __global__ void __launch_bounds__((kMaxWarps + (RED ? 2 : 1)) * 32, CT == 4 || M
               for (int j = 0; j < len; ++j)
                 dsx_wo::tma_load_2d(dst + j * tiles * kWBytes, &p.wmap1, (first + j) * kElemStep, row0, bar, policy);
             }
-            if (STMA) {  // (int4 group 128: the slot's scale rows in one tensor copy, ws_encode_smap)
-              dsx_cuda::sm90::tma_load_2d(dst + box * tiles * kWBytes, &p.smap, bar, n_blk, first);
+            if (STMA) {  // (int4 groups: the slot's scale rows in one tensor copy, ws_encode_smap; group 64 two a step)
+              dsx_cuda::sm90::tma_load_2d(dst + box * tiles * kWBytes, &p.smap, bar, n_blk, ws_scale_rows(GMODE) * first);
             } else if (GMODE != 0) {
               for (int j = 0; j < len; ++j) {
                 const int step = first + j;
@@ -418,19 +420,29 @@ __global__ void __launch_bounds__((kMaxWarps + (RED ? 2 : 1)) * 32, CT == 4 || M
                   : GMODE == 2 ? (g & 3) * 32 + (c & 1) * 16 + (c >> 1) * 8
                                : (g & 3) * 32 + (c >> 1) * 128 + (c & 1) * 16;
   auto read_scale = [&](const uint8_t* sl, int j, int i, int v) -> uint32_t {  // (v: the block's tile)
-    // (STMA, int4 group 128 through the x ring where ws_smap_pays: the slot's rows by one tensor copy, Params::smap,
-    // packed 32 * tiles bytes apart; otherwise a bulk copy a step, ws_scale_row(CT) apart, from the 16-byte boundary
+    // (STMA, int4 group 128 and 64 (since the forty-third session) through the x ring where ws_smap_pays: the slot's
+    // rows by one tensor copy, Params::smap, packed 32 * tiles bytes apart; otherwise a bulk copy a step, ws_scale_row(CT) apart, from the 16-byte boundary
     // below the scales' address)
     const uint8_t* b =
-        STMA ? sl + box * tiles * kWBytes + j * 32 * tiles + 2 * (16 * v + g)
+        STMA ? sl + box * tiles * kWBytes + (ws_scale_rows(GMODE) * j + i) * 32 * tiles + 2 * (16 * v + g)
                : sl + box * tiles * kWBytes + (ws_scale_rows(GMODE) * j + i) * ws_scale_row(CT) + lead() + 2 * (16 * v + g);
     return static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(b)) |
            static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(b + 16)) << 16;
   };
   // int4 group 64: a step's two scale rows (the second past K on a half step: 0, its weights and x are zeros)
+  // (STMA: the tensor copy fills a row past K with zeros; the second row 32 * tiles bytes after the first)
   auto g64_scales = [&](Stage& st, const uint8_t* sl, int j, int step, int v) {
-    st.s[0] = read_scale(sl, j, 0, v);
-    st.s[1] = 2 * step + 1 < ngroups() ? read_scale(sl, j, 1, v) : 0u;
+    if constexpr (STMA) {
+      const uint8_t* b = sl + box * tiles * kWBytes + 2 * j * 32 * tiles + 2 * (16 * v + g);
+      auto two = [](const uint8_t* q) {
+        return static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(q)) |
+               static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(q + 16)) << 16;
+      };
+      st.s[0] = two(b), st.s[1] = two(b + 32 * tiles);
+    } else {
+      st.s[0] = read_scale(sl, j, 0, v);
+      st.s[1] = 2 * step + 1 < ngroups() ? read_scale(sl, j, 1, v) : 0u;
+    }
   };
   // x: the block's whole K slice, staged once (ws_choose requires that it fits), pieces permuted
   // as in the existing path (gemm_weight_only.cuh).

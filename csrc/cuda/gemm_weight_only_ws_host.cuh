@@ -607,13 +607,18 @@ bool ws_encode_xmap(CUtensorMap* map, const void* x, int64_t rows, int64_t k) {
 // 9.74 / 9.88.
 bool ws_smap_pays(int box, int per_split) { return box >= 2 && (per_split + box - 1) / box >= 6; }
 
-bool ws_encode_smap(CUtensorMap* map, const void* scale, int64_t n, int64_t k, int steps, int tiles) {
+// Group 64 (forty-third session): [ceil(k / 64), n], two rows a step, a box of 2 * steps rows (a half step's second
+// row past K comes as zeros). Against main's build (bench/wo_ab.sh, LAYOUT=4,64, 3 rounds, the table's words, us):
+// 36864 x 7168 M = 16 61.20 -> 59.18, 7168 x 18432 M = 16 34.45 -> 32.95; 1..12 rows and 24576 x 1536 within 1%.
+// Group 64's staged x rows 32 bytes apart (a pad of 16 elements: a half-warp's 8-byte x loads without 2-way bank
+// conflicts) on top of it gained nothing (within 1.5% either way at 1..16 rows): not taken.
+bool ws_encode_smap(CUtensorMap* map, const void* scale, int64_t n, int64_t k, int group, int steps, int tiles) {
   if ((reinterpret_cast<uintptr_t>(scale) & 15) != 0 || 16 * tiles > 256 || (2 * n) % 16 != 0) return false;
   const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
   if (!encode) return false;
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(n), static_cast<cuuint64_t>((k + 127) / 128)};
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(n), static_cast<cuuint64_t>((k + group - 1) / group)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(2 * n)};
-  const cuuint32_t box[2] = {static_cast<cuuint32_t>(16 * tiles), static_cast<cuuint32_t>(steps)};
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(16 * tiles), static_cast<cuuint32_t>(steps * (128 / group))};
   const cuuint32_t elem[2] = {1, 1};
   return encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, const_cast<void*>(scale), dims, strides, box, elem,
                 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE,
@@ -665,8 +670,8 @@ int ws_launch(Params& p, const void* qweight, int64_t n, int64_t k, int bits, in
     return DSX_ECUDA;
   if (cfg.xring && !ws_encode_xmap(&p.xmap, p.x, p.m, k)) return DSX_ECUDA;
   const int per_split = (k_steps(k, 4) + cfg.splits - 1) / cfg.splits;
-  const bool stma = bits == 4 && p.group == 128 && cfg.xring && ws_smap_pays(cfg.box, per_split) &&
-                    ws_encode_smap(&p.smap, p.scale, n, k, cfg.box, cfg.ct * cfg.warps);  // (else a bulk copy a step)
+  const bool stma = bits == 4 && (p.group == 128 || p.group == 64) && cfg.xring && ws_smap_pays(cfg.box, per_split) &&
+                    ws_encode_smap(&p.smap, p.scale, n, k, p.group, cfg.box, cfg.ct * cfg.warps);  // (else a bulk copy a step)
   p.chunk = cfg.chunk, p.stages = cfg.stages, p.box = cfg.box, p.pair = cfg.pair ? 1 : 0;
   p.groups = cfg.blocks_n;
   auto by_ct = [&](auto bg, auto pg) {
@@ -677,7 +682,7 @@ int ws_launch(Params& p, const void* qweight, int64_t n, int64_t k, int bits, in
         if (cfg.xring && cfg.fold)
           return ws_launch_inst<B, 2, G, 2, P, false, ws_red_warp(2, 2, P), true, true>(p, cfg, stream);
       }
-      if constexpr (G == 1) {  // (int4 group 128: the scale rows by one tensor copy a slot where it pays)
+      if constexpr (G != 0) {  // (int4 groups: the scale rows by one tensor copy a slot where it pays)
         if (cfg.xring && stma)
           return ws_launch_inst<B, 2, G, 2, P, false, ws_red_warp(2, 2, P), true, false, false, true>(p, cfg, stream);
       }

@@ -400,21 +400,23 @@ def test_x_through_the_ring_same_bits(bits, group, m):
                             also=(ONE_GROUP, PDL))
 
 
+@pytest.mark.parametrize("group", [128, 64])
 @pytest.mark.parametrize("m", [12, 16])
-def test_group128_scales_at_any_address(m):
-    """int4 group 128 through the x ring: a slot's scale rows by one tensor copy (STMA, thirty-ninth session) where the
+def test_group_scales_at_any_address(m, group):
+    """int4 groups of 128 and 64 through the x ring: a slot's scale rows by one tensor copy (STMA, thirty-ninth session;
+    group 64, two rows a step, forty-second: K = 2112 ends in a half step whose second row is past K) where the
     scales' address is 16-byte aligned and the slots hold 2 steps or more, at least 6 a tile group (ws_smap_pays: here
     1 split of 17 steps, slots of 2 or 3, 8 or 6 warps, the last slot short and the last block's channels past N);
     else a bulk copy a step from the 16-byte boundary below the address (scales 1, 4 or 7 bf16 past one; 4 splits: 3
     slots a group). The existing path's bits every way, and with x whole."""
     n, k = 448, 2112
-    x, q, s, wd = make(m, n, k, 4, 128, seed=36)
-    refs = {sp: run_raw(x, q, s, 4, 128, word(8, sp, 0, 0, 0)) for sp in (1, 4)}
+    x, q, s, wd = make(m, n, k, 4, group, seed=36)
+    refs = {sp: run_raw(x, q, s, 4, group, word(8, sp, 0, 0, 0)) for sp in (1, 4)}
     check_bound(refs[1], x, wd, f"existing m {m}")
     words = [(1, word(8, 1, 2, 2, 2)), (1, word(8, 1, 3, 2, 3)), (1, word(6, 1, 2, 3, 2)), (4, word(8, 4, 2, 2, 2))]
     words = [(sp, w | WS | TILES[2]) for sp, w in words] + [(4, word(8, 4, 0, 2, 2) | WS)]
     for sp, w in words:
-        path = G.cuda_path(m, n, k, 4, 128, algo=w)
+        path = G.cuda_path(m, n, k, 4, group, algo=w)
         assert (path["ws"], path["xring"]) == (True, (w >> 8) & 255 != 0), (w, path)
     dx, dq = cuda.to_device(x.view(np.uint16)), cuda.to_device(q)
     flat = s.view(np.uint16).ravel()
@@ -424,11 +426,11 @@ def test_group128_scales_at_any_address(m):
         ds = cuda.to_device(buf)
         for sp, algo in words:
             out = cuda.empty((m, n), np.uint16).fill_bytes(0xFF)
-            rc = G._cuda_fns()[0](dx.ptr, dq.ptr, ds.ptr + 2 * off, out.ptr, m, n, k, 4, 128, 90, algo, None)
+            rc = G._cuda_fns()[0](dx.ptr, dq.ptr, ds.ptr + 2 * off, out.ptr, m, n, k, 4, group, 90, algo, None)
             assert rc == 0, f"rc {rc} for algo {algo:#x} offset {off}"
             cuda.synchronize()
             got = out.numpy().view(BF16)
-            assert same(got, refs[sp]), f"m {m} algo {algo:#x}, scales {2 * off} bytes past 16-byte alignment"
+            assert same(got, refs[sp]), f"group {group} m {m} algo {algo:#x}, scales {2 * off} bytes past 16-byte alignment"
 
 
 @pytest.mark.parametrize("m", [9, 11, 13, 16])
