@@ -339,15 +339,15 @@ def test_warp_specialized_instances_compile_without_spills(entries):
     two token tiles). The int4 instances (per channel, group 128) with two tiles a warp and two token tiles exist once
     more with x through the ring (XR, twenty-seventh session; pulled, pushed, pushed with the reducer warp): no spills,
     the same register limits (and for int4 group 64 since the forty-second session).
-    Eight token tiles (33..64 rows in one launch, wgmma consumers only, every layout but int4
-    group 64; thirty-third session): launch bounds of one block an SM (at two, ptxas capped them at 96 registers and the
+    Eight token tiles (33..64 rows in one launch, wgmma consumers only, every layout (int4 group 64 since the
+    forty-third session); thirty-third session): launch bounds of one block an SM (at two, ptxas capped them at 96 registers and the
     int4 ones spilled 84-104 bytes), no spills within 112 registers. The int4 x-ring instances exist once more folded
     (FOLD, per channel) and with group 128's scale rows by one tensor copy a slot (STMA, thirty-ninth session; group
     64's too since the forty-third): no spills, the same register limits."""
     blocks = [b for b in entries if "wo_gemm_ws_kernel" in b.split("\n")[0]]
     names = {re.search(r"wo_gemm_ws_kernelILi(\d)ELi(\d)ELi(\d)ELi(\d)", b).groups() for b in blocks}
     want = {(b, mt, gm, "1") for b, gms in (("8", "01"), ("4", "012")) for gm in gms for mt in "124"}
-    want |= {(b, "8", gm, "1") for b in "48" for gm in "01"}  # (eight token tiles: wgmma consumers only)
+    want |= {(b, "8", gm, "1") for b, gms in (("8", "01"), ("4", "012")) for gm in gms}  # (eight token tiles: wgmma only)
     want |= {(b, mt, gm, ct) for b, gm in (("8", "0"), ("8", "1"), ("4", "0"), ("4", "1"), ("4", "2")) for ct in "24" for mt in "12"}
     assert names == want, f"warp-specialized instances: got {sorted(names)}"
     pushed = {re.search(r"wo_gemm_ws_kernelILi\dELi\dELi\dELi\dELb([01])E", b).group(1) for b in blocks}

@@ -604,9 +604,15 @@ __device__ __forceinline__ void stage_x_steps(uint16_t* buf, int ld, const uint1
 // than 8 nt reads its groups past nt from the next core column (or the padding past the slice): their products land
 // in output columns that are never stored. Pieces at or past K are zeros. Through registers, KB loads in flight a
 // thread; the caller fences (generic -> async proxy) and syncs.
-template <int BITS, int KB = 8>
+// G64 (int4 group 64, step_g64_wgmma; forty-third session): logical k in the order of step_g64_tiles_with's mma
+// k-steps instead. There k-step 4 sg + 2 w + h, lane c, takes real k 64 sg + 32 (c & 1) + 16 h + 4 (c >> 1) + 2 w + {0, 1}
+// at logical {2 c, 2 c + 1} and 8 further at {2 c + 8, 2 c + 9}: the 16-byte piece q of a step (real k 8 q .. 8 q + 7:
+// sg = q >> 3, c & 1 = (q >> 2) & 1, h = (q >> 1) & 1, the upper logical half q & 1) puts its word j (w = j & 1,
+// c >> 1 = j >> 1) in core column 16 st + 8 sg + 4 w + 2 h + (q & 1), word (c & 1) | (j >> 1) << 1.
+template <int BITS, int KB = 8, bool G64 = false>
 __device__ __forceinline__ void stage_x_wgmma(uint16_t* buf, const uint16_t* x, int m, int k, int s0, int steps, int tid,
                                               int nthr) {
+  static_assert(!G64 || BITS == 4, "group 64 is int4 only");
   constexpr int kStepK = BITS == 8 ? 64 : 128, kPieces = kStepK / 8, kIpc = kPieces / 4;
   const int kCol = ((m + 7) >> 3) * 32;
   const int per_row = steps * kPieces, k0 = s0 * kStepK, total = m * per_row;
@@ -628,8 +634,13 @@ __device__ __forceinline__ void stage_x_wgmma(uint16_t* buf, const uint16_t* x, 
       if (i < total) {
         const int rem = i / m, row = i - rem * m;
         const int st = rem / kPieces, q = rem - st * kPieces;
-        uint32_t* d = w + (st * kPieces + 4 * (q % kIpc)) * kCol + 4 * row + q / kIpc;
-        d[0] = v[b].x, d[kCol] = v[b].y, d[2 * kCol] = v[b].z, d[3 * kCol] = v[b].w;
+        if constexpr (G64) {
+          uint32_t* d = w + (st * kPieces + 8 * (q >> 3) + 2 * ((q >> 1) & 1) + (q & 1)) * kCol + 4 * row + ((q >> 2) & 1);
+          d[0] = v[b].x, d[4 * kCol] = v[b].y, d[2] = v[b].z, d[4 * kCol + 2] = v[b].w;
+        } else {
+          uint32_t* d = w + (st * kPieces + 4 * (q % kIpc)) * kCol + 4 * row + q / kIpc;
+          d[0] = v[b].x, d[kCol] = v[b].y, d[2 * kCol] = v[b].z, d[3 * kCol] = v[b].w;
+        }
       }
     }
   }
@@ -662,6 +673,43 @@ __device__ __forceinline__ void step_q_wgmma(float (&acc)[MT][4], float (&part)[
 #pragma unroll
     for (int e = 0; e < 4; ++e) dsx_cuda::sm90::fence_reg(part[t][e]);
     promote<GMODE>(acc[t], part[t], st.s[0]);
+  }
+}
+
+// One int4 group-64 step of one channel tile through wgmma (the WG consumers; st in g64 order, g64_stage): per group sg
+// the k-steps 4 sg .. 4 sg + 3 of step_g64_tiles_with in its order, from 0 (the same A fragments; x in stage_x_wgmma's
+// G64 layout), then fma'd into acc with the group's scale: the same bits as the mma chains.
+template <int MT>
+__device__ __forceinline__ void step_g64_wgmma(float (&acc)[MT][4], float (&part)[MT][4], const Stage& st, uint32_t xa,
+                                               uint32_t nt) {
+  uint32_t a[2][4];
+#pragma unroll
+  for (int sg = 0; sg < 2; ++sg) {
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      const int ks = 4 * sg + s;
+      uint32_t(&r)[4] = a[ks & 1];
+      const uint32_t r0 = word(st.w[0], 2 * sg + (s >> 1)), r1 = word(st.w[1], 2 * sg + (s >> 1));
+      if (s & 1) {
+        r[0] = i4_pair<2>(r0), r[1] = i4_pair<2>(r1), r[2] = i4_pair<3>(r0), r[3] = i4_pair<3>(r1);
+      } else {
+        r[0] = i4_pair<0>(r0), r[1] = i4_pair<0>(r1), r[2] = i4_pair<1>(r0), r[3] = i4_pair<1>(r1);
+      }
+      dsx_cuda::sm90::wgmma_fence();
+      dsx_cuda::sm90::wgmma_bf16_rs<MT>(part, r, dsx_cuda::sm90::interleave_desc(xa + ks * nt * 256, nt * 128, 128), s > 0);
+      dsx_cuda::sm90::wgmma_commit();
+      dsx_cuda::sm90::wgmma_wait<1>();
+      if (s > 0)  // (the set of k-step ks - 1, done now, was live until here)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) dsx_cuda::sm90::keep_reg(a[(ks + 1) & 1][j]);
+    }
+    dsx_cuda::sm90::wgmma_wait<0>();
+#pragma unroll
+    for (int t = 0; t < MT; ++t) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dsx_cuda::sm90::fence_reg(part[t][e]);
+      add_scaled(acc[t], part[t], st.s[sg]);
+    }
   }
 }
 

@@ -134,7 +134,7 @@ __global__ void __launch_bounds__((kMaxWarps + (RED ? 2 : 1)) * 32, CT == 4 || M
   static_assert(!RED || ws_red_warp(CT, MT, PUSH), "the reducer warp: pushed sums with several tiles a warp only");
   static_assert(!XR || (BITS == 4 && MT == 2 && CT == 2 && !PARTS), "x through the ring: ws_xring_ok");
   static_assert(!FOLD || (XR && GMODE == 0), "the fold: x through the ring, int4 per channel (ws_choose)");
-  static_assert(!WG || (MT >= 4 && CT == 1 && GMODE != 2 && !XR), "wgmma consumers: ws_wgmma");
+  static_assert(!WG || (MT >= 4 && CT == 1 && !XR), "wgmma consumers: ws_wgmma");
   static_assert(!STMA || (BITS == 4 && GMODE != 0 && XR), "scale rows by one tensor copy a slot: ws_smap_pays");
   const int lane = threadIdx.x & 31, nwarps = (blockDim.x >> 5) - (RED ? 2 : 1);  // consumer warps
   const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x >> 5), 0);
@@ -457,7 +457,8 @@ __global__ void __launch_bounds__((kMaxWarps + (RED ? 2 : 1)) * 32, CT == 4 || M
       // tiles: 8 spilled there at its 72 registers)
       constexpr int kXLoads = BITS == 4 && GMODE == 0 && CT == 1 && MT == 2 && !PUSH ? 4 : 8;
       if constexpr (WG) {
-        dsx_wo::stage_x_wgmma<BITS, kXLoads>(xbuf, x_of(), rows_of(), p.k, s_begin, nloc, threadIdx.x, cthreads);
+        dsx_wo::stage_x_wgmma<BITS, kXLoads, GMODE == 2>(xbuf, x_of(), rows_of(), p.k, s_begin, nloc, threadIdx.x,
+                                                         cthreads);
         dsx_cuda::sm90::fence_async_smem();  // (generic-proxy stores, read by wgmma)
       } else {
         dsx_wo::stage_x_steps<BITS, CT <= 2, kXLoads>(xbuf, ld, x_of(), rows_of(), p.k, s_begin, nloc, threadIdx.x, cthreads);
@@ -510,12 +511,20 @@ __global__ void __launch_bounds__((kMaxWarps + (RED ? 2 : 1)) * 32, CT == 4 || M
           if constexpr (WG) {
             Stage st;
             const uint8_t* wp = wbase + j * jstride;
-            st.w[0] = dsx_wo::lds128(wp);
-            st.w[1] = dsx_wo::lds128(wp + rgap);
-            st.s[0] = GMODE == 1 ? read_scale(sl, j, 0, warp) : 0u;
+            if constexpr (GMODE == 2) {
+              dsx_wo::g64_stage(st, wp, rgap);
+              g64_scales(st, sl, j, first + j, warp);
+            } else {
+              st.w[0] = dsx_wo::lds128(wp);
+              st.w[1] = dsx_wo::lds128(wp + rgap);
+              st.s[0] = GMODE == 1 ? read_scale(sl, j, 0, warp) : 0u;
+            }
             const uint32_t nt = static_cast<uint32_t>(rows_of() + 7) >> 3;  // (x's token groups: stage_x_wgmma)
             const uint32_t xa = dsx_wo::smem_addr(xbuf) + static_cast<uint32_t>(first + j - s_begin) * kStepK * 16 * nt;
-            dsx_wo::step_q_wgmma<BITS, MT, GMODE>(acc[0], wpart, st, xa, nt);
+            if constexpr (GMODE == 2)
+              dsx_wo::step_g64_wgmma<MT>(acc[0], wpart, st, xa, nt);
+            else
+              dsx_wo::step_q_wgmma<BITS, MT, GMODE>(acc[0], wpart, st, xa, nt);
             j += 1;
           } else if constexpr (CT > 1) {
             Stage st[CT];

@@ -33,13 +33,16 @@ int ws_blocks_per_sm(const Config& c);
 // 1536 5.6 -> 5.85. (Taking the sums from global memory before the first step instead, in every launch of up to 16
 // rows, lost everywhere: 7168 x 18432 M = 16 27.73 -> 31.89, 24576 x 1536 13.65 -> 18.82.)
 // Whether a launch runs wgmma consumers (the kernel's WG): four or eight token tiles (17..32 or 33..64 rows, one tile a
-// warp), every layout but int4 group 64, 4 or 8 consumer warps (whole warpgroups). Measured first in bench/wo_loop_probe.cu
+// warp), every layout (int4 group 64 since the forty-third session: step_g64_wgmma), 4 or 8 consumer warps (whole
+// warpgroups). Measured first in bench/wo_loop_probe.cu
 // (thirty-second session, H200: the step loop alone, operands resident in shared memory, the loop's floor on
 // 36864 x 7168 in us, mma.sync -> wgmma): one tile a warp, four token tiles 46.32 -> 32.36, eight 85.53 -> 44.78;
-// the same bits as the mma chain.
-bool ws_wgmma(const Config& c, int gmode) {
-  return (c.mt == 4 || c.mt == 8) && c.ct == 1 && gmode != 2 && (c.warps == 4 || c.warps == 8);
-}
+// the same bits as the mma chain. Int4 group 64 (forty-third session; before, four token tiles through mma at 17..32
+// rows and the cut at 32 above; H200, bench/wo_ab.sh against main's build, 3 rounds, rules, us): 36864 x 7168 M = 24 /
+// 32 / 48 / 64 115.78 / 130.77 / 189.01 / 260.77 -> 85.94 / 89.57 / 131.89 / 141.68 (group 128 there 81.85 / 85.17 /
+// - / 134.54), 7168 x 18432 M = 17 / 32 / 64 65.57 / 75.66 / 149.86 -> 52.33 / 57.92 / 115.31, 24576 x 1536 M = 64
+// 67.44 -> 45.72; where the rules keep mma (36864 x 7168 at 17 rows, 7168 x 2048 and 2048 x 7168 at 17..32) unchanged.
+bool ws_wgmma(const Config& c) { return (c.mt == 4 || c.mt == 8) && c.ct == 1 && (c.warps == 4 || c.warps == 8); }
 
 // Where the wgmma consumers pay: the steps a block runs (its slice's, times the tile groups it loops over when the
 // grid's blocks outnumber those the SMs hold) at least 32. Measured (thirty-second session, H200, bench/wo_ab.sh,
@@ -132,7 +135,7 @@ int ws_choose(int rows, int64_t n, int64_t k, int bits, int group, int algo, int
     const int64_t more = int64_t(((rows + 7) & ~7) - rows) * (int64_t(cfg->chunk) * (bits == 8 ? 64 : 128) + kXPadElems) * 2;
     Config w = *cfg;
     w.smem = static_cast<int>(smem + more), w.wg = true;
-    const bool can = ws_wgmma(*cfg, gmode) && smem + more <= kSmemPerBlock;  // (x as the wgmma operand: whole token groups)
+    const bool can = ws_wgmma(*cfg) && smem + more <= kSmemPerBlock;  // (x as the wgmma operand: whole token groups)
     if (consumers == 1 && !can) return DSX_EINVAL;
     if (can && (consumers == 1 || (ws_wgmma_pays(w, per_split, sms) && ws_blocks_per_sm(w) >= ws_blocks_per_sm(*cfg))))
       *cfg = w;
@@ -692,17 +695,13 @@ int ws_launch(Params& p, const void* qweight, int64_t n, int64_t k, int bits, in
       return cfg.mt == 1 ? ws_launch_inst<B, 1, G, 2, P>(p, cfg, stream) : ws_launch_inst<B, 2, G, 2, P>(p, cfg, stream);
     if (cfg.ct == 4)
       return cfg.mt == 1 ? ws_launch_inst<B, 1, G, 4, P>(p, cfg, stream) : ws_launch_inst<B, 2, G, 4, P>(p, cfg, stream);
-    if constexpr (G != 2) {
-      if (cfg.mt == 8)  // (33..64 rows: wgmma consumers only)
-        return ws_launch_inst<B, 8, G, 1, P, false, false, false, false, true>(p, cfg, stream);
-    }
+    if (cfg.mt == 8)  // (33..64 rows: wgmma consumers only)
+      return ws_launch_inst<B, 8, G, 1, P, false, false, false, false, true>(p, cfg, stream);
     if (cfg.mt == 4) {
-      if constexpr (G != 2) {
-        constexpr bool R = ws_red_warp(1, 4, P);
-        if (cfg.wg)
-          return cfg.parts > 1 ? ws_launch_inst<B, 4, G, 1, P, true, R, false, false, true>(p, cfg, stream)
-                               : ws_launch_inst<B, 4, G, 1, P, false, R, false, false, true>(p, cfg, stream);
-      }
+      constexpr bool R = ws_red_warp(1, 4, P);
+      if (cfg.wg)
+        return cfg.parts > 1 ? ws_launch_inst<B, 4, G, 1, P, true, R, false, false, true>(p, cfg, stream)
+                             : ws_launch_inst<B, 4, G, 1, P, false, R, false, false, true>(p, cfg, stream);
       return cfg.parts > 1 ? ws_launch_inst<B, 4, G, 1, P, true>(p, cfg, stream) : ws_launch_inst<B, 4, G, 1, P>(p, cfg, stream);
     }
     return cfg.mt == 1 ? ws_launch_inst<B, 1, G, 1, P>(p, cfg, stream) : ws_launch_inst<B, 2, G, 1, P>(p, cfg, stream);

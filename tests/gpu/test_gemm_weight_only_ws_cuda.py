@@ -144,11 +144,12 @@ def test_17_to_32_rows_four_token_tiles_same_bits(bits, group):
 WGMMA, MMA = 1 << 29, 2 << 29  # (17..32 rows, with bit 28: the consumers multiply through wgmma / mma.sync)
 
 
-@pytest.mark.parametrize("bits,group", [(4, -1), (4, 128), (8, -1), (8, 128)])
+@pytest.mark.parametrize("bits,group", [(4, -1), (4, 128), (4, 64), (8, -1), (8, 128)])
 def test_17_to_32_rows_wgmma_same_bits_as_mma(bits, group):
     """17..32 rows, one tile a warp: bits 29..30 = 1 make 4 or 8 consumer warps (whole warpgroups) multiply through
     wgmma (unpacked weights as the register A operand, x as the shared-memory B, ceil(M / 8) token groups of it),
-    = 2 through mma.sync. The wgmma chain runs the mma chain's k-steps in its order: at every split the same bits,
+    = 2 through mma.sync. The wgmma chain runs the mma chain's k-steps in its order (int4 group 64: step_g64_wgmma, x in
+    the group-64 k order, forty-third session): at every split the same bits,
     right against float64, with M not a multiple of 8, a ragged K (a half int4 step), N past the last block's upper
     warpgroup, persistent blocks looping over tile groups, and PDL."""
     for n, k, m, splits_all in ((320, 2112, 17, (1, 2, 3, 8)), (320, 2112, 32, (1, 2, 5, 8)), (1088, 4160, 25, (2, 3, 8)),
@@ -169,23 +170,24 @@ def test_17_to_32_rows_wgmma_where_it_pays_and_refusals():
     """Automatic (tables off): wgmma where the steps a block runs reach 32 (36864 x 7168 at 24 or 32 rows: 7-step
     slices over 9 rounds of blocks; 7168 x 18432 at 17..32: 18-step slices over 2 to 4), mma.sync where they do not
     (7168 x 2048, 24576 x 1536: one or two rounds of 4..6 steps) or where x for whole token groups would cost a block
-    an SM (36864 x 7168 at 17 rows: x for 24); int4 group 64 never. Asked for where it cannot run (2 warps, int4
-    group 64): DSX_EINVAL."""
+    an SM (36864 x 7168 at 17 rows: x for 24); int4 group 64 as per channel there (since the forty-third session;
+    before, never). Asked for where it cannot run (2 warps): DSX_EINVAL."""
     skip_unless_h200()
     want = {(36864, 7168): (False, True, True), (7168, 18432): (True, True, True), (7168, 2048): (False, False, False),
             (24576, 1536): (False, False, False)}
     with cuda.rules_only():
         for (n, k), w in want.items():
             assert [G.cuda_path(m, n, k, 4, -1)["wgmma"] for m in (17, 24, 32)] == list(w), (n, k)
-        assert not G.cuda_path(32, 36864, 7168, 4, 64)["wgmma"]
-    for bits, group, algo in ((4, -1, word(2, 4, 0, 2, 2) | WS | WGMMA), (4, 64, word(8, 4, 0, 2, 2) | WS | WGMMA)):
+        assert [G.cuda_path(m, 36864, 7168, 4, 64)["wgmma"] for m in (17, 24, 32)] == [False, True, True]
+    for bits, group in ((4, -1), (4, 64)):
         with pytest.raises(DsxError):
-            G.cuda_path(24, 2048, 7168, bits, group, algo=algo)
+            G.cuda_path(24, 2048, 7168, bits, group, algo=word(2, 4, 0, 2, 2) | WS | WGMMA)
+    assert G.cuda_path(24, 2048, 7168, 4, 64, algo=word(8, 4, 0, 2, 2) | WS | WGMMA)["wgmma"]
     assert not G.cuda_path(24, 36864, 7168, 4, -1, algo=word(8, 8, 0, 2, 2) | WS | MMA)["wgmma"]
     assert G.cuda_path(24, 2048, 7168, 4, -1, algo=word(8, 8, 0, 2, 2) | WS | WGMMA)["wgmma"]
 
 
-@pytest.mark.parametrize("bits,group", [(4, -1), (4, 128), (8, -1), (8, 128)])
+@pytest.mark.parametrize("bits,group", [(4, -1), (4, 128), (4, 64), (8, -1), (8, 128)])
 def test_33_to_64_rows_eight_token_tiles_same_bits(bits, group):
     """33..64 rows in one launch with bit 28 and bits 29..30 = 1: eight token tiles, wgmma consumers (m64n64k16, x staged
     whole for ceil(M / 8) token groups). At every split whose x fits, the bits of the existing path (eight token tiles
@@ -215,7 +217,8 @@ def test_33_to_64_rows_eight_token_tiles_rule_on_h200():
     """Automatic (tables off), 33..64 rows: one launch of eight token tiles with 2 slots of 2 steps, or of 1 step where
     only that holds two blocks an SM (36864 x 7168 at 40 rows: x for 40 rows of a 7-step slice; at 41 and 64 rows one
     block an SM either way); the cut at 32 rows where x for the rows does not fit (7168 x 18432: 18-step slices) or where
-    its two launches run side by side (7168 x 256); int4 group 64 never (no wgmma instance: the cut at 32 rows)."""
+    its two launches run side by side (7168 x 256); int4 group 64 as per channel at 64 rows (since the forty-third
+    session; before, no wgmma instance: the cut at 32 rows)."""
     skip_unless_h200()
     with cuda.rules_only():
         for m, want in ((40, (8, 8, 7, 2, 1)), (41, (8, 8, 7, 2, 2)), (64, (8, 8, 7, 2, 2))):
@@ -224,22 +227,24 @@ def test_33_to_64_rows_eight_token_tiles_rule_on_h200():
             assert ws_config(m, 36864, 7168, 4, -1, 0) == want, m
         assert G.cuda_launch(64, 7168, 18432, 4, -1) == {"rows": 32, "parts": 1}
         assert G.cuda_launch(64, 7168, 256, 4, -1) == {"rows": 64, "parts": 2}
-        assert G.cuda_launch(64, 36864, 7168, 4, 64) == {"rows": 32, "parts": 1}  # (int4 group 64: no wgmma, the cut)
-        assert G.cuda_path(64, 36864, 7168, 4, 64)["ws"] and not G.cuda_path(64, 36864, 7168, 4, 64)["wgmma"]
+        assert G.cuda_launch(64, 36864, 7168, 4, 64) == {"rows": 64, "parts": 1}
+        assert G.cuda_path(64, 36864, 7168, 4, 64)["wgmma"]
 
 
 def test_33_to_64_rows_eight_token_tiles_refusals():
-    """Eight token tiles need whole warpgroups and not int4 group 64 (DSX_EINVAL otherwise); bit 28 alone (or with
-    bits 29..30 = 2) above 32 rows keeps the existing path (test_more_than_32_rows_ignore_the_bit)."""
-    for bits, group, algo in ((4, -1, word(2, 4, 0, 2, 2) | WS | WGMMA), (4, 64, word(8, 4, 0, 2, 2) | WS | WGMMA)):
+    """Eight token tiles need whole warpgroups (DSX_EINVAL otherwise; int4 group 64 takes them since the forty-third
+    session); bit 28 alone (or with bits 29..30 = 2) above 32 rows keeps the existing path
+    (test_more_than_32_rows_ignore_the_bit)."""
+    for bits, group in ((4, -1), (4, 64)):
         with pytest.raises(DsxError):
-            G.cuda_path(48, 2048, 7168, bits, group, algo=algo)
+            G.cuda_path(48, 2048, 7168, bits, group, algo=word(2, 4, 0, 2, 2) | WS | WGMMA)
+    assert G.cuda_path(48, 2048, 7168, 4, 64, algo=word(8, 8, 0, 2, 2) | WS | WGMMA)["wgmma"]
     for extra in (0, MMA):
         assert not G.cuda_path(48, 2048, 7168, 4, -1, algo=word(8, 8, 0, 2, 2) | WS | extra)["ws"], extra
     assert G.cuda_path(48, 2048, 7168, 4, -1, algo=word(8, 8, 0, 2, 2) | WS | WGMMA)["wgmma"]
 
 
-@pytest.mark.parametrize("bits,group", [(4, -1), (4, 128), (8, -1), (8, 128)])
+@pytest.mark.parametrize("bits,group", [(4, -1), (4, 128), (4, 64), (8, -1), (8, 128)])
 @pytest.mark.parametrize("n,k", [(16896, 2048), (7168, 2048), (1024, 1536)])
 def test_automatic_rule_17_to_64_rows(n, k, bits, group):
     """The rules (tables off), 17..32 rows: this path, choose()'s split, x whole, 2 slots of 2 steps,
@@ -658,7 +663,7 @@ AUTO_H200 = {
     (36864, 7168, 4, 64, 8): (True, 2), (7168, 18432, 4, 64, 1): (True, 2), (2048, 7168, 4, 64, 2): (True, 2),
     (2048, 7168, 4, 64, 12): (True, 2), (7168, 2048, 4, 64, 4): (True, 2),
     # 17..32 rows: four token tiles, one channel tile a warp, x whole, wherever it fits (twenty-second session;
-    # before, the existing path); not int4 group 64
+    # before, the existing path); int4 group 64 too since the forty-second session
     (36864, 7168, 4, -1, 17): (True, 1), (7168, 18432, 4, -1, 32): (True, 1), (36864, 7168, 8, 128, 24): (True, 1),
     (36864, 7168, 4, 64, 32): (True, 1),
     # up to 8 rows (int4 per channel)
