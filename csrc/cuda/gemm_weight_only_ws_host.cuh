@@ -507,10 +507,10 @@ bool ws_parts_fit(const Config& c, int sms) {
 }
 
 // Automatic, 33..64 rows: one launch of eight token tiles (wgmma consumers, x for all the rows staged whole; the
-// layouts of ws_auto_rule) where that fits, with 2 slots of 2 steps, or of 1 step where only that holds two blocks an
-// SM (x for up to 40 rows of a 7-step slice). plan_launch keeps the two grid parts where they fit instead. Measured
-// (thirty-third session, H200, bench/wo_ab.sh, int4 per channel, 3 rounds interleaved with main's build, us, main's cut
-// at 32 rows -> one launch): 36864 x 7168 M = 33 / 40 / 48 / 64 121.44 / 120.88 / 124.96 / 159.41 -> 118.02 / 118.69 /
+// layouts of ws_auto_rule) where that fits, with 2 slots of 2 steps, or (per channel) of 1 step where only that holds
+// two blocks an SM (x for up to 40 rows of a 7-step slice). plan_launch keeps the two grid parts where they fit
+// instead. Measured (thirty-third session, H200, bench/wo_ab.sh, int4 per channel, 3 rounds interleaved with main's
+// build, us, main's cut at 32 rows -> one launch): 36864 x 7168 M = 33 / 40 / 48 / 64 121.44 / 120.88 / 124.96 / 159.41 -> 118.02 / 118.69 /
 // 122.72 / 130.96 (torch 137.5-142.3: 0.86x -> 1.05x at 64); at M = 40 with 2 slots of 1 step (two blocks an SM)
 // 104.70 (9216 x 7168: 35.97 -> 34.26), at 64 that ring lost (144.83: one block an SM still). 18432 x 7168 M = 33 / 64
 // 68.94 / 89.60 -> 63.38 / 71.39; 9216 x 7168 41.44 / 55.19 -> 35.21 / 41.66; 7168 x 9216 44.69 / 59.82 -> 35.43 /
@@ -520,13 +520,20 @@ bool ws_parts_fit(const Config& c, int sms) {
 // 7.76 / 8.93 / 10.28 at M = 33 / 48 / 64, 3072 x 1536 8.56 / 8.99 / 9.90 -> 8.53 / 9.62 / 11.84, 1536 x 7168 13.65 /
 // 14.38 / 15.94 -> 12.77 / 14.77 / 17.21. And 24576 x 1536 (2-step slices) 29.99 / 31.33 / 33.15 / 38.86 -> 30.96 /
 // 31.11 / 32.94 / 37.78 (noticed, left: 3% slower at 33 rows).
+// The slots of 1 step per channel only (forty-third session, H200, bench/wo_ab.sh, 3 rounds, the words w0s0d2b1 /
+// w0s0d2b2 with bits 28..29, us at M = 33 / 40): with group scales the 1-step ring lost everywhere it was taken (a scale
+// row copy a step in a ring of two steps): int4 group 128 36864 x 7168 145.7 / 146.7 against 122.5 / 121.8, 18432 x 7168
+// 76.8 / 77.8 against 65.1 / 65.9, 9216 x 7168 42.0 / 43.1 against 36.2 / 37.2; int4 group 64 148.4 / 148.2 against
+// 128.9 / 128.4; int8 group 128 220.0 / 220.7 against 168.1 / 168.6. Per channel it still won (int4 36864 x 7168
+// 103.1 / 105.9 against 117.4 / 119.7, int8 137.4 / 139.1 against 152.5 / 153.2), except on 4096 x 7168 (one round of
+// blocks: int4 24.53 / 26.07 against 24.12 / 24.98, int8 30.3 / 31.7 against 29.3 / 30.1; noticed, left).
 bool ws_wide_rule(int rows, int64_t n, int64_t k, int bits, int group, int algo, int sms, Config* cfg) {
   if (rows <= kWsMaxRows || rows > kWsWideRows || !ws_automatic(algo) || !ws_auto_layout(bits, group)) return false;
   const int word = algo | kWsAlgoBit | kWsWgmma | 2 << 16;
   Config c, one;
   if (ws_choose(rows, n, k, bits, group, word | 2 << 20, sms, &c) != DSX_OK || !c.wg) return false;
-  if (ws_blocks_per_sm(c) < 2 && ws_choose(rows, n, k, bits, group, word | 1 << 20, sms, &one) == DSX_OK && one.wg &&
-      ws_blocks_per_sm(one) >= 2)
+  if (group == -1 && ws_blocks_per_sm(c) < 2 && ws_choose(rows, n, k, bits, group, word | 1 << 20, sms, &one) == DSX_OK &&
+      one.wg && ws_blocks_per_sm(one) >= 2)
     c = one;
   *cfg = c;
   return true;

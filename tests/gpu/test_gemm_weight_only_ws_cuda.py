@@ -215,16 +215,20 @@ def test_33_to_64_rows_eight_token_tiles_same_bits(bits, group):
 
 def test_33_to_64_rows_eight_token_tiles_rule_on_h200():
     """Automatic (tables off), 33..64 rows: one launch of eight token tiles with 2 slots of 2 steps, or of 1 step where
-    only that holds two blocks an SM (36864 x 7168 at 40 rows: x for 40 rows of a 7-step slice; at 41 and 64 rows one
-    block an SM either way); the cut at 32 rows where x for the rows does not fit (7168 x 18432: 18-step slices) or where
-    its two launches run side by side (7168 x 256); int4 group 64 as per channel at 64 rows (since the forty-third
-    session; before, no wgmma instance: the cut at 32 rows)."""
+    only that holds two blocks an SM, per channel only (36864 x 7168 at 40 rows: x for 40 rows of a 7-step slice; at 41
+    and 64 rows one block an SM either way; the group layouts keep 2 steps a slot, forty-third session); the cut at 32
+    rows where x for the rows does not fit (7168 x 18432: 18-step slices) or where its two launches run side by side
+    (7168 x 256); int4 group 64 as per channel at 64 rows (since the forty-third session; before, no wgmma instance:
+    the cut at 32 rows)."""
     skip_unless_h200()
     with cuda.rules_only():
         for m, want in ((40, (8, 8, 7, 2, 1)), (41, (8, 8, 7, 2, 2)), (64, (8, 8, 7, 2, 2))):
             assert G.cuda_path(m, 36864, 7168, 4, -1)["wgmma"], m
             assert G.cuda_launch(m, 36864, 7168, 4, -1) == {"rows": m, "parts": 1}, m
             assert ws_config(m, 36864, 7168, 4, -1, 0) == want, m
+        for bits, group in ((4, 128), (4, 64), (8, 128)):  # (a scale row copy a step: 2 steps a slot at 40 rows too)
+            assert ws_config(40, 36864, 7168, bits, group, 0)[3:] == (2, 2), (bits, group)
+        assert ws_config(40, 36864, 7168, 8, -1, 0)[3:] == (2, 1)
         assert G.cuda_launch(64, 7168, 18432, 4, -1) == {"rows": 32, "parts": 1}
         assert G.cuda_launch(64, 7168, 256, 4, -1) == {"rows": 64, "parts": 2}
         assert G.cuda_launch(64, 36864, 7168, 4, 64) == {"rows": 64, "parts": 1}
