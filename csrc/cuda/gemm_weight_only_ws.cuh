@@ -119,8 +119,8 @@ __device__ __forceinline__ void ws_st_async2(uint32_t raddr, float a, float b, u
 // WG (four or eight token tiles, one tile a warp; ws_wgmma): the consumer warps run as warpgroups (4 or 8 warps) and
 // each step's products go through wgmma, the unpacked weights its register A operand (each warp's 16 channels its 16
 // rows of the m64) and x its shared-memory B (stage_x_wgmma's layout, ceil(M / 8) token groups); the same
-// k-steps as step_q's mma chain, from 0 a step and promoted as there (step_q_wgmma): the same bits. Eight token tiles
-// (33..64 rows in one launch, kWsWideRows) run only this way.
+// k-steps as step_q's mma chain, from 0 a step and promoted as there (step_q_wgmma; int4 group 64: step_g64_wgmma, x in
+// the group-64 k order): the same bits. Eight token tiles (33..64 rows in one launch, kWsWideRows) run only this way.
 template <int BITS, int MT, int GMODE, int CT = 1, bool PUSH = false, bool PARTS = false, bool RED = false,
           bool XR = false, bool FOLD = false, bool WG = false, bool STMA = false>
 __global__ void __launch_bounds__((kMaxWarps + (RED ? 2 : 1)) * 32, CT == 4 || MT == 8 ? (MT == 1 ? 2 : 1)

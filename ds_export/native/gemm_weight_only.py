@@ -151,7 +151,7 @@ def cuda_path(m: int, n: int, k: int, bits: int, group_size: int = -1, algo: int
     (1 on the other kernels), whether x comes through its ring (a given chunk equal to the ring's steps a slot,
     shorter than the slice), whether that launch folds the - 8 of int4 per channel out of the unpack (its bits then
     differ from the other paths' at the same split, within the same bound), and whether its consumers multiply
-    through wgmma (17..64 rows, 4 or 8 warps, not int4 group 64: the same bits as the mma path; 33..64 rows in one
+    through wgmma (17..64 rows, 4 or 8 warps, every layout: the same bits as the mma path; 33..64 rows in one
     launch of eight token tiles with bit 28 and bits 29..30 = 1, or automatically where x for them fits)."""
     ws, tiles = _query(2, "dsx_wo_gemm_path_cuda", 2, m, n, k, bits, group_size, algo)
     return {"ws": bool(ws), "tiles": tiles, "xring": ws in (2, 3), "fold": ws == 3, "wgmma": ws == 4}

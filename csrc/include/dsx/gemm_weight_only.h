@@ -74,7 +74,7 @@
  * than 32 rows, the existing kernel runs, its ring automatic; 17..32 rows: one tile a warp, and bits
  * 29..30 pick how its consumers multiply: 0 = wgmma where the steps a block runs are at least 32
  * and x for whole token groups of 8 rows keeps the blocks an SM (ws_wgmma_pays), else mma.sync;
- * 1 = wgmma (4 or 8 warps, not int4 group 64, x as its operand
+ * 1 = wgmma (4 or 8 warps, any layout (int4 group 64 since the forty-third session), x as its operand
  * fitting, else DSX_EINVAL); 2 = mma.sync. The wgmma chain runs the mma chain's k-steps in its
  * order: the same bits either way. 33..64 rows with bits 29..30 = 1: one launch of eight token tiles
  * (m64n64k16), the same conditions; with 0 or 2 the existing kernel as above).
@@ -107,9 +107,9 @@
  * (every layout): bit 28, one tile a warp, the split without it, 2 slots of 2 steps,
  * wherever x fits whole (measured, H200: faster than the kernel without it at every DeepSeek-V3 tp
  * shape, 1.04-3.1x); so the same bits as the kernel without bit 28 at that split. Automatic at 33..64
- * rows (every layout but int4 group 64, which has no wgmma consumers: the cut below): one launch of all
- * the rows with eight token tiles through wgmma (its split, 2 slots of 2 steps, or of 1 step where only
- * that holds two blocks an SM) where x fits whole and the cut at 32 rows would not run as two grid parts;
+ * rows (every layout; int4 group 64 since the forty-third session, before it the cut below): one launch of
+ * all the rows with eight token tiles through wgmma (its split, 2 slots of 2 steps, or, per channel only, of
+ * 1 step where only that holds two blocks an SM) where x fits whole and the cut at 32 rows would not run as two grid parts;
  * else the cut above (measured, H200: int4 36864 x 7168 M = 64 159 -> 131 us, M = 33..40 121 -> 104; the
  * same bits as the kernel without bit 28 at its split). Bits 27 and 28 together: DSX_EINVAL.
  * Returns 0, DSX_EINVAL
