@@ -421,28 +421,19 @@ __global__ void __launch_bounds__((kMaxWarps + (RED ? 2 : 1)) * 32, CT == 4 || M
                                : (g & 3) * 32 + (c >> 1) * 128 + (c & 1) * 16;
   auto read_scale = [&](const uint8_t* sl, int j, int i, int v) -> uint32_t {  // (v: the block's tile)
     // (STMA, int4 group 128 and 64 (since the forty-third session) through the x ring where ws_smap_pays: the slot's
-    // rows by one tensor copy, Params::smap, packed 32 * tiles bytes apart; otherwise a bulk copy a step, ws_scale_row(CT) apart, from the 16-byte boundary
-    // below the scales' address)
+    // rows by one tensor copy, Params::smap, packed 32 * tiles bytes apart; otherwise a bulk copy a step,
+    // ws_scale_row(CT) apart, from the 16-byte boundary below the scales' address)
     const uint8_t* b =
         STMA ? sl + box * tiles * kWBytes + (ws_scale_rows(GMODE) * j + i) * 32 * tiles + 2 * (16 * v + g)
                : sl + box * tiles * kWBytes + (ws_scale_rows(GMODE) * j + i) * ws_scale_row(CT) + lead() + 2 * (16 * v + g);
     return static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(b)) |
            static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(b + 16)) << 16;
   };
-  // int4 group 64: a step's two scale rows (the second past K on a half step: 0, its weights and x are zeros)
-  // (STMA: the tensor copy fills a row past K with zeros; the second row 32 * tiles bytes after the first)
+  // int4 group 64: a step's two scale rows (the second past K on a half step: 0, its weights and x are zeros; STMA's
+  // tensor copy fills that row with zeros itself)
   auto g64_scales = [&](Stage& st, const uint8_t* sl, int j, int step, int v) {
-    if constexpr (STMA) {
-      const uint8_t* b = sl + box * tiles * kWBytes + 2 * j * 32 * tiles + 2 * (16 * v + g);
-      auto two = [](const uint8_t* q) {
-        return static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(q)) |
-               static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(q + 16)) << 16;
-      };
-      st.s[0] = two(b), st.s[1] = two(b + 32 * tiles);
-    } else {
-      st.s[0] = read_scale(sl, j, 0, v);
-      st.s[1] = 2 * step + 1 < ngroups() ? read_scale(sl, j, 1, v) : 0u;
-    }
+    st.s[0] = read_scale(sl, j, 0, v);
+    st.s[1] = STMA || 2 * step + 1 < ngroups() ? read_scale(sl, j, 1, v) : 0u;
   };
   // x: the block's whole K slice, staged once (ws_choose requires that it fits), pieces permuted
   // as in the existing path (gemm_weight_only.cuh).
