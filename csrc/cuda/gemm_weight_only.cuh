@@ -646,70 +646,63 @@ __device__ __forceinline__ void stage_x_wgmma(uint16_t* buf, const uint16_t* x, 
   }
 }
 
-// One step of one channel tile through wgmma (the WG consumers, four warps a warpgroup): the same k-steps in the same
-// order as step_q's mma chain (from 0 a step, one k-step a commit group, the A registers of the set in flight kept
-// live until its group is done), then promoted on the CUDA cores as there: the same bits. xa: the step's x in
-// stage_x_wgmma's layout (a shared address), nt its token groups.
-template <int BITS, int MT, int GMODE>
-__device__ __forceinline__ void step_q_wgmma(float (&acc)[MT][4], float (&part)[MT][4], const Stage& st, uint32_t xa,
-                                             uint32_t nt) {
-  constexpr int kKs = BITS == 8 ? 4 : 8;
+// One chain of wgmma k-steps ks0 .. ks0 + N - 1 into part, from 0 (the WG consumers): one k-step a commit group,
+// frag(ks, r) unpacking each k-step's A set into a ring of two, each set kept live until its group is done; then
+// waited for and fenced, so part may be read. xa: the step's x in stage_x_wgmma's layout (a shared address), nt its
+// token groups.
+template <int MT, int N, class Frag>
+__device__ __forceinline__ void wgmma_chain(float (&part)[MT][4], uint32_t xa, uint32_t nt, int ks0, Frag frag) {
   uint32_t a[2][4];
 #pragma unroll
-  for (int ks = 0; ks < kKs; ++ks) {
-    uint32_t(&r)[4] = a[ks & 1];
-    a_frag<BITS>(r, st, ks >> 1, ks & 1);
+  for (int s = 0; s < N; ++s) {
+    const int ks = ks0 + s;
+    uint32_t(&r)[4] = a[s & 1];
+    frag(ks, r);
     dsx_cuda::sm90::wgmma_fence();
-    dsx_cuda::sm90::wgmma_bf16_rs<MT>(part, r, dsx_cuda::sm90::interleave_desc(xa + ks * nt * 256, nt * 128, 128), ks > 0);
+    dsx_cuda::sm90::wgmma_bf16_rs<MT>(part, r, dsx_cuda::sm90::interleave_desc(xa + ks * nt * 256, nt * 128, 128), s > 0);
     dsx_cuda::sm90::wgmma_commit();
     dsx_cuda::sm90::wgmma_wait<1>();
-    if (ks > 0)  // (the set of k-step ks - 1, done now, was live until here)
+    if (s > 0)  // (the set of k-step ks - 1, done now, was live until here)
 #pragma unroll
-      for (int j = 0; j < 4; ++j) dsx_cuda::sm90::keep_reg(a[(ks + 1) & 1][j]);
+      for (int j = 0; j < 4; ++j) dsx_cuda::sm90::keep_reg(a[(s + 1) & 1][j]);
   }
   dsx_cuda::sm90::wgmma_wait<0>();
 #pragma unroll
-  for (int t = 0; t < MT; ++t) {
+  for (int t = 0; t < MT; ++t)
 #pragma unroll
     for (int e = 0; e < 4; ++e) dsx_cuda::sm90::fence_reg(part[t][e]);
-    promote<GMODE>(acc[t], part[t], st.s[0]);
-  }
+}
+
+// One step of one channel tile through wgmma (the WG consumers, four warps a warpgroup): the same k-steps in the same
+// order as step_q's mma chain (wgmma_chain), then promoted on the CUDA cores as there: the same bits.
+template <int BITS, int MT, int GMODE>
+__device__ __forceinline__ void step_q_wgmma(float (&acc)[MT][4], float (&part)[MT][4], const Stage& st, uint32_t xa,
+                                             uint32_t nt) {
+  wgmma_chain<MT, BITS == 8 ? 4 : 8>(part, xa, nt, 0,
+                                     [&](int ks, uint32_t(&r)[4]) { a_frag<BITS>(r, st, ks >> 1, ks & 1); });
+#pragma unroll
+  for (int t = 0; t < MT; ++t) promote<GMODE>(acc[t], part[t], st.s[0]);
 }
 
 // One int4 group-64 step of one channel tile through wgmma (the WG consumers; st in g64 order, g64_stage): per group sg
-// the k-steps 4 sg .. 4 sg + 3 of step_g64_tiles_with in its order, from 0 (the same A fragments; x in stage_x_wgmma's
-// G64 layout), then fma'd into acc with the group's scale: the same bits as the mma chains.
+// the k-steps 4 sg .. 4 sg + 3 of step_g64_tiles_with in its order (wgmma_chain; the same A fragments; x in
+// stage_x_wgmma's G64 layout), then fma'd into acc with the group's scale: the same bits as the mma chains.
 template <int MT>
 __device__ __forceinline__ void step_g64_wgmma(float (&acc)[MT][4], float (&part)[MT][4], const Stage& st, uint32_t xa,
                                                uint32_t nt) {
-  uint32_t a[2][4];
 #pragma unroll
   for (int sg = 0; sg < 2; ++sg) {
-#pragma unroll
-    for (int s = 0; s < 4; ++s) {
-      const int ks = 4 * sg + s;
-      uint32_t(&r)[4] = a[ks & 1];
+    wgmma_chain<MT, 4>(part, xa, nt, 4 * sg, [&](int ks, uint32_t(&r)[4]) {
+      const int s = ks & 3;  // (slot 2 sg + (s >> 1); nibble pairs 2 (s & 1), 2 (s & 1) + 1)
       const uint32_t r0 = word(st.w[0], 2 * sg + (s >> 1)), r1 = word(st.w[1], 2 * sg + (s >> 1));
       if (s & 1) {
         r[0] = i4_pair<2>(r0), r[1] = i4_pair<2>(r1), r[2] = i4_pair<3>(r0), r[3] = i4_pair<3>(r1);
       } else {
         r[0] = i4_pair<0>(r0), r[1] = i4_pair<0>(r1), r[2] = i4_pair<1>(r0), r[3] = i4_pair<1>(r1);
       }
-      dsx_cuda::sm90::wgmma_fence();
-      dsx_cuda::sm90::wgmma_bf16_rs<MT>(part, r, dsx_cuda::sm90::interleave_desc(xa + ks * nt * 256, nt * 128, 128), s > 0);
-      dsx_cuda::sm90::wgmma_commit();
-      dsx_cuda::sm90::wgmma_wait<1>();
-      if (s > 0)  // (the set of k-step ks - 1, done now, was live until here)
+    });
 #pragma unroll
-        for (int j = 0; j < 4; ++j) dsx_cuda::sm90::keep_reg(a[(ks + 1) & 1][j]);
-    }
-    dsx_cuda::sm90::wgmma_wait<0>();
-#pragma unroll
-    for (int t = 0; t < MT; ++t) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) dsx_cuda::sm90::fence_reg(part[t][e]);
-      add_scaled(acc[t], part[t], st.s[sg]);
-    }
+    for (int t = 0; t < MT; ++t) add_scaled(acc[t], part[t], st.s[sg]);
   }
 }
 
