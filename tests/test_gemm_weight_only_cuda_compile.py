@@ -329,10 +329,9 @@ def test_warp_specialized_instances_compile_without_spills(entries):
     tile a warp spills at its 72-register cap (16 bytes in the fourteenth session, 3 reloads a step; measured
     on the H200 it still beat the pulled one, 2048x7168 M = 9..16; 4 bytes since its owner applies the scales,
     fifteenth session): at most 4 bytes. Two at four token tiles (17..32 rows; twenty-second session): int4
-    group 128 pushed, 4 / 8 bytes (measured with them: 1.3-2.5x the existing path at 17..32 rows), and int4
-    group 64, 52 / 92 bytes pulled and 56 / 76 pushed (44 / 96 and 28 / 52 before its step took several tiles, the
-    forty-second session; with them the automatic choice since then, 1.9-2.2x the existing path at 24 and 32 rows).
-    Nowhere else. The four-token-tile instances exist once more with PARTS (two
+    group 128 pushed, 4 / 8 bytes (measured with them: 1.3-2.5x the existing path at 17..32 rows). Nowhere else (int4
+    group 64's spilled 52 / 92 bytes pulled and 56 / 76 pushed until its k-steps took each B pair from one x piece,
+    the forty-third session: about 50 register moves a step gone). The four-token-tile instances exist once more with PARTS (two
     grid parts side by side, twenty-third session), under the same limits. The pushed instances with two tiles a warp
     and two token tiles, or four tiles a warp, exist once more with the reducer warp (RED, twenty-fifth session: 10
     warps a block): no spills, and the blocks an SM of the instance without it (2: 96 registers; 1 at four tiles and
@@ -376,7 +375,7 @@ def test_warp_specialized_instances_compile_without_spills(entries):
     assert fold == {("4", "2", "0", "2") + pr for pr in three}, f"fold instances: {sorted(fold)}"
     stma = {more.search(b).groups()[:6] for b in blocks if more.search(b).group(8) == "1"}
     assert stma == {("4", "2", gm, "2") + pr for gm in "12" for pr in three}, f"one scale copy a slot: {sorted(stma)}"
-    allowed = {"4201b1": (4, 4), "4411b1": (4, 8), "4421b0": (52, 92), "4421b1": (56, 76)}  # (stores, loads)
+    allowed = {"4201b1": (4, 4), "4411b1": (4, 8)}  # (stores, loads)
     for b in blocks:
         inst = "".join(re.search(r"wo_gemm_ws_kernelILi(\d)ELi(\d)ELi(\d)ELi(\d)EL(b[01])E", b).groups())
         if inst in allowed:

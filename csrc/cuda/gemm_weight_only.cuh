@@ -459,12 +459,23 @@ __device__ __forceinline__ void g64_stage(Stage& st, const uint8_t* p, int rgap)
   }
 }
 
+// The A fragment of group sg's k-step j (0..3: step_g64_tiles_with) from a lane's two rows in g64 order: nibble pair
+// j of word slots 2 sg (the lower logical half) and 2 sg + 1 (the upper).
+__device__ __forceinline__ void g64_frag(uint32_t (&r)[4], const Stage& st, int sg, int j) {
+  r[0] = i4_pairj(word(st.w[0], 2 * sg), j), r[1] = i4_pairj(word(st.w[1], 2 * sg), j);
+  r[2] = i4_pairj(word(st.w[0], 2 * sg + 1), j), r[3] = i4_pairj(word(st.w[1], 2 * sg + 1), j);
+}
+
 // One group-64 step of CT channel tiles (st[n] in g64 order) at once: each 8-byte x piece feeds
-// the mma of every tile. Chain (n, t, sg) is the mma k-steps s = 4 sg .. 4 sg + 3 in that order
+// the mma of every tile. Chain (n, t, sg) is the mma k-steps 4 sg + J, J = 0..3, in that order
 // from 0, then fma'd into acc with the scale of group sg: per tile the chains of a lone tile, the
-// same bits whatever CT. xload(sg, i, t): the lane's x piece i (8 bytes) of group sg, token tile t.
-// Slot w, half h, pair lo of k-step s = 2 w + h: real k = 64 (w / 2) + 32 (c & 1) + 2 ((w & 1) |
-// (c >> 1) << 1) + 16 h + {0, 1}: piece i = 2 h (+1 for the pair 8 above), word w & 1.
+// same bits whatever CT. xload(sg, i, t): the lane's x piece i (8 bytes) of group sg, token tile t:
+// real k 64 sg + 32 (c & 1) + 4 (c >> 1) + 8 i + {0, 1, 2, 3}. Nibble pair J (nibbles J, J + 4) of
+// slot w holds real k 64 (w / 2) + 32 (c & 1) + 4 (c >> 1) + 2 (w & 1) + 8 J + {0, 1}, so k-step J of
+// group sg takes pair J of slots 2 sg (its lower logical half) and 2 sg + 1 (its upper half, 2 above),
+// and x piece J whole as its B pair: one 8-byte load an mma, no register moves. (Until the
+// forty-third session's experiment the k-steps paired pairs 2h and 2h + 1 of one slot, and each
+// mma's B pair came from two pieces: the compiler paired them by about 50 register moves a step.)
 template <int MT, int CT, class XLoad>
 __device__ __forceinline__ void step_g64_tiles_with(float (&acc)[CT][MT][4], const Stage (&st)[CT], XLoad xload) {
   // The k-steps unpacked once for every token tile: both groups' at once, and both groups' x pieces loaded at
@@ -478,13 +489,9 @@ __device__ __forceinline__ void step_g64_tiles_with(float (&acc)[CT][MT][4], con
 #pragma unroll
     for (int n = 0; n < CT; ++n)
 #pragma unroll
-      for (int w = 0; w < 2 * kAtOnce; ++w) {
-        const uint32_t r0 = word(st[n].w[0], 2 * sg0 + w), r1 = word(st[n].w[1], 2 * sg0 + w);
-        a[n][2 * w][0] = i4_pair<0>(r0), a[n][2 * w][1] = i4_pair<0>(r1);
-        a[n][2 * w][2] = i4_pair<1>(r0), a[n][2 * w][3] = i4_pair<1>(r1);
-        a[n][2 * w + 1][0] = i4_pair<2>(r0), a[n][2 * w + 1][1] = i4_pair<2>(r1);
-        a[n][2 * w + 1][2] = i4_pair<3>(r0), a[n][2 * w + 1][3] = i4_pair<3>(r1);
-      }
+      for (int q = 0; q < kAtOnce; ++q)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) g64_frag(a[n][4 * q + j], st[n], sg0 + q, j);
 #pragma unroll
     for (int t = 0; t < MT; ++t) {
       uint2 xv[kAtOnce][4];
@@ -498,12 +505,9 @@ __device__ __forceinline__ void step_g64_tiles_with(float (&acc)[CT][MT][4], con
 #pragma unroll
         for (int n = 0; n < CT; ++n) part[n][0] = part[n][1] = part[n][2] = part[n][3] = 0.f;
 #pragma unroll
-        for (int s = 0; s < 4; ++s) {
-          const int w = s >> 1, h = s & 1;  // (k-step 4 sg + s: slot 2 sg + w, whose word parity is w)
+        for (int j = 0; j < 4; ++j)
 #pragma unroll
-          for (int n = 0; n < CT; ++n)
-            dsx_wo::mma_bf16(part[n], a[n][4 * q + s], half_of(xv[q][2 * h], w), half_of(xv[q][2 * h + 1], w));
-        }
+          for (int n = 0; n < CT; ++n) dsx_wo::mma_bf16(part[n], a[n][4 * q + j], xv[q][j].x, xv[q][j].y);
 #pragma unroll
         for (int n = 0; n < CT; ++n) add_scaled(acc[n][t], part[n], st[n].s[sg0 + q]);
       }
@@ -605,10 +609,10 @@ __device__ __forceinline__ void stage_x_steps(uint16_t* buf, int ld, const uint1
 // in output columns that are never stored. Pieces at or past K are zeros. Through registers, KB loads in flight a
 // thread; the caller fences (generic -> async proxy) and syncs.
 // G64 (int4 group 64, step_g64_wgmma; forty-third session): logical k in the order of step_g64_tiles_with's mma
-// k-steps instead. There k-step 4 sg + 2 w + h, lane c, takes real k 64 sg + 32 (c & 1) + 16 h + 4 (c >> 1) + 2 w + {0, 1}
-// at logical {2 c, 2 c + 1} and 8 further at {2 c + 8, 2 c + 9}: the 16-byte piece q of a step (real k 8 q .. 8 q + 7:
-// sg = q >> 3, c & 1 = (q >> 2) & 1, h = (q >> 1) & 1, the upper logical half q & 1) puts its word j (w = j & 1,
-// c >> 1 = j >> 1) in core column 16 st + 8 sg + 4 w + 2 h + (q & 1), word (c & 1) | (j >> 1) << 1.
+// k-steps instead. There k-step 4 sg + J, lane c, takes real k 64 sg + 32 (c & 1) + 4 (c >> 1) + 8 J + {0, 1} at
+// logical {2 c, 2 c + 1} and 2 further at {2 c + 8, 2 c + 9}: the 16-byte piece q of a step (real k 8 q .. 8 q + 7:
+// sg = q >> 3, c & 1 = (q >> 2) & 1, J = q & 3) puts its word j (c >> 1 = j >> 1, the upper logical half j & 1) in
+// core column 16 st + 8 sg + 2 J + (j & 1), word (c & 1) | (j >> 1) << 1.
 template <int BITS, int KB = 8, bool G64 = false>
 __device__ __forceinline__ void stage_x_wgmma(uint16_t* buf, const uint16_t* x, int m, int k, int s0, int steps, int tid,
                                               int nthr) {
@@ -635,8 +639,8 @@ __device__ __forceinline__ void stage_x_wgmma(uint16_t* buf, const uint16_t* x, 
         const int rem = i / m, row = i - rem * m;
         const int st = rem / kPieces, q = rem - st * kPieces;
         if constexpr (G64) {
-          uint32_t* d = w + (st * kPieces + 8 * (q >> 3) + 2 * ((q >> 1) & 1) + (q & 1)) * kCol + 4 * row + ((q >> 2) & 1);
-          d[0] = v[b].x, d[4 * kCol] = v[b].y, d[2] = v[b].z, d[4 * kCol + 2] = v[b].w;
+          uint32_t* d = w + (st * kPieces + 8 * (q >> 3) + 2 * (q & 3)) * kCol + 4 * row + ((q >> 2) & 1);
+          d[0] = v[b].x, d[kCol] = v[b].y, d[2] = v[b].z, d[kCol + 2] = v[b].w;
         } else {
           uint32_t* d = w + (st * kPieces + 4 * (q % kIpc)) * kCol + 4 * row + q / kIpc;
           d[0] = v[b].x, d[kCol] = v[b].y, d[2 * kCol] = v[b].z, d[3 * kCol] = v[b].w;
@@ -685,22 +689,14 @@ __device__ __forceinline__ void step_q_wgmma(float (&acc)[MT][4], float (&part)[
 }
 
 // One int4 group-64 step of one channel tile through wgmma (the WG consumers; st in g64 order, g64_stage): per group sg
-// the k-steps 4 sg .. 4 sg + 3 of step_g64_tiles_with in its order (wgmma_chain; the same A fragments; x in
+// the k-steps 4 sg .. 4 sg + 3 of step_g64_tiles_with in its order (wgmma_chain; the same A fragments, g64_frag; x in
 // stage_x_wgmma's G64 layout), then fma'd into acc with the group's scale: the same bits as the mma chains.
 template <int MT>
 __device__ __forceinline__ void step_g64_wgmma(float (&acc)[MT][4], float (&part)[MT][4], const Stage& st, uint32_t xa,
                                                uint32_t nt) {
 #pragma unroll
   for (int sg = 0; sg < 2; ++sg) {
-    wgmma_chain<MT, 4>(part, xa, nt, 4 * sg, [&](int ks, uint32_t(&r)[4]) {
-      const int s = ks & 3;  // (slot 2 sg + (s >> 1); nibble pairs 2 (s & 1), 2 (s & 1) + 1)
-      const uint32_t r0 = word(st.w[0], 2 * sg + (s >> 1)), r1 = word(st.w[1], 2 * sg + (s >> 1));
-      if (s & 1) {
-        r[0] = i4_pair<2>(r0), r[1] = i4_pair<2>(r1), r[2] = i4_pair<3>(r0), r[3] = i4_pair<3>(r1);
-      } else {
-        r[0] = i4_pair<0>(r0), r[1] = i4_pair<0>(r1), r[2] = i4_pair<1>(r0), r[3] = i4_pair<1>(r1);
-      }
-    });
+    wgmma_chain<MT, 4>(part, xa, nt, 4 * sg, [&](int ks, uint32_t(&r)[4]) { g64_frag(r, st, sg, ks & 3); });
 #pragma unroll
     for (int t = 0; t < MT; ++t) add_scaled(acc[t], part[t], st.s[sg]);
   }
