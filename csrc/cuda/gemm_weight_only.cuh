@@ -474,8 +474,9 @@ __device__ __forceinline__ void g64_frag(uint32_t (&r)[4], const Stage& st, int 
 // slot w holds real k 64 (w / 2) + 32 (c & 1) + 4 (c >> 1) + 2 (w & 1) + 8 J + {0, 1}, so k-step J of
 // group sg takes pair J of slots 2 sg (its lower logical half) and 2 sg + 1 (its upper half, 2 above),
 // and x piece J whole as its B pair: one 8-byte load an mma, no register moves. (Until the
-// forty-third session's experiment the k-steps paired pairs 2h and 2h + 1 of one slot, and each
-// mma's B pair came from two pieces: the compiler paired them by about 50 register moves a step.)
+// forty-fourth session the k-steps paired pairs 2h and 2h + 1 of one slot, and each mma's B pair
+// came from two pieces: the compiler paired them by about 50 register moves a step; H200, 36864 x
+// 7168 at 9..16 rows 5-9% faster without them: docs/benchmarks.md, "Forty-fourth session".)
 template <int MT, int CT, class XLoad>
 __device__ __forceinline__ void step_g64_tiles_with(float (&acc)[CT][MT][4], const Stage (&st)[CT], XLoad xload) {
   // The k-steps unpacked once for every token tile: both groups' at once, and both groups' x pieces loaded at
