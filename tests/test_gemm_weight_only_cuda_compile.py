@@ -2,7 +2,9 @@
 
 1. csrc/cuda/gemm_weight_only.cu compiles with the local nvcc for sm_90a (skipped
    without nvcc): all 25 kernel instances (20 + the five M <= 8 one-slot ones) and the two of
-   the balanced grid (algo bit 27: int4 per channel, M <= 8, one slot or more), no register spills.
+   the balanced grid (algo bit 27: int4 per channel, M <= 8, one slot or more), no register spills; and,
+   in its SASS (cuobjdump / nvdisasm from PyPI), no register moves in the step loops to pair mma operands
+   (a planted split pair shows the check can fail).
 2. A numpy model of what each lane of the kernel does (which 16 bytes it loads, which bits
    make which bf16 value, which x element in shared memory it pairs them with, which scale
    and partial sum they go to, the int4 group-64 word exchange between lanes) reproduces
@@ -22,6 +24,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import ml_dtypes
@@ -35,6 +38,9 @@ from ds_export.native import gemm_weight_only as G
 from ds_export.native.build import CSRC
 from ptx_entries import ptx_entries
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import wo_sass_counts  # noqa: E402
+
 BF16 = ml_dtypes.bfloat16
 NVCC = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None)
 # the tests that run nvcc (CI has it; a machine without it skips them)
@@ -46,15 +52,21 @@ UNIT = CSRC / "cuda" / "gemm_weight_only.cu"
 
 
 @pytest.fixture(scope="module")
-def entries(tmp_path_factory):
-    """ptxas -v's report of every kernel entry of the unit (compiled once for the tests below)."""
+def wo_object(tmp_path_factory):
+    """The unit compiled once for the tests below: (its object file, ptxas -v's report)."""
+    obj = tmp_path_factory.mktemp("wo") / "wo.o"
     cmd = [NVCC, "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "--expt-relaxed-constexpr", "-O3",
-           "-DNDEBUG", "-Xcompiler", "-fPIC", "-Xptxas", "-v", f"-I{CSRC / 'include'}", "-c", str(UNIT),
-           "-o", str(tmp_path_factory.mktemp("wo") / "wo.o")]
+           "-DNDEBUG", "-Xcompiler", "-fPIC", "-Xptxas", "-v", f"-I{CSRC / 'include'}", "-c", str(UNIT), "-o", str(obj)]
     res = subprocess.run(cmd, capture_output=True, text=True)
     log = res.stdout + res.stderr
     assert res.returncode == 0, f"nvcc failed:\n{log[-4000:]}"
-    return log.split("Compiling entry function")[1:]
+    return obj, log
+
+
+@pytest.fixture(scope="module")
+def entries(wo_object):
+    """ptxas -v's report of every kernel entry of the unit."""
+    return wo_object[1].split("Compiling entry function")[1:]
 
 
 @needs_nvcc
@@ -331,8 +343,8 @@ def test_warp_specialized_instances_compile_without_spills(entries):
     fifteenth session): at most 4 bytes. Two at four token tiles (17..32 rows; twenty-second session): int4
     group 128 pushed, 4 / 8 bytes (measured with them: 1.3-2.5x the existing path at 17..32 rows). Nowhere else (int4
     group 64's spilled 52 / 92 bytes pulled and 56 / 76 pushed until its k-steps took each B pair from one x piece,
-    the forty-third session: about 50 register moves a step gone). The four-token-tile instances exist once more with PARTS (two
-    grid parts side by side, twenty-third session), under the same limits. The pushed instances with two tiles a warp
+    the forty-fourth session: about 50 register moves a step gone). The four-token-tile instances exist once more
+    with PARTS (two grid parts side by side, twenty-third session), under the same limits. The pushed instances with two tiles a warp
     and two token tiles, or four tiles a warp, exist once more with the reducer warp (RED, twenty-fifth session: 10
     warps a block): no spills, and the blocks an SM of the instance without it (2: 96 registers; 1 at four tiles and
     two token tiles). The int4 instances (per channel, group 128) with two tiles a warp and two token tiles exist once
@@ -394,6 +406,75 @@ def test_warp_specialized_instances_compile_without_spills(entries):
         else:
             limit = 224 if ct == "4" else 112 if ct == "2" or mt == "4" else 96 if (bits, mt, gm) == ("4", "2", "2") else 72
         assert regs <= limit, f"{regs} registers (more than {limit}) in {b[:120]}"
+
+
+# cuobjdump and nvdisasm (the test extras install them from PyPI; bench/wo_sass_counts.py finds them)
+needs_sass_tools = pytest.mark.skipif(
+    NVCC is None or wo_sass_counts.find_tool("cuobjdump") is None or wo_sass_counts.find_tool("nvdisasm") is None,
+    reason="nvcc, cuobjdump or nvdisasm not installed")
+# At most one register move per this many HMMA inside a kernel's step loops (the kernels have at most 2 per 12 HMMA
+# there since the forty-fourth session; int4 group 64's loops had 49-58 per 32 before it)
+HMMA_PER_MOVE = 4
+
+
+@needs_sass_tools
+def test_step_loops_take_mma_operands_as_loaded(wo_object):
+    """Every kernel instance's step loops, in the SASS: the mma operand pairs come from registers as the unpacking and
+    the shared-memory loads left them, without register moves. A step whose B pair joins words of two x loads pays about
+    one move an mma (int4 group 64 until the forty-fourth session: about 50 a step, 5-9% of its time at 9..16 rows on the
+    H200); the loops' moves (`loop_moves`: between HMMA at most LOOP_GAP apart, so the producer's and the epilogue's code
+    between the loops is not counted) stay below one per HMMA_PER_MOVE HMMA."""
+    funcs = wo_sass_counts.sass_functions(wo_object[0])
+    counted = {name: wo_sass_counts.loop_counts(ops) for name, ops in funcs.items() if "wo_gemm" in name}
+    counted = {name: c for name, c in counted.items() if c is not None}
+    assert len(counted) >= 100, f"{len(counted)} weight-only kernel instances with HMMA in the SASS, expected all of them"
+    heavy = {re.sub(r"^.*?(wo_gemm)", r"\1", name)[:80]: (c["loop_moves"], c["hmma"]) for name, c in counted.items()
+             if c["loop_moves"] * HMMA_PER_MOVE > c["hmma"]}
+    assert not heavy, f"register moves in step loops (moves, HMMA): {heavy}"
+
+
+PLANTED = r"""
+#include <cstdint>
+__device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+               "{%0,%1,%2,%3};" : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// SPLIT 0: each mma's B pair is one 8-byte shared load as loaded; SPLIT 1: word 0 of one load, word 1 of the next
+template <int SPLIT>
+__global__ void planted(const uint4* w, float* out) {
+  __shared__ uint2 xs[8 * 32];
+  const int l = threadIdx.x;
+  for (int i = l; i < 8 * 32; i += 32) xs[i] = make_uint2(i, 3 * i);
+  __syncthreads();
+  float d[4] = {0.f, 0.f, 0.f, 0.f};
+  const uint4 a4 = w[l];
+  const uint32_t a[4] = {a4.x, a4.y, a4.z, a4.w};
+  uint2 v[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) v[j] = xs[32 * j + l];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) mma(d, a, v[j].x, SPLIT ? v[(j + 1) & 7].y : v[j].y);
+  out[l] = d[0] + d[1] + d[2] + d[3];
+}
+template __global__ void planted<0>(const uint4*, float*);
+template __global__ void planted<1>(const uint4*, float*);
+"""
+
+
+@needs_sass_tools
+def test_step_loop_move_check_catches_a_split_operand_pair(tmp_path):
+    """The check above can fail: the same eight mma with each B pair from two loads pay moves the check counts."""
+    (tmp_path / "planted.cu").write_text(PLANTED)
+    cmd = [NVCC, "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-O3", "-c", str(tmp_path / "planted.cu"),
+           "-o", str(tmp_path / "planted.o")]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    assert res.returncode == 0, f"nvcc failed:\n{(res.stdout + res.stderr)[-4000:]}"
+    got = {("split" if "ILi1E" in name else "whole"): wo_sass_counts.loop_counts(ops)
+           for name, ops in wo_sass_counts.sass_functions(tmp_path / "planted.o").items() if "planted" in name}
+    assert got["whole"]["hmma"] == got["split"]["hmma"] == 8
+    assert got["whole"]["loop_moves"] == 0
+    assert got["split"]["loop_moves"] * HMMA_PER_MOVE > got["split"]["hmma"], got["split"]
 
 
 @needs_nvcc
