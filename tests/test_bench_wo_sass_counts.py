@@ -49,7 +49,7 @@ def test_counts_over_the_hmma_span(tmp_path, monkeypatch):
     ws = next(ops for name, ops in funcs.items() if "wo_gemm_ws_kernel" in name)
     # the span runs from the first HMMA (0x20) to the last (0x50): 4 instructions, one move and one predicated load
     # inside it; the MOV after the last HMMA and the loads before the first are outside
-    assert wo_sass_counts.loop_counts(ws) == {"span": 4, "hmma": 2, "moves": 1, "loop_moves": 1, "lds": {"U16": 1}}
+    assert wo_sass_counts.loop_counts(ws) == {"span": 4, "mma": 2, "moves": 1, "loop_moves": 1, "lds": {"U16": 1}}
     # the same HMMA pair further apart than a step loop's: its move is no loop move
     far = ws[:3] + ["LOP3.LUT"] * wo_sass_counts.LOOP_GAP + ws[3:]
     assert wo_sass_counts.loop_counts(far)["moves"] == 1 and wo_sass_counts.loop_counts(far)["loop_moves"] == 0

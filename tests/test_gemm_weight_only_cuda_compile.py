@@ -330,31 +330,30 @@ def test_device_entry_checks_before_launch(case, match):
 
 @needs_nvcc
 def test_warp_specialized_instances_compile_without_spills(entries):
-    """Algo bit 28's kernel (gemm_weight_only_ws.cuh, up to 32 rows: mt 1, 2 and 4 (17..32 rows, one
-    tile a warp, 2 blocks an SM: 112 registers) of every layout, and 2 or 4 tiles a warp (bits 29..30) at
-    mt 1 and 2 for every layout (int4 group 64 too since the forty-second session)) at its
-    register cap (3 blocks of 9 warps an SM; 2 for int4 group 64 at 16 rows, for 2 tiles a warp and
-    for 4 at mt 1, 1 for 4 at mt 2): 0 spills. At mt 1 two tiles a warp stay within 72 registers and
-    four within 112 (3 and 2 blocks an SM: what ws_blocks_per_sm, the automatic rule's count, assumes).
-    Each exists pulled and pushed (the PUSH template argument: the cluster sum sent to the tiles'
-    owners). One known exception: the pushed int4-per-channel instance with two token tiles and one
-    tile a warp spills at its 72-register cap (16 bytes in the fourteenth session, 3 reloads a step; measured
-    on the H200 it still beat the pulled one, 2048x7168 M = 9..16; 4 bytes since its owner applies the scales,
-    fifteenth session): at most 4 bytes. Two at four token tiles (17..32 rows; twenty-second session): int4
-    group 128 pushed, 4 / 8 bytes (measured with them: 1.3-2.5x the existing path at 17..32 rows). Nowhere else (int4
-    group 64's spilled 52 / 92 bytes pulled and 56 / 76 pushed until its k-steps took each B pair from one x piece,
-    the forty-fourth session: about 50 register moves a step gone). The four-token-tile instances exist once more
-    with PARTS (two grid parts side by side, twenty-third session), under the same limits. The pushed instances with two tiles a warp
-    and two token tiles, or four tiles a warp, exist once more with the reducer warp (RED, twenty-fifth session: 10
-    warps a block): no spills, and the blocks an SM of the instance without it (2: 96 registers; 1 at four tiles and
-    two token tiles). The int4 instances (per channel, group 128) with two tiles a warp and two token tiles exist once
-    more with x through the ring (XR, twenty-seventh session; pulled, pushed, pushed with the reducer warp): no spills,
-    the same register limits (and for int4 group 64 since the forty-second session).
+    """Algo bit 28's kernel (gemm_weight_only_ws.cuh, up to 32 rows: mt 1, 2 and 4 (17..32 rows, one tile a warp, 2
+    blocks an SM: 112 registers) of every layout, and 2 or 4 tiles a warp (bits 29..30) at mt 1 and 2 for every layout
+    (int4 group 64 too since the forty-second session)) at its register cap (3 blocks of 9 warps an SM; 2 for int4
+    group 64 at 16 rows, for 2 tiles a warp and for 4 at mt 1, 1 for 4 at mt 2): 0 spills. At mt 1 two tiles a warp
+    stay within 72 registers and four within 112 (3 and 2 blocks an SM: what ws_blocks_per_sm, the automatic rule's
+    count, assumes). Each exists pulled and pushed (the PUSH template argument: the cluster sum sent to the tiles'
+    owners). One known exception: the pushed int4-per-channel instance with two token tiles and one tile a warp spills
+    at its 72-register cap (16 bytes in the fourteenth session, 3 reloads a step; measured on the H200 it still beat
+    the pulled one, 2048x7168 M = 9..16; 4 bytes since its owner applies the scales, fifteenth session): at most 4
+    bytes. Two at four token tiles (17..32 rows; twenty-second session): int4 group 128 pushed, 4 / 8 bytes (measured
+    with them: 1.3-2.5x the existing path at 17..32 rows). Nowhere else (int4 group 64's spilled 52 / 92 bytes pulled
+    and 56 / 76 pushed until its k-steps took each B pair from one x piece, the forty-fourth session: about 50
+    register moves a step gone). The four-token-tile instances exist once more with PARTS (two grid parts side by
+    side, twenty-third session), under the same limits. The pushed instances with two tiles a warp and two token
+    tiles, or four tiles a warp, exist once more with the reducer warp (RED, twenty-fifth session: 10 warps a block):
+    no spills, and the blocks an SM of the instance without it (2: 96 registers; 1 at four tiles and two token tiles).
+    The int4 instances (per channel, group 128) with two tiles a warp and two token tiles exist once more with x
+    through the ring (XR, twenty-seventh session; pulled, pushed, pushed with the reducer warp): no spills, the same
+    register limits (and for int4 group 64 since the forty-second session).
     Eight token tiles (33..64 rows in one launch, wgmma consumers only, every layout (int4 group 64 since the
-    forty-third session); thirty-third session): launch bounds of one block an SM (at two, ptxas capped them at 96 registers and the
-    int4 ones spilled 84-104 bytes), no spills within 112 registers. The int4 x-ring instances exist once more folded
-    (FOLD, per channel) and with group 128's scale rows by one tensor copy a slot (STMA, thirty-ninth session; group
-    64's too since the forty-third): no spills, the same register limits."""
+    forty-third session); thirty-third session): launch bounds of one block an SM (at two, ptxas capped them at 96
+    registers and the int4 ones spilled 84-104 bytes), no spills within 112 registers. The int4 x-ring instances exist
+    once more folded (FOLD, per channel) and with group 128's scale rows by one tensor copy a slot (STMA, thirty-ninth
+    session; group 64's too since the forty-third): no spills, the same register limits."""
     blocks = [b for b in entries if "wo_gemm_ws_kernel" in b.split("\n")[0]]
     names = {re.search(r"wo_gemm_ws_kernelILi(\d)ELi(\d)ELi(\d)ELi(\d)", b).groups() for b in blocks}
     want = {(b, mt, gm, "1") for b, gms in (("8", "01"), ("4", "012")) for gm in gms for mt in "124"}
@@ -412,9 +411,9 @@ def test_warp_specialized_instances_compile_without_spills(entries):
 needs_sass_tools = pytest.mark.skipif(
     NVCC is None or wo_sass_counts.find_tool("cuobjdump") is None or wo_sass_counts.find_tool("nvdisasm") is None,
     reason="nvcc, cuobjdump or nvdisasm not installed")
-# At most one register move per this many HMMA inside a kernel's step loops (the kernels have at most 2 per 12 HMMA
-# there since the forty-fourth session; int4 group 64's loops had 49-58 per 32 before it)
-HMMA_PER_MOVE = 4
+# At most one register move per this many mma (HMMA, or HGMMA in the wgmma consumers) inside a kernel's step loops (the
+# kernels have at most 2 per 12 there since the forty-fourth session; int4 group 64's loops had 49-58 per 32 before it)
+MMA_PER_MOVE = 4
 
 
 @needs_sass_tools
@@ -422,15 +421,15 @@ def test_step_loops_take_mma_operands_as_loaded(wo_object):
     """Every kernel instance's step loops, in the SASS: the mma operand pairs come from registers as the unpacking and
     the shared-memory loads left them, without register moves. A step whose B pair joins words of two x loads pays about
     one move an mma (int4 group 64 until the forty-fourth session: about 50 a step, 5-9% of its time at 9..16 rows on the
-    H200); the loops' moves (`loop_moves`: between HMMA at most LOOP_GAP apart, so the producer's and the epilogue's code
-    between the loops is not counted) stay below one per HMMA_PER_MOVE HMMA."""
+    H200); the loops' moves (`loop_moves`: between mma at most LOOP_GAP apart, so the producer's and the epilogue's code
+    between the loops is not counted) stay below one per MMA_PER_MOVE mma (HMMA, or HGMMA in the wgmma consumers)."""
     funcs = wo_sass_counts.sass_functions(wo_object[0])
     counted = {name: wo_sass_counts.loop_counts(ops) for name, ops in funcs.items() if "wo_gemm" in name}
     counted = {name: c for name, c in counted.items() if c is not None}
-    assert len(counted) >= 100, f"{len(counted)} weight-only kernel instances with HMMA in the SASS, expected all of them"
-    heavy = {re.sub(r"^.*?(wo_gemm)", r"\1", name)[:80]: (c["loop_moves"], c["hmma"]) for name, c in counted.items()
-             if c["loop_moves"] * HMMA_PER_MOVE > c["hmma"]}
-    assert not heavy, f"register moves in step loops (moves, HMMA): {heavy}"
+    assert len(counted) >= 150, f"{len(counted)} weight-only kernel instances with mma in the SASS, expected all of them"
+    heavy = {re.sub(r"^.*?(wo_gemm)", r"\1", name)[:80]: (c["loop_moves"], c["mma"]) for name, c in counted.items()
+             if c["loop_moves"] * MMA_PER_MOVE > c["mma"]}
+    assert not heavy, f"register moves in step loops (moves, mma): {heavy}"
 
 
 PLANTED = r"""
@@ -472,9 +471,9 @@ def test_step_loop_move_check_catches_a_split_operand_pair(tmp_path):
     assert res.returncode == 0, f"nvcc failed:\n{(res.stdout + res.stderr)[-4000:]}"
     got = {("split" if "ILi1E" in name else "whole"): wo_sass_counts.loop_counts(ops)
            for name, ops in wo_sass_counts.sass_functions(tmp_path / "planted.o").items() if "planted" in name}
-    assert got["whole"]["hmma"] == got["split"]["hmma"] == 8
+    assert got["whole"]["mma"] == got["split"]["mma"] == 8
     assert got["whole"]["loop_moves"] == 0
-    assert got["split"]["loop_moves"] * HMMA_PER_MOVE > got["split"]["hmma"], got["split"]
+    assert got["split"]["loop_moves"] * MMA_PER_MOVE > got["split"]["mma"], got["split"]
 
 
 @needs_nvcc
