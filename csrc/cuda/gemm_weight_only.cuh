@@ -193,14 +193,8 @@ __device__ __forceinline__ uint32_t i8_pair(uint32_t w) {
   return bf16x2_add(val, neg);
 }
 
-// int4: nibbles {J, J + 4} of a word -> bf16x2 q = u - 8 (low half from nibble J).
-template <int J>
-__device__ __forceinline__ uint32_t i4_pair(uint32_t w) {
-  const uint32_t val = and_or(J ? (w >> (4 * J)) : w, 0x000F000Fu, 0x43004300u);  // 128 + u
-  return bf16x2_add(val, 0xC308C308u);                                              // - 136
-}
-
-// The same with the nibble / byte pair as an argument (a constant once the loops unroll).
+// int4: nibbles {j, j + 4} of a word -> bf16x2 q = u - 8 (low half from nibble j); int8 the same for a byte pair. The
+// pair is an argument, a constant once the loops unroll.
 // (The shifts are 48 of the 252 instructions of the 9..16-row step loop, 3 a word; taking them out, wrong values,
 // makes 36864 x 7168 at 16 rows 9% faster, but each way of getting the nibbles down without them measured no better:
 // mul.hi, byte permutes, fp16 magic arithmetic: docs/benchmarks.md, "Twenty-ninth session" in the weight-only section.)
@@ -261,7 +255,6 @@ struct Stage {
 __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
   return i == 0 ? v.x : (i == 1 ? v.y : (i == 2 ? v.z : v.w));
 }
-__device__ __forceinline__ uint32_t half_of(const uint2& v, int i) { return i == 0 ? v.x : v.y; }
 
 // The A fragment of mma k-step (i, h) (issued in the order 2 i + h) of one 16-channel tile: the nibble (int4) or byte
 // (int8) pairs i of words 2 h and 2 h + 1 of the lane's two rows (step_q, step_q_tiles_with, step_q_wgmma).
