@@ -184,14 +184,15 @@ def model_gemm(x, qweight, scale, bits, group, fault=None):
                 # got0/got1 = what the partner sends: (hi ? v.x : v.z), (hi ? v.y : v.w) of the partner
                 got = (partner[:, 2], partner[:, 3]) if hi_lane else (partner[:, 0], partner[:, 1])
                 slots = [got[0], got[1], own[:, 2], own[:, 3]] if hi_lane else [own[:, 0], own[:, 1], got[0], got[1]]
-                base = 32 * (c & 1) + (4 if hi_lane else 0)
-                for s in range(8):
-                    w, h = s >> 1, s & 1
-                    sg = s // 4
-                    lo, hi = i4_pair(slots[w], 2 * h, fault), i4_pair(slots[w], 2 * h + 1, fault)
-                    o_lo = base + 64 * sg + 8 * (2 * h) + 2 * (w & 1)
-                    o_hi = base + 64 * sg + 8 * (2 * h + 1) + 2 * (w & 1)
-                    pairs += [(sg, lo[0], o_lo), (sg, lo[1], o_lo + 1), (sg, hi[0], o_hi), (sg, hi[1], o_hi + 1)]
+                # (step_g64_tiles_with: k-step J of group sg takes nibble pair J of slots 2 sg (the lower logical
+                # half) and 2 sg + 1 (the upper), and x piece J of the group, real k r .. r + 3, as its B pair)
+                for sg in range(2):
+                    for j in range(4):
+                        r = 64 * sg + 32 * (c & 1) + 4 * hi_lane + 8 * j
+                        lo, hi = i4_pair(slots[2 * sg], j, fault), i4_pair(slots[2 * sg + 1], j, fault)
+                        if fault == "halves":  # (the two slots' logical halves swapped)
+                            lo, hi = hi, lo
+                        pairs += [(sg, lo[0], r), (sg, lo[1], r + 1), (sg, hi[0], r + 2), (sg, hi[1], r + 3)]
             for sg, val, off in pairs:
                 parts[sg] += xstep[:, off:off + 1] * val[None, :]
         if gmode == 0:
@@ -227,7 +228,8 @@ def test_lane_model_reads_paddle_layout(m, n, k, bits, group):
     assert np.all(np.abs(got - ref) <= 1e-12 * mag + 1e-300), np.abs(got - ref).max()
 
 
-@pytest.mark.parametrize("fault,case", [("pair", CASES[0]), ("pair", CASES[3]), ("noswap", CASES[6])])
+@pytest.mark.parametrize("fault,case", [("pair", CASES[0]), ("pair", CASES[3]), ("noswap", CASES[6]), ("pair", CASES[6]),
+                                        ("halves", CASES[7])])
 def test_lane_model_catches_planted_faults(fault, case):
     m, n, k, bits, group = case
     x, q, s, ref, mag = make_case(m, n, k, bits, group)
