@@ -53,6 +53,9 @@ def test_counts_over_the_hmma_span(tmp_path, monkeypatch):
     # the same HMMA pair further apart than a step loop's: its move is no loop move
     far = ws[:3] + ["LOP3.LUT"] * wo_sass_counts.LOOP_GAP + ws[3:]
     assert wo_sass_counts.loop_counts(far)["moves"] == 1 and wo_sass_counts.loop_counts(far)["loop_moves"] == 0
+    # wgmma (the WG consumers) counts as the loops' tensor-core instruction too
+    wg = ["R2UR", "HGMMA.64x32x16.F32.BF16", "IMAD.MOV.U32", "HGMMA.64x32x16.F32.BF16", "EXIT"]
+    assert wo_sass_counts.loop_counts(wg) == {"span": 3, "mma": 2, "moves": 1, "loop_moves": 1, "lds": {}}
     other = next(ops for name, ops in funcs.items() if "other_kernel" in name)
     assert wo_sass_counts.loop_counts(other) is None
     assert wo_sass_counts.main([str(tmp_path / "any.so"), "wo_gemm_ws"]) == 0
