@@ -28,7 +28,9 @@ at both ends; where a winner held at one end only, the table gets that one row. 
 in order, a later one deciding the rows it swept (emit_table); a table (.inc) may stand first for the
 files it was emitted from. Rows 17..32 (four token tiles a launch
 since the twenty-second session) are swept on their own: --ms 17,20,24,28,32 --rows-from 17, with the
-words of CANDIDATES_WIDE (one channel tile a warp), against the rules there. Every shape and layout is
+words of CANDIDATES_WIDE (one channel tile a warp), against the rules there; so are rows 33..64 (one launch of
+eight token tiles through wgmma, CANDIDATES_WG, e.g. --ms 40,48,56,64 --rows-from 33; the automatic choice
+consults the table there since the forty-fifth session, plan_launch). Every shape and layout is
 tabled where a word was confirmed, the shapes the rules were tuned on too (the GPU tests of the rules run with the tables off,
 native.cuda.rules_only).
 """
@@ -77,6 +79,25 @@ CANDIDATES_WIDE = (
     [(8, s, d, b, ONE) for s in (2, 4, 8) for d, b in ((4, 1), (2, 2), (2, 1))]
     + [(4, s, 4, 1, ONE) for s in (4, 8)] + [(0, 0, 4, 1, ONE), (0, 0, 2, 2, ONE)]
 )
+# 33..64 rows (one launch of eight token tiles through wgmma: bits 28..29, one channel tile a warp, 4 or 8 warps, x for
+# all the rows staged whole, so a split whose slice of x fits; the others are refused and not timed). The rules there
+# cut at 32 rows, run two grid parts, or take one launch with 2 slots of 2 steps (1 step per channel where only that
+# keeps two blocks an SM: ws_wide_rule); the automatic warps and split with deeper rings of 1 step, and given ones
+BANDS = ((1, 16), (17, 32), (33, 64))
+CANDIDATES_WG = (
+    [(w, s, 2, b, TWO) for w in (4, 8) for s in (2, 4, 8) for b in (1, 2)]
+    + [(0, 0, 2, 1, TWO), (0, 0, 2, 2, TWO), (0, 0, 3, 1, TWO), (0, 0, 4, 1, TWO)]
+)
+
+
+def band_candidates(ms: list[int], rows_from: int) -> tuple:
+    """The candidate words of the row band (1..16, 17..32 or 33..64) that --ms and --rows-from lie in: one band a
+    run, since each is a kind of launch of its own (a table range never crosses one)."""
+    for (lo, hi), cands in zip(BANDS, (CANDIDATES, CANDIDATES_WIDE, CANDIDATES_WG)):
+        if lo <= rows_from <= min(ms) and max(ms) <= hi:
+            return cands
+    raise SystemExit(f"--kernel wo: --ms {','.join(map(str, ms))} from row {rows_from} is not inside one of the row bands "
+                     f"{', '.join(f'{lo}..{hi}' for lo, hi in BANDS)} (sweep each on its own, --rows-from its first row)")
 
 
 def word_name(w, s, d, b, x, c=0) -> str:
@@ -151,9 +172,7 @@ def measure_wo(args, log) -> None:
     import gpu_gemm_weight_only as B
 
     ms = [int(m) for m in args.ms.split(",")]
-    if max(ms) > 16 and min(ms) <= 16:
-        raise SystemExit("--kernel wo: --ms up to 16 or 17..32 (with --rows-from 17), not both")
-    words = {word_name(*c): word_value(*c) for c in (CANDIDATES if max(ms) <= 16 else CANDIDATES_WIDE)}
+    words = {word_name(*c): word_value(*c) for c in band_candidates(ms, args.rows_from)}
     rng = np.random.default_rng(0)
     torch_mod = B.torch
     for lay in args.layouts.split("/"):
@@ -404,6 +423,8 @@ def main() -> int:
     if args.emit:
         return emit_table(args.emit, args.kernel)
     args.ms = args.ms or ("1,4,8,16" if args.kernel == "wo" else "16,32,64,128")
+    if args.kernel == "wo":  # (refused before any GPU work)
+        band_candidates([int(m) for m in args.ms.split(",")], args.rows_from)
     return measure(args)
 
 

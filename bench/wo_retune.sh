@@ -10,6 +10,8 @@
 # The shipped table is not touched here (the tree on the GPU machine is a copy): the new one comes back in
 # $OUT/gemm_weight_only_tuned.inc with its diff; copy it into csrc/cuda/ and run the GPU tests on it.
 #   OUT=out/retune LAYOUTS=4,-1/4,128 MS=9,10,11,12,13,14,15,16 ROWS_FROM=9 bench/wo_retune.sh
+#   OUT=out/retune LAYOUTS=4,-1/4,128/4,64 MS=40,48,56,64 ROWS_FROM=33 bench/wo_retune.sh   (33..64: one launch through wgmma)
+# MS lies inside one row band (1..16, 17..32, 33..64), ROWS_FROM its first row or later (bench/tune_auto.py).
 # Environment: LAYOUTS (bits,group pairs separated by /; 4,-1), MS (9..16), ROWS_FROM (the first row the
 # smallest M stands for; 9), TP (1,2,4,8), AB_SHAPES (none: the changed rows), AB_MS (MS), AB_LAYOUT (the
 # first of LAYOUTS), ROUNDS (4). Five files come back: tune.jsonl, tune.log, the table, its diff against the
@@ -28,10 +30,11 @@ echo "== build: this tree's weight-only GEMM"
 bench/wo_alt_lib.sh . "$work/base.so"
 
 echo "== sweep: layouts $layouts, rows $ms (from ${ROWS_FROM:-9}), tp ${TP:-1,2,4,8}"
-python3 bench/wo_with_lib.py "$work/base.so" bench/tune_auto.py --kernel wo --out "$work/tune" --layouts "$layouts" \
+# (straight into $out: a sweep cut short by the call's time limit still comes back, row by row)
+rm -f "$out/tune.jsonl"
+python3 bench/wo_with_lib.py "$work/base.so" bench/tune_auto.py --kernel wo --out "$out" --layouts "$layouts" \
   --ms "$ms" --rows-from "${ROWS_FROM:-9}" --tp "${TP:-1,2,4,8}" > "$out/tune.log" 2>&1 \
   || { tail -30 "$out/tune.log"; exit 1; }
-cp "$work/tune/tune.jsonl" "$out/tune.jsonl"
 grep -v '^{' "$out/tune.log" | tail -15 || true
 
 echo "== emit over the shipped table"

@@ -502,21 +502,31 @@ def test_fold_instances_unpack_without_the_subtraction(tmp_path):
 
 # ------------------------------------------------- 4. the measured table, host side
 
-HARNESS = r'''
+HARNESS = r"""
 #include "UNIT"
 #include <cstdio>
-// (every Config field: the automatic choice at rows against the explicit word)
-static bool same(int rows, const WsTuned& t, int word) {
-  Config a{}, b{};
-  bool wa = false, wb = false;
-  const int ra = ws_resolve(rows, t.n, t.k, t.bits, t.group, 0, kWsTunedSms, &a, &wa);
-  const int rb = ws_resolve(rows, t.n, t.k, t.bits, t.group, word, kWsTunedSms, &b, &wb);
-  return ra == 0 && rb == 0 && wa == wb && a.warps == b.warps && a.splits == b.splits && a.chunk == b.chunk &&
-         a.stages == b.stages && a.box == b.box && a.mt == b.mt && a.smem == b.smem && a.blocks_n == b.blocks_n &&
-         a.pdl == b.pdl && a.pair == b.pair && a.persist == b.persist && a.bal == b.bal && a.grid_y == b.grid_y &&
-         a.ct == b.ct;
+// the first launch as plan_launch makes it (the automatic choice's path: the table up to 64 rows, the rules' cut)
+struct Plan {
+  int rc, rows;
+  bool ws;
+  Config c;
+};
+static Plan plan(int rows, const WsTuned& t, int algo) {
+  Plan p{};
+  p.rc = plan_launch(rows, t.n, t.k, t.bits, t.group, algo, kWsTunedSms, &p.rows, &p.c, &p.ws);
+  return p;
 }
-// (ends checked, ends whose automatic choice is not the entry's word)
+// (every Config field and the rows the launch takes)
+static bool same(const Plan& a, const Plan& b) {
+  return a.rc == 0 && b.rc == 0 && a.rows == b.rows && a.ws == b.ws && a.c.warps == b.c.warps &&
+         a.c.splits == b.c.splits && a.c.chunk == b.c.chunk && a.c.stages == b.c.stages && a.c.box == b.c.box &&
+         a.c.mt == b.c.mt && a.c.smem == b.c.smem && a.c.blocks_n == b.c.blocks_n && a.c.pdl == b.c.pdl &&
+         a.c.pair == b.c.pair && a.c.persist == b.c.persist && a.c.bal == b.c.bal && a.c.grid_y == b.c.grid_y &&
+         a.c.ct == b.c.ct && a.c.parts == b.c.parts && a.c.xring == b.c.xring && a.c.fold == b.c.fold &&
+         a.c.wg == b.c.wg;
+}
+static bool same(int rows, const WsTuned& t, int word) { return same(plan(rows, t, 0), plan(rows, t, word)); }
+// (ends checked, ends whose automatic choice is not the entry's word; printed: whether it is the rules' then)
 static int count(int* n, bool print) {
   int bad = 0;
   *n = 0;
@@ -526,8 +536,14 @@ static int count(int* n, bool print) {
       ++*n;
       if (!same(rows, t, t.word)) {
         ++bad;
-        if (print)
-          std::printf("differs: %d/%d %ldx%ld rows %d word %#x\n", t.bits, t.group, (long)t.n, (long)t.k, rows, t.word);
+        if (print) {
+          const Plan a = plan(rows, t, 0);
+          const int was = dsx_tuned_tables_cuda(0);
+          const Plan r = plan(rows, t, 0);
+          dsx_tuned_tables_cuda(was);
+          std::printf("differs: %d/%d %ldx%ld rows %d word %#x: %s\n", t.bits, t.group, (long)t.n, (long)t.k, rows,
+                      t.word, same(a, r) ? "the rules" : "not the rules");
+        }
       }
     }
   }
@@ -548,28 +564,53 @@ int main() {
   const int on = count(&n, false);
   std::printf("switch: was %d, off %d differ, then %d, on %d differ, bad argument %d\n", was, off, then, on,
               dsx_tuned_tables_cuda(2));
-  return bad != 0;
+  return 0;
 }
-'''
+"""
+
+TS = 1 << 28 | 1 << 29  # (bits 28..29: the warp-specialized kernel, wgmma consumers above 16 rows)
+# Entries at 33..64 rows planted into a copy of the table (the shipped one has none measured yet; where it gets some,
+# a planted key it already lists at those rows is left out): one launch of all the rows through wgmma, words the rules
+# do not choose (3 slots of 1 step, 4 warps), and one whose x for 64 rows of a 2304-element K slice
+# (295 KB) cannot fit, which must leave the launch to the rules.
+WIDE_FIT = [(4, -1, 36864, 7168, 33, 40, TS | 3 << 16 | 1 << 20 | 8 << 4 | 8),
+            (4, 128, 18432, 7168, 41, 64, TS | 2 << 16 | 2 << 20 | 8 << 4 | 4),
+            (8, -1, 7168, 2048, 33, 48, TS | 2 << 16 | 1 << 20 | 4 << 4 | 4)]
+WIDE_UNFIT = [(4, 64, 7168, 18432, 49, 64, TS | 2 << 16 | 2 << 20 | 8 << 4 | 8)]
 
 
 @needs_nvcc
 def test_tuned_table_is_the_automatic_choice_host_side(tmp_path):
     """Every entry of gemm_weight_only_tuned.inc, at both ends of its row range, is what the automatic choice
-    resolves to for a 132-SM GPU (ws_resolve, host code only: a word that did not fit would fall back to the
-    rules silently); tests/gpu checks the same on an H200, with data."""
+    resolves to for a 132-SM GPU (plan_launch, host code only: a word that did not fit would fall back to the
+    rules silently); tests/gpu checks the same on an H200, with data. Run on a copy of the sources whose table also
+    has entries at 33..64 rows planted (WIDE_FIT: the automatic choice takes them, one launch of all the rows;
+    WIDE_UNFIT: the rules)."""
+    cuda_dir = tmp_path / "cuda"
+    shutil.copytree(UNIT.parent, cuda_dir)
+    table = cuda_dir / "gemm_weight_only_tuned.inc"
+    shipped = [line for line in table.read_text().splitlines() if line.startswith("{")]
+    wide = {tuple(int(v) for v in line[1:].split(",")[:4]) for line in shipped
+            if int(line.split(",")[5]) > 32}
+    fit = [e for e in WIDE_FIT if e[:4] not in wide]
+    unfit = [e for e in WIDE_UNFIT if e[:4] not in wide]
+    assert len(fit) >= 2 and unfit
+    table.write_text(table.read_text() + "".join(
+        "{" + ", ".join(map(str, e[:6])) + f", {e[6]:#x}}},  // planted\n" for e in fit + unfit))
     src = tmp_path / "harness.cu"
-    src.write_text(HARNESS.replace("UNIT", str(UNIT)))
+    src.write_text(HARNESS.replace("UNIT", str(cuda_dir / UNIT.name)))
     exe = tmp_path / "harness"
     # (PTX only: the device code is the unit's, compiled to SASS by the fixture above; this needs its host code)
     cmd = [NVCC, "-std=c++17", "-O1", "-gencode=arch=compute_90a,code=compute_90a", f"-I{CSRC / 'include'}",
-           f"-I{UNIT.parent}", str(src), "-o", str(exe)]
+           f"-I{cuda_dir}", str(src), "-o", str(exe)]
     res = subprocess.run(cmd, capture_output=True, text=True)
     assert res.returncode == 0, f"nvcc failed:\n{(res.stdout + res.stderr)[-4000:]}"
     run = subprocess.run([str(exe)], capture_output=True, text=True)
-    entries = sum(1 for line in (UNIT.parent / "gemm_weight_only_tuned.inc").read_text().splitlines()
-                  if line.startswith("{"))
-    assert f"{2 * entries} checked, 0 differ" in run.stdout, run.stdout[-3000:]
+    entries = len(shipped) + len(fit) + len(unfit)
+    unfit_ends = {f"differs: {b}/{g} {n}x{k} rows {r} word {w:#x}: the rules" for b, g, n, k, lo, hi, w in unfit
+                  for r in (lo, hi)}
+    assert set(re.findall(r"^differs: .*$", run.stdout, re.M)) == unfit_ends, run.stdout[-3000:]
+    assert f"{2 * entries} checked, {len(unfit_ends)} differ" in run.stdout, run.stdout[-3000:]
     assert "planted caught" in run.stdout and run.returncode == 0
     # DSX_TUNED_TABLES=0 (bench/tune_auto.py's measuring runs): the rules alone. Each entry was confirmed faster
     # than the rules' choice at its ends on the H200, so there every end resolves to another configuration
@@ -578,7 +619,11 @@ def test_tuned_table_is_the_automatic_choice_host_side(tmp_path):
     off = subprocess.run([str(exe)], capture_output=True, text=True, env={**os.environ, "DSX_TUNED_TABLES": "0"})
     differ = int(re.search(r"(\d+) checked, (\d+) differ", off.stdout).group(2))
     assert differ >= 0.95 * 2 * entries, off.stdout[-3000:]
+    planted_off = {f"differs: {b}/{g} {n}x{k} rows {r} word {w:#x}: the rules" for b, g, n, k, lo, hi, w in fit
+                   for r in (lo, hi)}
+    assert planted_off <= set(re.findall(r"^differs: .*$", off.stdout, re.M)), off.stdout[-3000:]
     # dsx_tuned_tables_cuda switches them for the process at any time (the GPU tests of the rules where the
-    # table lists the launch): the same ends off, none on again; it reports the state before, -1 = EINVAL
-    assert f"switch: was 1, off {differ} differ, then 0, on 0 differ, bad argument -1" in run.stdout, run.stdout[-500:]
-    assert f"switch: was 0, off {differ} differ, then 0, on 0 differ, bad argument -1" in off.stdout, off.stdout[-500:]
+    # table lists the launch): the same ends off, the unfit ones on again; it reports the state before, -1 = EINVAL
+    on = len(unfit_ends)
+    assert f"switch: was 1, off {differ} differ, then 0, on {on} differ, bad argument -1" in run.stdout, run.stdout[-500:]
+    assert f"switch: was 0, off {differ} differ, then 0, on {on} differ, bad argument -1" in off.stdout, off.stdout[-500:]

@@ -43,9 +43,13 @@ def problems(rows) -> list[str]:
         where = f"entry {bits}, {group}, {n}x{k}, rows {lo}..{hi}"
         if (bits, group) not in tune_auto.WO_LAYOUTS:
             out.append(f"{where}: not a tuned layout")
-        out += shape_and_range_problems(where, known, n, k, lo, hi, "rows", 32)  # (kWsMaxRows)
-        if hi > 16 and word & TILES:  # (17..32 rows: one tile a warp; the bits would be ignored)
+        out += shape_and_range_problems(where, known, n, k, lo, hi, "rows", 64)  # (kWsWideRows)
+        if 16 < hi <= 32 and word & TILES:  # (17..32 rows: one tile a warp; the bits would be ignored)
             out.append(f"{where}: word {word:#x} asks for several tiles a warp above 16 rows")
+        # 33..64 rows (plan_launch): one launch of all the rows, eight token tiles through wgmma (bits 28..29), 4 or 8
+        # warps (or the automatic count), x staged whole; a range from 32 down would mix two kinds of launch
+        if hi > 32 and (lo <= 32 or (word & TILES) != 1 << 29 or word & 15 not in (0, 4, 8)):
+            out.append(f"{where}: word {word:#x} is not one launch of eight token tiles through wgmma (33..64 rows)")
         # the warp-specialized path with its ring fields given (so the automatic rules are not asked
         # again), tiles a warp 1, 2 or 4 (bits 29..30 not 3), a split of at most 8, x's chunk automatic
         if not (word & WS and (word >> 16) & 15 and (word >> 20) & 15) or (word & TILES) == TILES:
@@ -84,7 +88,11 @@ def test_table_entries_are_valid():
 @pytest.mark.parametrize("fault,msg", [
     ((4, -1, 9216, 7000, 1, 1, 0x10220044), "not a DeepSeek-V3 shape"),
     ((8, 64, 9216, 7168, 1, 1, 0x10220044), "not a tuned layout"),
-    ((4, -1, 9216, 7168, 1, 33, 0x10220044), "rows out of"),
+    ((4, -1, 9216, 7168, 1, 65, 0x30220044), "rows out of"),
+    ((4, -1, 9216, 7168, 30, 40, 0x30220088), "not one launch of eight token tiles"),  # (across 32 / 33)
+    ((4, -1, 9216, 7168, 33, 40, 0x10220088), "not one launch of eight token tiles"),  # (mma consumers)
+    ((4, -1, 9216, 7168, 33, 40, 0x30220086), "not one launch of eight token tiles"),  # (6 warps)
+    ((4, -1, 9216, 7168, 33, 40, 0x30220288), "bad split"),  # (x through the ring above 16 rows)
     ((4, -1, 9216, 7168, 17, 20, 0x30220088), "several tiles a warp above 16 rows"),
     ((4, -1, 9216, 7168, 1, 1, 0x00220044), "not a warp-specialized word"),
     ((4, -1, 9216, 7168, 1, 1, 0x70220044), "not a warp-specialized word"),
@@ -108,6 +116,14 @@ def test_a_chunk_that_holds_the_slice_is_x_whole():
     rows: 8192x512 (4 steps) at 4 splits with a chunk of 2, the word the fortieth session's sweep confirmed there."""
     assert problems([(4, -1, 8192, 512, 1, 5, 0x30220244)]) == []
     assert problems([(4, -1, 8192, 512, 1, 5, 0x30220214)]) != []  # (1 split: a 4-step slice)
+
+
+def test_an_entry_of_33_to_64_rows_is_one_launch_through_wgmma():
+    """plan_launch consults the table at 33..64 rows too (forty-fifth session): such an entry is a word of eight
+    token tiles through wgmma for all the rows (bits 28..29, 4 or 8 warps or automatic, x staged whole), with a
+    range inside 33..64."""
+    assert problems([(4, -1, 36864, 7168, 33, 40, 0x30130088), (8, 128, 7168, 2048, 41, 64, 0x30220000)]) == []
+    assert problems([(4, -1, 36864, 7168, 33, 40, 0x30132088)]) == []  # (a chunk that holds the 7-step slice)
 
 
 def test_the_rules_shapes_are_tabled_too():
@@ -237,6 +253,28 @@ def test_emit_a_table_then_a_sweep_of_other_rows(tmp_path):
     assert "M=9 31.0 -> 30.0, M=16 33.5 -> 31" in out.getvalue() and "2026-12-01, 2026-12-02" in out.getvalue()
 
 
+def test_emit_a_sweep_of_33_to_64_rows_over_the_shipped_table(tmp_path):
+    """A 33..64-row sweep (--ms 40,48,56,64 --rows-from 33) emitted over the shipped table: the table's entries stay
+    as they were, the confirmed words become entries of their ranges from row 33, and the result is a valid table."""
+    key, w = (4, -1, 36864, 7168), tune_auto.word_name(0, 0, 3, 1, tune_auto.TWO)
+    value = tune_auto.word_value(0, 0, 3, 1, tune_auto.TWO)
+    new = tmp_path / "wide.jsonl"
+    new.write_text("".join(json.dumps(r) + "\n" for r in [
+        {"meta": True, "date": "2026-12-05", "keep": 0.025, "rows_from": 33},
+        _sweep(key, 40, 120.0, **{w: 104.0}),
+        _confirm(*key, (33, 40), w, value, True, us=(118.0, 103.1)),
+        _sweep(key, 48, 123.0, **{w: 122.0}),  # no winner: the rules
+        _sweep(key, 64, 131.0, **{w: 120.0}),
+        _confirm(*key, (57, 64), w, value, False, us=(131.0, 129.5))]))  # held at neither end
+    out = io.StringIO()
+    tune_auto.emit_table([str(tune_auto.TABLES["wo"]), str(new)], "wo", out=out)
+    table = tmp_path / "t.inc"
+    table.write_text(out.getvalue())
+    rows = tune_auto.read_table(table)
+    assert rows == sorted(tune_auto.read_table() + [key + (33, 40, value)])
+    assert problems(rows) == []
+
+
 def test_changed_rows_are_where_the_words_differ(tmp_path, capsys):
     """`--changed OLD NEW`: the rows an A/B of two tables' builds must time, each row whose word differs (a word
     in one table against the rules in the other too); fp8 only at the ends of the sweep's row ranges."""
@@ -273,6 +311,24 @@ def test_word_names_pack_as_the_bench_does():
     names = {tune_auto.word_name(*c) for c in tune_auto.CANDIDATES}
     assert len(names) == len(tune_auto.CANDIDATES), "candidate names are unique"
     assert tune_auto.ranges([1, 4, 8, 16]) == {1: (1, 1), 4: (2, 4), 8: (5, 8), 16: (9, 16)}
+
+
+def test_each_row_band_has_its_own_candidates():
+    """A wo sweep lies inside one row band (1..16, 17..32, 33..64: one kind of launch each) and times that band's
+    words; every 33..64 word, as a table entry there, is one the table may hold (plan_launch takes it)."""
+    assert tune_auto.band_candidates([9, 12, 16], 9) is tune_auto.CANDIDATES
+    assert tune_auto.band_candidates([17, 24, 32], 17) is tune_auto.CANDIDATES_WIDE
+    assert tune_auto.band_candidates([40, 48, 56, 64], 33) is tune_auto.CANDIDATES_WG
+    for ms, first in (([16, 17], 1), ([24, 40], 17), ([40, 48], 17), ([8, 16], 9), ([64, 65], 33)):
+        with pytest.raises(SystemExit, match="row bands"):
+            tune_auto.band_candidates(ms, first)
+    names = {tune_auto.word_name(*c) for c in tune_auto.CANDIDATES_WG}
+    assert len(names) == len(tune_auto.CANDIDATES_WG)
+    assert problems([(4, 128, 18432, 7168, 33 + 4 * i, 36 + 4 * i, tune_auto.word_value(*c))
+                     for i, c in enumerate(tune_auto.CANDIDATES_WG[:8])]) == []
+    assert problems([(8, -1, 18432, 7168, 33 + 4 * i, 36 + 4 * i, tune_auto.word_value(*c))
+                     for i, c in enumerate(tune_auto.CANDIDATES_WG[8:])]) == []
+    assert tune_auto.ranges([40, 48, 56, 64], 33) == {40: (33, 40), 48: (41, 48), 56: (49, 56), 64: (57, 64)}
 
 
 def fp8_problems(rows) -> list[str]:

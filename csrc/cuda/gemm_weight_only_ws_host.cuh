@@ -443,7 +443,8 @@ bool ws_auto_rule(int rows, int64_t n, int64_t k, int bits, int group, int algo,
 // on GPUs with the SM count it was measured on (and unless DSX_TUNED_TABLES=0: tuned_tables.cuh);
 // elsewhere, and for every launch it does not list, the rules decide. Rows 1..16 measured at every row
 // (twenty-second session), 17..32 at 17, 20, 24, 28, 32 against the four-token-tile rule (twenty-third:
-// e.g. int4 per channel 24576 x 1536 M = 17 / 32 25.18 / 27.34 -> 17.77 / 19.63 us, torch 22.0-22.4).
+// e.g. int4 per channel 24576 x 1536 M = 17 / 32 25.18 / 27.34 -> 17.77 / 19.63 us, torch 22.0-22.4). Rows
+// 33..64 may be listed since the forty-fifth session (plan_launch consults the table for one launch of all of them).
 struct WsTuned {
   int bits, group;
   int64_t n, k;
@@ -545,9 +546,20 @@ bool ws_wide_rule(int rows, int64_t n, int64_t k, int bits, int group, int algo,
 // M = 32 88.3 us on it against 198.6 for M = 64 on the existing path; weights are read again by the second
 // launch), unless one launch of all of them with eight token tiles runs (ws_wide_rule; not where the cut's two launches
 // run side by side as two grid parts). Each launch's configuration is resolved once.
+// The measured table comes first at 33..64 rows too (forty-fifth session): an entry there is a word of eight token tiles
+// through wgmma (bits 28..29) for one launch of all the rows, confirmed by bench/tune_auto.py against whatever the rules
+// below do (the cut, the two grid parts or the one launch); a word that does not fit leaves it to the rules.
 int plan_launch(int64_t left, int64_t n, int64_t k, int bits, int group, int algo, int sms, int* rows, Config* cfg,
                 bool* ws) {
   const int all = static_cast<int>(std::min<int64_t>(std::max<int64_t>(left, 1), kMaxRows));
+  if (all > kWsMaxRows && all <= kWsWideRows && ws_automatic(algo))
+    if (const int word = ws_tuned_word(all, n, k, bits, group, sms)) {
+      if (ws_resolve(all, n, k, bits, group, word | algo, sms, cfg, ws) == DSX_OK && *ws) {
+        *rows = all;
+        return DSX_OK;
+      }
+      *ws = false;
+    }
   if (all > kWsMaxRows && ws_automatic(algo)) {
     Config cut;
     bool cut_ws = false;

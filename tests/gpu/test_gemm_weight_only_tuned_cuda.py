@@ -36,9 +36,10 @@ TABLE = tune_auto.read_table()
 def test_table_entry_is_the_automatic_choice(entry):
     bits, group, n, k, lo, hi, w = entry
     skip_unless_h200()
-    for m in sorted({lo, hi}):
-        want = (G.cuda_config(m, n, k, bits, group, w), G.cuda_path(m, n, k, bits, group, w))
-        assert (G.cuda_config(m, n, k, bits, group), G.cuda_path(m, n, k, bits, group)) == want, f"m {m}"
+    for m in sorted({lo, hi}):  # (and the rows its first launch takes: all of them, also at 33..64 rows)
+        want = tuple(f(m, n, k, bits, group, w) for f in (G.cuda_config, G.cuda_path, G.cuda_launch))
+        assert tuple(f(m, n, k, bits, group) for f in (G.cuda_config, G.cuda_path, G.cuda_launch)) == want, f"m {m}"
+        assert want[2]["rows"] == m, f"m {m}"
 
 
 # (shapes up to 16M weights: the float64 reference of the larger ones takes minutes of host numpy; their
