@@ -16,4 +16,7 @@ else
 fi
 nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Xcompiler -fPIC -shared -cudart shared "$@" \
   -I"$tmp/csrc/include" -I"$tmp/csrc/cuda" "$tmp/csrc/cuda/gemm_weight_only.cu" -o "$out"
+# OUT.so.src: what it was built from (the sources' hash and the flags), so that a build made elsewhere can be checked
+# against a tree before it stands for it (bench/wo_retune.sh's BASE_SO)
+{ "$(dirname "$0")/wo_src_hash.sh" "$tmp"; echo "flags: $*"; } > "$out.src"
 rm -rf "$tmp"

@@ -14,7 +14,8 @@
 # MS lies inside one row band (1..16, 17..32, 33..64), ROWS_FROM its first row or later (bench/tune_auto.py).
 # Environment: LAYOUTS (bits,group pairs separated by /; 4,-1), MS (9..16), ROWS_FROM (the first row the
 # smallest M stands for; 9), TP (1,2,4,8), AB_SHAPES (none: the changed rows), AB_MS (MS), AB_LAYOUT (the
-# first of LAYOUTS), ROUNDS (4). Five files come back: tune.jsonl, tune.log, the table, its diff against the
+# first of LAYOUTS), ROUNDS (4), BASE_SO (this tree's build by bench/wo_alt_lib.sh, made beforehand: not built
+# again). Five files come back: tune.jsonl, tune.log, the table, its diff against the
 # shipped one, ab.log (its last lines the sums).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,8 +27,16 @@ mkdir -p "$out"
 work=$(mktemp -d)
 table=csrc/cuda/gemm_weight_only_tuned.inc
 
-echo "== build: this tree's weight-only GEMM"
-bench/wo_alt_lib.sh . "$work/base.so"
+tree_src=$(bench/wo_src_hash.sh .)
+if [ -n "${BASE_SO:-}" ] && [ "$(head -1 "$BASE_SO.src" 2>/dev/null)" = "$tree_src" ] && [ "$(sed -n 2p "$BASE_SO.src")" = "flags: " ]; then
+  # (built beforehand from this tree's sources, e.g. on a machine without a GPU: a minute saved)
+  echo "== this tree's weight-only GEMM: $BASE_SO"
+  cp "$BASE_SO" "$work/base.so"
+else
+  [ -z "${BASE_SO:-}" ] || echo "== BASE_SO $BASE_SO was not built from this tree's sources (its .src): building"
+  echo "== build: this tree's weight-only GEMM"
+  bench/wo_alt_lib.sh . "$work/base.so"
+fi
 
 echo "== sweep: layouts $layouts, rows $ms (from ${ROWS_FROM:-9}), tp ${TP:-1,2,4,8}"
 # (straight into $out: a sweep cut short by the call's time limit still comes back, row by row)
