@@ -163,7 +163,8 @@ def sweep_and_confirm(log, key, names, ms, time_at, candidates, args, kernel):
         for r in sorted({lo, hi}):
             c = time_at(r, {best[0]: candidates[best[0]]}, args.confirm_rounds, True)
             at[str(r)] = {f"us_{k}": v for k, v in c.items()}
-            ok = ok and c[best[0]] < (1 - args.keep) * c["auto"]
+            # (a word the end refuses, e.g. x for more rows than fit, is not confirmed there: no entry, no crash)
+            ok = ok and best[0] in c and c[best[0]] < (1 - args.keep) * c["auto"]
         log({"kind": "confirm", "kernel": kernel, "key": key, "rows": [lo, hi], "word": best[0],
              "value": candidates[best[0]], "taken": ok, "names": names, "at": at})
 
@@ -309,7 +310,7 @@ def emit_table(paths: list[str], kernel: str = "wo", out=sys.stdout) -> int:
             # not confirmed over its range: an end where the word held by itself is an entry of that row
             # alone (the rules' cliffs: int8 group 128 7168x9216 at 7..8 rows, auto 23.67 / 34.06 us)
             for row, v in r["at"].items():
-                if v[f"us_{r['word']}"] < (1 - keep) * v["us_auto"]:
+                if v.get(f"us_{r['word']}", float("inf")) < (1 - keep) * v["us_auto"]:
                     taken[key + (int(row),)] = (r["value"], r["word"], {row: v})
     # adjacent rows of one key with the same word become one entry
     entries = []

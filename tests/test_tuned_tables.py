@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -434,3 +435,60 @@ def test_tuned_tables_switch_and_rules_only(monkeypatch):
     monkeypatch.setattr(cuda, "_fn", lambda name, *types: (lambda on: -1))
     with pytest.raises(DsxError, match="tuned tables"):
         cuda.tuned_tables()
+
+
+class _FakeWoBench:
+    """bench/gpu_gemm_weight_only.py's part that tune_auto's wo sweep uses (Problem, ab_row, torch), without a GPU:
+    a timing model in which one word is 20% faster than the rules but refused below 36 rows (as a word that does not
+    fit there would be), one is 10% faster everywhere, and the rest are 1% slower."""
+
+    torch = None
+    FAST, PICKY = "w8s4d2b1+30000000", "w4s2d2b2+30000000"
+
+    class Problem:
+        def __init__(self, n, k, bits, group, rng):
+            self.n, self.k, self.bits, self.group = n, k, bits, group
+
+        def free_torch(self):
+            pass
+
+    def ab_row(self, pb, m, rng, words, rounds, anchor=True):
+        auto = 100.0 + m
+        row = {"us_auto": auto}
+        for name, _ in words:
+            if name == self.PICKY and m < 36:
+                continue  # (refused: not timed, as ab_row reports and skips it)
+            row[f"us_{name}"] = (0.9 if name == self.FAST else 0.8 if name == self.PICKY else 1.01) * auto
+        if anchor:
+            row["us_torch"] = 130.0
+        return row
+
+
+def test_a_33_to_64_row_sweep_runs_end_to_end_without_a_gpu(tmp_path, monkeypatch, capsys):
+    """tune_auto's wo sweep over the 33..64 band with the bench faked: each M times auto and every CANDIDATES_WG word,
+    the winner is confirmed at both ends of its range (a word refused at one end is not confirmed there, and does not
+    stop the run), and the log emitted over the shipped table adds one valid entry of 33..64 rows."""
+    fake = _FakeWoBench()
+    monkeypatch.setitem(sys.modules, "gpu_gemm_weight_only", fake)
+    monkeypatch.setitem(sys.modules, "torch", None)  # (the SM count is only recorded)
+    monkeypatch.setenv("DSX_TUNED_TABLES", "1")
+    args = tune_auto.argparse.Namespace(kernel="wo", out=str(tmp_path), tp="1", shapes="36864x7168", layouts="4,-1",
+                                        ms="40,48,56,64", rows_from=33, rounds=1, confirm_rounds=1, gain=0.04,
+                                        keep=0.025)
+    assert tune_auto.measure(args) == 0
+    assert os.environ["DSX_TUNED_TABLES"] == "0"  # (the rules alone in a measuring run)
+    capsys.readouterr()
+    rows = [json.loads(line) for line in (tmp_path / "tune.jsonl").read_text().splitlines()]
+    sweeps = [r for r in rows if r.get("kind") == "sweep"]
+    assert [r["M"] for r in sweeps] == [40, 48, 56, 64]
+    assert all(len([k for k in r if k.startswith("us_w")]) == len(tune_auto.CANDIDATES_WG) for r in sweeps)
+    confirms = [(r["rows"], r["word"], r["taken"]) for r in rows if r.get("kind") == "confirm"]
+    assert confirms == [([33, 40], fake.PICKY, False)] + [([lo, lo + 7], fake.PICKY, True) for lo in (41, 49, 57)]
+    out = io.StringIO()
+    tune_auto.emit_table([str(tune_auto.TABLES["wo"]), str(tmp_path / "tune.jsonl")], "wo", out=out)
+    table = tmp_path / "t.inc"
+    table.write_text(out.getvalue())
+    # the word held at 40 alone of its first range (refused at 33): an entry from 40, merged with 41..64
+    picky = tune_auto.word_value(4, 2, 2, 2, tune_auto.TWO)
+    assert tune_auto.read_table(table) == sorted(tune_auto.read_table() + [(4, -1, 36864, 7168, 40, 64, picky)])
+    assert problems(tune_auto.read_table(table)) == []
