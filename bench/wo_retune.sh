@@ -14,7 +14,7 @@
 # MS lies inside one row band (1..16, 17..32, 33..64), ROWS_FROM its first row or later (bench/tune_auto.py).
 # Environment: LAYOUTS (bits,group pairs separated by /; 4,-1), MS (9..16), ROWS_FROM (the first row the
 # smallest M stands for; 9), TP (1,2,4,8), AB_SHAPES (none: the changed rows), AB_MS (MS), AB_LAYOUT (the
-# first of LAYOUTS), ROUNDS (4), BASE_SO (this tree's build by bench/wo_alt_lib.sh, made beforehand: not built
+# first of LAYOUTS), AB_AT (of the changed rows, only these, e.g. MS), ROUNDS (4), BASE_SO (this tree's build by bench/wo_alt_lib.sh, made beforehand: not built
 # again). Five files come back: tune.jsonl, tune.log, the table, its diff against the
 # shipped one, ab.log (its last lines the sums).
 set -euo pipefail
@@ -60,6 +60,16 @@ if [ -n "${AB_SHAPES:-}" ]; then  # fixed shapes and rows
 else  # every row whose word changed
   python3 bench/tune_auto.py --kernel wo --changed "$work/shipped.inc" "$out/gemm_weight_only_tuned.inc" > "$work/ab_rows.txt"
   echo "$(tail -1 "$work/ab_rows.txt" | cut -c3-) (keys rows) whose word changed"
+  if [ -n "${AB_AT:-}" ]; then  # only those rows (e.g. the sweep's M: a wide band changes hundreds of rows)
+    python3 - "$work/ab_rows.txt" "$AB_AT" <<'PY'
+import sys
+keep = {int(m) for m in sys.argv[2].split(",")}
+lines = [l.split() for l in open(sys.argv[1]) if not l.startswith("#")]
+out = [f"{a} {b} {','.join(r)}" for a, b, rows in lines if (r := [m for m in rows.split(",") if int(m) in keep])]
+open(sys.argv[1], "w").write("".join(l + "\n" for l in out))
+print(f"A/B at rows {sys.argv[2]} only: {len(out)} keys")
+PY
+  fi
 fi
 { grep -v '^#' "$work/ab_rows.txt" || true; } | while read -r layout shapes rows; do
   OUT="$work" NEW="$work/new.so" OLD="$work/base.so" SHAPES="$shapes" MS="$rows" LAYOUT="$layout" \
