@@ -8,11 +8,12 @@ set -e
 rev=${1:?revision or .}; out=${2:?output .so}; shift 2
 tmp=$(mktemp -d)
 if [ "$rev" = . ]; then
-  mkdir -p "$tmp/csrc"; cp -r csrc/include csrc/cuda "$tmp/csrc/"
+  mkdir -p "$tmp/csrc"; cp -r csrc/CMakeLists.txt csrc/include csrc/cuda "$tmp/csrc/"
 else
-  # (every source of csrc/include and csrc/cuda at REV: the weight-only GEMM's set of files has grown over
-  # the sessions, sm90_ptx.cuh, the warp-specialized path, its table and host side, the kernels' header)
-  git archive "$rev" csrc/include csrc/cuda | tar -x -C "$tmp"
+  # (every source of csrc/include and csrc/cuda at REV: the weight-only GEMM's set of files has grown over the
+  # sessions, sm90_ptx.cuh, the warp-specialized path, its table and host side, the kernels' header; and
+  # CMakeLists.txt, part of the source key that wo_src_hash.sh records)
+  git archive "$rev" csrc/CMakeLists.txt csrc/include csrc/cuda | tar -x -C "$tmp"
 fi
 nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Xcompiler -fPIC -shared -cudart shared "$@" \
   -I"$tmp/csrc/include" -I"$tmp/csrc/cuda" "$tmp/csrc/cuda/gemm_weight_only.cu" -o "$out"

@@ -1,7 +1,10 @@
 #!/bin/sh
-# The sha256 of the weight-only GEMM's sources under ROOT (csrc/include and csrc/cuda, files in byte order of their
-# paths): what bench/wo_alt_lib.sh records beside a build (OUT.so.src) and bench/wo_retune.sh checks BASE_SO against.
+# The source key of csrc under ROOT (ds_export.native.build_cuda.cuda_source_key: CMakeLists.txt, include/ and cuda/,
+# the nvcc release, the CUTLASS version; the key that names the full library's build cache): what bench/wo_alt_lib.sh
+# records beside a build (OUT.so.src) and bench/wo_retune.sh checks BASE_SO against.
 #   bench/wo_src_hash.sh [ROOT]   (default .)
 set -e
-cd "${1:-.}"
-find csrc/include csrc/cuda -type f | LC_ALL=C sort | xargs cat | sha256sum | cut -d' ' -f1
+repo=$(cd "$(dirname "$0")/.." && pwd)
+PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}" python3 -c \
+  'import sys; from pathlib import Path; from ds_export.native.build_cuda import cuda_source_key; print(cuda_source_key(Path(sys.argv[1]) / "csrc"))' \
+  "${1:-.}"
