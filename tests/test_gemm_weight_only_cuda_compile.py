@@ -595,8 +595,13 @@ def test_tuned_table_is_the_automatic_choice_host_side(tmp_path):
     fit = [e for e in WIDE_FIT if e[:4] not in wide]
     unfit = [e for e in WIDE_UNFIT if e[:4] not in wide]
     assert len(fit) >= 2 and unfit
-    table.write_text(table.read_text() + "".join(
-        "{" + ", ".join(map(str, e[:6])) + f", {e[6]:#x}}},  // planted\n" for e in fit + unfit))
+    # (in the table's order: the unit bisects it and static_asserts the order)
+    lines = table.read_text().splitlines(keepends=True)
+    head = [line for line in lines if not line.startswith("{")]
+    planted = ["{" + ", ".join(map(str, e[:6])) + f", {e[6]:#x}}},  // planted\n" for e in fit + unfit]
+    table.write_text("".join(head) + "".join(sorted(
+        [line for line in lines if line.startswith("{")] + planted,
+        key=lambda line: tuple(int(v) for v in line[1:].split(",")[:6]))))
     src = tmp_path / "harness.cu"
     src.write_text(HARNESS.replace("UNIT", str(cuda_dir / UNIT.name)))
     exe = tmp_path / "harness"

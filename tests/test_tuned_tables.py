@@ -8,6 +8,9 @@ from __future__ import annotations
 import io
 import json
 import os
+import random
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -492,3 +495,113 @@ def test_a_33_to_64_row_sweep_runs_end_to_end_without_a_gpu(tmp_path, monkeypatc
     picky = tune_auto.word_value(4, 2, 2, 2, tune_auto.TWO)
     assert tune_auto.read_table(table) == sorted(tune_auto.read_table() + [(4, -1, 36864, 7168, 40, 64, picky)])
     assert problems(tune_auto.read_table(table)) == []
+
+
+# ------------------------------------------------- the order the units' binary search needs
+
+CUDA_DIR = Path(__file__).resolve().parents[1] / "csrc" / "cuda"
+NVCC = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None)
+GXX = shutil.which("g++")
+
+
+@pytest.mark.parametrize("kernel", ["wo", "fp8"])
+def test_shipped_tables_are_in_search_order(kernel):
+    """tuned_tables.cuh's tuned_find bisects a table by (key, first row): each shipped table is sorted so, and the
+    emitter writes it so (the units also static_assert it)."""
+    rows = tune_auto.read_table(tune_auto.TABLES[kernel])
+    assert rows == sorted(rows)
+    assert all(a[-2] < b[-3] for a, b in zip(rows, rows[1:]) if a[:-3] == b[:-3])  # (ranges of a key apart)
+
+
+SEARCH_PROGRAM = r"""
+#include "tuned_tables.cuh"
+#include <cstdio>
+struct E {
+  int64_t n, k;
+  int lo_, hi_, word;
+  constexpr std::tuple<int64_t, int64_t> key() const { return {n, k}; }
+  constexpr int lo() const { return lo_; }
+  constexpr int hi() const { return hi_; }
+};
+constexpr E kTable[] = {TABLE {0, 0, 0, 0, 0}};
+constexpr size_t kLen = sizeof(kTable) / sizeof(kTable[0]) - 1;
+static_assert(dsx_cuda::tuned_sorted(kTable, kLen), "sorted");
+struct B { const E* t; size_t n; };
+constexpr E kBad[][2] = {BAD};
+int main() {
+  const int64_t q[][3] = {QUERIES};
+  for (const auto& x : q) {
+    const E* e = dsx_cuda::tuned_find(kTable, kLen, std::make_tuple(x[0], x[1]), x[2]);
+    std::printf("%d\n", e ? e->word : 0);
+  }
+  for (const auto& b : kBad) std::printf("bad %d\n", dsx_cuda::tuned_sorted(b, 2) ? 1 : 0);
+  std::printf("empty %d\n", dsx_cuda::tuned_find(kTable, 0, std::make_tuple(int64_t(1), int64_t(1)), 1) ? 1 : 0);
+  return 0;
+}
+"""
+
+
+@pytest.mark.skipif(GXX is None, reason="g++ not installed")
+def test_binary_search_finds_what_a_scan_finds(tmp_path):
+    """tuned_find (host C++, compiled with g++) against a linear scan in Python on random sorted tables: every row
+    around every entry's ends and shapes missing from the table; tuned_sorted refuses out-of-order pairs, overlapping
+    or empty ranges and rows below 1 (the planted faults a hand edit of a table would bring)."""
+    rng = random.Random(46)
+    entries, queries = [], []
+    for n in rng.sample(range(1, 40), 12):
+        for k in rng.sample(range(1, 6), 3):
+            row = rng.randint(1, 3)
+            for _ in range(rng.randint(1, 5)):
+                lo = row + rng.randint(0, 2)
+                hi = lo + rng.randint(0, 6)
+                entries.append((n, k, lo, hi, len(entries) + 1))
+                row = hi + 1
+    entries.sort()
+    for n, k, lo, hi, _ in entries:
+        queries += [(n, k, r) for r in range(lo - 2, hi + 3)] + [(n + 40, k, lo), (n, k + 6, hi)]
+    queries += [(0, 0, 1), (99, 99, 99)]
+    bad = [((3, 1, 1, 2), (2, 1, 1, 2)),  # keys out of order
+           ((3, 1, 5, 9), (3, 1, 1, 2)),  # rows out of order
+           ((3, 1, 1, 4), (3, 1, 4, 6)),  # overlapping
+           ((3, 1, 5, 4), (4, 1, 1, 2)),  # empty range
+           ((3, 1, 0, 4), (4, 1, 1, 2))]  # row 0
+    src = (SEARCH_PROGRAM.replace("TABLE", "".join(f"{{{n}, {k}, {lo}, {hi}, {w}}}, " for n, k, lo, hi, w in entries))
+           .replace("QUERIES", ", ".join(f"{{{n}, {k}, {r}}}" for n, k, r in queries))
+           .replace("BAD", ", ".join("{" + ", ".join("{" + ", ".join(map(str, e)) + ", 1}" for e in pair) + "}"
+                                     for pair in bad)))
+    (tmp_path / "s.cc").write_text(src)
+    res = subprocess.run([GXX, "-std=c++17", "-O1", f"-I{CUDA_DIR}", str(tmp_path / "s.cc"), "-o",
+                          str(tmp_path / "s")], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = subprocess.run([str(tmp_path / "s")], capture_output=True, text=True, check=True).stdout.split("\n")
+    want = [next((w for n2, k2, lo, hi, w in entries if (n2, k2) == (n, k) and lo <= r <= hi), 0)
+            for n, k, r in queries]
+    assert [int(v) for v in out[:len(queries)]] == want
+    assert sum(w != 0 for w in want) > len(entries) * 2  # (the queries hit every entry, many times)
+    assert out[len(queries):len(queries) + len(bad)] == ["bad 0"] * len(bad)
+    assert out[len(queries) + len(bad)] == "empty 0"
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
+@pytest.mark.parametrize("unit,table", [("gemm_weight_only.cu", "gemm_weight_only_tuned.inc"),
+                                        ("gemm_fp8_api.cu", "gemm_fp8_tuned.inc")])
+def test_a_unit_refuses_a_table_out_of_order(tmp_path, unit, table):
+    """A table hand-edited out of order would make the binary search miss entries silently: the unit's static_assert
+    stops the build in nvcc's front end (-cuda: about a second), with that error alone (the unit as shipped builds:
+    tests/test_cuda_compile.py, tests/test_gemm_weight_only_cuda_compile.py)."""
+    cuda = tmp_path / "cuda"
+    shutil.copytree(CUDA_DIR, cuda)
+    inc = CUDA_DIR.parents[0] / "include"
+
+    def front_end():
+        return subprocess.run([NVCC, "-std=c++17", "--expt-relaxed-constexpr", "-gencode=arch=compute_90a,code=sm_90a",
+                               f"-I{inc}", f"-I{cuda}", "-cuda", str(cuda / unit), "-o", str(tmp_path / "u.ii")],
+                              capture_output=True, text=True)
+
+    lines = (cuda / table).read_text().splitlines(keepends=True)
+    at = [i for i, line in enumerate(lines) if line.startswith("{")]
+    lines[at[1]], lines[at[2]] = lines[at[2]], lines[at[1]]
+    (cuda / table).write_text("".join(lines))
+    res = front_end()
+    log = res.stdout + res.stderr
+    assert res.returncode != 0 and f"{table} must be sorted" in log and "1 error detected" in log, log[-3000:]

@@ -1,6 +1,7 @@
 // C ABI of the CUDA block FP8 GEMMs (include/dsx/gemm_fp8.h): argument checks and the
 // choice between the CUTLASS sm90a kernels and the simple any-shape kernel.
 #include "gemm_fp8_internal.cuh"
+#include "gemm_fp8_tuned_table.cuh"
 #include "tuned_tables.cuh"
 
 #include <algorithm>
@@ -154,27 +155,16 @@ bool use_large(const GemmNt& g, Algo* a) {
 // DeepSeek-V3 at tp 1, 2, 4, 8 and M ranges up to 128; each word confirmed faster than the rules at both
 // ends of its range, interleaved in one process), on GPUs with the SM count it was measured on (and unless
 // DSX_TUNED_TABLES=0: tuned_tables.cuh); elsewhere, for launches it does not list, and where its word
-// cannot take the launch, the rules decide.
-struct Fp8Tuned {
-  int64_t n, k;
-  int m_lo, m_hi, algo;
-};
-constexpr Fp8Tuned kFp8Tuned[] = {
-#include "gemm_fp8_tuned.inc"
-    {0, 0, 0, 0, 0},  // (end)
-};
-constexpr int kFp8TunedSms = 132;  // H200 (and H100 SXM): the table's machine
+// cannot take the launch, the rules decide (the table: gemm_fp8_tuned_table.cuh).
 
 // The table's word for an automatic launch (the PDL bit kept where the word is the small-M kernel, the
 // only one that takes it), else algo itself.
 int tuned(int64_t m, int64_t n, int64_t k, int algo) {
   if ((algo & ~(1 << kPdlBit)) != 0 || m < 1 || !dsx_cuda::tuned_tables_on()) return algo;
-  for (const Fp8Tuned& t : kFp8Tuned)
-    if (t.n == n && t.k == k && m >= t.m_lo && m <= t.m_hi)
-      return dsx_cuda::sm_count() != kFp8TunedSms ? algo
-             : (t.algo & 15) == kSmall             ? t.algo | (algo & (1 << kPdlBit))
-                                                   : t.algo;
-  return algo;
+  const dsx_cuda::Fp8Tuned* t =
+      dsx_cuda::tuned_find(dsx_cuda::kFp8Tuned, dsx_cuda::kFp8TunedLen, std::make_tuple(n, k), m);
+  if (!t || dsx_cuda::sm_count() != dsx_cuda::kFp8TunedSms) return algo;
+  return (t->algo & 15) == kSmall ? t->algo | (algo & (1 << kPdlBit)) : t->algo;
 }
 
 }  // namespace

@@ -449,20 +449,25 @@ struct WsTuned {
   int bits, group;
   int64_t n, k;
   int rows_lo, rows_hi, word;
+  constexpr std::tuple<int, int, int64_t, int64_t> key() const { return {bits, group, n, k}; }
+  constexpr int lo() const { return rows_lo; }
+  constexpr int hi() const { return rows_hi; }
 };
 constexpr WsTuned kWsTuned[] = {
 #include "gemm_weight_only_tuned.inc"
     {0, 0, 0, 0, 0, 0, 0},  // (end)
 };
+constexpr size_t kWsTunedLen = sizeof(kWsTuned) / sizeof(kWsTuned[0]) - 1;  // (without the end)
+static_assert(dsx_cuda::tuned_sorted(kWsTuned, kWsTunedLen),
+              "gemm_weight_only_tuned.inc must be sorted by (bits, group, N, K, first row), each range of rows "
+              "non-empty and apart from the next of its key: write it with bench/tune_auto.py --emit");
 constexpr int kWsTunedSms = 132;  // H200 (and H100 SXM): the table's machine
 
-// The table's word for this launch, or 0.
+// The table's word for this launch, or 0 (a binary search: tuned_tables.cuh).
 int ws_tuned_word(int rows, int64_t n, int64_t k, int bits, int group, int sms) {
   if (sms != kWsTunedSms || !dsx_cuda::tuned_tables_on()) return 0;
-  for (const WsTuned& t : kWsTuned)
-    if (t.bits == bits && t.group == group && t.n == n && t.k == k && rows >= t.rows_lo && rows <= t.rows_hi)
-      return t.word;
-  return 0;
+  const WsTuned* t = dsx_cuda::tuned_find(kWsTuned, kWsTunedLen, std::make_tuple(bits, group, n, k), rows);
+  return t ? t->word : 0;
 }
 
 // The configuration of one launch of `rows` rows, and whether it takes the warp-specialized
