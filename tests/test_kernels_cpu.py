@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -102,6 +106,113 @@ def test_gemm_nan_propagates_and_zero_rows():
     assert np.isnan(out[2]).all() and np.isfinite(out[[0, 1, 3]]).all()
     empty = K.gemm_fp8_nt(a[:0], sa[:0], b, sb)
     assert empty.shape == (0, 128)
+
+
+def emulate_order(a, sa, b, sb, tree=True):
+    """The CPU kernel's result bit for bit, from the header's order in float32 numpy (no code shared with the
+    kernel): per K block, lane j of 16 sums the products of k = j mod 16 in increasing k, the lanes are combined
+    j + j+8, then +4, +2, +1 (tree=False: one after another, a planted fault), acc = acc + dot * (sa * sb), one
+    rounding to bf16 at the end."""
+    af = a.view(FP8).astype(np.float32)
+    bf = b.view(FP8).astype(np.float32)
+    m, k = af.shape
+    n = bf.shape[0]
+    acc = np.zeros((m, n), np.float32)
+    for kb in range(K.cdiv(k, 128)):
+        k0, k1 = kb * 128, min(k, kb * 128 + 128)
+        lanes = np.zeros((m, n, 16), np.float32)
+        for i in range(k0, k1, 16):
+            w = min(16, k1 - i)
+            lanes[:, :, :w] = lanes[:, :, :w] + af[:, None, i:i + w] * bf[None, :, i:i + w]
+        if tree:
+            for w in (8, 4, 2, 1):
+                lanes[:, :, :w] = lanes[:, :, :w] + lanes[:, :, w:2 * w]
+            dot = lanes[:, :, 0]
+        else:
+            dot = lanes[:, :, 0]
+            for j in range(1, 16):
+                dot = dot + lanes[:, :, j]
+        s = sa[:, kb][:, None] * sb[np.arange(n) // 128, kb][None, :]  # (float32 x float32: one rounding)
+        acc = acc + dot * s
+    return acc.astype(BF16)
+
+
+def random_codes(rng, shape):
+    """Every e4m3 code but the two NaNs (subnormals, zeros of both signs, the largest values)."""
+    c = rng.integers(0, 256, shape, dtype=np.uint8)
+    c[(c & 0x7F) == 0x7F] ^= 0x01
+    return c
+
+
+@pytest.fixture(params=["simd", "scalar"])
+def cpu_path(request):
+    """Both paths of the CPU kernels (dsx_cpu_simd); the state before is put back."""
+    before = K.cpu_simd(request.param == "simd")
+    yield request.param
+    K.cpu_simd(before)
+
+
+EXACT_CASES = GEMM_CASES + [(2, 192, 147), (17, 130, 1000), (4, 64, 15), (6, 65, 2048)]
+
+
+@pytest.mark.parametrize("m,n,k", EXACT_CASES)
+def test_gemm_fp8_nt_is_the_documented_order_bit_for_bit(cpu_path, m, n, k):
+    """Both paths give exactly the bits of the header's accumulation order (emulated in float32 numpy), on every
+    code but NaN with scales over a wide range: ragged K (short last blocks, K < 16), odd M and N, N across
+    weight-scale blocks."""
+    rng = np.random.default_rng(7 * m + 11 * n + k)
+    a, b = random_codes(rng, (m, k)), random_codes(rng, (n, k))
+    sa = np.exp2(rng.uniform(-12, 4, (m, K.cdiv(k, 128)))).astype(np.float32)
+    sb = np.exp2(rng.uniform(-12, 4, (K.cdiv(n, 128), K.cdiv(k, 128)))).astype(np.float32)
+    got = K.gemm_fp8_nt(a, sa, b, sb).view(np.uint16)
+    assert np.array_equal(got, emulate_order(a, sa, b, sb).view(np.uint16))
+
+
+def test_gemm_order_emulation_catches_another_lane_tree(cpu_path):
+    """The bit-for-bit test can fail, and the order is the tree's: lane 0 sums 8 x 448 x 448 and lane 8 its negative,
+    lane 1 one product 2^-9. The tree cancels lanes 0 and 8 first and keeps 2^-9; lanes added one after another
+    lose it under lane 0's ulp (0.125) and give 0."""
+    a = np.zeros((1, 128), np.uint8)
+    b = np.zeros((1, 128), np.uint8)
+    a[0, 0::16] = a[0, 8::16] = b[0, 0::16] = 0x7E  # 448
+    b[0, 8::16] = 0xFE  # -448
+    a[0, 1], b[0, 1] = 0x38, 0x01  # 1.0 x 2^-9
+    ones = np.ones((1, 1), np.float32)
+    got = K.gemm_fp8_nt(a, ones, b, ones).view(np.uint16)
+    assert got[0, 0] == 0x3B00  # bf16 2^-9
+    assert np.array_equal(got, emulate_order(a, ones, b, ones).view(np.uint16))
+    assert emulate_order(a, ones, b, ones, tree=False).view(np.uint16)[0, 0] == 0
+
+
+def test_gemm_nan_propagates_on_both_paths(cpu_path):
+    rng = np.random.default_rng(6)
+    a, sa, b, sb = make_gemm(rng, 5, 130, 300)
+    a, b = a.view(np.uint8).copy(), b.view(np.uint8).copy()
+    a[1, 299] = 0xFF  # (in the short last block)
+    b[129, 0] = 0x7F
+    out = K.gemm_fp8_nt(a, sa, b, sb).astype(np.float32)
+    nan = np.zeros(out.shape, bool)
+    nan[1, :] = nan[:, 129] = True
+    assert np.array_equal(np.isnan(out), nan)
+
+
+def test_cpu_simd_switch():
+    before = K.cpu_simd()
+    try:
+        assert K.cpu_simd(False) is before and K.cpu_simd() is False
+        with K.scalar_paths():
+            assert K.cpu_simd() is False
+        assert K.cpu_simd(True) is False and K.cpu_simd() is True
+    finally:
+        K.cpu_simd(before)
+    with pytest.raises(DsxError, match="cpu simd"):
+        K.check(K.bind("dsx_cpu_simd", K.I32)(2), "cpu simd switch")
+    # DSX_CPU_SIMD=0 starts a process on the scalar paths
+    code = "from ds_export.native import kernels as K; print(K.cpu_simd())"
+    for env, want in (("0", "False"), ("1", "True")):
+        run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             env={**os.environ, "DSX_CPU_SIMD": env})
+        assert run.stdout.strip() == want, run.stderr[-2000:]
 
 
 def test_gemm_grouped_matches_per_expert_reference():
@@ -249,3 +360,13 @@ def test_mtp_accept_topp_with_one_candidate_is_greedy_and_errors():
     with pytest.raises(DsxError, match="candidates"):
         K.mtp_accept_topp(np.array([[9]], np.int32), cand[:, :1], np.array([[1, 1]], np.int32),
                           np.array([[3, 4]], np.int32), np.array([1], np.int32))
+
+
+def test_bench_cpu_kernels_runs():
+    """bench/cpu_kernels.py (the figures of docs/benchmarks.md) runs on small shapes and finds the same bits."""
+    bench = os.path.join(os.path.dirname(__file__), "..", "bench", "cpu_kernels.py")
+    run = subprocess.run([sys.executable, bench, "--shapes", "3x130x300,1x64x129", "--repeat", "1"],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
+    rows = [line for line in run.stdout.splitlines() if line.strip().startswith(("3x130x300", "1x64x129"))]
+    assert len(rows) == 2 and all(r.endswith("same") for r in rows), run.stdout

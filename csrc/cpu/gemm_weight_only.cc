@@ -259,7 +259,8 @@ extern "C" int dsx_wo_gemm_bf16_nt_cpu(const uint16_t* x, const int8_t* qweight,
 #pragma omp parallel for schedule(static) num_threads(nt)
   for (int64_t i = 0; i < m * k; ++i) x32[i] = bf16_to_f32(x[i]);
 
-  const Problem p{x32, reinterpret_cast<const uint8_t*>(qweight), scale, out, m, n, k, bits, group_size, simd_ok()};
+  const Problem p{x32, reinterpret_cast<const uint8_t*>(qweight), scale, out, m, n, k, bits, group_size,
+                  simd_ok() && dsx_num::simd_on()};
   const int64_t tiles = n / kTileN;
   int failed = 0;
 #pragma omp parallel num_threads(nt)

@@ -32,6 +32,12 @@ int dsx_abi_version(void);
  * on = -1 only asks. Returns the state before the call (0 or 1), or DSX_EINVAL. */
 int dsx_tuned_tables_cuda(int on);
 
+/* CPU (libdsx_cpu): whether the CPU kernels take their SIMD paths (AVX2 where the build has it) or their scalar
+ * ones; both give the same numbers (tests compare them bit for bit). on = 0 or 1 switches for the process from now
+ * on (DSX_CPU_SIMD=0 in the environment starts it at 0); on = -1 only asks. Returns the state before the call (0 or
+ * 1), or DSX_EINVAL. */
+int dsx_cpu_simd(int on);
+
 #ifdef __cplusplus
 }
 #endif
