@@ -52,9 +52,8 @@ inline float block_dot(const float* x, const float* y, int64_t len) {
 }
 
 // One output tile: rows [m0, m0+tm), columns [n0, n0+tn), all K blocks (the scalar path).
-void gemm_tile_scalar(const uint8_t* a, const float* sa, const uint8_t* b, const float* sb,
-               uint16_t* out, int64_t n, int64_t k, int64_t m0, int64_t tm, int64_t n0,
-               int64_t tn) {
+void gemm_tile_scalar(const uint8_t* a, const float* sa, const uint8_t* b, const float* sb, uint16_t* out, int64_t n,
+                      int64_t k, int64_t m0, int64_t tm, int64_t n0, int64_t tn) {
   const int64_t kb_count = (k + kBlock - 1) / kBlock;
   const int64_t nb = n0 / kBlock;
   float af[kTileM][kBlock];
@@ -102,7 +101,8 @@ inline __m256 e4m3x8(const uint8_t* p) {
 // One row's K block (len <= 128 codes) -> dst[0, 128): decoded, zeros past len. A zero lane adds +0
 // to a lane sum, which leaves it as it was: the lanes start at +0 and a sum of them is never -0.
 inline void decode_block(const uint8_t* src, int64_t len, const float* table, float* dst, bool more) {
-  if (more) {  // (the row's next block: a tile reads 16 + 64 rows a block apart, too many streams to prefetch)
+  if (more) {  // (the row's next block: a tile reads its 80 rows a block at a time, more streams than the
+               // hardware prefetchers follow)
     _mm_prefetch(reinterpret_cast<const char*>(src + kBlock), _MM_HINT_T0);
     _mm_prefetch(reinterpret_cast<const char*>(src + kBlock + 64), _MM_HINT_T0);
   }
