@@ -526,7 +526,6 @@ struct E {
 constexpr E kTable[] = {TABLE {0, 0, 0, 0, 0}};
 constexpr size_t kLen = sizeof(kTable) / sizeof(kTable[0]) - 1;
 static_assert(dsx_cuda::tuned_sorted(kTable, kLen), "sorted");
-struct B { const E* t; size_t n; };
 constexpr E kBad[][2] = {BAD};
 int main() {
   const int64_t q[][3] = {QUERIES};
