@@ -7,6 +7,7 @@ than a crash inside C++.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 
@@ -55,3 +56,23 @@ P = ctypes.c_void_p
 I64 = ctypes.c_int64
 I32 = ctypes.c_int
 F32 = ctypes.c_float
+
+
+def process_switch(fn, on: bool | None, what: str) -> bool:
+    """A kernel library's process-wide switch (fn(1 | 0) sets it, fn(-1) only asks; it returns the state before, or
+    a DSX_E* code): the state before the call as a bool."""
+    rc = fn(-1 if on is None else int(bool(on)))
+    if rc < 0:  # (0 and 1 are states, not errors)
+        check(rc, what)
+    return rc == 1
+
+
+@contextlib.contextmanager
+def switched(switch, on: bool):
+    """switch(on) inside the block (switch: a process_switch front end), the state before after it, also when the
+    block raises."""
+    before = switch(on)
+    try:
+        yield
+    finally:
+        switch(before)

@@ -15,7 +15,6 @@ Loads the CUDA runtime (libcudart) and libdsx_cuda.so through ctypes. Offers:
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import ctypes.util
 import functools
@@ -26,7 +25,7 @@ import sys
 import numpy as np
 
 from ds_export.errors import DsxError
-from ds_export.native import check
+from ds_export.native import check, process_switch, switched
 from ds_export.native import kernels as K
 
 P, I64, I32, SZ = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_size_t
@@ -247,20 +246,12 @@ def tuned_tables(on: bool | None = None) -> bool:
     """Whether the automatic choices of the block FP8 and weight-only GEMMs consult their measured tables
     (csrc/cuda/*_tuned.inc); with `on`, switch them for the process (DSX_TUNED_TABLES=0 starts it with them
     off). Returns the state before the call: dsx_tuned_tables_cuda."""
-    rc = _fn("dsx_tuned_tables_cuda", I32)(-1 if on is None else int(bool(on)))
-    if rc < 0:  # (0 and 1 are states, not errors)
-        check(rc, "tuned tables switch")
-    return rc == 1
+    return process_switch(_fn("dsx_tuned_tables_cuda", I32), on, "tuned tables switch")
 
 
-@contextlib.contextmanager
 def rules_only():
-    """The measured tables off inside the block (the hand-written rules alone decide), as before after."""
-    before = tuned_tables(False)
-    try:
-        yield
-    finally:
-        tuned_tables(before)
+    """The measured tables off inside a with-block (the hand-written rules alone decide), as before after."""
+    return switched(tuned_tables, False)
 
 
 def gemm_fp8_resolve(m: int, n: int, k: int, algo: int = 0) -> int:

@@ -16,13 +16,11 @@ DsxError naming the argument, the expected shape/dtype and what to do.
 
 from __future__ import annotations
 
-import contextlib
-
 import ml_dtypes
 import numpy as np
 
 from ds_export.errors import DsxError
-from ds_export.native import I32, I64, P, bind, check, ptr
+from ds_export.native import I32, I64, P, bind, check, process_switch, ptr, switched
 
 BLOCK = 128
 FP8 = np.dtype(ml_dtypes.float8_e4m3fn)
@@ -128,20 +126,12 @@ def cpu_simd(on: bool | None = None) -> bool:
     """Whether the CPU kernels take their SIMD paths (AVX2) rather than their scalar ones, which give the same bits;
     with `on`, switch them for the process (DSX_CPU_SIMD=0 starts it at scalar). Returns the state before the call:
     dsx_cpu_simd."""
-    rc = bind("dsx_cpu_simd", I32)(-1 if on is None else int(bool(on)))
-    if rc < 0:  # (0 and 1 are states, not errors)
-        check(rc, "cpu simd switch")
-    return rc == 1
+    return process_switch(bind("dsx_cpu_simd", I32), on, "cpu simd switch")
 
 
-@contextlib.contextmanager
 def scalar_paths():
-    """The CPU kernels' scalar paths inside the block, the state before after it."""
-    before = cpu_simd(False)
-    try:
-        yield
-    finally:
-        cpu_simd(before)
+    """The CPU kernels' scalar paths inside a with-block, the state before after it."""
+    return switched(cpu_simd, False)
 
 
 def gemm_fp8_nt(a, sa, b, sb) -> np.ndarray:
