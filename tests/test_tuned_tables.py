@@ -514,15 +514,9 @@ def test_shipped_tables_are_in_search_order(kernel):
 
 
 SEARCH_PROGRAM = r"""
-#include "tuned_tables.cuh"
+#include "gemm_fp8_tuned_table.cuh"
 #include <cstdio>
-struct E {
-  int64_t n, k;
-  int lo_, hi_, word;
-  constexpr std::tuple<int64_t, int64_t> key() const { return {n, k}; }
-  constexpr int lo() const { return lo_; }
-  constexpr int hi() const { return hi_; }
-};
+using E = dsx_cuda::Fp8Tuned;  // (an entry type of the library: key (N, K), rows m_lo..m_hi, word algo)
 constexpr E kTable[] = {TABLE {0, 0, 0, 0, 0}};
 constexpr size_t kLen = sizeof(kTable) / sizeof(kTable[0]) - 1;
 static_assert(dsx_cuda::tuned_sorted(kTable, kLen), "sorted");
@@ -531,7 +525,7 @@ int main() {
   const int64_t q[][3] = {QUERIES};
   for (const auto& x : q) {
     const E* e = dsx_cuda::tuned_find(kTable, kLen, std::make_tuple(x[0], x[1]), x[2]);
-    std::printf("%d\n", e ? e->word : 0);
+    std::printf("%d\n", e ? e->algo : 0);
   }
   for (const auto& b : kBad) std::printf("bad %d\n", dsx_cuda::tuned_sorted(b, 2) ? 1 : 0);
   std::printf("empty %d\n", dsx_cuda::tuned_find(kTable, 0, std::make_tuple(int64_t(1), int64_t(1)), 1) ? 1 : 0);
