@@ -233,15 +233,27 @@ def unpack_ref(qweight: np.ndarray, bits: int, arch: int, in_features: int) -> n
     """Paddle's qweight -> the signed integer matrix q [N, K] (int8) before scaling."""
     qweight = np.ascontiguousarray(qweight)
     k = int(in_features)
-    n = qweight.size * 8 // bits // k
+    return unpacker(qweight.size * 8 // bits // k, k, bits, arch)(qweight)
+
+
+def unpacker(out_features: int, in_features: int, bits: int, arch: int):
+    """unpack_ref for the qweights of one shape [N, K], the layout's element order built once: for unpacking many
+    parts of one shape (`dsx verify` reads weights in parts of whole rows, and building the order was a third of
+    each part's time)."""
+    n, k = int(out_features), int(in_features)
     check_args(n, k, bits, -1, arch, "qweight")
-    if qweight.dtype not in (np.int8, np.uint8) or qweight.size != n * k * bits // 8:
-        want = n * k * bits // 8
-        raise DsxError(f"qweight: expected int8 with {want} bytes for in={k}, got {qweight.dtype} {qweight.shape}")
-    u = _unpack_elements(qweight.view(np.uint8), bits).astype(np.int16) - (128 if bits == 8 else 8)
-    q = np.empty(n * k, np.int8)
-    q[_element_order(n, k, bits, arch)] = u
-    return q.reshape(n, k)
+    want = n * k * bits // 8
+    order = _element_order(n, k, bits, arch)
+
+    def unpack(qweight: np.ndarray) -> np.ndarray:
+        qweight = np.ascontiguousarray(qweight)
+        if qweight.dtype not in (np.int8, np.uint8) or qweight.size != want:
+            raise DsxError(f"qweight: expected int8 with {want} bytes for in={k}, got {qweight.dtype} {qweight.shape}")
+        u = _unpack_elements(qweight.view(np.uint8), bits).astype(np.int16) - (128 if bits == 8 else 8)
+        q = np.empty(n * k, np.int8)
+        q[order] = u
+        return q.reshape(n, k)
+    return unpack
 
 
 def quantize_ref(w: np.ndarray, bits: int, group_size: int = -1, arch: int = 90) -> tuple[np.ndarray, np.ndarray]:
@@ -257,14 +269,18 @@ def quantize_ref(w: np.ndarray, bits: int, group_size: int = -1, arch: int = 90)
 
 def dequantize_ref(qweight, scale, bits: int, group_size: int, arch: int, in_features: int) -> np.ndarray:
     """Undo the layout and apply the scale: float32 [N, K] (what the GEMM sees)."""
-    q = unpack_ref(qweight, bits, arch, in_features).astype(np.float32)
+    return scale_ref(unpack_ref(qweight, bits, arch, in_features), scale, bits, group_size, arch)
+
+
+def scale_ref(q: np.ndarray, scale, bits: int, group_size: int, arch: int) -> np.ndarray:
+    """dequantize_ref's second step: signed q [N, K] (unpack_ref's) times its scales -> float32 [N, K]."""
     n, k = q.shape
     s = np.asarray(scale).astype(np.float32)
     want = packed_shapes(n, k, bits, group_size, arch)["scale"]["shape"]
     if s.shape != want:
         raise DsxError(f"scale: expected shape {want} for [out={n}, in={k}] group {group_size}, got {s.shape}")
     per = s[:, None] if group_size == -1 else np.repeat(s.T, group_size, axis=1)[:, :k]
-    return q * per
+    return q.astype(np.float32) * per
 
 
 def slice_plan(out_features: int, in_features: int, bits: int, group_size: int, arch: int,
