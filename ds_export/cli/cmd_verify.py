@@ -22,6 +22,8 @@ def verify(
     report: Annotated[Path | None, typer.Option("--report", help="Write a JSON report.")] = None,
     html: Annotated[Path | None, typer.Option("--html", help="Write an HTML report with plots.")] = None,
     gate: Annotated[Path | None, typer.Option("--gate", help="YAML file of pass/fail thresholds.")] = None,
+    workers: Annotated[int | None, typer.Option("--workers", "-j", help="Threads hashing files and comparing weights "
+                                                "(default: one per core, at most 16).", show_default=False)] = None,
     json: Json = False,
     quiet: Quiet = False,
 ) -> None:
@@ -36,13 +38,15 @@ def verify(
     from ds_export.verify import verify as run_verify
 
     o = Out(json, quiet)
+    if workers is not None and workers < 1:
+        raise UsageError("--workers must be at least 1")
     if export_dir is not None and reference is None:
         raise UsageError("--export needs --reference (the unquantized logits come from the reference checkpoint)")
     from ds_export.verify import load_gates
 
     gates = load_gates(gate) if gate is not None else None
     rep = run_verify(target, reference, expert_sample=experts, samples=samples, gates=gates, export=export_dir,
-                     device=device)
+                     device=device, workers=workers)
     if report is not None:
         atomic_write_json(report, rep)
     if html is not None:

@@ -39,10 +39,11 @@ def load_gates(path: str | Path) -> dict:
 
 def verify(target: str | Path, reference: str | Path | None = None, *, expert_sample: int | None = None,
            samples: int = 4, gates: dict | None = None, export: str | Path | None = None,
-           device: str = "cpu") -> dict:
-    """device: whose kernels the kernel checks run ("cpu": csrc/cpu, "cuda": csrc/cuda on the current GPU)."""
+           device: str = "cpu", workers: int | None = None) -> dict:
+    """device: whose kernels the kernel checks run ("cpu": csrc/cpu, "cuda": csrc/cuda on the current GPU);
+    workers: threads hashing the files and comparing the weights (default: one per core, at most 16)."""
     target = Path(target)
-    findings, manifest = check_files(target)
+    findings, manifest = check_files(target, workers=workers)
     report: dict = {"target": str(target), "reference": str(reference) if reference else None}
     if any(f.check == "files" and ("sha256" in f.problem or "missing" in f.problem or "bytes" in f.problem)
            for f in findings):
@@ -57,7 +58,8 @@ def verify(target: str | Path, reference: str | Path | None = None, *, expert_sa
         if reference is not None:
             with Checkpoint.open(reference) as ref:
                 g = gates or {}
-                stats = check_weights(ck, ref, cfg, expert_sample=expert_sample, gates=g.get("min_sqnr_db"))
+                stats = check_weights(ck, ref, cfg, expert_sample=expert_sample, gates=g.get("min_sqnr_db"),
+                                      workers=workers)
                 if samples > 0:
                     kw = {"gate": g["kernel_max_rel_err"]} if "kernel_max_rel_err" in g else {}
                     kstats = check_kernels(ck, ref, cfg, samples=samples, device=device, **kw)

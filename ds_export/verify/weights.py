@@ -11,10 +11,14 @@ has an expected range (docs/numerics.md); a tensor outside it is flagged.
 from __future__ import annotations
 
 import math
+import os
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from ds_export.errors import DsxError
 from ds_export.formats import fp8_block, weight_only
 from ds_export.io.checkpoint import Checkpoint
 from ds_export.models import deepseek_v3 as ds
@@ -53,13 +57,42 @@ class WeightStat:
         return d
 
 
-def reference_f64(ck: Checkpoint, name: str) -> np.ndarray:
-    """The source weight in float64 (FP8 sources: decoded value x block scale_inv, exactly)."""
+# Tensors are compared in parts of whole rows, each part decoded and reduced on its own (float64 sums), so memory
+# stays bounded by the part size times the worker count, not by the largest tensor in float64 (R1's embedding alone is
+# 7.4 GB there), and the parts of a tensor run on the worker threads side by side (numpy releases the GIL in its loops).
+PART_ELEMENTS = 1 << 19
+ROW_ALIGN = 128  # parts start on FP8 blocks and whole weight-only tiles
+UNPACKER_ELEMENTS = 1 << 21  # a run keeps the weight-only unpackers (their element orders) of parts up to this size
+
+
+def default_workers() -> int:
+    return max(1, min(16, os.cpu_count() or 1))
+
+
+class _Shape(Exception):
+    """A stored tensor whose shape does not belong to its reference."""
+
+
+def _fp8_block_size(ck: Checkpoint) -> tuple[int, int]:
+    return tuple((ck.config.get("quantization_config") or {}).get("weight_block_size") or fp8_block.BLOCK)
+
+
+def _reference_rows(ck: Checkpoint, name: str):
+    """(shape, row alignment, rows(r0, r1) -> float64): the source weight, FP8 sources as value x block scale_inv."""
     info = ck.info(name)
     if info.dtype == "F8_E4M3":
-        cfg_block = tuple((ck.config.get("quantization_config") or {}).get("weight_block_size") or fp8_block.BLOCK)
-        return fp8_block.dequant_ref(ck.get(name), ck.get(name + ds.SCALE_SUFFIX), cfg_block).astype(np.float64)
-    return ck.get(name).astype(np.float64)
+        block = _fp8_block_size(ck)
+        q, s, bn = ck.get(name), ck.get(name + ds.SCALE_SUFFIX), int(block[0])
+        return tuple(info.shape), bn, lambda r0, r1: fp8_block.dequant_ref(
+            q[r0:r1], s[r0 // bn: -(-r1 // bn)], block).astype(np.float64)
+    a = np.atleast_1d(ck.get(name))
+    return tuple(info.shape), 1, lambda r0, r1: a[r0:r1].astype(np.float64)
+
+
+def reference_f64(ck: Checkpoint, name: str) -> np.ndarray:
+    """The source weight in float64 (FP8 sources: decoded value x block scale_inv, exactly)."""
+    shape, _, rows = _reference_rows(ck, name)
+    return rows(0, shape[0] if shape else 1).reshape(shape)
 
 
 def _wo_params(target: Checkpoint, name: str, ref_shape: tuple[int, int]) -> tuple[int, int, int]:
@@ -72,61 +105,178 @@ def _wo_params(target: Checkpoint, name: str, ref_shape: tuple[int, int]) -> tup
     return bits, group, arch
 
 
-def stored_f64(target: Checkpoint, name: str, ref_shape) -> tuple[np.ndarray, str, float]:
-    """(decoded weight, format label, saturated share)."""
+def _stored_rows(target: Checkpoint, name: str, ref_shape, unpackers: dict | None = None):
+    """(format label, row alignment, rows(r0, r1) -> (float64 values, saturated count)); _Shape when the stored
+    tensor cannot hold a weight of ref_shape. unpackers: weight-only unpackers by part shape, shared by a run."""
     info = target.info(name)
     if info.dtype == "F8_E4M3":
-        q = target.get(name)
-        w = fp8_block.dequant_ref(q, target.get(name + ds.SCALE_SUFFIX)).astype(np.float64)
-        sat = float(np.mean((q.view(np.uint8) & 0x7F) == 0x7E))  # |code| == 448
-        return w, "a8w8_fp8", sat
+        if tuple(info.shape) != tuple(ref_shape):
+            raise _Shape
+        q, s = target.get(name), target.get(name + ds.SCALE_SUFFIX)
+        bn = fp8_block.BLOCK[0]
+
+        def fp8_rows(r0, r1):
+            part = q[r0:r1]
+            sat = int(np.count_nonzero((part.view(np.uint8) & 0x7F) == 0x7E))  # |code| == 448
+            return fp8_block.dequant_ref(part, s[r0 // bn: -(-r1 // bn)]).astype(np.float64), sat
+        return "a8w8_fp8", bn, fp8_rows
     if info.dtype == "I8" and name + ds.WO_SCALE_SUFFIX in target:
+        if len(ref_shape) != 2:
+            raise _Shape
+        n, k = ref_shape
         bits, group, arch = _wo_params(target, name, ref_shape)
+        try:
+            want = weight_only.packed_shapes(n, k, bits, group, arch)
+        except DsxError:
+            raise _Shape from None
+        if (tuple(info.shape) != tuple(want["qweight"]["shape"])
+                or tuple(target.info(name + ds.WO_SCALE_SUFFIX).shape) != tuple(want["scale"]["shape"])):
+            raise _Shape
         qw, sc = target.get(name), target.get(name + ds.WO_SCALE_SUFFIX)
-        ints = weight_only.unpack_ref(qw, bits, arch, ref_shape[1])
-        sat = float(np.mean(np.abs(ints) >= (127 if bits == 8 else 7)))
-        w = weight_only.dequantize_ref(qw, sc, bits, group, arch, ref_shape[1]).astype(np.float64)
-        return w, f"weight_only_int{bits}" + ("/g" if group != -1 else ""), sat
+        limit = 127 if bits == 8 else 7
+        label = f"weight_only_int{bits}" + ("/g" if group != -1 else "")
+
+        def wo_rows(r0, r1):
+            if (r0, r1) == (0, n):
+                qp, sp = qw, sc
+            else:  # arch >= 75: whole tiles of rows, cut from the bytes (arch 70 is read in one part)
+                plan = weight_only.slice_plan(n, k, bits, group, arch, rows=(r0, r1))
+                qp, sp = weight_only.slice_packed(qw, bits, arch, k, plan), weight_only.slice_scale(sc, plan)
+            key = (r1 - r0, k, bits, arch)
+            unpack = unpackers.get(key) if unpackers is not None else None
+            if unpack is None:
+                unpack = weight_only.unpacker(*key)
+                if unpackers is not None and (r1 - r0) * k <= UNPACKER_ELEMENTS:
+                    unpackers[key] = unpack
+            ints = unpack(qp)
+            sat = int(np.count_nonzero(np.abs(ints) >= limit))
+            return weight_only.scale_ref(ints, sp, bits, group, arch).astype(np.float64), sat
+        return label, (n if arch == 70 else ROW_ALIGN), wo_rows
+    if tuple(info.shape) != tuple(ref_shape):
+        raise _Shape
+    a = np.atleast_1d(target.get(name))
     label = {"BF16": "bf16", "F32": "float32"}.get(info.dtype, info.dtype)
-    return target.get(name).astype(np.float64), label, 0.0
+    return label, 1, lambda r0, r1: (a[r0:r1].astype(np.float64), 0)
+
+
+def stored_f64(target: Checkpoint, name: str, ref_shape) -> tuple[np.ndarray, str, float]:
+    """(decoded weight, format label, saturated share)."""
+    try:
+        fmt, _, rows = _stored_rows(target, name, ref_shape)
+    except _Shape:
+        raise DsxError(f"{target.info(name).file}: {name} is {target.info(name).dtype} "
+                       f"{list(target.info(name).shape)}, which cannot hold the reference's weight of shape "
+                       f"{list(ref_shape)}; check --reference, or convert the weight again with dsx quantize") from None
+    w, sat = rows(0, ref_shape[0] if len(ref_shape) else 1)
+    return w.reshape(ref_shape), fmt, sat / max(1, w.size)
+
+
+def _metrics(e2: float, r2: float, g2: float, rg: float, mx: float) -> tuple[float, float, float, float]:
+    rel = math.sqrt(e2 / r2) if r2 else (0.0 if e2 == 0 else math.inf)
+    sqnr = math.inf if e2 == 0 else (10 * math.log10(r2 / e2) if r2 else -math.inf)
+    denom = math.sqrt(r2 * g2)
+    cos = rg / denom if denom else (1.0 if e2 == 0 else 0.0)
+    return rel, sqnr, mx, cos
 
 
 def compare(ref: np.ndarray, got: np.ndarray) -> tuple[float, float, float, float]:
     """(relative Frobenius error, SQNR dB, max abs error, cosine)."""
     err = got - ref
-    e2, r2 = float((err * err).sum()), float((ref * ref).sum())
-    rel = math.sqrt(e2 / r2) if r2 else (0.0 if e2 == 0 else math.inf)
-    sqnr = math.inf if e2 == 0 else (10 * math.log10(r2 / e2) if r2 else -math.inf)
-    denom = math.sqrt(r2 * float((got * got).sum()))
-    cos = float((ref * got).sum()) / denom if denom else (1.0 if e2 == 0 else 0.0)
-    return rel, sqnr, float(np.abs(err).max()) if err.size else 0.0, cos
+    return _metrics(float((err * err).sum()), float((ref * ref).sum()), float((got * got).sum()),
+                    float((ref * got).sum()), float(np.abs(err).max()) if err.size else 0.0)
+
+
+def _part_sums(ref_rows, got_rows, r0: int, r1: int) -> np.ndarray:
+    """[sum err^2, sum ref^2, sum got^2, sum ref*got, max |err|, saturated] of rows r0..r1.
+
+    The products are summed by einsum, not BLAS: a BLAS dot may start threads of its own, which fight the workers.
+    """
+    ref = ref_rows(r0, r1).reshape(-1)
+    got, sat = got_rows(r0, r1)
+    got = got.reshape(-1)
+    r2, g2, rg = (float(np.einsum("i,i->", a, b)) for a, b in ((ref, ref), (got, got), (ref, got)))
+    err = np.subtract(got, ref, out=got)  # got is this part's own array
+    e2 = float(np.einsum("i,i->", err, err))
+    mx = float(np.maximum(err.max(), -err.min())) if err.size else 0.0  # NaN if any error is NaN
+    return np.array([e2, r2, g2, rg, mx, sat], np.float64)
+
+
+def _parts(rows: int, cols: int, align: int) -> list[tuple[int, int]]:
+    if rows <= 0:
+        return [(0, 0)]
+    step = max(align, PART_ELEMENTS // max(1, cols) // align * align)
+    return [(r, min(rows, r + step)) for r in range(0, rows, step)]
 
 
 def check_weights(target: Checkpoint, reference: Checkpoint, cfg: ds.DeepseekV3Config,
-                  *, expert_sample: int | None = None, gates: dict | None = None) -> list[WeightStat]:
-    """Compare every quantizable weight present in both (routed experts: the first `expert_sample` per layer)."""
-    stats = []
-    for name in target.names():
-        r = ds.classify(name, cfg)
-        if r.kind != "weight" or name not in reference:
-            continue
-        if expert_sample is not None and r.expert is not None and r.expert >= expert_sample:
-            continue
-        ref = reference_f64(reference, name)
-        got, fmt, sat = stored_f64(target, name, ref.shape)
-        if got.shape != ref.shape:
-            stats.append(WeightStat(name, r.role, r.layer, r.mtp, fmt, math.inf, -math.inf, math.inf, 0.0, sat,
-                                    0.0, False))
-            continue
-        rel, sqnr, mx, cos = compare(ref, got)
-        gate = {**MIN_SQNR, **(gates or {})}.get(fmt, 0.0)
-        # A stored tensor of the source's own format must be the source itself (passthrough copies).
-        src_dtype = reference.info(name).dtype
-        same = (fmt == "a8w8_fp8" and src_dtype == "F8_E4M3") or (fmt == "bf16" and src_dtype == "BF16")
-        ok = math.isinf(sqnr) if same and _same_blocks(reference, target, name) else sqnr >= gate
-        stats.append(WeightStat(name, r.role, r.layer, r.mtp, fmt, rel, sqnr, mx, cos, sat,
-                                math.inf if same else gate, ok))
+                  *, expert_sample: int | None = None, gates: dict | None = None,
+                  workers: int | None = None) -> list[WeightStat]:
+    """Compare every quantizable weight present in both (routed experts: the first `expert_sample` per layer).
+
+    workers: threads that decode and reduce the tensors' row parts (default: the cores, at most 16); the result
+    does not depend on it beyond float64 summation order.
+    """
+    gate_of = {**MIN_SQNR, **(gates or {})}
+    stats: list[WeightStat] = []
+    unpackers: dict = {}
+    workers = workers or default_workers()
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dsx-verify")
+    try:
+        window: deque = deque()  # tensors whose parts are queued or running, oldest first
+        depth = 2 * workers
+        for name in target.names():
+            r = ds.classify(name, cfg)
+            if r.kind != "weight" or name not in reference:
+                continue
+            if expert_sample is not None and r.expert is not None and r.expert >= expert_sample:
+                continue
+            shape, ref_align, ref_rows = _reference_rows(reference, name)
+            try:
+                fmt, got_align, got_rows = _stored_rows(target, name, shape, unpackers)
+            except _Shape:
+                fmt = _format_label(target, name, shape)
+                window.append((name, r, fmt, None, None))
+            else:
+                align = math.lcm(ref_align, got_align)
+                rows = shape[0] if shape else 1
+                cols = int(np.prod(shape[1:])) if len(shape) > 1 else 1
+                futs = [pool.submit(_part_sums, ref_rows, got_rows, r0, r1) for r0, r1 in _parts(rows, cols, align)]
+                window.append((name, r, fmt, futs, rows * cols))
+            while sum(len(w[3] or ()) for w in window) > depth and len(window) > 1:
+                stats.append(_finish(window.popleft(), reference, target, gate_of))
+        while window:
+            stats.append(_finish(window.popleft(), reference, target, gate_of))
+    finally:  # on an error or an interrupt, queued parts are dropped, not run
+        pool.shutdown(wait=True, cancel_futures=True)
     return stats
+
+
+def _format_label(target: Checkpoint, name: str, ref_shape) -> str:
+    dtype = target.info(name).dtype
+    if dtype == "I8" and name + ds.WO_SCALE_SUFFIX in target and len(ref_shape) == 2:
+        bits, group, _ = _wo_params(target, name, ref_shape)
+        return f"weight_only_int{bits}" + ("/g" if group != -1 else "")
+    return {"F8_E4M3": "a8w8_fp8", "BF16": "bf16", "F32": "float32"}.get(dtype, dtype)
+
+
+def _finish(item, reference: Checkpoint, target: Checkpoint, gate_of: dict) -> WeightStat:
+    name, r, fmt, futs, size = item
+    if futs is None:
+        return WeightStat(name, r.role, r.layer, r.mtp, fmt, math.inf, -math.inf, math.inf, 0.0, 0.0, 0.0, False)
+    sums = np.zeros(6)
+    for f in futs:
+        part = f.result()
+        sums[:4] += part[:4]
+        sums[4] = np.maximum(sums[4], part[4])  # (a NaN stays NaN)
+        sums[5] += part[5]
+    rel, sqnr, mx, cos = _metrics(*(float(v) for v in sums[:5]))
+    sat = float(sums[5]) / size if size else 0.0
+    gate = gate_of.get(fmt, 0.0)
+    # A stored tensor of the source's own format must be the source itself (passthrough copies).
+    src_dtype = reference.info(name).dtype
+    same = (fmt == "a8w8_fp8" and src_dtype == "F8_E4M3") or (fmt == "bf16" and src_dtype == "BF16")
+    ok = math.isinf(sqnr) if same and _same_blocks(reference, target, name) else sqnr >= gate
+    return WeightStat(name, r.role, r.layer, r.mtp, fmt, rel, sqnr, mx, cos, sat, math.inf if same else gate, ok)
 
 
 def _same_blocks(reference: Checkpoint, target: Checkpoint, name: str) -> bool:

@@ -1,0 +1,243 @@
+"""dsx verify's weight numerics in row parts on worker threads: the same figures as whole tensors in float64, every
+part counted, bounded memory, errors that stop the run."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import shutil
+import subprocess
+import sys
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ds_export.cli.app import main
+from ds_export.errors import DsxError
+from ds_export.formats import fp8_block, weight_only
+from ds_export.io.checkpoint import Checkpoint
+from ds_export.models import deepseek_v3 as ds
+from ds_export.verify import weights as W
+from ds_export.verify.integrity import check_files
+
+TYPES = {
+    "mix": ["--type", "a8w8_fp8_wint4", "--mtp-type", "a8w8_fp8"],  # int4 per channel experts, fp8 elsewhere
+    "int8g128": ["--type", "weight_only_int8", "--group-size", "128"],
+    "int4g64": ["--type", "weight_only_int4", "--group-size", "64"],
+    "bf16": ["--type", "bf16"],
+}
+
+
+@pytest.fixture(scope="module")
+def outs(tiny_fp8, tmp_path_factory):
+    root = tmp_path_factory.mktemp("vw")
+    for name, args in TYPES.items():
+        assert main(["quantize", str(tiny_fp8), "--out", str(root / name), "-q", *args]) == 0
+    return root
+
+
+@pytest.fixture
+def small_parts(monkeypatch):
+    """Parts of 128 rows on the tiny model (most tensors in 2..4 parts, 192- and 320-row ones ragged)."""
+    monkeypatch.setattr(W, "PART_ELEMENTS", 1 << 12)
+
+
+def whole_f64(target: Checkpoint, reference: Checkpoint, name: str) -> tuple[float, float, float, float, float]:
+    """(rel, sqnr, max abs, cosine, saturated share) of one weight from whole tensors in float64, straight from the
+    format references (no parts, no threads)."""
+    r = reference.info(name)
+    if r.dtype == "F8_E4M3":
+        ref = fp8_block.dequant_ref(reference.get(name), reference.get(name + ds.SCALE_SUFFIX)).astype(np.float64)
+    else:
+        ref = reference.get(name).astype(np.float64)
+    t = target.info(name)
+    if t.dtype == "F8_E4M3":
+        q = target.get(name)
+        got = fp8_block.dequant_ref(q, target.get(name + ds.SCALE_SUFFIX)).astype(np.float64)
+        sat = float(np.mean((q.view(np.uint8) & 0x7F) == 0x7E))
+    elif t.dtype == "I8":
+        n, k = ref.shape
+        s = target.info(name + ds.WO_SCALE_SUFFIX)
+        bits = 8 if t.shape[0] == n else 4
+        group = -1 if len(s.shape) == 1 else (64 if s.shape[0] == -(-k // 64) else 128)
+        qw, sc = target.get(name), target.get(name + ds.WO_SCALE_SUFFIX)
+        got = weight_only.dequantize_ref(qw, sc, bits, group, 90, k).astype(np.float64)
+        ints = weight_only.unpack_ref(qw, bits, 90, k)
+        sat = float(np.mean(np.abs(ints) >= (127 if bits == 8 else 7)))
+    else:
+        got, sat = target.get(name).astype(np.float64), 0.0
+    err = got - ref
+    e2, r2, g2 = float((err * err).sum()), float((ref * ref).sum()), float((got * got).sum())
+    rel = math.sqrt(e2 / r2)
+    sqnr = math.inf if e2 == 0 else 10 * math.log10(r2 / e2)
+    return rel, sqnr, float(np.abs(err).max()), float((ref * got).sum()) / math.sqrt(r2 * g2), sat
+
+
+def run(target, reference, **kw):
+    with Checkpoint.open(target) as ck, Checkpoint.open(reference) as ref:
+        cfg = ds.DeepseekV3Config.from_dict(ck.config)
+        return W.check_weights(ck, ref, cfg, **kw)
+
+
+@pytest.mark.parametrize("typ", list(TYPES))
+def test_parts_on_threads_give_the_whole_tensor_figures(outs, tiny_fp8, small_parts, typ):
+    stats = run(outs / typ, tiny_fp8, workers=3)
+    assert stats and all(s.ok for s in stats)
+    ragged = 0
+    with Checkpoint.open(outs / typ) as ck, Checkpoint.open(tiny_fp8) as ref:
+        for s in stats:
+            rel, sqnr, mx, cos, sat = whole_f64(ck, ref, s.name)
+            assert s.max_abs == mx, s.name  # a max does not depend on the order: equal
+            assert s.saturated == pytest.approx(sat, rel=1e-12, abs=0), s.name
+            assert s.rel_fro == pytest.approx(rel, rel=1e-9, abs=1e-300), s.name
+            assert s.cosine == pytest.approx(cos, rel=1e-12), s.name
+            assert s.sqnr_db == sqnr or s.sqnr_db == pytest.approx(sqnr, rel=1e-9), s.name
+            shape = ref.info(s.name).shape
+            ragged += len(shape) == 2 and shape[0] > 128 and shape[0] % 128 != 0
+        assert ragged, "no tensor with a ragged last part: the test lost its point"
+    fmts = {s.format for s in stats}
+    assert fmts >= {"mix": {"a8w8_fp8", "weight_only_int4", "bf16"}, "int8g128": {"weight_only_int8/g"},
+                    "int4g64": {"weight_only_int4/g"}, "bf16": {"bf16"}}[typ]
+
+
+def test_worker_count_does_not_change_the_report(outs, tiny_fp8, small_parts):
+    one = run(outs / "mix", tiny_fp8, workers=1)
+    many = run(outs / "mix", tiny_fp8, workers=4)
+    assert [s.name for s in one] == [s.name for s in many]  # the target's order, whatever finished first
+    for a, b in zip(one, many):
+        assert (a.max_abs, a.saturated, a.ok, a.format) == (b.max_abs, b.saturated, b.ok, b.format)
+        assert a.rel_fro == pytest.approx(b.rel_fro, rel=1e-12, abs=1e-300)
+
+
+def _flip_last_byte(root, name: str) -> None:
+    """Corrupt the last stored byte of `name` in its shard (the last rows: the last part)."""
+    with Checkpoint.open(root) as ck:
+        shard = ck.shard_of(name)
+        path, end = shard.path, shard.info(name).end
+    with open(path, "r+b") as f:
+        f.seek(end - 1)
+        b = f.read(1)[0]
+        f.seek(end - 1)
+        f.write(bytes([b ^ 0x77]))
+
+
+@pytest.mark.parametrize("name", ["model.layers.1.mlp.experts.2.up_proj.weight",  # int4, 192 rows: parts 128 + 64
+                                  "model.layers.0.self_attn.q_b_proj.weight"])  # fp8, 512 rows: 4 parts
+def test_a_fault_in_the_last_part_is_counted(outs, tiny_fp8, tmp_path, small_parts, name):
+    bad = tmp_path / "mix"
+    shutil.copytree(outs / "mix", bad)
+    _flip_last_byte(bad, name)
+    before = {s.name: s for s in run(outs / "mix", tiny_fp8, workers=2)}[name]
+    after = {s.name: s for s in run(bad, tiny_fp8, workers=2)}[name]
+    with Checkpoint.open(bad) as ck, Checkpoint.open(tiny_fp8) as ref:
+        rel, sqnr, mx, cos, sat = whole_f64(ck, ref, name)
+    assert after.max_abs == mx > before.max_abs
+    assert after.sqnr_db == pytest.approx(sqnr, rel=1e-9) and after.sqnr_db < before.sqnr_db
+
+
+def test_a_nan_code_fails_its_tensor(outs, tiny_fp8, tmp_path, small_parts):
+    name = "model.layers.0.self_attn.q_b_proj.weight"  # fp8 copy of the source: must be exact
+    bad = tmp_path / "mix"
+    shutil.copytree(outs / "mix", bad)
+    with Checkpoint.open(bad) as ck:
+        path, begin = ck.shard_of(name).path, ck.info(name).begin
+    with open(path, "r+b") as f:
+        f.seek(begin + 256 * 192 + 5)  # row 256 (the third part), column 5
+        f.write(b"\x7f")  # e4m3 NaN
+    stat = {s.name: s for s in run(bad, tiny_fp8, workers=2)}[name]
+    assert not stat.ok and math.isnan(stat.max_abs) and math.isnan(stat.sqnr_db)
+
+
+def test_memory_is_bounded_by_the_parts(outs, tiny_fp8, monkeypatch):
+    """A tensor is never held whole in float64: the traced peak of a run in small parts is a fraction of one in whole
+    tensors (the old way: reference, stored and error of the largest weight in float64 at once)."""
+    biggest = 512 * 256 * 8  # the tiny model's largest weights (embed, lm_head) in float64
+
+    def peak(part_elements):
+        monkeypatch.setattr(W, "PART_ELEMENTS", part_elements)
+        tracemalloc.start()
+        try:
+            run(outs / "bf16", tiny_fp8, workers=2)
+            return tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+
+    small, whole = peak(1 << 10), peak(1 << 30)
+    assert whole > 2 * biggest  # the measure sees float64 tensors when they are whole
+    assert small < whole / 2, (small, whole)
+
+
+def test_an_error_in_a_part_stops_the_run(outs, tiny_fp8, small_parts, monkeypatch):
+    calls = []
+    real = weight_only.scale_ref
+
+    def failing(*a, **k):
+        calls.append(1)
+        if len(calls) == 3:
+            raise DsxError("planted: qweight bytes unreadable")
+        return real(*a, **k)
+
+    monkeypatch.setattr(weight_only, "scale_ref", failing)
+    with pytest.raises(DsxError, match="planted"):
+        run(outs / "mix", tiny_fp8, workers=2)
+    n_parts = sum(len(W._parts(192, 256, 128)) for _ in range(3 * 8 * 2))  # int4 experts of the tiny model
+    assert len(calls) < n_parts // 2  # queued parts were dropped, not run to the end
+
+
+def test_a_stored_shape_that_cannot_hold_the_weight_fails_that_tensor(outs, tiny_fp8, monkeypatch):
+    name = "model.layers.1.mlp.experts.0.gate_proj.weight"
+    real = Checkpoint.info
+
+    def info(self, n):
+        i = real(self, n)
+        if n == name + ds.WO_SCALE_SUFFIX and self.root == outs / "mix":
+            return dataclasses.replace(i, shape=(i.shape[0] // 2,))
+        return i
+
+    monkeypatch.setattr(Checkpoint, "info", info)
+    stat = {s.name: s for s in run(outs / "mix", tiny_fp8)}[name]
+    assert not stat.ok and stat.format == "weight_only_int4" and math.isinf(stat.max_abs)
+
+
+def test_verify_cli_workers(outs, tiny_fp8, capsys):
+    assert main(["verify", str(outs / "mix"), "--reference", str(tiny_fp8), "--samples", "0", "-j", "2", "-q"]) == 0
+    assert main(["verify", str(outs / "mix"), "--reference", str(tiny_fp8), "-j", "0"]) != 0
+    assert "--workers must be at least 1" in capsys.readouterr().err
+
+
+def test_parts_cover_rows_once():
+    for rows, cols, align in [(512, 256, 128), (192, 256, 128), (7168, 2048, 128), (129280, 7168, 1), (5, 1, 1),
+                              (0, 7, 128)]:
+        parts = W._parts(rows, cols, align)
+        assert parts[0][0] == 0 and parts[-1][1] == rows
+        assert all(a[1] == b[0] for a, b in zip(parts, parts[1:]))
+        assert all(r0 % align == 0 for r0, _ in parts)
+        assert all((r1 - r0) * cols <= max(W.PART_ELEMENTS, align * cols) for r0, r1 in parts)
+
+
+def test_files_are_hashed_on_threads_and_reported_in_order(outs, tmp_path):
+    bad = tmp_path / "mix"
+    shutil.copytree(outs / "mix", bad)
+    shards = sorted(p.name for p in bad.glob("*.safetensors"))
+    assert len(shards) >= 3
+    for name in (shards[-1], shards[0]):
+        with open(bad / name, "r+b") as f:
+            f.seek(-1, 2)
+            b = f.read(1)[0]
+            f.seek(-1, 2)
+            f.write(bytes([b ^ 1]))
+    for workers in (1, 3):
+        findings, _ = check_files(bad, workers=workers)
+        assert [(f.where, "sha256" in f.problem) for f in findings] == [(shards[0], True), (shards[-1], True)]
+    assert check_files(outs / "mix", workers=3)[0] == []
+
+
+def test_bench_runs(tmp_path):
+    r = subprocess.run([sys.executable, str(Path(__file__).parents[1] / "bench" / "verify_weights.py"), "--tiny",
+                        "--layers", "2", "--experts", "4", "--workers", "1,2", "--workdir", str(tmp_path)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = [ln.split() for ln in r.stdout.splitlines() if ln.strip() and ln.split()[0] in ("1", "2")]
+    assert [row[0] for row in rows] == ["1", "2"] and all(row[-1] == "0" for row in rows)  # no tensor failed
