@@ -241,3 +241,23 @@ def test_bench_runs(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     rows = [ln.split() for ln in r.stdout.splitlines() if ln.strip() and ln.split()[0] in ("1", "2")]
     assert [row[0] for row in rows] == ["1", "2"] and all(row[-1] == "0" for row in rows)  # no tensor failed
+
+
+def test_kernel_checks_in_parts_equal_whole_weights(outs, tiny_fp8, monkeypatch):
+    """The kernel checks' float64 references (x @ W.T, stored and reference weights) built from row parts on threads
+    give the figures of whole weights."""
+    from ds_export.verify.kernels import check_kernels
+
+    def kernels(part_elements, workers):
+        monkeypatch.setattr(W, "PART_ELEMENTS", part_elements)
+        with Checkpoint.open(outs / "mix") as ck, Checkpoint.open(tiny_fp8) as ref:
+            return check_kernels(ck, ref, ds.DeepseekV3Config.from_dict(ck.config), samples=4, workers=workers)
+
+    whole, parts = kernels(1 << 30, 1), kernels(1 << 10, 3)
+    gemms = [k for k in whole if "gemm" in k.kernel and "grouped" not in k.kernel]
+    assert {k.kernel.split(" (")[0] for k in gemms} >= {"block fp8 gemm", "weight_only_int4 gemm"}
+    assert [k.tensor for k in whole] == [k.tensor for k in parts]
+    for a, b in zip(whole, parts):
+        assert a.ok and b.ok
+        assert b.kernel_err == pytest.approx(a.kernel_err, rel=1e-9, abs=1e-15), a.tensor
+        assert b.quant_sqnr_db == pytest.approx(a.quant_sqnr_db, rel=1e-9), a.tensor

@@ -62,7 +62,7 @@ def verify(target: str | Path, reference: str | Path | None = None, *, expert_sa
                                       workers=workers)
                 if samples > 0:
                     kw = {"gate": g["kernel_max_rel_err"]} if "kernel_max_rel_err" in g else {}
-                    kstats = check_kernels(ck, ref, cfg, samples=samples, device=device, **kw)
+                    kstats = check_kernels(ck, ref, cfg, samples=samples, device=device, workers=workers, **kw)
     report["findings"] = [f.__dict__ for f in findings]
     report["weights"] = [s.to_json() for s in stats]
     report["by_format"] = _aggregate(stats)

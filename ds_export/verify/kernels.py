@@ -23,6 +23,7 @@ channels, rounded to bf16 (a fixed seed, so reports are reproducible).
 from __future__ import annotations
 
 import math
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
 import ml_dtypes
@@ -31,6 +32,7 @@ import numpy as np
 from ds_export.formats import fp8_block, weight_only
 from ds_export.io.checkpoint import Checkpoint
 from ds_export.models import deepseek_v3 as ds
+from ds_export.verify import weights as W
 from ds_export.verify.weights import compare, reference_f64
 
 KERNEL_GATE = 8e-3  # max |kernel - float64| / max |float64|: bf16 output rounding is 2^-9 relative
@@ -107,23 +109,35 @@ def _max_rel(got: np.ndarray, ref: np.ndarray) -> float:
 
 
 def _fp8_linear(be: Backend, target: Checkpoint, name: str, x_bf16: np.ndarray):
+    """(kernel output, the kernel's dequantized activations in float64)."""
     w, s = target.get(name), target.get(name + ds.SCALE_SUFFIX)
     xq, sx = be.act_quant(x_bf16)
-    y = be.gemm_fp8(xq, sx, w, s)
-    x_deq = fp8_block.dequant_ref(xq, sx, (1, 128)).astype(np.float64)
-    ref = x_deq @ fp8_block.dequant_ref(w, s).astype(np.float64).T
-    return y, ref
+    return be.gemm_fp8(xq, sx, w, s), fp8_block.dequant_ref(xq, sx, (1, 128)).astype(np.float64)
 
 
 def _wo_linear(be: Backend, target: Checkpoint, name: str, x_bf16: np.ndarray, n: int):
+    """(kernel output, its activations in float64, kernel label)."""
     from ds_export.verify.weights import _wo_params
 
     k = x_bf16.shape[1]
     bits, group, arch = _wo_params(target, name, (n, k))
-    q, s = target.get(name), target.get(name + ds.WO_SCALE_SUFFIX)
-    y = be.gemm_wo(x_bf16, q, s, bits, group, arch)
-    ref = x_bf16.astype(np.float64) @ weight_only.dequantize_ref(q, s, bits, group, arch, k).astype(np.float64).T
-    return y, ref, f"weight_only_int{bits} gemm"
+    y = be.gemm_wo(x_bf16, target.get(name), target.get(name + ds.WO_SCALE_SUFFIX), bits, group, arch)
+    return y, x_bf16.astype(np.float64), f"weight_only_int{bits} gemm"
+
+
+def _products(pool, ref_rows, got_rows, parts, x_kernel: np.ndarray, x_ref: np.ndarray):
+    """(x_kernel @ stored.T, x_ref @ reference.T) in float64, the weights decoded in row parts on the pool's threads
+    (a weight is never whole in float64: the dense MLPs of R1's first layers are 1 GB each there)."""
+    n = parts[-1][1]
+    kern = np.empty((x_kernel.shape[0], n))
+    quant = np.empty((x_ref.shape[0], n))
+
+    def part(r0, r1):
+        kern[:, r0:r1] = x_kernel @ got_rows(r0, r1)[0].T
+        quant[:, r0:r1] = x_ref @ ref_rows(r0, r1).T
+    for f in [pool.submit(part, r0, r1) for r0, r1 in parts]:
+        f.result()
+    return kern, quant
 
 
 def _sample_layers(layers: list[int], samples: int) -> list[int]:
@@ -134,30 +148,44 @@ def _sample_layers(layers: list[int], samples: int) -> list[int]:
 
 
 def check_kernels(target: Checkpoint, reference: Checkpoint, cfg: ds.DeepseekV3Config, *, samples: int = 4,
-                  seed: int = 0, gate: float = KERNEL_GATE, device: str = "cpu") -> list[KernelStat]:
+                  seed: int = 0, gate: float = KERNEL_GATE, device: str = "cpu",
+                  workers: int | None = None) -> list[KernelStat]:
+    """workers: threads decoding the float64 references' weights in row parts (default: one per core, at most 16)."""
     be = backend(device)
     roles = {n: ds.classify(n, cfg) for n in target.names()}
     layers = sorted({r.layer for r in roles.values() if r.layer is not None})
     chosen = set(_sample_layers(layers, samples))
     stats: list[KernelStat] = []
-    for name, r in roles.items():
-        if r.kind != "weight" or not r.quantizable or r.layer not in chosen or name not in reference:
-            continue
-        if r.expert is not None and r.expert > 0:
-            continue  # one expert per layer here; the grouped check covers several
-        info = target.info(name)
-        ref_w = reference_f64(reference, name)
-        n, k = ref_w.shape
-        x = activations(M_TOKENS, k, seed + (r.layer or 0))
-        if info.dtype == "F8_E4M3":
-            y, ref, kern = *_fp8_linear(be, target, name, x), "block fp8 gemm"
-        elif info.dtype == "I8":
-            y, ref, kern = _wo_linear(be, target, name, x, n)
-        else:
-            continue
-        _, sqnr, _, _ = compare(x.astype(np.float64) @ ref_w.T, y.astype(np.float64))
-        err = _max_rel(y, ref)
-        stats.append(KernelStat(f"{kern} ({be.device})", name, r.role, r.layer, err, sqnr, err <= gate))
+    unpackers: dict = {}
+    pool = ThreadPoolExecutor(max_workers=workers or W.default_workers(), thread_name_prefix="dsx-verify")
+    try:
+        for name, r in roles.items():
+            if r.kind != "weight" or not r.quantizable or r.layer not in chosen or name not in reference:
+                continue
+            if r.expert is not None and r.expert > 0:
+                continue  # one expert per layer here; the grouped check covers several
+            info = target.info(name)
+            if info.dtype not in ("F8_E4M3", "I8"):
+                continue
+            shape, ref_align, ref_rows = W._reference_rows(reference, name)
+            try:
+                _, got_align, got_rows = W._stored_rows(target, name, shape, unpackers)
+            except W._Shape:
+                continue  # the weight check fails this tensor, naming it
+            n, k = shape
+            x = activations(M_TOKENS, k, seed + (r.layer or 0))
+            if info.dtype == "F8_E4M3":
+                y, x_kernel = _fp8_linear(be, target, name, x)
+                kern = "block fp8 gemm"
+            else:
+                y, x_kernel, kern = _wo_linear(be, target, name, x, n)
+            parts = W._parts(n, k, math.lcm(ref_align, got_align))
+            ref, quant_ref = _products(pool, ref_rows, got_rows, parts, x_kernel, x.astype(np.float64))
+            _, sqnr, _, _ = compare(quant_ref, y.astype(np.float64))
+            err = _max_rel(y, ref)
+            stats.append(KernelStat(f"{kern} ({be.device})", name, r.role, r.layer, err, sqnr, err <= gate))
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
     stats += _grouped(be, target, roles, chosen, seed, gate)
     stats += _mla(be, target, reference, cfg, roles, chosen, seed, gate)
     stats.append(_mtp_accept(be, seed))
