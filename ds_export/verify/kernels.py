@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass
 import ml_dtypes
 import numpy as np
 
-from ds_export.formats import fp8_block, weight_only
+from ds_export.formats import fp8_block
 from ds_export.io.checkpoint import Checkpoint
 from ds_export.models import deepseek_v3 as ds
 from ds_export.verify import weights as W
