@@ -9,8 +9,9 @@ the anchor and the peak memory.
     python bench/verify_weights.py --workdir /tmp/dsx-vbench [--layers 4 --experts 8] [--workers 1,2]
     python bench/verify_weights.py ... --skip 'embed_tokens|lm_head'   # the tensors to leave out (a regex)
 
-Run from an older tree (PYTHONPATH=<tree>) to time the code before a change: a check_weights without `workers`
-runs once, as it was.
+To time the code before a change, run this file from a worktree of the older commit, in that directory and with
+PYTHONPATH=<worktree> (the editable install's finder wins over PYTHONPATH otherwise): a check_weights without
+`workers` runs as it was.
 """
 
 from __future__ import annotations
