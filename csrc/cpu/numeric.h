@@ -9,10 +9,11 @@
 //    where bytes must equal Paddle's or the numpy reference's.
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+
+#include "../include/dsx/env_switch.h"
 
 namespace dsx_num {
 
@@ -64,24 +65,14 @@ inline const float* e4m3_table() {
   return table.v;
 }
 
-// Whether the CPU kernels take their SIMD paths (1) or their scalar ones (0): the same numbers either way (the
-// block FP8 GEMM's AVX2 lanes and the weight-only GEMM's AVX2 unpack; tests compare the two bit for bit). One state
-// a process, read from DSX_CPU_SIMD (0: scalar) at the first kernel call; dsx_cpu_simd switches it after.
-inline std::atomic<int>& simd_state() {
-  static std::atomic<int> state{-1};  // -1: not yet read from the environment
-  return state;
+// Whether the CPU kernels take their SIMD paths (on) or their scalar ones: the same numbers either way (the block
+// FP8 GEMM's AVX2 lanes and the weight-only GEMM's AVX2 unpack; tests compare the two bit for bit). Read from
+// DSX_CPU_SIMD (0: scalar) at the first kernel call; dsx_cpu_simd switches it after.
+inline dsx::EnvSwitch& simd_switch() {
+  static dsx::EnvSwitch s("DSX_CPU_SIMD");
+  return s;
 }
 
-inline bool simd_on() {
-  std::atomic<int>& s = simd_state();
-  int v = s.load(std::memory_order_relaxed);
-  if (v < 0) {
-    const char* e = std::getenv("DSX_CPU_SIMD");
-    int expected = -1;
-    s.compare_exchange_strong(expected, (e && e[0] == '0' && e[1] == '\0') ? 0 : 1, std::memory_order_relaxed);
-    v = s.load(std::memory_order_relaxed);
-  }
-  return v != 0;
-}
+inline bool simd_on() { return simd_switch().on(); }
 
 }  // namespace dsx_num

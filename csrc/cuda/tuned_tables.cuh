@@ -12,38 +12,24 @@
 // (forty-sixth session, `bench/tuned_lookup_cost.py`).
 #pragma once
 
-#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <tuple>
 
+#include "../include/dsx/env_switch.h"
+
 namespace dsx_cuda {
 
-// 1 on, 0 off, -1 not yet read from the environment (one state a library: an inline function's static)
-inline std::atomic<int>& tuned_tables_state() {
-  static std::atomic<int> state{-1};
-  return state;
+inline dsx::EnvSwitch& tuned_tables_env() {
+  static dsx::EnvSwitch s("DSX_TUNED_TABLES");  // one state a library
+  return s;
 }
 
-inline bool tuned_tables_on() {
-  std::atomic<int>& s = tuned_tables_state();
-  int v = s.load(std::memory_order_relaxed);
-  if (v < 0) {
-    const char* e = std::getenv("DSX_TUNED_TABLES");
-    int expected = -1;
-    s.compare_exchange_strong(expected, (e && e[0] == '0' && e[1] == '\0') ? 0 : 1, std::memory_order_relaxed);
-    v = s.load(std::memory_order_relaxed);
-  }
-  return v != 0;
-}
+inline bool tuned_tables_on() { return tuned_tables_env().on(); }
 
 // on 0 / 1: switch; -1: only ask. The state before the call.
-inline int tuned_tables_switch(int on) {
-  const int before = tuned_tables_on() ? 1 : 0;
-  if (on == 0 || on == 1) tuned_tables_state().store(on, std::memory_order_relaxed);
-  return before;
-}
+inline int tuned_tables_switch(int on) { return tuned_tables_env().set(on); }
 
 // Whether table[0, n) is sorted by (key, lo) with every range non-empty, starting at row 1 or above and apart
 // from the next range of its key (constexpr: the units static_assert it on their table).
