@@ -70,7 +70,7 @@ def default_workers() -> int:
 
 
 class _Shape(Exception):
-    """A stored tensor whose shape does not belong to its reference."""
+    """A stored tensor whose shape does not belong to its reference; args[0]: its format label."""
 
 
 def _fp8_block_size(ck: Checkpoint) -> tuple[int, int]:
@@ -111,7 +111,7 @@ def _stored_rows(target: Checkpoint, name: str, ref_shape, unpackers: dict | Non
     info = target.info(name)
     if info.dtype == "F8_E4M3":
         if tuple(info.shape) != tuple(ref_shape):
-            raise _Shape
+            raise _Shape("a8w8_fp8")
         q, s = target.get(name), target.get(name + ds.SCALE_SUFFIX)
         bn = fp8_block.BLOCK[0]
 
@@ -122,19 +122,19 @@ def _stored_rows(target: Checkpoint, name: str, ref_shape, unpackers: dict | Non
         return "a8w8_fp8", bn, fp8_rows
     if info.dtype == "I8" and name + ds.WO_SCALE_SUFFIX in target:
         if len(ref_shape) != 2:
-            raise _Shape
+            raise _Shape("I8")
         n, k = ref_shape
         bits, group, arch = _wo_params(target, name, ref_shape)
+        label = f"weight_only_int{bits}" + ("/g" if group != -1 else "")
         try:
             want = weight_only.packed_shapes(n, k, bits, group, arch)
         except DsxError:
-            raise _Shape from None
+            raise _Shape(label) from None
         if (tuple(info.shape) != tuple(want["qweight"]["shape"])
                 or tuple(target.info(name + ds.WO_SCALE_SUFFIX).shape) != tuple(want["scale"]["shape"])):
-            raise _Shape
+            raise _Shape(label)
         qw, sc = target.get(name), target.get(name + ds.WO_SCALE_SUFFIX)
         limit = 127 if bits == 8 else 7
-        label = f"weight_only_int{bits}" + ("/g" if group != -1 else "")
 
         def wo_rows(r0, r1):
             if (r0, r1) == (0, n):
@@ -152,10 +152,10 @@ def _stored_rows(target: Checkpoint, name: str, ref_shape, unpackers: dict | Non
             sat = int(np.count_nonzero(np.abs(ints) >= limit))
             return weight_only.scale_ref(ints, sp, bits, group, arch).astype(np.float64), sat
         return label, (n if arch == 70 else ROW_ALIGN), wo_rows
-    if tuple(info.shape) != tuple(ref_shape):
-        raise _Shape
-    a = np.atleast_1d(target.get(name))
     label = {"BF16": "bf16", "F32": "float32"}.get(info.dtype, info.dtype)
+    if tuple(info.shape) != tuple(ref_shape):
+        raise _Shape(label)
+    a = np.atleast_1d(target.get(name))
     return label, 1, lambda r0, r1: (a[r0:r1].astype(np.float64), 0)
 
 
@@ -233,8 +233,8 @@ def check_weights(target: Checkpoint, reference: Checkpoint, cfg: ds.DeepseekV3C
             shape, ref_align, ref_rows = _reference_rows(reference, name)
             try:
                 fmt, got_align, got_rows = _stored_rows(target, name, shape, unpackers)
-            except _Shape:
-                fmt = _format_label(target, name, shape)
+            except _Shape as e:
+                fmt = e.args[0]
                 window.append((name, r, fmt, None, None))
             else:
                 align = math.lcm(ref_align, got_align)
@@ -249,14 +249,6 @@ def check_weights(target: Checkpoint, reference: Checkpoint, cfg: ds.DeepseekV3C
     finally:  # on an error or an interrupt, queued parts are dropped, not run
         pool.shutdown(wait=True, cancel_futures=True)
     return stats
-
-
-def _format_label(target: Checkpoint, name: str, ref_shape) -> str:
-    dtype = target.info(name).dtype
-    if dtype == "I8" and name + ds.WO_SCALE_SUFFIX in target and len(ref_shape) == 2:
-        bits, group, _ = _wo_params(target, name, ref_shape)
-        return f"weight_only_int{bits}" + ("/g" if group != -1 else "")
-    return {"F8_E4M3": "a8w8_fp8", "BF16": "bf16", "F32": "float32"}.get(dtype, dtype)
 
 
 def _finish(item, reference: Checkpoint, target: Checkpoint, gate_of: dict) -> WeightStat:
