@@ -1,10 +1,10 @@
 """`dsx verify`'s weight numerics against reading the same files, side by side, at DeepSeek-V3's real dimensions.
 
-Generates (once, in --workdir) a real-dims source checkpoint and its `a8w8_fp8_wint4` quantization, then times the
-weight comparison (`verify.weights.check_weights`, each in a process of its own, peak RssAnon+RssShmem measured) at
-each --workers, and the anchor: `cat` of the target's and the source's shards to /dev/null in the same run (the page
-cache warm for both, so the anchor is memory bandwidth, not the disk). Prints seconds, weights a second, the ratio to
-the anchor and the peak memory.
+Generates (once, in --workdir) a real-dims source checkpoint and its quantization (--type: a8w8_fp8_wint4; a8w8_fp8
+keeps every Linear an FP8 copy, compared by bytes), then times the weight comparison (`verify.weights.check_weights`,
+each in a process of its own, peak RssAnon+RssShmem measured) at each --workers, and the anchor: `cat` of the target's
+and the source's shards to /dev/null in the same run (the page cache warm for both, so the anchor is memory bandwidth,
+not the disk). Prints seconds, weights a second, the ratio to the anchor and the peak memory.
 
     python bench/verify_weights.py --workdir /tmp/dsx-vbench [--layers 4 --experts 8] [--workers 1,2]
     python bench/verify_weights.py ... --skip 'embed_tokens|lm_head'   # the tensors to leave out (a regex)
@@ -66,6 +66,8 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--experts", type=int, default=8)
     ap.add_argument("--workers", default=f"1,{os.cpu_count() or 1}")
+    ap.add_argument("--type", default="a8w8_fp8_wint4",
+                    help="the target's dsx quantize --type (a8w8_fp8: every Linear an FP8 copy, compared by bytes)")
     ap.add_argument("--skip", default="", help="regex of tensor names to leave out")
     ap.add_argument("--tiny", action="store_true", help="the tiny model's dimensions (a smoke run for the tests)")
     ap.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
@@ -74,13 +76,13 @@ def main() -> None:
         return _child(a.child[0], a.child[1], int(a.child[2]), a.child[3], a.child[4])
     dims = "tiny" if a.tiny else "real"
     src = a.workdir / f"{dims}-l{a.layers}-e{a.experts}"
-    dst = a.workdir / f"{dims}-l{a.layers}-e{a.experts}-fp8_wint4"
+    dst = a.workdir / (f"{dims}-l{a.layers}-e{a.experts}-" + a.type.replace("a8w8_", ""))
     if not (src / "model.safetensors.index.json").exists():
         shutil.rmtree(src, ignore_errors=True)
         _cli("tiny", str(src), *([] if a.tiny else ["--real-dims"]), "--layers", str(a.layers), "--experts",
              str(a.experts), "-q")
     if not (dst / "dsx-manifest.json").exists():
-        _cli("quantize", str(src), "--out", str(dst), "--type", "a8w8_fp8_wint4", "-q")
+        _cli("quantize", str(src), "--out", str(dst), "--type", a.type, "-q")
     files = [str(p) for d in (dst, src) for p in sorted(d.glob("*.safetensors"))]
     size = sum(os.path.getsize(f) for f in files)
     subprocess.run(["cat", *files], stdout=subprocess.DEVNULL, check=True)  # both in the page cache

@@ -153,6 +153,7 @@ def test_a_nan_code_fails_its_tensor(outs, tiny_fp8, tmp_path, small_parts):
 def test_memory_is_bounded_by_the_parts(outs, tiny_fp8, monkeypatch):
     """A tensor is never held whole in float64: the traced peak of a run in small parts is a fraction of one in whole
     tensors (the old way: reference, stored and error of the largest weight in float64 at once)."""
+    monkeypatch.setattr(W, "_copy_rows", lambda *a: None)  # decode the bf16 copies (embed, lm_head) too
     biggest = 512 * 256 * 8  # the tiny model's largest weights (embed, lm_head) in float64
 
     def peak(part_elements):
@@ -261,3 +262,92 @@ def test_kernel_checks_in_parts_equal_whole_weights(outs, tiny_fp8, monkeypatch)
         assert a.ok and b.ok
         assert b.kernel_err == pytest.approx(a.kernel_err, rel=1e-9, abs=1e-15), a.tensor
         assert b.quant_sqnr_db == pytest.approx(a.quant_sqnr_db, rel=1e-9), a.tensor
+
+
+def _decoded_names(monkeypatch) -> set:
+    """Names whose parts go through the float64 decode (_part_sums) in the runs that follow."""
+    real_rows, real_sums, seen = W._reference_rows, W._part_sums, set()
+
+    def reference_rows(ck, name):
+        shape, align, rows = real_rows(ck, name)
+        return shape, align, lambda r0, r1, _n=name: rows(r0, r1)
+
+    def part_sums(ref_rows, got_rows, r0, r1):
+        seen.add(ref_rows.__defaults__[0])
+        return real_sums(ref_rows, got_rows, r0, r1)
+
+    monkeypatch.setattr(W, "_reference_rows", reference_rows)
+    monkeypatch.setattr(W, "_part_sums", part_sums)
+    return seen
+
+
+@pytest.mark.parametrize("typ", ["mix", "bf16"])
+def test_copies_are_compared_by_bytes(outs, tiny_fp8, small_parts, monkeypatch, typ):
+    """FP8 weights kept with the source's blocks, and bf16 weights from bf16, are exact by their bytes: none of their
+    parts is decoded, and their figures are the decode's (which every other tensor still goes through)."""
+    decoded = _decoded_names(monkeypatch)
+    fast = run(outs / typ, tiny_fp8, workers=2)
+    with Checkpoint.open(outs / typ) as ck, Checkpoint.open(tiny_fp8) as ref:
+        copies = {s.name for s in fast if ck.info(s.name).dtype == ref.info(s.name).dtype}
+    assert copies and decoded == {s.name for s in fast} - copies
+    assert all(math.isinf(s.sqnr_db) and s.ok for s in fast if s.name in copies)
+    assert any(s.saturated > 0 for s in fast if s.name in copies) or typ == "bf16"  # (fp8 copies hold 448 codes)
+    monkeypatch.setattr(W, "_copy_rows", lambda *a: None)
+    slow = run(outs / typ, tiny_fp8, workers=2)
+    for a, b in zip(fast, slow):
+        assert (a.name, a.format, a.ok, a.max_abs, a.saturated, a.rel_fro, a.sqnr_db, a.gate) == \
+               (b.name, b.format, b.ok, b.max_abs, b.saturated, b.rel_fro, b.sqnr_db, b.gate)
+        assert a.cosine == pytest.approx(b.cosine, rel=1e-12)
+
+
+def _patch_byte(path: Path, offset: int, value: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(bytes([value]))
+
+
+def test_a_copy_with_a_changed_scale_is_decoded_and_fails(outs, tiny_fp8, tmp_path, small_parts):
+    name = "model.layers.0.self_attn.q_b_proj.weight"  # fp8 copy; its scale rows 2..3 (the third and fourth parts)
+    bad = tmp_path / "mix"
+    shutil.copytree(outs / "mix", bad)
+    with Checkpoint.open(bad) as ck:
+        sh = ck.shard_of(name + ds.SCALE_SUFFIX)
+        path, begin, ncols = sh.path, sh.info(name + ds.SCALE_SUFFIX).begin, ck.info(name + ds.SCALE_SUFFIX).shape[1]
+    _patch_byte(path, begin + (3 * ncols) * 4 + 3, 0x40)  # row 3, column 0's high byte: another power of two
+    stat = {s.name: s for s in run(bad, tiny_fp8, workers=2)}[name]
+    with Checkpoint.open(bad) as ck, Checkpoint.open(tiny_fp8) as ref:
+        rel, sqnr, mx, cos, sat = whole_f64(ck, ref, name)
+    assert not stat.ok and stat.max_abs == mx > 0
+    assert stat.sqnr_db == pytest.approx(sqnr, rel=1e-9) and stat.rel_fro == pytest.approx(rel, rel=1e-9)
+
+
+@pytest.mark.parametrize("name, kind", [("model.layers.0.self_attn.q_b_proj.weight", "fp8"),
+                                        ("model.layers.0.self_attn.q_b_proj.weight", "scale"),
+                                        ("model.embed_tokens.weight", "bf16")])
+def test_a_non_finite_value_in_both_copies_is_not_exact(outs, tiny_fp8, tmp_path, small_parts, name, kind):
+    """Equal bytes are not enough: a NaN / Inf planted in the reference and its copy alike must still fail (the
+    decode's figures are NaN / Inf), not pass as an exact copy."""
+    ref_dir, bad = tmp_path / "ref", tmp_path / "mix"
+    shutil.copytree(tiny_fp8, ref_dir)
+    shutil.copytree(outs / "mix", bad)
+    for root in (ref_dir, bad):
+        with Checkpoint.open(root) as ck:
+            t = name + (ds.SCALE_SUFFIX if kind == "scale" else "")
+            sh = ck.shard_of(t)
+            path, begin = sh.path, sh.info(t).begin
+        if kind == "fp8":
+            _patch_byte(path, begin + 300 * ck.info(name).shape[1] + 7, 0xFF)  # e4m3 -NaN in row 300
+        elif kind == "scale":
+            _patch_byte(path, begin + 3, 0x7F)  # block (0, 0): 0x7F.. with its other bytes = a NaN or Inf float32
+            _patch_byte(path, begin + 2, 0xC0)
+        else:
+            _patch_byte(path, begin + 2 * 70 + 1, 0x7F)  # element 70: bf16 0x7F.. with exponent bits all ones
+            _patch_byte(path, begin + 2 * 70, 0x80)
+    for root, want_copy in ((tiny_fp8, True), (ref_dir, False)):
+        with Checkpoint.open(bad if root is ref_dir else outs / "mix") as ck, Checkpoint.open(root) as ref:
+            copy = W._copy_rows(ref, ck, name)
+            rows = ck.info(name).shape[0]
+            assert (all(copy(r0, r1) is not None for r0, r1 in W._parts(rows, ck.info(name).shape[1], 128))
+                    == want_copy)
+    stat = {s.name: s for s in run(bad, ref_dir, workers=2)}[name]
+    assert not stat.ok and not math.isfinite(stat.max_abs if kind != "bf16" else stat.sqnr_db)

@@ -159,6 +159,46 @@ def _stored_rows(target: Checkpoint, name: str, ref_shape, unpackers: dict | Non
     return label, 1, lambda r0, r1: (a[r0:r1].astype(np.float64), 0)
 
 
+def _copy_rows(reference: Checkpoint, target: Checkpoint, name: str):
+    """rows(r0, r1) -> saturated count, or None where those rows are not a finite byte copy of the reference; None
+    itself when the stored tensor is not a candidate copy (an FP8 weight with the reference's blocks, or bf16 from bf16).
+
+    A copy's bytes equal to the reference's (its block scales' too) decode to the same values, so its figures are
+    exact without decoding either side; NaN / Inf codes (and a part that differs) go through the decode instead.
+    """
+    ri, ti = reference.info(name), target.info(name)
+    if ri.dtype != ti.dtype or ri.dtype not in ("F8_E4M3", "BF16") or tuple(ri.shape) != tuple(ti.shape) \
+            or not ri.shape or (ri.dtype == "F8_E4M3" and len(ri.shape) != 2):
+        return None
+    cols = int(np.prod(ri.shape[1:]))  # (1 for a vector: its rows are elements)
+    a, b = reference.raw(name), target.raw(name)
+    if ri.dtype == "BF16":
+        def bf16_rows(r0, r1):
+            x, y = a[r0 * cols * 2: r1 * cols * 2], b[r0 * cols * 2: r1 * cols * 2]
+            if not np.array_equal(x, y) or np.any((x.view(np.uint16) & 0x7F80) == 0x7F80):  # exponent all ones
+                return None
+            return 0
+        return bf16_rows
+    sn = name + ds.SCALE_SUFFIX
+    if sn not in reference or sn not in target or _fp8_block_size(reference) != tuple(fp8_block.BLOCK):
+        return None
+    rs, ts = reference.info(sn), target.info(sn)
+    if (rs.dtype, tuple(rs.shape)) != (ts.dtype, tuple(ts.shape)) or rs.dtype != "F32" or len(rs.shape) != 2:
+        return None
+    sa, sb, bn = reference.get(sn), target.get(sn), fp8_block.BLOCK[0]
+
+    def fp8_rows(r0, r1):
+        x, y = a[r0 * cols: r1 * cols], b[r0 * cols: r1 * cols]
+        s0, s1 = sa[r0 // bn: -(-r1 // bn)], sb[r0 // bn: -(-r1 // bn)]
+        if not (np.array_equal(x, y) and np.array_equal(s0.view(np.uint32), s1.view(np.uint32))):
+            return None
+        mag = x & 0x7F
+        if np.any(mag == 0x7F) or not np.isfinite(s0).all():  # e4m3 NaN codes
+            return None
+        return int(np.count_nonzero(mag == 0x7E))  # |code| == 448
+    return fp8_rows
+
+
 def stored_f64(target: Checkpoint, name: str, ref_shape) -> tuple[np.ndarray, str, float]:
     """(decoded weight, format label, saturated share)."""
     try:
@@ -195,7 +235,8 @@ def _part_sums(ref_rows, got_rows, r0: int, r1: int) -> np.ndarray:
     got, sat = got_rows(r0, r1)
     got = got.reshape(-1)
     r2, g2, rg = (float(np.einsum("i,i->", a, b)) for a, b in ((ref, ref), (got, got), (ref, got)))
-    err = np.subtract(got, ref, out=got)  # got is this part's own array
+    with np.errstate(invalid="ignore"):  # Inf - Inf: the NaN is the finding
+        err = np.subtract(got, ref, out=got)  # got is this part's own array
     e2 = float(np.einsum("i,i->", err, err))
     mx = float(np.maximum(err.max(), -err.min())) if err.size else 0.0  # NaN if any error is NaN
     return np.array([e2, r2, g2, rg, mx, sat], np.float64)
@@ -235,26 +276,45 @@ def check_weights(target: Checkpoint, reference: Checkpoint, cfg: ds.DeepseekV3C
                 fmt, got_align, got_rows = _stored_rows(target, name, shape, unpackers)
             except _Shape as e:
                 fmt = e.args[0]
-                window.append((name, r, fmt, None, None))
+                window.append((name, r, fmt, None, None, None))
             else:
                 align = math.lcm(ref_align, got_align)
                 rows = shape[0] if shape else 1
                 cols = int(np.prod(shape[1:])) if len(shape) > 1 else 1
-                futs = [pool.submit(_part_sums, ref_rows, got_rows, r0, r1) for r0, r1 in _parts(rows, cols, align)]
-                window.append((name, r, fmt, futs, rows * cols))
+                parts = _parts(rows, cols, align)
+                copy = _copy_rows(reference, target, name)
+                if copy is not None:  # bytes first; the decode only if some part is not a finite copy
+                    futs = [pool.submit(copy, r0, r1) for r0, r1 in parts]
+                    decode = (ref_rows, got_rows, parts)
+                else:
+                    futs = [pool.submit(_part_sums, ref_rows, got_rows, r0, r1) for r0, r1 in parts]
+                    decode = None
+                window.append((name, r, fmt, futs, rows * cols, decode))
             while sum(len(w[3] or ()) for w in window) > depth and len(window) > 1:
-                stats.append(_finish(window.popleft(), reference, target, gate_of))
+                stats.append(_finish(window.popleft(), reference, target, gate_of, pool))
         while window:
-            stats.append(_finish(window.popleft(), reference, target, gate_of))
+            stats.append(_finish(window.popleft(), reference, target, gate_of, pool))
     finally:  # on an error or an interrupt, queued parts are dropped, not run
         pool.shutdown(wait=True, cancel_futures=True)
     return stats
 
 
-def _finish(item, reference: Checkpoint, target: Checkpoint, gate_of: dict) -> WeightStat:
-    name, r, fmt, futs, size = item
+def _finish(item, reference: Checkpoint, target: Checkpoint, gate_of: dict, pool: ThreadPoolExecutor) -> WeightStat:
+    name, r, fmt, futs, size, decode = item
     if futs is None:
         return WeightStat(name, r.role, r.layer, r.mtp, fmt, math.inf, -math.inf, math.inf, 0.0, 0.0, 0.0, False)
+    gate = gate_of.get(fmt, 0.0)
+    # A stored tensor of the source's own format must be the source itself (passthrough copies).
+    src_dtype = reference.info(name).dtype
+    same = (fmt == "a8w8_fp8" and src_dtype == "F8_E4M3") or (fmt == "bf16" and src_dtype == "BF16")
+    if decode is not None:  # a candidate copy compared by bytes
+        sats = [f.result() for f in futs]
+        if all(s is not None for s in sats):
+            sat = sum(sats) / size if size else 0.0
+            return WeightStat(name, r.role, r.layer, r.mtp, fmt, 0.0, math.inf, 0.0, 1.0, sat,
+                              math.inf if same else gate, True)
+        ref_rows, got_rows, parts = decode
+        futs = [pool.submit(_part_sums, ref_rows, got_rows, r0, r1) for r0, r1 in parts]
     sums = np.zeros(6)
     for f in futs:
         part = f.result()
@@ -263,10 +323,6 @@ def _finish(item, reference: Checkpoint, target: Checkpoint, gate_of: dict) -> W
         sums[5] += part[5]
     rel, sqnr, mx, cos = _metrics(*(float(v) for v in sums[:5]))
     sat = float(sums[5]) / size if size else 0.0
-    gate = gate_of.get(fmt, 0.0)
-    # A stored tensor of the source's own format must be the source itself (passthrough copies).
-    src_dtype = reference.info(name).dtype
-    same = (fmt == "a8w8_fp8" and src_dtype == "F8_E4M3") or (fmt == "bf16" and src_dtype == "BF16")
     ok = math.isinf(sqnr) if same and _same_blocks(reference, target, name) else sqnr >= gate
     return WeightStat(name, r.role, r.layer, r.mtp, fmt, rel, sqnr, mx, cos, sat, math.inf if same else gate, ok)
 
