@@ -4,6 +4,7 @@ part counted, bounded memory, errors that stop the run."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import shutil
 import subprocess
@@ -351,3 +352,64 @@ def test_a_non_finite_value_in_both_copies_is_not_exact(outs, tiny_fp8, tmp_path
                     == want_copy)
     stat = {s.name: s for s in run(bad, ref_dir, workers=2)}[name]
     assert not stat.ok and not math.isfinite(stat.max_abs if kind != "bf16" else stat.sqnr_db)
+
+
+def _strict(text: str):
+    def refuse(c):
+        raise ValueError(f"not strict JSON: {c}")
+    return json.loads(text, parse_constant=refuse)
+
+
+def _rehash(root, name: str) -> None:
+    """Record the changed shard's hash (a converter's bug, not disk corruption: the numerics must catch it)."""
+    from ds_export.io.manifest import Manifest
+
+    with Checkpoint.open(root) as ck:
+        rel = ck.weight_map[name]
+    Manifest.load(root).record_file(rel)
+
+
+def test_a_report_with_nan_figures_is_strict_json_and_names_the_problem(outs, tiny_fp8, tmp_path, capsys):
+    """NaN / Inf figures are written as null (JSON has no NaN), the tensor says why it failed, and the one-line error
+    names it instead of quoting a NaN SQNR."""
+    name = "model.layers.0.self_attn.q_b_proj.weight"
+    bad = tmp_path / "mix"
+    shutil.copytree(outs / "mix", bad)
+    with Checkpoint.open(bad) as ck:
+        path, begin = ck.shard_of(name).path, ck.info(name).begin
+    _patch_byte(path, begin + 5, 0x7F)  # e4m3 NaN
+    _rehash(bad, name)
+    report = tmp_path / "r.json"
+    assert main(["verify", str(bad), "--reference", str(tiny_fp8), "--samples", "0", "--report", str(report),
+                 "--json"]) == 1
+    out, err = capsys.readouterr()
+    for rep in (_strict(report.read_text()), _strict(out)):
+        w = {x["name"]: x for x in rep["weights"]}[name]
+        assert not w["ok"] and w["problem"] == "the stored weight holds NaN or Inf values"
+        assert w["sqnr_db"] is None and w["max_abs"] is None and w["gate"] is None  # NaN, NaN, inf (a copy)
+        g = rep["by_format"][f"a8w8_fp8 {w['role']}"]
+        assert g["failed"] == 1 and g["exact"] == g["tensors"] - 1 and g["min_sqnr_db"] is None
+    assert f"first: {name}: the stored weight holds NaN or Inf values" in err and "SQNR" not in err
+
+
+def test_a_copy_that_is_not_bit_identical_says_so(outs, tiny_fp8, tmp_path, capsys):
+    name = "model.layers.0.self_attn.q_b_proj.weight"
+    bad = tmp_path / "mix"
+    shutil.copytree(outs / "mix", bad)
+    _flip_last_byte(bad, name)
+    _rehash(bad, name)
+    assert main(["verify", str(bad), "--reference", str(tiny_fp8), "--samples", "0"]) == 1
+    err = capsys.readouterr().err
+    assert f"{name}: stored in the source's format (a8w8_fp8) but not bit-identical to it (SQNR " in err
+    assert "inf dB" not in err
+
+
+def test_json_safe_writes_strict_json(tmp_path):
+    from ds_export.io.writer import atomic_write_json, dumps_json
+
+    obj = {"a": [1.5, math.nan, (math.inf, -math.inf)], "b": {"c": np.float32("nan"), "d": np.float64(2.0)},
+           "e": np.int64(3), "f": None, "g": "NaN"}
+    want = {"a": [1.5, None, [None, None]], "b": {"c": None, "d": 2.0}, "e": 3, "f": None, "g": "NaN"}
+    assert _strict(dumps_json(obj)) == want
+    atomic_write_json(tmp_path / "x.json", obj)
+    assert _strict((tmp_path / "x.json").read_text()) == want

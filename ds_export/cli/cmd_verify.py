@@ -68,12 +68,22 @@ def verify(
             what = (f"export {export_dir}: KL {e['kl_mean']:.3f} (max {e['max_kl']}), top-1 agreement "
                     f"{e['top1_agreement']:.2f} (min {e['min_top1']}) against the reference logits")
         elif bad:
-            what = f"{bad[0]['name']}: SQNR {bad[0]['sqnr_db']} dB below the {bad[0]['format']} gate of {bad[0]['gate']} dB"
+            what = _weight_problem(bad[0])
         else:
             what = (f"{kbad[0]['kernel']} on {kbad[0]['tensor']}: error {kbad[0]['kernel_err']:.2e} vs float64 on its "
                     "own inputs (a kernel or layout bug)")
         n = len(rep["findings"]) + len(bad) + len(kbad) + int(bool(rep.get("e2e")) and not rep["e2e"]["ok"])
         raise DsxError(f"verify failed ({n} problem{'s' if n > 1 else ''}); first: {what}")
+
+
+def _weight_problem(w: dict) -> str:
+    if w.get("problem"):
+        return f"{w['name']}: {w['problem']}"
+    sq = "-inf" if w["sqnr_db"] is None else f"{w['sqnr_db']:.1f}"  # (None here: a reference of zeros)
+    if w["gate"] == float("inf"):
+        return (f"{w['name']}: stored in the source's format ({w['format']}) but not bit-identical to it (SQNR "
+                f"{sq} dB); quantize it again, or check --reference")
+    return f"{w['name']}: SQNR {sq} dB below the {w['format']} gate of {w['gate']:g} dB"
 
 
 def _print(o: Out, rep: dict) -> None:
@@ -86,9 +96,11 @@ def _print(o: Out, rep: dict) -> None:
         for c in ("format", "role", "n", "SQNR dB", "gate", "min cos", "ok"):
             t.add_column(c, justify="left" if c in ("format", "role") else "right")
         for g in rep["by_format"].values():
-            sq = "exact" if g["min_sqnr_db"] is None else f"{g['min_sqnr_db']:.1f}"
+            sq = (f"{g['min_sqnr_db']:.1f}" if g["min_sqnr_db"] is not None
+                  else "exact" if g["exact"] == g["tensors"] else "-")
             gate = "exact" if g["gate_db"] == float("inf") else f">={g['gate_db']:.0f}"
-            t.add_row(_short(g["format"]), g["role"], str(g["tensors"]), sq, gate, f"{g['min_cosine']:.4f}",
+            t.add_row(_short(g["format"]), g["role"], str(g["tensors"]), sq, gate,
+                      "-" if g["min_cosine"] is None else f"{g['min_cosine']:.4f}",
                       "[green]ok[/]" if not g["failed"] else f"[red]{g['failed']} bad[/]")
         o.print(t)
     if rep["kernels"]:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from dataclasses import dataclass
 
 from rich.console import Console
+
+from ds_export.io.writer import dumps_json
 
 
 @dataclass
@@ -28,7 +29,7 @@ class Out:
 
     def result(self, obj: dict) -> None:
         if self.json:
-            sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
+            sys.stdout.write(dumps_json(obj, indent=2) + "\n")
 
 
 def human_bytes(n: float) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import struct
 from dataclasses import dataclass
@@ -165,8 +166,31 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     os.replace(tmp, path)
 
 
+def json_safe(obj):
+    """obj with every NaN / +-Inf float (at any depth) as None: strict JSON, which jq, JavaScript and most parsers
+    other than Python's need (json.dumps writes them as NaN / Infinity otherwise)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    return obj
+
+
+def dumps_json(obj, **kw) -> str:
+    """Strict JSON text of obj (json_safe first; numpy scalars and other objects as their str)."""
+    return json.dumps(json_safe(obj), allow_nan=False, default=_json_default, **kw)
+
+
+def _json_default(o):
+    if isinstance(o, np.generic):
+        return json_safe(o.item())
+    return str(o)
+
+
 def atomic_write_json(path: str | os.PathLike, obj) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+    atomic_write_text(path, dumps_json(obj, indent=2, sort_keys=False) + "\n")
 
 
 def write_index(root: str | os.PathLike, weight_map: dict[str, str], total_size: int,

@@ -7,6 +7,7 @@ kernels and export.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from pathlib import Path
 
@@ -87,11 +88,15 @@ def _aggregate(stats) -> dict:
         groups[(s.format, ("mtp:" if s.mtp else "") + s.role)].append(s)
     out = {}
     for (fmt, role), ss in sorted(groups.items()):
-        finite = [s.sqnr_db for s in ss if s.sqnr_db != float("inf")]
+        def finite(xs):  # (NaN / Inf figures belong to failed tensors, counted in "failed"; min / max skip them)
+            return [x for x in xs if math.isfinite(x)]
+
+        sq = finite(s.sqnr_db for s in ss)
         out[f"{fmt} {role}"] = {
             "format": fmt, "role": role, "tensors": len(ss), "failed": sum(not s.ok for s in ss),
-            "min_sqnr_db": min(finite) if finite else None, "exact": len(ss) - len(finite),
-            "max_rel_fro": max(s.rel_fro for s in ss), "min_cosine": min(s.cosine for s in ss),
+            "min_sqnr_db": min(sq) if sq else None, "exact": sum(s.sqnr_db == math.inf for s in ss),
+            "max_rel_fro": max(finite(s.rel_fro for s in ss), default=None),
+            "min_cosine": min(finite(s.cosine for s in ss), default=None),
             "max_saturated": max(s.saturated for s in ss), "gate_db": ss[0].gate,
         }
     return out

@@ -122,7 +122,8 @@ def render(rep: dict) -> str:
     summary = _table(["format", "role", "tensors", "bit-identical", "min SQNR dB", "gate dB", "min cosine", "failed"],
                      [[g["format"], g["role"], g["tensors"], g["exact"],
                        "-" if g["min_sqnr_db"] is None else f"{g['min_sqnr_db']:.1f}",
-                       "exact" if g["gate_db"] == float("inf") else g["gate_db"], f"{g['min_cosine']:.5f}", g["failed"]]
+                       "exact" if g["gate_db"] == float("inf") else g["gate_db"],
+                       "-" if g["min_cosine"] is None else f"{g['min_cosine']:.5f}", g["failed"]]
                       for g in rep["by_format"].values()])
     kernels = _table(["kernel", "tensor", "error vs float64 on its inputs", "quantization SQNR dB", "ok"],
                      [[k["kernel"], k["tensor"], f"{k['kernel_err']:.2e}",

@@ -48,8 +48,9 @@ class WeightStat:
     max_abs: float
     cosine: float
     saturated: float  # share of elements at the format's largest code
-    gate: float  # the minimum SQNR this format must reach
+    gate: float  # the minimum SQNR this format must reach (inf: a copy of the source, bit-identical)
     ok: bool
+    problem: str = ""  # why it failed where the SQNR does not say it (a shape, NaN / Inf values)
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -275,8 +276,10 @@ def check_weights(target: Checkpoint, reference: Checkpoint, cfg: ds.DeepseekV3C
             try:
                 fmt, got_align, got_rows = _stored_rows(target, name, shape, unpackers)
             except _Shape as e:
-                fmt = e.args[0]
-                window.append((name, r, fmt, None, None, None))
+                t = target.info(name)
+                window.append((name, r, e.args[0], None, None,
+                               f"stored as {t.dtype} {list(t.shape)}, which cannot hold the reference's weight of "
+                               f"shape {list(shape)}"))
             else:
                 align = math.lcm(ref_align, got_align)
                 rows = shape[0] if shape else 1
@@ -301,8 +304,9 @@ def check_weights(target: Checkpoint, reference: Checkpoint, cfg: ds.DeepseekV3C
 
 def _finish(item, reference: Checkpoint, target: Checkpoint, gate_of: dict, pool: ThreadPoolExecutor) -> WeightStat:
     name, r, fmt, futs, size, decode = item
-    if futs is None:
-        return WeightStat(name, r.role, r.layer, r.mtp, fmt, math.inf, -math.inf, math.inf, 0.0, 0.0, 0.0, False)
+    if futs is None:  # (decode: the shape problem)
+        return WeightStat(name, r.role, r.layer, r.mtp, fmt, math.inf, -math.inf, math.inf, 0.0, 0.0, 0.0, False,
+                          decode)
     gate = gate_of.get(fmt, 0.0)
     # A stored tensor of the source's own format must be the source itself (passthrough copies).
     src_dtype = reference.info(name).dtype
@@ -323,8 +327,12 @@ def _finish(item, reference: Checkpoint, target: Checkpoint, gate_of: dict, pool
         sums[5] += part[5]
     rel, sqnr, mx, cos = _metrics(*(float(v) for v in sums[:5]))
     sat = float(sums[5]) / size if size else 0.0
-    ok = math.isinf(sqnr) if same and _same_blocks(reference, target, name) else sqnr >= gate
-    return WeightStat(name, r.role, r.layer, r.mtp, fmt, rel, sqnr, mx, cos, sat, math.inf if same else gate, ok)
+    problem = ("the reference holds NaN or Inf values" if not math.isfinite(sums[1])
+               else "the stored weight holds NaN or Inf values" if not math.isfinite(sums[2]) or math.isnan(mx)
+               else "")
+    ok = sqnr == math.inf if same and _same_blocks(reference, target, name) else sqnr >= gate
+    return WeightStat(name, r.role, r.layer, r.mtp, fmt, rel, sqnr, mx, cos, sat, math.inf if same else gate,
+                      ok and not problem, problem)
 
 
 def _same_blocks(reference: Checkpoint, target: Checkpoint, name: str) -> bool:
