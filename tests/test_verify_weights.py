@@ -413,3 +413,18 @@ def test_json_safe_writes_strict_json(tmp_path):
     assert _strict(dumps_json(obj)) == want
     atomic_write_json(tmp_path / "x.json", obj)
     assert _strict((tmp_path / "x.json").read_text()) == want
+
+
+def test_a_copy_of_a_zero_reference_that_is_not_zero_fails(outs, tiny_fp8, tmp_path):
+    """SQNR -inf (no signal, some error) is not the +inf of an exact copy."""
+    name = "model.layers.0.self_attn.q_b_proj.weight"
+    ref_dir = tmp_path / "ref"
+    shutil.copytree(tiny_fp8, ref_dir)
+    with Checkpoint.open(ref_dir) as ck:
+        sh = ck.shard_of(name)
+        path, begin, end = sh.path, sh.info(name).begin, sh.info(name).end
+    with open(path, "r+b") as f:
+        f.seek(begin)
+        f.write(bytes(end - begin))  # e4m3 +0 everywhere
+    stat = {s.name: s for s in run(outs / "mix", ref_dir, workers=2)}[name]
+    assert stat.sqnr_db == -math.inf and stat.gate == math.inf and not stat.ok
