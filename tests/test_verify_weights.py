@@ -428,3 +428,42 @@ def test_a_copy_of_a_zero_reference_that_is_not_zero_fails(outs, tiny_fp8, tmp_p
         f.write(bytes(end - begin))  # e4m3 +0 everywhere
     stat = {s.name: s for s in run(outs / "mix", ref_dir, workers=2)}[name]
     assert stat.sqnr_db == -math.inf and stat.gate == math.inf and not stat.ok
+
+
+def test_kernel_checks_decode_a_copy_once_with_the_same_figures(outs, tiny_fp8, tmp_path, monkeypatch):
+    """The kernel checks' references decode an FP8 copy once for both products; the figures are those of decoding
+    both sides, also where a part of the copy differs (planted weights: that part is decoded on each side)."""
+    from ds_export.verify.kernels import check_kernels
+
+    name = "model.layers.0.self_attn.q_b_proj.weight"
+    bad = tmp_path / "mix"
+    shutil.copytree(outs / "mix", bad)
+    with Checkpoint.open(bad) as ck:
+        path, end = ck.shard_of(name).path, ck.info(name).end
+    for i in range(1, 17):  # the last row's last 16 weights at code 448 (a change the kernel error must see)
+        _patch_byte(path, end - i, 0x7E)
+    calls = []
+    real = fp8_block.dequant_ref
+
+    def counting(*a, **k):
+        calls.append(1)
+        return real(*a, **k)
+
+    def kernels(root, copies: bool):
+        monkeypatch.setattr(fp8_block, "dequant_ref", counting)
+        if not copies:
+            monkeypatch.setattr(W, "_copy_rows", lambda *a: None)
+        calls.clear()
+        with Checkpoint.open(root) as ck, Checkpoint.open(tiny_fp8) as ref:
+            out = check_kernels(ck, ref, ds.DeepseekV3Config.from_dict(ck.config), samples=4, workers=2)
+        monkeypatch.undo()
+        return out, len(calls)
+
+    for root in (outs / "mix", bad):
+        (fast, n_fast), (slow, n_slow) = kernels(root, True), kernels(root, False)
+        assert n_fast < n_slow
+        assert [(k.tensor, k.kernel_err, k.quant_sqnr_db, k.ok) for k in fast] == \
+               [(k.tensor, k.kernel_err, k.quant_sqnr_db, k.ok) for k in slow]
+    planted = {k.tensor: k for k in fast}[name]
+    clean = {k.tensor: k for k in kernels(outs / "mix", True)[0]}[name]
+    assert planted.quant_sqnr_db < clean.quant_sqnr_db - 3  # the planted weights are seen

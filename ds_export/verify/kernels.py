@@ -125,16 +125,19 @@ def _wo_linear(be: Backend, target: Checkpoint, name: str, x_bf16: np.ndarray, n
     return y, x_bf16.astype(np.float64), f"weight_only_int{bits} gemm"
 
 
-def _products(pool, ref_rows, got_rows, parts, x_kernel: np.ndarray, x_ref: np.ndarray):
+def _products(pool, ref_rows, got_rows, parts, x_kernel: np.ndarray, x_ref: np.ndarray, copy=None):
     """(x_kernel @ stored.T, x_ref @ reference.T) in float64, the weights decoded in row parts on the pool's threads
-    (a weight is never whole in float64: the dense MLPs of R1's first layers are 1 GB each there)."""
+    (a weight is never whole in float64: the dense MLPs of R1's first layers are 1 GB each there). copy: the weight
+    check's byte comparison (verify.weights._copy_rows); rows it finds a finite copy are decoded once, for both."""
     n = parts[-1][1]
     kern = np.empty((x_kernel.shape[0], n))
     quant = np.empty((x_ref.shape[0], n))
 
     def part(r0, r1):
-        kern[:, r0:r1] = x_kernel @ got_rows(r0, r1)[0].T
-        quant[:, r0:r1] = x_ref @ ref_rows(r0, r1).T
+        w = ref_rows(r0, r1)
+        same = copy is not None and copy(r0, r1) is not None  # equal, finite bytes: equal values
+        kern[:, r0:r1] = x_kernel @ (w if same else got_rows(r0, r1)[0]).T
+        quant[:, r0:r1] = x_ref @ w.T
     for f in [pool.submit(part, r0, r1) for r0, r1 in parts]:
         f.result()
     return kern, quant
@@ -180,7 +183,8 @@ def check_kernels(target: Checkpoint, reference: Checkpoint, cfg: ds.DeepseekV3C
             else:
                 y, x_kernel, kern = _wo_linear(be, target, name, x, n)
             parts = W._parts(n, k, math.lcm(ref_align, got_align))
-            ref, quant_ref = _products(pool, ref_rows, got_rows, parts, x_kernel, x.astype(np.float64))
+            ref, quant_ref = _products(pool, ref_rows, got_rows, parts, x_kernel, x.astype(np.float64),
+                                       W._copy_rows(reference, target, name))
             _, sqnr, _, _ = compare(quant_ref, y.astype(np.float64))
             err = _max_rel(y, ref)
             stats.append(KernelStat(f"{kern} ({be.device})", name, r.role, r.layer, err, sqnr, err <= gate))
