@@ -191,7 +191,10 @@ def test_emit_a_later_file_replaces_what_earlier_ones_said_of_a_key(tmp_path):
     tune_auto.emit_table([str(first), str(second)], "wo", out=out)
     table = tmp_path / "t.inc"
     table.write_text(out.getvalue())
-    assert tune_auto.read_table(table) == [(4, 128, 9216, 7168, 1, 1, 0x30220048), (8, 128, 7168, 2048, 9, 12, 0x30140048)]
+    # 14..16 go (the sweep at 16 found no winner); 13, which that sweep stands for without timing it, keeps the
+    # word the first file timed at 13 itself
+    assert tune_auto.read_table(table) == [(4, 128, 9216, 7168, 1, 1, 0x30220048), (8, 128, 7168, 2048, 9, 12, 0x30140048),
+                                           (8, 128, 7168, 2048, 13, 13, 0x10220088)]
     assert "2026-12-01, 2026-12-02" in out.getvalue()
 
 
@@ -237,7 +240,8 @@ def test_a_shipped_table_re_emits_itself_byte_for_byte(kernel):
 
 def test_emit_a_table_then_a_sweep_of_other_rows(tmp_path):
     """`--emit TABLE.inc new.jsonl`: the new file decides the rows it swept (17..32 here); the table's
-    other rows stay, and an entry of a swept row stays only where that sweep still times its word faster."""
+    other rows stay, and an entry of a swept row stays only where that sweep still times its word faster, or where
+    the table timed it at that row and the sweep did not."""
     key, w1, w2 = (4, -1, 7168, 18432), "w8s8d2b2+50000000", "w8s4d4b1+10000000"
     base = tmp_path / "base.inc"
     base.write_text("// automatic choice at DeepSeek-V3's tensor-parallel shapes, H200 (132 SMs), 2026-12-01.\n"
@@ -253,7 +257,9 @@ def test_emit_a_table_then_a_sweep_of_other_rows(tmp_path):
     tune_auto.emit_table([str(base), str(new)], "wo", out=out)
     table = tmp_path / "t.inc"
     table.write_text(out.getvalue())
-    assert tune_auto.read_table(table) == [key + (9, 16, 0x50220088), key + (21, 32, 0x10140048)]
+    # 17 was timed by the table's sweep and not by this one: it stays; 18..19 were timed by neither, 20 by this one
+    assert tune_auto.read_table(table) == [key + (9, 16, 0x50220088), key + (17, 17, 0x10140048),
+                                           key + (21, 32, 0x10140048)]
     assert "M=9 31.0 -> 30.0, M=16 33.5 -> 31" in out.getvalue() and "2026-12-01, 2026-12-02" in out.getvalue()
 
 
