@@ -379,9 +379,12 @@ def test_a_report_with_nan_figures_is_strict_json_and_names_the_problem(outs, ti
         path, begin = ck.shard_of(name).path, ck.info(name).begin
     _patch_byte(path, begin + 5, 0x7F)  # e4m3 NaN
     _rehash(bad, name)
-    report = tmp_path / "r.json"
+    report, html = tmp_path / "r.json", tmp_path / "r.html"
     assert main(["verify", str(bad), "--reference", str(tiny_fp8), "--samples", "0", "--report", str(report),
-                 "--json"]) == 1
+                 "--html", str(html), "--json"]) == 1
+    page = html.read_text()
+    assert "Weights that failed" in page and f"<td>{name}</td>" in page
+    assert "the stored weight holds NaN or Inf values" in page
     out, err = capsys.readouterr()
     for rep in (_strict(report.read_text()), _strict(out)):
         w = {x["name"]: x for x in rep["weights"]}[name]

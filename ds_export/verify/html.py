@@ -129,13 +129,20 @@ def render(rep: dict) -> str:
                      [[k["kernel"], k["tensor"], f"{k['kernel_err']:.2e}",
                        "-" if k["quant_sqnr_db"] is None else f"{k['quant_sqnr_db']:.1f}", k["ok"]]
                       for k in rep.get("kernels", [])])
+    bad = [w for w in rep["weights"] if not w["ok"]]
+    failed = ("<h2>Weights that failed</h2>" + _table(
+        ["tensor", "format", "SQNR dB", "gate dB", "max abs error", "problem"],
+        [[w["name"], w["format"], "-" if w["sqnr_db"] is None else f"{w['sqnr_db']:.1f}",
+          "exact" if w["gate"] == float("inf") else w["gate"], w["max_abs"],
+          w.get("problem") or ("not bit-identical to the source" if w["gate"] == float("inf") else "below the gate")]
+         for w in bad])) if bad else ""
     style = ("body{font-family:sans-serif;max-width:980px;margin:2em auto;color:#222}"
              "table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;padding:3px 8px}"
              ".ok{color:#2ca02c;font-weight:bold}.bad{color:#d62728;font-weight:bold}")
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>dsx verify: {_esc(rep['target'])}</title>"
             f"<style>{style}</style></head><body><h1>dsx verify</h1>"
             f"<p>target <code>{_esc(rep['target'])}</code>, reference <code>{_esc(rep['reference'])}</code></p>"
-            f"{verdict}<h2>Integrity</h2>{findings}"
+            f"{verdict}<h2>Integrity</h2>{findings}{failed}"
             f"<h2>Weight SQNR per layer and role</h2>{_per_layer(rep['weights'])}"
             f"<h2>SQNR distribution per format</h2>{_histogram(rep['weights'])}"
             f"<h2>Kernels</h2>{kernels}<h2>Summary</h2>{summary}</body></html>\n")
