@@ -15,6 +15,7 @@ import os
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -277,9 +278,8 @@ def check_weights(target: Checkpoint, reference: Checkpoint, cfg: ds.DeepseekV3C
                 fmt, got_align, got_rows = _stored_rows(target, name, shape, unpackers)
             except _Shape as e:
                 t = target.info(name)
-                window.append((name, r, e.args[0], None, None,
-                               f"stored as {t.dtype} {list(t.shape)}, which cannot hold the reference's weight of "
-                               f"shape {list(shape)}"))
+                window.append(_Item(name, r, e.args[0], problem=f"stored as {t.dtype} {list(t.shape)}, which cannot "
+                                    f"hold the reference's weight of shape {list(shape)}"))
             else:
                 align = math.lcm(ref_align, got_align)
                 rows = shape[0] if shape else 1
@@ -292,8 +292,8 @@ def check_weights(target: Checkpoint, reference: Checkpoint, cfg: ds.DeepseekV3C
                 else:
                     futs = [pool.submit(_part_sums, ref_rows, got_rows, r0, r1) for r0, r1 in parts]
                     decode = None
-                window.append((name, r, fmt, futs, rows * cols, decode))
-            while sum(len(w[3] or ()) for w in window) > depth and len(window) > 1:
+                window.append(_Item(name, r, fmt, futs, rows * cols, decode))
+            while sum(len(w.futs) for w in window) > depth and len(window) > 1:
                 stats.append(_finish(window.popleft(), reference, target, gate_of, pool))
         while window:
             stats.append(_finish(window.popleft(), reference, target, gate_of, pool))
@@ -302,11 +302,23 @@ def check_weights(target: Checkpoint, reference: Checkpoint, cfg: ds.DeepseekV3C
     return stats
 
 
-def _finish(item, reference: Checkpoint, target: Checkpoint, gate_of: dict, pool: ThreadPoolExecutor) -> WeightStat:
-    name, r, fmt, futs, size, decode = item
-    if futs is None:  # (decode: the shape problem)
+class _Item(NamedTuple):
+    """A tensor in check_weights' window: its parts' futures (sums, or byte comparisons where `decode` is set)."""
+    name: str
+    role: ds.TensorRole
+    fmt: str
+    futs: list | tuple = ()
+    size: int = 0
+    decode: tuple | None = None  # (ref_rows, got_rows, parts): a candidate copy, decoded if its bytes are not one
+    problem: str = ""  # set: the tensor failed before any part was read (its stored shape)
+
+
+def _finish(item: _Item, reference: Checkpoint, target: Checkpoint, gate_of: dict,
+            pool: ThreadPoolExecutor) -> WeightStat:
+    name, r, fmt, futs, size, decode, problem = item
+    if problem:
         return WeightStat(name, r.role, r.layer, r.mtp, fmt, math.inf, -math.inf, math.inf, 0.0, 0.0, 0.0, False,
-                          decode)
+                          problem)
     gate = gate_of.get(fmt, 0.0)
     # A stored tensor of the source's own format must be the source itself (passthrough copies).
     src_dtype = reference.info(name).dtype
