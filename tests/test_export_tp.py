@@ -346,3 +346,32 @@ def test_ctrl_c_stops_the_rank_processes_with_one_line_and_leaves_nothing(aligne
         while subprocess.run(["pgrep", "-g", str(proc.pid)], capture_output=True).returncode == 0:
             assert time.monotonic() < deadline, f"processes left behind in group {proc.pid}"
             time.sleep(0.05)
+
+
+def test_a_ctrl_c_while_a_rank_process_starts_stops_that_one_too(aligned, tmp_path, monkeypatch):
+    """Ctrl-C held while a rank process starts (SIGINT blocked around the spawn) is raised when the spawn returns:
+    that process must already be among those the export stops. It was not, and ran on by itself: it wrote into the
+    removed OUT.partial, held the terminal's stderr open (the CLI's caller waited for it) and printed a
+    BrokenPipeError traceback when it could not report to the parent that was gone."""
+    import multiprocessing.context as mpc
+    import signal
+
+    from ds_export.export.exporter import _write_ranks_in_processes
+
+    started = []
+    real = mpc.SpawnProcess.start
+
+    def start(self):
+        real(self)
+        started.append(self)
+        signal.raise_signal(signal.SIGINT)  # (held by sigint_blocked until the spawn's block ends)
+
+    monkeypatch.setattr(mpc.SpawnProcess, "start", start)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            _write_ranks_in_processes(aligned / "src", tmp_path / "o.partial", 2, 2, "float32", 64, True)
+        assert len(started) == 1 and started[0].exitcode is not None, "the started rank process was left running"
+    finally:
+        for p in started:
+            p.kill()
+            p.join()

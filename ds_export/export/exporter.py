@@ -162,13 +162,19 @@ def _rank_main(args: tuple, conn) -> None:
 
     ignore_sigint()
     try:
-        _rank_process(*args)
-        conn.send(None)
-    except BaseException as e:  # noqa: BLE001 - handed to the parent, which raises it
-        text = traceback.format_exc()
         try:
-            conn.send((e, text))
+            _rank_process(*args)
+            result = None
+        except BaseException as e:  # noqa: BLE001 - handed to the parent, which raises it
+            result = (e, traceback.format_exc())
+        try:
+            conn.send(result)
+        except BrokenPipeError:  # the parent is gone (interrupted, or failed on another rank): nobody to tell
+            pass
         except Exception:  # noqa: BLE001 - an exception that does not pickle
+            if result is None:
+                raise
+            e, text = result
             conn.send((RuntimeError(f"{e.__class__.__name__}: {e}"), text))
     finally:
         conn.close()
@@ -195,8 +201,8 @@ def _write_ranks_in_processes(src, tmp: Path, tp: int, workers: int, dtype: str,
                                    name=f"dsx-export-rank-{r}")
                 with sigint_blocked():  # (a Ctrl-C meanwhile comes when it ends, here in the main process)
                     proc.start()
+                    running[r] = (proc, recv)  # (before that Ctrl-C: the finally below must stop this one too)
                 send.close()
-                running[r] = (proc, recv)
             ready = set(wait([c for _, c in running.values()] + [p.sentinel for p, _ in running.values()]))
             for r, (proc, recv) in list(running.items()):
                 if recv not in ready and proc.sentinel not in ready:
@@ -250,8 +256,8 @@ def export(src: str | os.PathLike, out: str | os.PathLike, *, dtype: str = "floa
             raise UsageError(f"{src}: --speculate needs the MTP layer's tensors, which are not in the checkpoint")
         tmp = out.with_name(out.name + ".partial")
         shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
         try:
+            tmp.mkdir(parents=True)  # (in here: a Ctrl-C just after it must remove it too)
             layers = cfg.num_hidden_layers + (1 if speculate else 0)
             workers = min(tp, workers or default_workers(tp, layers))
             if tp > 1:  # one program per rank, each built in a fresh process, `workers` at once
