@@ -408,3 +408,19 @@ def test_native_fills_caller_buffers():
         f8.quantize_native(w, out=(np.empty((576, 320), np.int8), np.empty((5, 3), np.float32)))
     with pytest.raises(DsxError, match="out must be"):
         f8.dequant_native(codes, s, out=np.empty((576, 320), np.float32)[:, ::1].T.copy().T)
+
+
+def test_decode_lookup_is_ml_dtypes_cast_bit_for_bit():
+    """decode_e4m3_ref looks the 256 codes up in ml_dtypes' own cast of them (NaN bit patterns included), and
+    dequant_ref's in-place product over whole blocks is the expanded product's bits."""
+    codes = np.arange(256, dtype=np.uint8)
+    want = codes.view(f8.E4M3).astype(np.float32)
+    assert np.array_equal(f8.decode_e4m3_ref(codes).view(np.uint32), want.view(np.uint32))
+    rng = np.random.default_rng(7)
+    for (n, k), block in [((256, 384), (128, 128)), ((200, 300), (128, 128)), ((5, 256), (1, 128)),
+                          ((128, 128), (128, 128)), ((0, 128), (128, 128))]:
+        w = rng.integers(0, 256, (n, k), dtype=np.uint8)
+        s = rng.random((-(-n // block[0]), -(-k // block[1]))).astype(np.float32) * 1e-3
+        ref = f8.decode_e4m3_ref(w) * f8._expand(s, n, k, *block)
+        got = f8.dequant_ref(w, s, block)
+        assert got.dtype == np.float32 and np.array_equal(got.view(np.uint32), ref.view(np.uint32)), (n, k, block)
