@@ -24,7 +24,8 @@ confirmed rows into the table. The measuring form runs with DSX_TUNED_TABLES=0, 
 rules alone whatever table the library was built with. Row ranges: each M of --ms stands for the rows
 above the previous M up to it (wo default 1 | 2..4 | 5..8 | 9..16, the shipped table measured at every
 row, --ms 1,2,...,16 per layout, ~140 s for the four; fp8 1..16 | 17..32 | 33..64 | 65..128), confirmed
-at both ends; where a winner held at one end only, the table gets that one row. --emit reads the files
+at both ends; where a winner held at one end only, the table gets that one row (a row an M stands for without
+timing it keeps an earlier entry timed at that very row: emit_table). --emit reads the files
 in order, a later one deciding the rows it swept (emit_table); a table (.inc) may stand first for the
 files it was emitted from. Rows 17..32 (four token tiles a launch
 since the twenty-second session) are swept on their own: --ms 17,20,24,28,32 --rows-from 17, with the
