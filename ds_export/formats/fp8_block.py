@@ -191,7 +191,8 @@ def dequant_ref(w_fp8, scale_inv, block=BLOCK) -> np.ndarray:
     v = decode_e4m3_ref(w)
     (n, k), (nb, kb) = w.shape, s.shape
     if n == nb * bn and k == kb * bk:  # whole blocks: each block times its scale in place, nothing expanded
-        v.reshape(nb, bn, kb, bk).__imul__(s[:, None, :, None])
+        blocks = v.reshape(nb, bn, kb, bk)  # (a view of v)
+        blocks *= s[:, None, :, None]
         return v
     return v * _expand(s, n, k, bn, bk)
 

@@ -119,8 +119,8 @@ def _stored_rows(target: Checkpoint, name: str, ref_shape, unpackers: dict | Non
 
         def fp8_rows(r0, r1):
             part = q[r0:r1]
-            sat = int(np.count_nonzero((part.view(np.uint8) & 0x7F) == 0x7E))  # |code| == 448
-            return fp8_block.dequant_ref(part, s[r0 // bn: -(-r1 // bn)]).astype(np.float64), sat
+            return (fp8_block.dequant_ref(part, s[r0 // bn: -(-r1 // bn)]).astype(np.float64),
+                    _e4m3_saturated(part.view(np.uint8) & 0x7F))
         return "a8w8_fp8", bn, fp8_rows
     if info.dtype == "I8" and name + ds.WO_SCALE_SUFFIX in target:
         if len(ref_shape) != 2:
@@ -197,8 +197,13 @@ def _copy_rows(reference: Checkpoint, target: Checkpoint, name: str):
         mag = x & 0x7F
         if np.any(mag == 0x7F) or not np.isfinite(s0).all():  # e4m3 NaN codes
             return None
-        return int(np.count_nonzero(mag == 0x7E))  # |code| == 448
+        return _e4m3_saturated(mag)
     return fp8_rows
+
+
+def _e4m3_saturated(magnitudes: np.ndarray) -> int:
+    """How many e4m3 codes (sign bit cleared) are at the format's largest value, |448| (0x7E)."""
+    return int(np.count_nonzero(magnitudes == 0x7E))
 
 
 def stored_f64(target: Checkpoint, name: str, ref_shape) -> tuple[np.ndarray, str, float]:
