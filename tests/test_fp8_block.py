@@ -418,9 +418,16 @@ def test_decode_lookup_is_ml_dtypes_cast_bit_for_bit():
     assert np.array_equal(f8.decode_e4m3_ref(codes).view(np.uint32), want.view(np.uint32))
     rng = np.random.default_rng(7)
     for (n, k), block in [((256, 384), (128, 128)), ((200, 300), (128, 128)), ((5, 256), (1, 128)),
-                          ((128, 128), (128, 128)), ((0, 128), (128, 128))]:
+                          ((128, 128), (128, 128)), ((0, 128), (128, 128)), ((256, 300), (128, 128)),
+                          ((200, 256), (128, 128)), ((576, 100), (128, 128)), ((7, 130), (1, 128))]:
         w = rng.integers(0, 256, (n, k), dtype=np.uint8)
         s = rng.random((-(-n // block[0]), -(-k // block[1]))).astype(np.float32) * 1e-3
         ref = f8.decode_e4m3_ref(w) * f8._expand(s, n, k, *block)
         got = f8.dequant_ref(w, s, block)
         assert got.dtype == np.float32 and np.array_equal(got.view(np.uint32), ref.view(np.uint32)), (n, k, block)
+        buf = np.full(n * k + 3, np.nan, np.float32)  # into a given array (a view of a longer buffer)
+        into = f8.dequant_ref(w, s, block, out=buf[: n * k].reshape(n, k))
+        assert (np.shares_memory(into, buf) or not n) and np.array_equal(into.view(np.uint32), ref.view(np.uint32)), (n, k)
+        assert np.isnan(buf[n * k:]).all()
+    with pytest.raises(DsxError, match="out must be float32"):
+        f8.dequant_ref(w, s, block, out=np.empty((7, 130), np.float64))

@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import tracemalloc
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -173,15 +174,19 @@ def test_memory_is_bounded_by_the_parts(outs, tiny_fp8, monkeypatch):
 
 def test_an_error_in_a_part_stops_the_run(outs, tiny_fp8, small_parts, monkeypatch):
     calls = []
-    real = weight_only.scale_ref
+    real = weight_only.decoder
 
-    def failing(*a, **k):
-        calls.append(1)
-        if len(calls) == 3:
-            raise DsxError("planted: qweight bytes unreadable")
-        return real(*a, **k)
+    def decoder(*a, **k):
+        decode = real(*a, **k)
 
-    monkeypatch.setattr(weight_only, "scale_ref", failing)
+        def failing(*b, **c):
+            calls.append(1)
+            if len(calls) == 3:
+                raise DsxError("planted: qweight bytes unreadable")
+            return decode(*b, **c)
+        return failing
+
+    monkeypatch.setattr(weight_only, "decoder", decoder)
     with pytest.raises(DsxError, match="planted"):
         run(outs / "mix", tiny_fp8, workers=2)
     n_parts = sum(len(W._parts(192, 256, 128)) for _ in range(3 * 8 * 2))  # int4 experts of the tiny model
@@ -271,11 +276,11 @@ def _decoded_names(monkeypatch) -> set:
 
     def reference_rows(ck, name):
         shape, align, rows = real_rows(ck, name)
-        return shape, align, lambda r0, r1, _n=name: rows(r0, r1)
+        return shape, align, lambda r0, r1, out=None, *, _n=name: rows(r0, r1, out)
 
-    def part_sums(ref_rows, got_rows, r0, r1):
-        seen.add(ref_rows.__defaults__[0])
-        return real_sums(ref_rows, got_rows, r0, r1)
+    def part_sums(ref_rows, got_rows, r0, r1, cols):
+        seen.add(ref_rows.__kwdefaults__["_n"])
+        return real_sums(ref_rows, got_rows, r0, r1, cols)
 
     monkeypatch.setattr(W, "_reference_rows", reference_rows)
     monkeypatch.setattr(W, "_part_sums", part_sums)
@@ -470,3 +475,17 @@ def test_kernel_checks_decode_a_copy_once_with_the_same_figures(outs, tiny_fp8, 
     planted = {k.tensor: k for k in fast}[name]
     clean = {k.tensor: k for k in kernels(outs / "mix", True)[0]}[name]
     assert planted.quant_sqnr_db < clean.quant_sqnr_db - 3  # the planted weights are seen
+
+
+def test_scratch_buffers_are_per_thread_and_bounded():
+    """Parts decode into buffers each thread keeps (a new array of a part's size costs its page zeroing each time):
+    the same buffer for a key while it is large enough, a larger one when not, another thread's own, and none above
+    SCRATCH_ELEMENTS (such parts get arrays of their own)."""
+    a = W._scratch("ref", 1000, np.float64)
+    assert W._scratch("ref", 900, np.float64) is a and W._scratch("got", 900, np.float64) is not a
+    b = W._scratch("ref", 2000, np.float64)
+    assert b.size >= 2000 and W._scratch("ref", 10, np.float64) is b
+    assert W._scratch("ref", W.SCRATCH_ELEMENTS + 1, np.float64) is None
+    with ThreadPoolExecutor(1) as pool:
+        other = pool.submit(W._scratch, "ref", 10, np.float64).result()
+    assert other is not b and not np.shares_memory(other, b)

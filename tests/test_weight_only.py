@@ -291,6 +291,67 @@ def test_unpack_matches_signed_quantization():
             np.testing.assert_array_equal(wo.unpack_ref(q, bits, arch, 256), q_signed)
 
 
+@pytest.mark.parametrize("arch", [70, 75, 90])
+@pytest.mark.parametrize("bits,group", BITS_GROUPS)
+def test_decoder_equals_dequantize_ref(bits, group, arch):
+    """weight_only.decoder (dsx verify's decode: tiles gathered, float64) gives dequantize_ref's numbers bit for bit,
+    into a given buffer too, and bound_count is unpack_ref's count of |q| at the bound."""
+    rng = np.random.default_rng(11)
+    for i, (n, k) in enumerate(NATIVE_SHAPES):
+        w = with_edge_rows(gaussian(n, k, seed=i))
+        w[:, : k // 8] *= 40  # some scales far apart, so codes at the bound show up in every row
+        qw, sc = wo.quantize_native(w, bits, group, arch)
+        want = wo.dequantize_ref(qw, sc, bits, group, arch, k).astype(np.float64)
+        decode = wo.decoder(n, k, bits, group, arch)
+        got = decode(qw, sc)
+        assert got.shape == (n, k) and np.array_equal(got.view(np.uint64), want.view(np.uint64)), (n, k)
+        buf = np.full(n * k + 5, 7.0)
+        into = decode(qw, sc, buf)
+        assert np.shares_memory(into, buf) and np.array_equal(into, want) and (buf[n * k:] == 7.0).all()
+        q = wo.unpack_ref(qw, bits, arch, k).astype(np.int16)
+        bound = 127 if bits == 8 else 7
+        assert wo.bound_count(qw, bits) == np.count_nonzero(np.abs(q) >= bound) > 0
+        raw = rng.integers(0, 256, qw.shape, dtype=np.uint8).view(np.int8)  # every code, -128 / -8 included
+        q = wo.unpack_ref(raw, bits, arch, k).astype(np.int16)
+        assert wo.bound_count(raw, bits) == np.count_nonzero(np.abs(q) >= bound)
+        assert np.array_equal(decode(raw, sc), wo.dequantize_ref(raw, sc, bits, group, arch, k).astype(np.float64))
+
+
+@pytest.mark.parametrize("bits,group", [(8, -1), (4, 128)])
+def test_decoder_keeps_float32s_overflow_and_non_finite_scales(bits, group):
+    """Scales whose float32 product overflows (bf16 reaches 3.4e38), and NaN / Inf scales, decode as dequantize_ref's
+    float32 does (in float64 the product would stay finite)."""
+    n, k = 128, 256
+    qw, sc = wo.quantize_native(gaussian(n, k, seed=5), bits, group, 90)
+    for bad in (3.0e38, np.inf, np.nan, -2.0e37):
+        s = sc.copy()
+        s.reshape(-1)[3] = bad
+        want = wo.dequantize_ref(qw, s, bits, group, 90, k).astype(np.float64)
+        got = wo.decoder(n, k, bits, group, 90)(qw, s)
+        assert np.array_equal(got, want, equal_nan=True), bad
+        assert bad != 3.0e38 or np.isinf(want).any()  # (the overflow the float64 product alone would miss)
+
+
+def test_decoder_refuses_wrong_parts():
+    decode = wo.decoder(128, 256, 4, 128, 90)
+    qw, sc = wo.quantize_native(gaussian(128, 256), 4, 128, 90)
+    with pytest.raises(DsxError, match="qweight: expected int8"):
+        decode(qw[:32], sc)
+    with pytest.raises(DsxError, match="scale: expected shape"):
+        decode(qw, sc[:1])
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_decoder_planted_gather_fault_is_detected(bits, monkeypatch):
+    """Two elements of a tile swapped in the gather must change the decode (what the equality above would catch)."""
+    qw, sc = wo.quantize_native(gaussian(64, 128, seed=9), bits, -1, 90)
+    want = wo.dequantize_ref(qw, sc, bits, -1, 90, 128).astype(np.float64)
+    where = wo._tile_gather(bits).copy()
+    where[[1, 70]] = where[[70, 1]]
+    monkeypatch.setattr(wo, "_tile_gather", lambda b: where)
+    assert not np.array_equal(wo.decoder(64, 128, bits, -1, 90)(qw, sc), want)
+
+
 # ------------------------------------------------------------------ refusals
 
 

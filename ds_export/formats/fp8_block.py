@@ -174,27 +174,43 @@ def encode_e4m3_ref(x) -> np.ndarray:
 _E4M3_TO_F32 = np.arange(256, dtype=np.uint8).view(E4M3).astype(np.float32)
 
 
-def decode_e4m3_ref(codes) -> np.ndarray:
-    """e4m3fn bits (uint8) -> float32 via ml_dtypes (its cast of each of the 256 codes)."""
-    return _E4M3_TO_F32[np.asarray(codes, dtype=np.uint8)]
+def decode_e4m3_ref(codes, out: np.ndarray | None = None) -> np.ndarray:
+    """e4m3fn bits (uint8) -> float32 via ml_dtypes (its cast of each of the 256 codes); into `out` when given."""
+    codes = np.asarray(codes, dtype=np.uint8)
+    if out is None:
+        return _E4M3_TO_F32[codes]
+    return np.take(_E4M3_TO_F32, codes, out=out)
 
 
 def _expand(s: np.ndarray, n: int, k: int, bn: int, bk: int) -> np.ndarray:
     return np.repeat(np.repeat(s, bn, axis=0)[:n], bk, axis=1)[:, :k]
 
 
-def dequant_ref(w_fp8, scale_inv, block=BLOCK) -> np.ndarray:
-    """[out, in] e4m3 (+ float32 scale_inv) -> float32 [out, in]: decode(w) * scale_inv of its block."""
+def dequant_ref(w_fp8, scale_inv, block=BLOCK, out: np.ndarray | None = None) -> np.ndarray:
+    """[out, in] e4m3 (+ float32 scale_inv) -> float32 [out, in]: decode(w) * scale_inv of its block.
+
+    out: a float32 array of the weight's shape to write into (`dsx verify` reuses one a thread), else a new one."""
     bn, bk = _block(block)
     w = _fp8_bits(w_fp8, "dequant_ref")
     s = _scales(scale_inv, w.shape, block, "dequant_ref")
-    v = decode_e4m3_ref(w)
+    if out is not None and (out.dtype != np.float32 or out.shape != w.shape):
+        raise DsxError(f"dequant_ref: out must be float32 {list(w.shape)}, got {out.dtype} {list(out.shape)}")
+    v = decode_e4m3_ref(w, out)
     (n, k), (nb, kb) = w.shape, s.shape
     if n == nb * bn and k == kb * bk:  # whole blocks: each block times its scale in place, nothing expanded
         blocks = v.reshape(nb, bn, kb, bk)  # (a view of v)
         blocks *= s[:, None, :, None]
         return v
-    return v * _expand(s, n, k, bn, bk)
+    # ragged: each row's scales (n x kb, small), the whole column blocks in place, then the last, narrower one
+    rows = np.repeat(s, bn, axis=0)[:n]
+    whole = k // bk
+    if whole:
+        cols = v[:, :whole * bk]
+        cols.shape = (n, whole, bk)  # (a view: setting the shape raises rather than copy)
+        cols *= rows[:, :whole, None]
+    if k % bk:
+        v[:, whole * bk:] *= rows[:, whole:]
+    return v
 
 
 def _block_quant_ref(w, bn: int, bk: int, what: str):

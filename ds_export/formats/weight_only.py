@@ -237,9 +237,8 @@ def unpack_ref(qweight: np.ndarray, bits: int, arch: int, in_features: int) -> n
 
 
 def unpacker(out_features: int, in_features: int, bits: int, arch: int):
-    """unpack_ref for the qweights of one shape [N, K], the layout's element order built once: for unpacking many
-    parts of one shape (`dsx verify` reads weights in parts of whole rows, and building the order was a third of
-    each part's time)."""
+    """unpack_ref for the qweights of one shape [N, K], the layout's element order built once (an index of the whole
+    weight: `decoder` is the fast way to many parts' values)."""
     n, k = int(out_features), int(in_features)
     check_args(n, k, bits, -1, arch, "qweight")
     want = n * k * bits // 8
@@ -254,6 +253,91 @@ def unpacker(out_features: int, in_features: int, bits: int, arch: int):
         q[order] = u
         return q.reshape(n, k)
     return unpack
+
+
+@functools.lru_cache(maxsize=None)
+def _tile_gather(bits: int) -> np.ndarray:
+    """arch >= 75: where each element of one tile (I channels x TILE_K inputs, in (channel, input) order) is in the
+    tile's bytes: a byte index (int8), or an index into [the tile's low nibbles, then its high nibbles] (int4). Read off
+    the reference's own element order and in-word interleave for a weight of one tile."""
+    i, e = _interleave(bits), 32 // bits
+    seq = _element_order(i, TILE_K, bits, 90)  # sequence position -> element (channel * TILE_K + input)
+    slot = np.arange(i * TILE_K)  # the tile's elements as stored (bytes, or nibbles low first), in memory order
+    held = seq[slot // e * e + word_order(bits)[slot % e]]  # the element each stored slot holds
+    where = np.empty_like(slot)
+    where[held] = slot
+    if bits == 4:
+        where = where % 2 * (i * TILE_K // 2) + where // 2
+    return where
+
+
+_F32_MAX = float(np.finfo(np.float32).max)
+
+
+def decoder(out_features: int, in_features: int, bits: int, group_size: int, arch: int):
+    """dequantize_ref for qweights of one shape [N, K], in float64 and without its per-element index:
+    decode(qweight, scale, out=None) -> [N, K] float64, written into `out` (float64, N * K elements at least) if
+    given. `dsx verify` decodes every weight-only part with it.
+
+    The same numbers as dequantize_ref's float32, widened: q has at most 8 significant bits and a bf16 scale 8, so
+    q * scale is exact in float32 and in float64 alike. arch >= 75 gathers each tile's elements from its bytes (one
+    small index, `_tile_gather`) and places the tiles by a transposed copy, where unpack_ref scatters every element
+    through an index of the whole weight. arch 70, and scales large enough that the float32 product could overflow
+    (or not finite), go through dequantize_ref itself."""
+    n, k = int(out_features), int(in_features)
+    check_args(n, k, bits, group_size, arch, "qweight")
+    want_q, want_s = (tuple(v["shape"]) for v in packed_shapes(n, k, bits, group_size, arch).values())
+    i = _interleave(bits)
+    tile_bytes = i * TILE_K * bits // 8
+    where = None if arch == 70 else _tile_gather(bits)
+    bias, limit = (128.0, _F32_MAX / 256) if bits == 8 else (8.0, _F32_MAX / 16)
+
+    def decode(qweight: np.ndarray, scale, out: np.ndarray | None = None) -> np.ndarray:
+        qweight = np.ascontiguousarray(qweight)
+        if qweight.dtype not in (np.int8, np.uint8) or qweight.shape != want_q:
+            raise DsxError(f"qweight: expected int8 {list(want_q)} for [out={n}, in={k}], got {qweight.dtype} "
+                           f"{list(qweight.shape)}")
+        s = np.asarray(scale).astype(np.float64)
+        if s.shape != want_s:
+            raise DsxError(f"scale: expected shape {list(want_s)} for [out={n}, in={k}] group {group_size}, "
+                           f"got {list(s.shape)}")
+        res = (np.empty((n, k)) if out is None else out.reshape(-1)[: n * k]).reshape(n, k)
+        if where is None or not np.all(np.abs(s) <= limit):  # (NaN scales too)
+            np.copyto(res, dequantize_ref(qweight, scale, bits, group_size, arch, k))
+            return res
+        b = qweight.view(np.uint8).reshape(-1, tile_bytes)
+        if bits == 4:
+            codes = np.empty((b.shape[0], 2 * tile_bytes), np.uint8)
+            np.bitwise_and(b, 0xF, out=codes[:, :tile_bytes])
+            np.right_shift(b, 4, out=codes[:, tile_bytes:])
+        else:
+            codes = b
+        tiles = np.take(codes, where, axis=1)  # [tiles, I * TILE_K]: each tile's elements, channel by channel
+        np.copyto(res.reshape(n // i, i, k // TILE_K, TILE_K),
+                  tiles.reshape(n // i, k // TILE_K, i, TILE_K).transpose(0, 2, 1, 3))
+        res -= bias
+        if group_size == -1:
+            res *= s[:, None]
+        else:
+            whole = k // group_size
+            if whole:
+                cols = res[:, :whole * group_size]
+                cols.shape = (n, whole, group_size)  # (a view: setting the shape raises rather than copy)
+                cols *= s[:whole].T[:, :, None]
+            if k % group_size:
+                res[:, whole * group_size:] *= s[whole][:, None]
+        return res
+    return decode
+
+
+def bound_count(qweight: np.ndarray, bits: int) -> int:
+    """How many elements of a qweight are at the format's bound, |q| >= 127 (int8) or 7 (int4), the codes -128 / -8
+    included; read from the bytes, as the count does not depend on the layout's order. (Stored codes are q + 128 or
+    q + 8: the bound is codes 0, 1 and 255 or 15.)"""
+    b = np.ascontiguousarray(qweight).view(np.uint8).reshape(-1)
+    top = 255 if bits == 8 else 15
+    fields = (b,) if bits == 8 else (b & 0xF, b >> 4)
+    return sum(int(np.count_nonzero(c <= 1)) + int(np.count_nonzero(c == top)) for c in fields)
 
 
 def quantize_ref(w: np.ndarray, bits: int, group_size: int = -1, arch: int = 90) -> tuple[np.ndarray, np.ndarray]:

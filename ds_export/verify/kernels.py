@@ -134,9 +134,10 @@ def _products(pool, ref_rows, got_rows, parts, x_kernel: np.ndarray, x_ref: np.n
     quant = np.empty((x_ref.shape[0], n))
 
     def part(r0, r1):
-        w = ref_rows(r0, r1)
+        size = (r1 - r0) * x_ref.shape[1]  # (into this thread's buffers, as the weight check does)
+        w = ref_rows(r0, r1, W._scratch("ref", size, np.float64))
         same = copy is not None and copy(r0, r1) is not None  # equal, finite bytes: equal values
-        kern[:, r0:r1] = x_kernel @ (w if same else got_rows(r0, r1)[0]).T
+        kern[:, r0:r1] = x_kernel @ (w if same else got_rows(r0, r1, W._scratch("got", size, np.float64))[0]).T
         quant[:, r0:r1] = x_ref @ w.T
     for f in [pool.submit(part, r0, r1) for r0, r1 in parts]:
         f.result()
@@ -159,7 +160,6 @@ def check_kernels(target: Checkpoint, reference: Checkpoint, cfg: ds.DeepseekV3C
     layers = sorted({r.layer for r in roles.values() if r.layer is not None})
     chosen = set(_sample_layers(layers, samples))
     stats: list[KernelStat] = []
-    unpackers: dict = {}
     pool = ThreadPoolExecutor(max_workers=workers or W.default_workers(), thread_name_prefix="dsx-verify")
     try:
         for name, r in roles.items():
@@ -172,7 +172,7 @@ def check_kernels(target: Checkpoint, reference: Checkpoint, cfg: ds.DeepseekV3C
                 continue
             shape, ref_align, ref_rows = W._reference_rows(reference, name)
             try:
-                _, got_align, got_rows = W._stored_rows(target, name, shape, unpackers)
+                _, got_align, got_rows = W._stored_rows(target, name, shape)
             except W._Shape:
                 continue  # the weight check fails this tensor, naming it
             n, k = shape

@@ -1,8 +1,9 @@
 """Weight numerics: dequantize each stored weight independently and compare it with the reference weight.
 
-The stored side is decoded with the numpy references (`*_ref`: layout undone
-step by step as the spec reads), never with the quantizer's compiled path; the
-reference side is the source weight in float64 (FP8: value x block scale_inv).
+The stored side is decoded with numpy (FP8: `fp8_block.dequant_ref`; weight-only:
+`weight_only.decoder`, dequantize_ref's numbers read tile by tile, tested equal to
+it bit for bit), never with the quantizer's compiled path; the reference side is
+the source weight in float64 (FP8: value x block scale_inv).
 Metrics per tensor: relative Frobenius error, SQNR (dB), max abs error, cosine,
 and the share of saturated elements (codes at the format's limit). Each format
 has an expected range (docs/numerics.md); a tensor outside it is flagged.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -64,7 +66,48 @@ class WeightStat:
 # 7.4 GB there), and the parts of a tensor run on the worker threads side by side (numpy releases the GIL in its loops).
 PART_ELEMENTS = 1 << 19
 ROW_ALIGN = 128  # parts start on FP8 blocks and whole weight-only tiles
-UNPACKER_ELEMENTS = 1 << 21  # a run keeps the weight-only unpackers (their element orders) of parts up to this size
+SCRATCH_ELEMENTS = 4 * PART_ELEMENTS  # parts up to this size are decoded into buffers each thread keeps
+
+_scratch_local = threading.local()
+
+
+def _scratch(key: str, size: int, dtype) -> np.ndarray | None:
+    """This thread's buffer `key` (at least `size` elements, flat), reused part after part: a new array of a part's
+    size costs the kernel's zeroing of its pages every time, as much as the decode of the part (numpy 2, 4 MB of
+    float64). None above SCRATCH_ELEMENTS (a row wider than a part, an arch-70 weight read whole): those parts get
+    arrays of their own, which are freed after them."""
+    if size > SCRATCH_ELEMENTS:
+        return None
+    bufs = _scratch_local.__dict__
+    buf = bufs.get(key)
+    if buf is None or buf.size < size or buf.dtype != dtype:
+        buf = bufs[key] = np.empty(size, dtype)  # (grows to the largest part a thread has seen)
+    return buf
+
+
+def _out(buf: np.ndarray | None, shape) -> np.ndarray:
+    """A float64 array of `shape`: a view of buf (flat, large enough) if given, else a new one."""
+    return np.empty(shape) if buf is None else buf[: math.prod(shape)].reshape(shape)
+
+
+def _fp8_f64(codes: np.ndarray, scales: np.ndarray, block, out: np.ndarray | None) -> np.ndarray:
+    """dequant_ref of an FP8 part (float32, as the format defines it) widened to float64, into `out` if given."""
+    if out is None:
+        return fp8_block.dequant_ref(codes, scales, block).astype(np.float64)
+    tmp = _scratch("f32", codes.size, np.float32)
+    v = fp8_block.dequant_ref(codes, scales, block, out=None if tmp is None else tmp[: codes.size].reshape(codes.shape))
+    res = _out(out, codes.shape)
+    np.copyto(res, v)
+    return res
+
+
+def _widen(a: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+    """A bf16 / float32 part in float64, into `out` if given."""
+    if out is None:
+        return a.astype(np.float64)
+    res = _out(out, a.shape)
+    np.copyto(res, a)
+    return res
 
 
 def default_workers() -> int:
@@ -80,15 +123,16 @@ def _fp8_block_size(ck: Checkpoint) -> tuple[int, int]:
 
 
 def _reference_rows(ck: Checkpoint, name: str):
-    """(shape, row alignment, rows(r0, r1) -> float64): the source weight, FP8 sources as value x block scale_inv."""
+    """(shape, row alignment, rows(r0, r1, out=None) -> float64): the source weight, FP8 sources as value x block
+    scale_inv. out: a flat float64 buffer to decode into (a view of it is returned), else a new array."""
     info = ck.info(name)
     if info.dtype == "F8_E4M3":
         block = _fp8_block_size(ck)
         q, s, bn = ck.get(name), ck.get(name + ds.SCALE_SUFFIX), int(block[0])
-        return tuple(info.shape), bn, lambda r0, r1: fp8_block.dequant_ref(
-            q[r0:r1], s[r0 // bn: -(-r1 // bn)], block).astype(np.float64)
+        return tuple(info.shape), bn, lambda r0, r1, out=None: _fp8_f64(q[r0:r1], s[r0 // bn: -(-r1 // bn)], block,
+                                                                        out)
     a = np.atleast_1d(ck.get(name))
-    return tuple(info.shape), 1, lambda r0, r1: a[r0:r1].astype(np.float64)
+    return tuple(info.shape), 1, lambda r0, r1, out=None: _widen(a[r0:r1], out)
 
 
 def reference_f64(ck: Checkpoint, name: str) -> np.ndarray:
@@ -107,9 +151,9 @@ def _wo_params(target: Checkpoint, name: str, ref_shape: tuple[int, int]) -> tup
     return bits, group, arch
 
 
-def _stored_rows(target: Checkpoint, name: str, ref_shape, unpackers: dict | None = None):
-    """(format label, row alignment, rows(r0, r1) -> (float64 values, saturated count)); _Shape when the stored
-    tensor cannot hold a weight of ref_shape. unpackers: weight-only unpackers by part shape, shared by a run."""
+def _stored_rows(target: Checkpoint, name: str, ref_shape):
+    """(format label, row alignment, rows(r0, r1, out=None) -> (float64 values, saturated count)); _Shape when the
+    stored tensor cannot hold a weight of ref_shape. out: as for _reference_rows."""
     info = target.info(name)
     if info.dtype == "F8_E4M3":
         if tuple(info.shape) != tuple(ref_shape):
@@ -117,9 +161,9 @@ def _stored_rows(target: Checkpoint, name: str, ref_shape, unpackers: dict | Non
         q, s = target.get(name), target.get(name + ds.SCALE_SUFFIX)
         bn = fp8_block.BLOCK[0]
 
-        def fp8_rows(r0, r1):
+        def fp8_rows(r0, r1, out=None):
             part = q[r0:r1]
-            return (fp8_block.dequant_ref(part, s[r0 // bn: -(-r1 // bn)]).astype(np.float64),
+            return (_fp8_f64(part, s[r0 // bn: -(-r1 // bn)], fp8_block.BLOCK, out),
                     _e4m3_saturated(part.view(np.uint8) & 0x7F))
         return "a8w8_fp8", bn, fp8_rows
     if info.dtype == "I8" and name + ds.WO_SCALE_SUFFIX in target:
@@ -136,29 +180,21 @@ def _stored_rows(target: Checkpoint, name: str, ref_shape, unpackers: dict | Non
                 or tuple(target.info(name + ds.WO_SCALE_SUFFIX).shape) != tuple(want["scale"]["shape"])):
             raise _Shape(label)
         qw, sc = target.get(name), target.get(name + ds.WO_SCALE_SUFFIX)
-        limit = 127 if bits == 8 else 7
 
-        def wo_rows(r0, r1):
+        def wo_rows(r0, r1, out=None):
             if (r0, r1) == (0, n):
                 qp, sp = qw, sc
             else:  # arch >= 75: whole tiles of rows, cut from the bytes (arch 70 is read in one part)
                 plan = weight_only.slice_plan(n, k, bits, group, arch, rows=(r0, r1))
                 qp, sp = weight_only.slice_packed(qw, bits, arch, k, plan), weight_only.slice_scale(sc, plan)
-            key = (r1 - r0, k, bits, arch)
-            unpack = unpackers.get(key) if unpackers is not None else None
-            if unpack is None:
-                unpack = weight_only.unpacker(*key)
-                if unpackers is not None and (r1 - r0) * k <= UNPACKER_ELEMENTS:
-                    unpackers[key] = unpack
-            ints = unpack(qp)
-            sat = int(np.count_nonzero(np.abs(ints) >= limit))
-            return weight_only.scale_ref(ints, sp, bits, group, arch).astype(np.float64), sat
+            decode = weight_only.decoder(r1 - r0, k, bits, group, arch)
+            return decode(qp, sp, out), weight_only.bound_count(qp, bits)
         return label, (n if arch == 70 else ROW_ALIGN), wo_rows
     label = {"BF16": "bf16", "F32": "float32"}.get(info.dtype, info.dtype)
     if tuple(info.shape) != tuple(ref_shape):
         raise _Shape(label)
     a = np.atleast_1d(target.get(name))
-    return label, 1, lambda r0, r1: (a[r0:r1].astype(np.float64), 0)
+    return label, 1, lambda r0, r1, out=None: (_widen(a[r0:r1], out), 0)
 
 
 def _copy_rows(reference: Checkpoint, target: Checkpoint, name: str):
@@ -233,13 +269,14 @@ def compare(ref: np.ndarray, got: np.ndarray) -> tuple[float, float, float, floa
                     float((ref * got).sum()), float(np.abs(err).max()) if err.size else 0.0)
 
 
-def _part_sums(ref_rows, got_rows, r0: int, r1: int) -> np.ndarray:
-    """[sum err^2, sum ref^2, sum got^2, sum ref*got, max |err|, saturated] of rows r0..r1.
+def _part_sums(ref_rows, got_rows, r0: int, r1: int, cols: int) -> np.ndarray:
+    """[sum err^2, sum ref^2, sum got^2, sum ref*got, max |err|, saturated] of rows r0..r1 (of `cols` elements each).
 
     The products are summed by einsum, not BLAS: a BLAS dot may start threads of its own, which fight the workers.
     """
-    ref = ref_rows(r0, r1).reshape(-1)
-    got, sat = got_rows(r0, r1)
+    size = (r1 - r0) * cols
+    ref = ref_rows(r0, r1, _scratch("ref", size, np.float64)).reshape(-1)
+    got, sat = got_rows(r0, r1, _scratch("got", size, np.float64))
     got = got.reshape(-1)
     r2, g2, rg = (float(np.einsum("i,i->", a, b)) for a, b in ((ref, ref), (got, got), (ref, got)))
     with np.errstate(invalid="ignore"):  # Inf - Inf: the NaN is the finding
@@ -266,7 +303,6 @@ def check_weights(target: Checkpoint, reference: Checkpoint, cfg: ds.DeepseekV3C
     """
     gate_of = {**MIN_SQNR, **(gates or {})}
     stats: list[WeightStat] = []
-    unpackers: dict = {}
     workers = workers or default_workers()
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dsx-verify")
     try:
@@ -280,7 +316,7 @@ def check_weights(target: Checkpoint, reference: Checkpoint, cfg: ds.DeepseekV3C
                 continue
             shape, ref_align, ref_rows = _reference_rows(reference, name)
             try:
-                fmt, got_align, got_rows = _stored_rows(target, name, shape, unpackers)
+                fmt, got_align, got_rows = _stored_rows(target, name, shape)
             except _Shape as e:
                 t = target.info(name)
                 window.append(_Item(name, r, e.args[0], problem=f"stored as {t.dtype} {list(t.shape)}, which cannot "
@@ -293,9 +329,9 @@ def check_weights(target: Checkpoint, reference: Checkpoint, cfg: ds.DeepseekV3C
                 copy = _copy_rows(reference, target, name)
                 if copy is not None:  # bytes first; the decode only if some part is not a finite copy
                     futs = [pool.submit(copy, r0, r1) for r0, r1 in parts]
-                    decode = (ref_rows, got_rows, parts)
+                    decode = (ref_rows, got_rows, parts, cols)
                 else:
-                    futs = [pool.submit(_part_sums, ref_rows, got_rows, r0, r1) for r0, r1 in parts]
+                    futs = [pool.submit(_part_sums, ref_rows, got_rows, r0, r1, cols) for r0, r1 in parts]
                     decode = None
                 window.append(_Item(name, r, fmt, futs, rows * cols, decode))
             while sum(len(w.futs) for w in window) > depth and len(window) > 1:
@@ -314,7 +350,7 @@ class _Item(NamedTuple):
     fmt: str
     futs: list | tuple = ()
     size: int = 0
-    decode: tuple | None = None  # (ref_rows, got_rows, parts): a candidate copy, decoded if its bytes are not one
+    decode: tuple | None = None  # (ref_rows, got_rows, parts, cols): a candidate copy, decoded if its bytes are not one
     problem: str = ""  # set: the tensor failed before any part was read (its stored shape)
 
 
@@ -334,8 +370,8 @@ def _finish(item: _Item, reference: Checkpoint, target: Checkpoint, gate_of: dic
             sat = sum(sats) / size if size else 0.0
             return WeightStat(name, r.role, r.layer, r.mtp, fmt, 0.0, math.inf, 0.0, 1.0, sat,
                               math.inf if same else gate, True)
-        ref_rows, got_rows, parts = decode
-        futs = [pool.submit(_part_sums, ref_rows, got_rows, r0, r1) for r0, r1 in parts]
+        ref_rows, got_rows, parts, cols = decode
+        futs = [pool.submit(_part_sums, ref_rows, got_rows, r0, r1, cols) for r0, r1 in parts]
     sums = np.zeros(6)
     for f in futs:
         part = f.result()
