@@ -293,3 +293,75 @@ def test_end_to_end_logits_of_an_export(outputs, tiny_fp8, tmp_path, capsys):
         e2e.memory_available = real
     err = capsys.readouterr().err
     assert "the end-to-end check runs the float32 model" in err and "GiB are available" in err
+
+
+class _Recorder:
+    """A verify.progress.Reporter that keeps what it is told (advance comes from worker threads too)."""
+
+    def __init__(self):
+        import threading
+
+        self.lock, self.phases = threading.Lock(), []
+
+    def phase(self, what, total, unit="bytes"):
+        with self.lock:
+            self.phases.append([what, total, unit, 0])
+
+    def advance(self, n):
+        with self.lock:
+            self.phases[-1][3] += n
+
+
+def test_progress_counts_every_phase_to_its_total(outputs, tiny_fp8):
+    """Each check announces its phase with what it will read (bytes) or do (checks) and counts exactly that; the
+    report is the one a run without a reporter gives."""
+    rec = _Recorder()
+    rep = verify(outputs / "mix", tiny_fp8, progress=rec)
+    assert rep["ok"]
+    assert [p[0].split(" (")[0] for p in rec.phases] == ["sha256", "weights", "kernels"]
+    assert all(done == total > 0 for _, total, _, done in rec.phases), rec.phases
+    m = Manifest.load(outputs / "mix")
+    files, weights, kernels = rec.phases
+    assert files[1] == sum(e["size"] for e in m.files.values()) and files[2] == "bytes"
+    with Checkpoint.open(outputs / "mix") as ck, Checkpoint.open(tiny_fp8) as ref:
+        assert weights[1] == sum(ck.info(w["name"]).nbytes + ref.info(w["name"]).nbytes for w in rep["weights"])
+    assert kernels[2] == "checks" and kernels[1] > 4
+    quiet = verify(outputs / "mix", tiny_fp8)
+    assert rep["weights"] == quiet["weights"] and rep["kernels"] == quiet["kernels"]
+
+
+def test_progress_stops_where_the_hashes_fail(mix_copy, tiny_fp8):
+    shard = sorted(mix_copy.glob("model-*.safetensors"))[0]
+    with open(shard, "r+b") as f:
+        f.seek(shard.stat().st_size - 1)
+        b = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([b[0] ^ 1]))
+    rec = _Recorder()
+    assert not verify(mix_copy, tiny_fp8, progress=rec)["ok"]
+    assert [p[0].split(" (")[0] for p in rec.phases] == ["sha256"]  # no tensor read out of a file that fails
+    assert rec.phases[0][3] == rec.phases[0][1]
+
+
+def test_cli_progress_is_drawn_on_a_terminal_only():
+    import io
+
+    from rich.console import Console
+
+    from ds_export.cli.cmd_verify import _RichProgress
+    from ds_export.cli.output import Out
+
+    def drawn(terminal: bool, **out) -> str:
+        o = Out(**out)
+        buf = io.StringIO()
+        o.err = Console(file=buf, force_terminal=terminal, width=120)
+        with _RichProgress(o) as p:
+            p.phase("sha256 (3 files)", 3 << 20)
+            p.advance(3 << 20)
+            p.phase("kernels (cpu)", 7, "checks")
+            p.advance(7)
+        return buf.getvalue()
+
+    shown = drawn(True)
+    assert "sha256 (3 files)" in shown and "3.00 MiB/3.00 MiB" in shown and "7/7 checks" in shown
+    assert drawn(False) == "" and drawn(True, json=True) == "" and drawn(True, quiet=True) == ""

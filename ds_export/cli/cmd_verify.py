@@ -45,8 +45,9 @@ def verify(
     from ds_export.verify import load_gates
 
     gates = load_gates(gate) if gate is not None else None
-    rep = run_verify(target, reference, expert_sample=experts, samples=samples, gates=gates, export=export_dir,
-                     device=device, workers=workers)
+    with _RichProgress(o) as progress:
+        rep = run_verify(target, reference, expert_sample=experts, samples=samples, gates=gates, export=export_dir,
+                         device=device, workers=workers, progress=progress)
     if report is not None:
         atomic_write_json(report, rep)
     if html is not None:
@@ -125,3 +126,44 @@ def _print(o: Out, rep: dict) -> None:
 def _short(fmt: str) -> str:
     return {"a8w8_fp8": "fp8", "weight_only_int8": "int8", "weight_only_int4": "int4", "float32": "fp32",
             "weight_only_int8/g": "int8 grp", "weight_only_int4/g": "int4 grp"}.get(fmt, fmt)
+
+
+class _RichProgress:
+    """verify.progress.Reporter as a rich bar on stderr, one line a phase (bytes and their rate, or checks done, and
+    the time left); only on a terminal (a log or a pipe gets the report and a failure's one line, as before), silent
+    in --json / --quiet."""
+
+    def __init__(self, o: Out):
+        from rich.progress import (BarColumn, Progress, ProgressColumn, TextColumn, TimeElapsedColumn,
+                                   TimeRemainingColumn)
+        from rich.text import Text
+
+        from ds_export.cli.output import human_bytes
+
+        class Amount(ProgressColumn):
+            def render(self, task):
+                if task.fields.get("unit") != "bytes":
+                    return Text(f"{task.completed:.0f}/{task.total:.0f} checks")
+                speed = task.finished_speed or task.speed
+                return Text(f"{human_bytes(task.completed)}/{human_bytes(task.total or 0)}"
+                            + (f" {human_bytes(speed)}/s" if speed else ""))
+
+        self.p = Progress(TextColumn("{task.description}", style="dim"), BarColumn(bar_width=24), Amount(), TimeElapsedColumn(),
+                          TimeRemainingColumn(), console=o.err, disable=not (o.human and o.err.is_terminal))
+        self.task = None
+
+    def __enter__(self):
+        self.p.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.p.__exit__(*exc)
+
+    def phase(self, what: str, total: int, unit: str = "bytes") -> None:
+        if self.task is not None:
+            self.p.stop_task(self.task)
+        self.task = self.p.add_task(what, total=max(total, 1), unit=unit)
+
+    def advance(self, n: int) -> None:
+        if self.task is not None:
+            self.p.advance(self.task, n)

@@ -60,8 +60,8 @@ class Manifest:
         self.record(rel, sha)
         return sha
 
-    def verify_file(self, rel: str, *, hash_check: bool = True) -> str | None:
-        """None when the file matches its record, else a one-line reason."""
+    def verify_file(self, rel: str, *, hash_check: bool = True, progress=None) -> str | None:
+        """None when the file matches its record, else a one-line reason. progress: sha256_file's."""
         ent = self.files.get(rel)
         p = self.root / rel
         if ent is None:
@@ -71,6 +71,6 @@ class Manifest:
         size = p.stat().st_size
         if size != ent["size"]:
             return f"{p}: {size} bytes, manifest says {ent['size']}"
-        if hash_check and sha256_file(p) != ent["sha256"]:
+        if hash_check and sha256_file(p, progress=progress) != ent["sha256"]:
             return f"{p}: sha256 differs from the manifest (the file changed or is corrupt)"
         return None

@@ -203,11 +203,14 @@ def write_index(root: str | os.PathLike, weight_map: dict[str, str], total_size:
                       {"metadata": meta, "weight_map": dict(sorted(weight_map.items()))})
 
 
-def sha256_file(path: str | os.PathLike, bufsize: int = 16 << 20) -> str:
+def sha256_file(path: str | os.PathLike, bufsize: int = 16 << 20, progress=None) -> str:
+    """progress: called with each chunk's byte count as it is hashed."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         buf = bytearray(bufsize)
         mv = memoryview(buf)
         while n := f.readinto(buf):
             h.update(mv[:n])
+            if progress is not None:
+                progress(n)
     return h.hexdigest()

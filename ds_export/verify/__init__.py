@@ -15,6 +15,7 @@ from ds_export.io.checkpoint import Checkpoint
 from ds_export.models import deepseek_v3 as ds
 from ds_export.verify.integrity import check_config, check_files, check_tensors
 from ds_export.verify.kernels import check_kernels
+from ds_export.verify.progress import QUIET, Reporter
 from ds_export.verify.weights import check_weights
 
 
@@ -40,11 +41,12 @@ def load_gates(path: str | Path) -> dict:
 
 def verify(target: str | Path, reference: str | Path | None = None, *, expert_sample: int | None = None,
            samples: int = 4, gates: dict | None = None, export: str | Path | None = None,
-           device: str = "cpu", workers: int | None = None) -> dict:
+           device: str = "cpu", workers: int | None = None, progress: Reporter = QUIET) -> dict:
     """device: whose kernels the kernel checks run ("cpu": csrc/cpu, "cuda": csrc/cuda on the current GPU);
-    workers: threads hashing the files and comparing the weights (default: one per core, at most 16)."""
+    workers: threads hashing the files and comparing the weights (default: one per core, at most 16);
+    progress: told each check's phase and its bytes or checks as they are done (verify.progress)."""
     target = Path(target)
-    findings, manifest = check_files(target, workers=workers)
+    findings, manifest = check_files(target, workers=workers, progress=progress)
     report: dict = {"target": str(target), "reference": str(reference) if reference else None}
     if any(f.check == "files" and ("sha256" in f.problem or "missing" in f.problem or "bytes" in f.problem)
            for f in findings):
@@ -60,10 +62,11 @@ def verify(target: str | Path, reference: str | Path | None = None, *, expert_sa
             with Checkpoint.open(reference) as ref:
                 g = gates or {}
                 stats = check_weights(ck, ref, cfg, expert_sample=expert_sample, gates=g.get("min_sqnr_db"),
-                                      workers=workers)
+                                      workers=workers, progress=progress)
                 if samples > 0:
                     kw = {"gate": g["kernel_max_rel_err"]} if "kernel_max_rel_err" in g else {}
-                    kstats = check_kernels(ck, ref, cfg, samples=samples, device=device, workers=workers, **kw)
+                    kstats = check_kernels(ck, ref, cfg, samples=samples, device=device, workers=workers,
+                                           progress=progress, **kw)
     report["findings"] = [f.__dict__ for f in findings]
     report["weights"] = [s.to_json() for s in stats]
     report["by_format"] = _aggregate(stats)
@@ -75,8 +78,10 @@ def verify(target: str | Path, reference: str | Path | None = None, *, expert_sa
         from ds_export.verify.e2e import E2E_MAX_KL, E2E_MIN_TOP1, check_export
 
         g = gates or {}
+        progress.phase("end to end (logits)", 1, "checks")
         report["e2e"] = check_export(export, reference, max_kl=g.get("e2e_max_kl", E2E_MAX_KL),
                                      min_top1=g.get("e2e_min_top1", E2E_MIN_TOP1))
+        progress.advance(1)
     report["ok"] = (not findings and all(s.ok for s in stats) and all(k.ok for k in kstats)
                     and (report["e2e"] is None or report["e2e"]["ok"]))
     return report

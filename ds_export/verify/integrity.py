@@ -15,6 +15,7 @@ from ds_export import formats
 from ds_export.io.checkpoint import INDEX_NAME, Checkpoint
 from ds_export.io.manifest import Manifest
 from ds_export.models import deepseek_v3 as ds
+from ds_export.verify.progress import QUIET, Reporter
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,8 @@ class Finding:
         return f"{self.where}: {self.problem}"
 
 
-def check_files(root: Path, *, workers: int | None = None) -> tuple[list[Finding], Manifest | None]:
+def check_files(root: Path, *, workers: int | None = None,
+                progress: Reporter = QUIET) -> tuple[list[Finding], Manifest | None]:
     """Manifest present and complete; every listed file present with its size and sha256 (files hashed by
     `workers` threads at once, default one per core up to 16: hashlib hashes without the GIL)."""
     from concurrent.futures import ThreadPoolExecutor
@@ -41,9 +43,11 @@ def check_files(root: Path, *, workers: int | None = None) -> tuple[list[Finding
     if not m.complete:
         out.append(Finding("files", str(m.path), "the run is not complete (interrupted?): rerun the same command"))
     rels = sorted(m.files)
+    sizes = (m.files[r].get("size") if isinstance(m.files[r], dict) else None for r in rels)
+    progress.phase(f"sha256 ({len(rels)} files)", sum(s for s in sizes if isinstance(s, int)))
     pool = ThreadPoolExecutor(max_workers=workers or default_workers(), thread_name_prefix="dsx-hash")
     try:
-        whys = list(pool.map(m.verify_file, rels))
+        whys = list(pool.map(lambda rel: m.verify_file(rel, progress=progress.advance), rels))
     finally:  # an interrupt drops the files not started yet
         pool.shutdown(wait=True, cancel_futures=True)
     for rel, why in zip(rels, whys):

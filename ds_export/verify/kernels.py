@@ -33,6 +33,7 @@ from ds_export.formats import fp8_block
 from ds_export.io.checkpoint import Checkpoint
 from ds_export.models import deepseek_v3 as ds
 from ds_export.verify import weights as W
+from ds_export.verify.progress import QUIET, Reporter
 from ds_export.verify.weights import compare, reference_f64
 
 KERNEL_GATE = 8e-3  # max |kernel - float64| / max |float64|: bf16 output rounding is 2^-9 relative
@@ -153,27 +154,28 @@ def _sample_layers(layers: list[int], samples: int) -> list[int]:
 
 def check_kernels(target: Checkpoint, reference: Checkpoint, cfg: ds.DeepseekV3Config, *, samples: int = 4,
                   seed: int = 0, gate: float = KERNEL_GATE, device: str = "cpu",
-                  workers: int | None = None) -> list[KernelStat]:
-    """workers: threads decoding the float64 references' weights in row parts (default: one per core, at most 16)."""
+                  workers: int | None = None, progress: Reporter = QUIET) -> list[KernelStat]:
+    """workers: threads decoding the float64 references' weights in row parts (default: one per core, at most 16).
+    progress: counts the checks (each sampled Linear, then the grouped GEMM, MLA and the two MTP accept checks)."""
     be = backend(device)
     roles = {n: ds.classify(n, cfg) for n in target.names()}
     layers = sorted({r.layer for r in roles.values() if r.layer is not None})
     chosen = set(_sample_layers(layers, samples))
+    linears = [(name, r) for name, r in roles.items()
+               if r.kind == "weight" and r.quantizable and r.layer in chosen and name in reference
+               and (r.expert is None or r.expert == 0)  # one expert per layer here; the grouped check covers several
+               and target.info(name).dtype in ("F8_E4M3", "I8")]
+    progress.phase(f"kernels ({be.device})", len(linears) + 4, "checks")  # (the Linears, grouped, MLA, MTP x 2)
     stats: list[KernelStat] = []
     pool = ThreadPoolExecutor(max_workers=workers or W.default_workers(), thread_name_prefix="dsx-verify")
     try:
-        for name, r in roles.items():
-            if r.kind != "weight" or not r.quantizable or r.layer not in chosen or name not in reference:
-                continue
-            if r.expert is not None and r.expert > 0:
-                continue  # one expert per layer here; the grouped check covers several
+        for name, r in linears:
             info = target.info(name)
-            if info.dtype not in ("F8_E4M3", "I8"):
-                continue
             shape, ref_align, ref_rows = W._reference_rows(reference, name)
             try:
                 _, got_align, got_rows = W._stored_rows(target, name, shape)
             except W._Shape:
+                progress.advance(1)
                 continue  # the weight check fails this tensor, naming it
             n, k = shape
             x = activations(M_TOKENS, k, seed + (r.layer or 0))
@@ -188,12 +190,14 @@ def check_kernels(target: Checkpoint, reference: Checkpoint, cfg: ds.DeepseekV3C
             _, sqnr, _, _ = compare(quant_ref, y.astype(np.float64))
             err = _max_rel(y, ref)
             stats.append(KernelStat(f"{kern} ({be.device})", name, r.role, r.layer, err, sqnr, err <= gate))
+            progress.advance(1)
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
-    stats += _grouped(be, target, roles, chosen, seed, gate)
-    stats += _mla(be, target, reference, cfg, roles, chosen, seed, gate)
-    stats.append(_mtp_accept(be, seed))
-    stats.append(_mtp_accept_topp(be, seed))
+    for check in (lambda: _grouped(be, target, roles, chosen, seed, gate),
+                  lambda: _mla(be, target, reference, cfg, roles, chosen, seed, gate),
+                  lambda: [_mtp_accept(be, seed)], lambda: [_mtp_accept_topp(be, seed)]):
+        stats += check()
+        progress.advance(1)
     return stats
 
 

@@ -25,6 +25,7 @@ from ds_export.errors import DsxError
 from ds_export.formats import fp8_block, weight_only
 from ds_export.io.checkpoint import Checkpoint
 from ds_export.models import deepseek_v3 as ds
+from ds_export.verify.progress import QUIET, Reporter
 
 # Minimum SQNR (dB) per stored format, on DeepSeek-like weights (docs/numerics.md gives the reasoning).
 # "exact" formats must reproduce the reference bit for bit (copies).
@@ -295,25 +296,39 @@ def _parts(rows: int, cols: int, align: int) -> list[tuple[int, int]]:
 
 def check_weights(target: Checkpoint, reference: Checkpoint, cfg: ds.DeepseekV3Config,
                   *, expert_sample: int | None = None, gates: dict | None = None,
-                  workers: int | None = None) -> list[WeightStat]:
+                  workers: int | None = None, progress: Reporter = QUIET) -> list[WeightStat]:
     """Compare every quantizable weight present in both (routed experts: the first `expert_sample` per layer).
 
     workers: threads that decode and reduce the tensors' row parts (default: the cores, at most 16); the result
-    does not depend on it beyond float64 summation order.
+    does not depend on it beyond float64 summation order. progress: told each tensor's bytes (stored and
+    reference) as it finishes.
     """
     gate_of = {**MIN_SQNR, **(gates or {})}
     stats: list[WeightStat] = []
+    todo = []
+    for name in target.names():
+        r = ds.classify(name, cfg)
+        if r.kind != "weight" or name not in reference:
+            continue
+        if expert_sample is not None and r.expert is not None and r.expert >= expert_sample:
+            continue
+        todo.append((name, r))
+
+    def nbytes(name: str) -> int:
+        return target.info(name).nbytes + reference.info(name).nbytes
+
+    progress.phase(f"weights ({len(todo)} tensors)", sum(nbytes(n) for n, _ in todo))
+
+    def finish(item: _Item) -> None:
+        stats.append(_finish(item, reference, target, gate_of, pool))
+        progress.advance(nbytes(item.name))
+
     workers = workers or default_workers()
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dsx-verify")
     try:
         window: deque = deque()  # tensors whose parts are queued or running, oldest first
         depth = 2 * workers
-        for name in target.names():
-            r = ds.classify(name, cfg)
-            if r.kind != "weight" or name not in reference:
-                continue
-            if expert_sample is not None and r.expert is not None and r.expert >= expert_sample:
-                continue
+        for name, r in todo:
             shape, ref_align, ref_rows = _reference_rows(reference, name)
             try:
                 fmt, got_align, got_rows = _stored_rows(target, name, shape)
@@ -335,9 +350,9 @@ def check_weights(target: Checkpoint, reference: Checkpoint, cfg: ds.DeepseekV3C
                     decode = None
                 window.append(_Item(name, r, fmt, futs, rows * cols, decode))
             while sum(len(w.futs) for w in window) > depth and len(window) > 1:
-                stats.append(_finish(window.popleft(), reference, target, gate_of, pool))
+                finish(window.popleft())
         while window:
-            stats.append(_finish(window.popleft(), reference, target, gate_of, pool))
+            finish(window.popleft())
     finally:  # on an error or an interrupt, queued parts are dropped, not run
         pool.shutdown(wait=True, cancel_futures=True)
     return stats

@@ -1,0 +1,21 @@
+"""What `dsx verify` tells about its progress while it runs (on R1 its checks read about a terabyte).
+
+Each check announces a phase (what it does, how much it will do, in bytes read or in checks) and counts it as it
+goes; the CLI draws a bar on stderr, the default says nothing.
+"""
+
+from __future__ import annotations
+
+
+class Reporter:
+    """Progress sink. `advance` may be called from worker threads (implementations must be thread-safe; rich's
+    Progress is)."""
+
+    def phase(self, what: str, total: int, unit: str = "bytes") -> None:
+        """A check starts: what it does, and how much it will do (`unit`: "bytes" read or "checks")."""
+
+    def advance(self, n: int) -> None:
+        """n more of the current phase's unit done."""
+
+
+QUIET = Reporter()
