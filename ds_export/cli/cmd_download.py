@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from ds_export.cli.options import Json, Quiet
-from ds_export.cli.output import Out, human_bytes
+from ds_export.cli.output import Out, ProgressBar, human_bytes
 
 
 def download(
@@ -55,25 +55,15 @@ def download(
             + ("" if res["verified"] else " (not verified: --no-verify)"))
 
 
-class _RichReporter:
+class _RichReporter(ProgressBar):
     """download.Reporter as one rich progress line (bytes, GB/s, ETA, files); silent in --json/--quiet."""
 
     def __init__(self, o: Out):
-        from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
-                                   TransferSpeedColumn)
+        from rich.progress import BarColumn, DownloadColumn, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
-        self.o = o
-        self.p = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                          TimeRemainingColumn(), console=o.err, disable=not o.human)
-        self.task = None
+        super().__init__(o, TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                         TimeRemainingColumn())
         self.files = self.done = 0
-
-    def __enter__(self):
-        self.p.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        self.p.__exit__(*exc)
 
     def _describe(self) -> str:
         return f"download {self.done}/{self.files} files"

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from ds_export.cli.options import Device, DryRun, Force, Json, OutDir, Quiet, Workers
-from ds_export.cli.output import Out, human_bytes
+from ds_export.cli.output import Out, ProgressBar, human_bytes
 from ds_export.errors import UsageError
 
 
@@ -130,27 +130,18 @@ def _label(t) -> str:
     return tt + (" (copy)" if t.passthrough else "")
 
 
-class _RichReporter:
+class _RichReporter(ProgressBar):
     """engine.Reporter with a rich progress bar (bytes, GB/s, ETA); silent in --json/--quiet."""
 
     def __init__(self, o: Out):
         import time
 
-        from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
-                                   TransferSpeedColumn)
+        from rich.progress import BarColumn, DownloadColumn, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
+        super().__init__(o, TextColumn("{task.description}", style="dim"), BarColumn(), DownloadColumn(),
+                         TransferSpeedColumn(), TimeRemainingColumn())
         self._t0 = time.perf_counter()
         self._clock = time.perf_counter
-        self.p = Progress(TextColumn("{task.description}", style="dim"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                          TimeRemainingColumn(), console=o.err, disable=not o.human)
-        self.task = None
-
-    def __enter__(self):
-        self.p.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        self.p.__exit__(*exc)
 
     def elapsed(self) -> float:
         return self._clock() - self._t0

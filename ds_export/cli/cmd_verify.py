@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from ds_export.cli.options import Device, Json, Quiet
-from ds_export.cli.output import Out
+from ds_export.cli.output import Out, ProgressBar, human_bytes
 from ds_export.errors import DsxError, UsageError
 
 
@@ -128,17 +128,14 @@ def _short(fmt: str) -> str:
             "weight_only_int8/g": "int8 grp", "weight_only_int4/g": "int4 grp"}.get(fmt, fmt)
 
 
-class _RichProgress:
+class _RichProgress(ProgressBar):
     """verify.progress.Reporter as a rich bar on stderr, one line a phase (bytes and their rate, or checks done, and
     the time left); only on a terminal (a log or a pipe gets the report and a failure's one line, as before), silent
     in --json / --quiet."""
 
     def __init__(self, o: Out):
-        from rich.progress import (BarColumn, Progress, ProgressColumn, TextColumn, TimeElapsedColumn,
-                                   TimeRemainingColumn)
+        from rich.progress import BarColumn, ProgressColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
         from rich.text import Text
-
-        from ds_export.cli.output import human_bytes
 
         class Amount(ProgressColumn):
             def render(self, task):
@@ -148,16 +145,8 @@ class _RichProgress:
                 return Text(f"{human_bytes(task.completed)}/{human_bytes(task.total or 0)}"
                             + (f" {human_bytes(speed)}/s" if speed else ""))
 
-        self.p = Progress(TextColumn("{task.description}", style="dim"), BarColumn(bar_width=24), Amount(), TimeElapsedColumn(),
-                          TimeRemainingColumn(), console=o.err, disable=not (o.human and o.err.is_terminal))
-        self.task = None
-
-    def __enter__(self):
-        self.p.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        self.p.__exit__(*exc)
+        super().__init__(o, TextColumn("{task.description}", style="dim"), BarColumn(bar_width=24), Amount(),
+                         TimeElapsedColumn(), TimeRemainingColumn(), terminal_only=True)
 
     def phase(self, what: str, total: int, unit: str = "bytes") -> None:
         if self.task is not None:

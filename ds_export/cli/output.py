@@ -32,6 +32,25 @@ class Out:
             sys.stdout.write(dumps_json(obj, indent=2) + "\n")
 
 
+class ProgressBar:
+    """A rich Progress on stderr as a context manager, which the commands' reporters build on: silent in --json /
+    --quiet, and where terminal_only also when stderr is not a terminal."""
+
+    def __init__(self, o: Out, *columns, terminal_only: bool = False):
+        from rich.progress import Progress
+
+        self.o = o
+        self.p = Progress(*columns, console=o.err, disable=not o.human or (terminal_only and not o.err.is_terminal))
+        self.task = None
+
+    def __enter__(self):
+        self.p.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.p.__exit__(*exc)
+
+
 def human_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":
