@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -305,11 +306,12 @@ class _Recorder:
 
     def phase(self, what, total, unit="bytes"):
         with self.lock:
-            self.phases.append([what, total, unit, 0])
+            self.phases.append(entry := [what, total, unit, 0])
 
-    def advance(self, n):
-        with self.lock:
-            self.phases[-1][3] += n
+        def advance(n):
+            with self.lock:
+                entry[3] += n
+        return advance
 
 
 def test_progress_counts_every_phase_to_its_total(outputs, tiny_fp8):
@@ -330,17 +332,70 @@ def test_progress_counts_every_phase_to_its_total(outputs, tiny_fp8):
     assert rep["weights"] == quiet["weights"] and rep["kernels"] == quiet["kernels"]
 
 
-def test_progress_stops_where_the_hashes_fail(mix_copy, tiny_fp8):
-    shard = sorted(mix_copy.glob("model-*.safetensors"))[0]
+@pytest.mark.parametrize("which", [0, -1])
+def test_a_shard_that_fails_its_hash_is_reported_alone(mix_copy, tiny_fp8, which):
+    """Shards are hashed beside the weight check; one that fails makes the report the files' findings alone (no
+    weight or kernel figure, though its tensors were read beside the hash), and no kernel check runs."""
+    shard = sorted(mix_copy.glob("model-*.safetensors"))[which]
     with open(shard, "r+b") as f:
-        f.seek(shard.stat().st_size - 1)
+        f.seek(-1, 2)
         b = f.read(1)
-        f.seek(-1, 1)
+        f.seek(-1, 2)
         f.write(bytes([b[0] ^ 1]))
     rec = _Recorder()
-    assert not verify(mix_copy, tiny_fp8, progress=rec)["ok"]
-    assert [p[0].split(" (")[0] for p in rec.phases] == ["sha256"]  # no tensor read out of a file that fails
+    rep = verify(mix_copy, tiny_fp8, progress=rec)
+    assert not rep["ok"] and rep["weights"] == [] and rep["kernels"] == [] and rep["by_format"] == {}
+    assert [f["where"] for f in rep["findings"]] == [shard.name] and "sha256" in rep["findings"][0]["problem"]
+    assert [p[0].split(" (")[0] for p in rec.phases] == ["sha256", "weights"]  # no kernels after a failed file
     assert rec.phases[0][3] == rec.phases[0][1]
+
+
+def test_each_shard_is_hashed_as_its_weights_are_read(mix_copy, tiny_fp8, monkeypatch):
+    """The weight check takes the shards in name order and starts each one's hash as it reaches it, before reading
+    any of its tensors (so on R1 the two reads of a shard meet in the page cache, and the disk gives it once)."""
+    from ds_export.verify import weights as W
+    from ds_export.verify.integrity import FileChecks
+
+    events, real_rows, real_reading = [], W._stored_rows, FileChecks.reading
+
+    def stored_rows(ck, name, *a):
+        events.append(("read", ck.info(name).file.name))
+        return real_rows(ck, name, *a)
+
+    def reading(self, file):
+        events.append(("hash", Path(file).name))
+        return real_reading(self, file)
+
+    monkeypatch.setattr(W, "_stored_rows", stored_rows)
+    monkeypatch.setattr(FileChecks, "reading", reading)
+    assert verify(mix_copy, tiny_fp8, samples=0)["ok"]
+    shards = [f for kind, f in events if kind == "hash"]
+    assert shards == sorted(set(shards)) and len(shards) > 1
+    for i, (kind, f) in enumerate(events):
+        if kind == "read":
+            assert ("hash", f) in events[:i]
+            assert all(g <= f for k, g in events[:i] if k == "read")  # shard by shard, never back
+
+
+def test_files_hashed_first_without_a_reference_or_with_a_file_missing(mix_copy, tiny_fp8):
+    rec = _Recorder()
+    assert verify(mix_copy, progress=rec)["ok"]
+    assert [p[0].split(" (")[0] for p in rec.phases] == ["sha256"]
+    shard = sorted(mix_copy.glob("model-*.safetensors"))[1]
+    shard.unlink()
+    rep = verify(mix_copy, tiny_fp8)
+    assert not rep["ok"] and [f["where"] for f in rep["findings"]] == [shard.name] and rep["weights"] == []
+    assert "missing" in rep["findings"][0]["problem"]
+
+
+def test_a_header_that_does_not_parse_is_reported_by_its_hash(mix_copy, tiny_fp8):
+    shard = sorted(mix_copy.glob("model-*.safetensors"))[0]
+    with open(shard, "r+b") as f:
+        f.seek(8)
+        f.write(b"#")  # the JSON header's first byte, same size
+    rep = verify(mix_copy, tiny_fp8)
+    assert not rep["ok"] and [f["where"] for f in rep["findings"]] == [shard.name]
+    assert "sha256" in rep["findings"][0]["problem"]
 
 
 def test_cli_progress_is_drawn_on_a_terminal_only():
@@ -356,12 +411,28 @@ def test_cli_progress_is_drawn_on_a_terminal_only():
         buf = io.StringIO()
         o.err = Console(file=buf, force_terminal=terminal, width=120)
         with _RichProgress(o) as p:
-            p.phase("sha256 (3 files)", 3 << 20)
-            p.advance(3 << 20)
-            p.phase("kernels (cpu)", 7, "checks")
-            p.advance(7)
+            files = p.phase("sha256 (3 files)", 3 << 20)
+            kernels = p.phase("kernels (cpu)", 7, "checks")
+            files(3 << 20)
+            kernels(7)
         return buf.getvalue()
 
     shown = drawn(True)
     assert "sha256 (3 files)" in shown and "3.00 MiB/3.00 MiB" in shown and "7/7 checks" in shown
     assert drawn(False) == "" and drawn(True, json=True) == "" and drawn(True, quiet=True) == ""
+
+
+def test_file_checks_start_the_right_hash_however_the_root_is_given(mix_copy, monkeypatch):
+    """reading(file) finds a shard whether the root is given relative or absolute (a relative root must not miss
+    every shard), starts its hash and those of the listed files before it, and nothing for an unlisted file."""
+    from ds_export.verify.integrity import FileChecks
+
+    monkeypatch.chdir(mix_copy.parent)
+    for root in (Path(mix_copy.name), mix_copy):
+        with FileChecks(root) as files, Checkpoint.open(root) as ck:
+            shard = ck.info(sorted(ck.names())[-1]).file
+            files.reading(root / "not-listed.safetensors")
+            assert files.futures == {}
+            files.reading(shard)
+            assert sorted(files.futures) == [r for r in files.rels if r <= shard.name]
+            assert files.finish() == []

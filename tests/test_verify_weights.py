@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import shutil
 import subprocess
 import sys
@@ -489,3 +490,20 @@ def test_scratch_buffers_are_per_thread_and_bounded():
     with ThreadPoolExecutor(1) as pool:
         other = pool.submit(W._scratch, "ref", 10, np.float64).result()
     assert other is not b and not np.shares_memory(other, b)
+
+
+def test_disk_bench_runs(tmp_path):
+    """bench/verify_disk.py on a pair made here (tiny dims): every row printed, the ratios computed; with root it
+    counts the bytes each run reads from the disk (cgroup v1 blkio), without it says so and runs unconfined."""
+    bench = Path(__file__).parents[1] / "bench"
+    r = subprocess.run([sys.executable, str(bench / "verify_weights.py"), "--tiny", "--layers", "2", "--experts", "4",
+                        "--workers", "1", "--workdir", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    r = subprocess.run([sys.executable, str(bench / "verify_disk.py"), "--workdir", str(tmp_path), "--pair",
+                        "tiny-l2-e4,tiny-l2-e4-fp8_wint4", "--rounds", "1", "--workers", "1"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = {m[1]: [float(x) for x in m[2].split()]  # best s, GB from disk, each run's s
+            for m in re.finditer(r"^ *(cat once|verify|cat target twice) +([-0-9. na]+)$", r.stdout, re.M)}
+    assert set(rows) == {"cat once", "verify", "cat target twice"}, r.stdout
+    assert all(v[0] > 0 for v in rows.values()) and "verify / cat once" in r.stdout

@@ -148,11 +148,6 @@ class _RichProgress(ProgressBar):
         super().__init__(o, TextColumn("{task.description}", style="dim"), BarColumn(bar_width=24), Amount(),
                          TimeElapsedColumn(), TimeRemainingColumn(), terminal_only=True)
 
-    def phase(self, what: str, total: int, unit: str = "bytes") -> None:
-        if self.task is not None:
-            self.p.stop_task(self.task)
-        self.task = self.p.add_task(what, total=max(total, 1), unit=unit)
-
-    def advance(self, n: int) -> None:
-        if self.task is not None:
-            self.p.advance(self.task, n)
+    def phase(self, what: str, total: int, unit: str = "bytes"):
+        task = self.p.add_task(what, total=max(total, 1), unit=unit)  # (phases may overlap: a bar each)
+        return lambda n: self.p.advance(task, n)

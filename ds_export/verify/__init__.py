@@ -11,9 +11,10 @@ import math
 from collections import defaultdict
 from pathlib import Path
 
+from ds_export.errors import DsxError
 from ds_export.io.checkpoint import Checkpoint
 from ds_export.models import deepseek_v3 as ds
-from ds_export.verify.integrity import check_config, check_files, check_tensors
+from ds_export.verify.integrity import FileChecks, check_config, check_tensors
 from ds_export.verify.kernels import check_kernels
 from ds_export.verify.progress import QUIET, Reporter
 from ds_export.verify.weights import check_weights
@@ -46,27 +47,54 @@ def verify(target: str | Path, reference: str | Path | None = None, *, expert_sa
     workers: threads hashing the files and comparing the weights (default: one per core, at most 16);
     progress: told each check's phase and its bytes or checks as they are done (verify.progress)."""
     target = Path(target)
-    findings, manifest = check_files(target, workers=workers, progress=progress)
     report: dict = {"target": str(target), "reference": str(reference) if reference else None}
-    if any(f.check == "files" and ("sha256" in f.problem or "missing" in f.problem or "bytes" in f.problem)
-           for f in findings):
-        # Do not read tensors out of files that fail their hashes: report that alone.
+
+    def files_alone(findings: list) -> dict | None:
+        """The report of a target whose files fail their hashes (or are missing, or the wrong size): that alone,
+        no figure of a tensor read out of them (or out of the others)."""
+        if not any(f.check == "files" and ("sha256" in f.problem or "missing" in f.problem or "bytes" in f.problem)
+                   for f in findings):
+            return None
         report.update(findings=[f.__dict__ for f in findings], weights=[], by_format={}, kernels=[], e2e=None,
                       ok=False)
         return report
-    with Checkpoint.open(target) as ck:
-        cfg = ds.DeepseekV3Config.from_dict(ck.config, source=str(target / "config.json"))
-        findings += check_tensors(ck, cfg) + check_config(ck, cfg)
-        stats, kstats = [], []
-        if reference is not None:
-            with Checkpoint.open(reference) as ref:
-                g = gates or {}
-                stats = check_weights(ck, ref, cfg, expert_sample=expert_sample, gates=g.get("min_sqnr_db"),
-                                      workers=workers, progress=progress)
-                if samples > 0:
-                    kw = {"gate": g["kernel_max_rel_err"]} if "kernel_max_rel_err" in g else {}
-                    kstats = check_kernels(ck, ref, cfg, samples=samples, device=device, workers=workers,
-                                           progress=progress, **kw)
+
+    with FileChecks(target, workers=workers, progress=progress) as files:
+        manifest = files.manifest
+        # With a reference, each shard is hashed as its weights are checked, so its bytes come off the disk once for
+        # both (a shard that fails its hash makes the report the files' findings alone, whatever was read out of it);
+        # without one, or with a file missing or of the wrong size, every file is hashed first.
+        beside = reference is not None and files.ok_without_hash()
+        ck = None
+        if beside:
+            try:
+                ck = Checkpoint.open(target)
+            except DsxError:  # (a header that does not parse: the hashes name the file)
+                beside = False
+        if not beside:
+            findings = files.finish()
+            if files_alone(findings):
+                return report
+            ck = Checkpoint.open(target)
+        with ck:
+            cfg = ds.DeepseekV3Config.from_dict(ck.config, source=str(target / "config.json"))
+            more = check_tensors(ck, cfg) + check_config(ck, cfg)
+            stats, kstats = [], []
+            if reference is not None:
+                with Checkpoint.open(reference) as ref:
+                    g = gates or {}
+                    stats = check_weights(ck, ref, cfg, expert_sample=expert_sample, gates=g.get("min_sqnr_db"),
+                                          workers=workers, progress=progress,
+                                          on_file=files.reading if beside else None)
+                    if beside:
+                        findings = files.finish()
+                        if files_alone(findings):
+                            return report
+                    if samples > 0:
+                        kw = {"gate": g["kernel_max_rel_err"]} if "kernel_max_rel_err" in g else {}
+                        kstats = check_kernels(ck, ref, cfg, samples=samples, device=device, workers=workers,
+                                               progress=progress, **kw)
+            findings += more
     report["findings"] = [f.__dict__ for f in findings]
     report["weights"] = [s.to_json() for s in stats]
     report["by_format"] = _aggregate(stats)
@@ -78,10 +106,10 @@ def verify(target: str | Path, reference: str | Path | None = None, *, expert_sa
         from ds_export.verify.e2e import E2E_MAX_KL, E2E_MIN_TOP1, check_export
 
         g = gates or {}
-        progress.phase("end to end (logits)", 1, "checks")
+        advance = progress.phase("end to end (logits)", 1, "checks")
         report["e2e"] = check_export(export, reference, max_kl=g.get("e2e_max_kl", E2E_MAX_KL),
                                      min_top1=g.get("e2e_min_top1", E2E_MIN_TOP1))
-        progress.advance(1)
+        advance(1)
     report["ok"] = (not findings and all(s.ok for s in stats) and all(k.ok for k in kstats)
                     and (report["e2e"] is None or report["e2e"]["ok"]))
     return report

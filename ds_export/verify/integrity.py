@@ -32,32 +32,88 @@ def check_files(root: Path, *, workers: int | None = None,
                 progress: Reporter = QUIET) -> tuple[list[Finding], Manifest | None]:
     """Manifest present and complete; every listed file present with its size and sha256 (files hashed by
     `workers` threads at once, default one per core up to 16: hashlib hashes without the GIL)."""
-    from concurrent.futures import ThreadPoolExecutor
+    with FileChecks(root, workers=workers, progress=progress) as files:
+        return files.finish(), files.manifest
 
-    from ds_export.verify.weights import default_workers
 
-    out: list[Finding] = []
-    m = Manifest.load(root)
-    if m is None:
-        return [Finding("files", str(root), "no dsx-manifest.json: not a dsx output (or written by an older tool)")], None
-    if not m.complete:
-        out.append(Finding("files", str(m.path), "the run is not complete (interrupted?): rerun the same command"))
-    rels = sorted(m.files)
-    sizes = (m.files[r].get("size") if isinstance(m.files[r], dict) else None for r in rels)
-    progress.phase(f"sha256 ({len(rels)} files)", sum(s for s in sizes if isinstance(s, int)))
-    pool = ThreadPoolExecutor(max_workers=workers or default_workers(), thread_name_prefix="dsx-hash")
-    try:
-        whys = list(pool.map(lambda rel: m.verify_file(rel, progress=progress.advance), rels))
-    finally:  # an interrupt drops the files not started yet
-        pool.shutdown(wait=True, cancel_futures=True)
-    for rel, why in zip(rels, whys):
-        if why:
-            out.append(Finding("files", rel, why.split(": ", 1)[-1]))
-    listed = set(m.files)
-    for p in sorted(root.glob("*.safetensors")):
-        if p.name not in listed:
-            out.append(Finding("files", p.name, "present but not in the manifest (a stray or foreign file)"))
-    return out, m
+class FileChecks:
+    """check_files in steps, for verify to read each file from disk once for its hash and its weights.
+
+    Opening checks the manifest and every listed file's presence and size (a stat each). `reading(file)` starts that
+    file's hash on a thread of its own as the weight check starts reading its tensors, so the two read the same
+    bytes at about the same time and the disk gives them once (hashing every file first and then checking the
+    weights read R1's target from disk twice: it is larger than any page cache; hashing files ahead of the weight
+    check was little better where the page cache is small, as the source's pages, read meanwhile, pushed them
+    out). `finish()` hashes the rest and returns every finding; verify reports nothing else when a file fails, so
+    what was read out of it beside its hash is dropped."""
+
+    def __init__(self, root: Path, *, workers: int | None = None, progress: Reporter = QUIET):
+        from concurrent.futures import ThreadPoolExecutor
+
+        from ds_export.verify.weights import default_workers
+
+        self.root, self.findings, self.manifest = Path(root), [], Manifest.load(root)
+        self.futures: dict = {}
+        if self.manifest is None:
+            self.findings.append(Finding("files", str(root), "no dsx-manifest.json: not a dsx output (or written by "
+                                         "an older tool)"))
+            self.rels, self.at, self.pool = [], {}, None
+            return
+        m = self.manifest
+        if not m.complete:
+            self.findings.append(Finding("files", str(m.path), "the run is not complete (interrupted?): rerun the "
+                                         "same command"))
+        listed = self.rels = sorted(m.files)  # (the order the weight check reads the shards in)
+        self.at = {rel: i for i, rel in enumerate(listed)}
+        self.unreadable = {r for r in listed if m.verify_file(r, hash_check=False)}  # missing, or the wrong size
+        sizes = (m.files[r].get("size") if isinstance(m.files[r], dict) else None for r in listed)
+        self.advance = progress.phase(f"sha256 ({len(listed)} files)", sum(s for s in sizes if isinstance(s, int)))
+        workers = workers or default_workers()
+        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dsx-hash")
+        self.next = 0  # rels[:next] are submitted
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self.pool is not None:  # an error or an interrupt drops the files not started yet
+            self.pool.shutdown(wait=True, cancel_futures=True)
+
+    def _submit_to(self, i: int) -> None:
+        while self.next <= min(i, len(self.rels) - 1):
+            rel = self.rels[self.next]
+            self.futures[rel] = self.pool.submit(self.manifest.verify_file, rel, progress=self.advance)
+            self.next += 1
+
+    def ok_without_hash(self) -> bool:
+        """Every listed file is present with its size (so its tensors can be opened)."""
+        return self.manifest is not None and not self.unreadable
+
+    def reading(self, file: str | Path) -> None:
+        """`file` (a path under the root, or relative to it) is about to be read: hash it now (and the listed files
+        before it not started yet), beside the reads."""
+        if self.manifest is None:
+            return
+        p, root = Path(file).resolve(), self.root.resolve()
+        rel = p.relative_to(root).as_posix() if p.is_relative_to(root) else str(file)
+        if rel in self.at:
+            self._submit_to(self.at[rel])
+
+    def finish(self) -> list[Finding]:
+        """Every file hashed; the findings, the manifest's first."""
+        if self.manifest is None:
+            return list(self.findings)
+        self._submit_to(len(self.rels))
+        out = list(self.findings)
+        for rel in sorted(self.rels):
+            why = self.futures[rel].result()
+            if why:
+                out.append(Finding("files", rel, why.split(": ", 1)[-1]))
+        listed = set(self.manifest.files)
+        for p in sorted(self.root.glob("*.safetensors")):
+            if p.name not in listed:
+                out.append(Finding("files", p.name, "present but not in the manifest (a stray or foreign file)"))
+        return out
 
 
 def expected_outputs(name: str, shape: tuple[int, ...], src_dtype: str, t: dict) -> dict[str, tuple[str, tuple]]:

@@ -165,7 +165,7 @@ def check_kernels(target: Checkpoint, reference: Checkpoint, cfg: ds.DeepseekV3C
                if r.kind == "weight" and r.quantizable and r.layer in chosen and name in reference
                and (r.expert is None or r.expert == 0)  # one expert per layer here; the grouped check covers several
                and target.info(name).dtype in ("F8_E4M3", "I8")]
-    progress.phase(f"kernels ({be.device})", len(linears) + 4, "checks")  # (the Linears, grouped, MLA, MTP x 2)
+    advance = progress.phase(f"kernels ({be.device})", len(linears) + 4, "checks")  # (the Linears, grouped, MLA, MTP x 2)
     stats: list[KernelStat] = []
     pool = ThreadPoolExecutor(max_workers=workers or W.default_workers(), thread_name_prefix="dsx-verify")
     try:
@@ -175,7 +175,7 @@ def check_kernels(target: Checkpoint, reference: Checkpoint, cfg: ds.DeepseekV3C
             try:
                 _, got_align, got_rows = W._stored_rows(target, name, shape)
             except W._Shape:
-                progress.advance(1)
+                advance(1)
                 continue  # the weight check fails this tensor, naming it
             n, k = shape
             x = activations(M_TOKENS, k, seed + (r.layer or 0))
@@ -190,14 +190,14 @@ def check_kernels(target: Checkpoint, reference: Checkpoint, cfg: ds.DeepseekV3C
             _, sqnr, _, _ = compare(quant_ref, y.astype(np.float64))
             err = _max_rel(y, ref)
             stats.append(KernelStat(f"{kern} ({be.device})", name, r.role, r.layer, err, sqnr, err <= gate))
-            progress.advance(1)
+            advance(1)
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
     for check in (lambda: _grouped(be, target, roles, chosen, seed, gate),
                   lambda: _mla(be, target, reference, cfg, roles, chosen, seed, gate),
                   lambda: [_mtp_accept(be, seed)], lambda: [_mtp_accept_topp(be, seed)]):
         stats += check()
-        progress.advance(1)
+        advance(1)
     return stats
 
 

@@ -6,16 +6,21 @@ goes; the CLI draws a bar on stderr, the default says nothing.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 
 class Reporter:
-    """Progress sink. `advance` may be called from worker threads (implementations must be thread-safe; rich's
-    Progress is)."""
+    """Progress sink. Phases may overlap (verify hashes files while it checks weights); the counting functions may be
+    called from worker threads (implementations must be thread-safe; rich's Progress is)."""
 
-    def phase(self, what: str, total: int, unit: str = "bytes") -> None:
-        """A check starts: what it does, and how much it will do (`unit`: "bytes" read or "checks")."""
+    def phase(self, what: str, total: int, unit: str = "bytes") -> Callable[[int], None]:
+        """A check starts: what it does and how much it will do (`unit`: "bytes" read or "checks"). Returns the
+        function that counts it: advance(n), n more done."""
+        return _nothing
 
-    def advance(self, n: int) -> None:
-        """n more of the current phase's unit done."""
+
+def _nothing(n: int) -> None:
+    pass
 
 
 QUIET = Reporter()

@@ -15,8 +15,10 @@ import math
 import os
 import threading
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
@@ -296,12 +298,15 @@ def _parts(rows: int, cols: int, align: int) -> list[tuple[int, int]]:
 
 def check_weights(target: Checkpoint, reference: Checkpoint, cfg: ds.DeepseekV3Config,
                   *, expert_sample: int | None = None, gates: dict | None = None,
-                  workers: int | None = None, progress: Reporter = QUIET) -> list[WeightStat]:
+                  workers: int | None = None, progress: Reporter = QUIET,
+                  on_file: Callable[[Path], None] | None = None) -> list[WeightStat]:
     """Compare every quantizable weight present in both (routed experts: the first `expert_sample` per layer).
 
     workers: threads that decode and reduce the tensors' row parts (default: the cores, at most 16); the result
     does not depend on it beyond float64 summation order. progress: told each tensor's bytes (stored and
-    reference) as it finishes.
+    reference) as it finishes. on_file(shard): called as the check starts on each of the target's shards (verify
+    hashes the shard then, beside the reads: integrity.FileChecks.reading); with it the shards are read one after
+    another in name order, each one's tensors in file order (the stats keep the target's order).
     """
     gate_of = {**MIN_SQNR, **(gates or {})}
     stats: list[WeightStat] = []
@@ -313,22 +318,28 @@ def check_weights(target: Checkpoint, reference: Checkpoint, cfg: ds.DeepseekV3C
         if expert_sample is not None and r.expert is not None and r.expert >= expert_sample:
             continue
         todo.append((name, r))
+    if on_file is not None:
+        todo.sort(key=lambda t: (target.info(t[0]).file.name, target.info(t[0]).begin))
 
     def nbytes(name: str) -> int:
         return target.info(name).nbytes + reference.info(name).nbytes
 
-    progress.phase(f"weights ({len(todo)} tensors)", sum(nbytes(n) for n, _ in todo))
+    advance = progress.phase(f"weights ({len(todo)} tensors)", sum(nbytes(n) for n, _ in todo))
 
     def finish(item: _Item) -> None:
         stats.append(_finish(item, reference, target, gate_of, pool))
-        progress.advance(nbytes(item.name))
+        advance(nbytes(item.name))
 
     workers = workers or default_workers()
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dsx-verify")
     try:
         window: deque = deque()  # tensors whose parts are queued or running, oldest first
         depth = 2 * workers
+        shard = None
         for name, r in todo:
+            if on_file is not None and target.info(name).file != shard:
+                shard = target.info(name).file
+                on_file(shard)
             shape, ref_align, ref_rows = _reference_rows(reference, name)
             try:
                 fmt, got_align, got_rows = _stored_rows(target, name, shape)
@@ -355,6 +366,9 @@ def check_weights(target: Checkpoint, reference: Checkpoint, cfg: ds.DeepseekV3C
             finish(window.popleft())
     finally:  # on an error or an interrupt, queued parts are dropped, not run
         pool.shutdown(wait=True, cancel_futures=True)
+    if on_file is not None:
+        at = {name: i for i, name in enumerate(target.names())}
+        stats.sort(key=lambda s: at[s.name])
     return stats
 
 
