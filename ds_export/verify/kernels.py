@@ -130,15 +130,19 @@ def _products(pool, ref_rows, got_rows, parts, x_kernel: np.ndarray, x_ref: np.n
     """(x_kernel @ stored.T, x_ref @ reference.T) in float64, the weights decoded in row parts on the pool's threads
     (a weight is never whole in float64: the dense MLPs of R1's first layers are 1 GB each there). copy: the weight
     check's byte comparison (verify.weights._copy_rows); rows it finds a finite copy are decoded once, for both."""
-    n = parts[-1][1]
-    kern = np.empty((x_kernel.shape[0], n))
+    n, m = parts[-1][1], x_kernel.shape[0]
+    kern = np.empty((m, n))
     quant = np.empty((x_ref.shape[0], n))
+    both = np.vstack([x_kernel, x_ref])  # (a copy's rows: both products in one pass over the weight)
 
     def part(r0, r1):
         size = (r1 - r0) * x_ref.shape[1]  # (into this thread's buffers, as the weight check does)
         w = ref_rows(r0, r1, W._scratch("ref", size, np.float64))
-        same = copy is not None and copy(r0, r1) is not None  # equal, finite bytes: equal values
-        kern[:, r0:r1] = x_kernel @ (w if same else got_rows(r0, r1, W._scratch("got", size, np.float64))[0]).T
+        if copy is not None and copy(r0, r1) is not None:  # equal, finite bytes: equal values
+            y = both @ w.T
+            kern[:, r0:r1], quant[:, r0:r1] = y[:m], y[m:]
+            return
+        kern[:, r0:r1] = x_kernel @ got_rows(r0, r1, W._scratch("got", size, np.float64))[0].T
         quant[:, r0:r1] = x_ref @ w.T
     for f in [pool.submit(part, r0, r1) for r0, r1 in parts]:
         f.result()
