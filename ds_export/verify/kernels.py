@@ -169,7 +169,7 @@ def check_kernels(target: Checkpoint, reference: Checkpoint, cfg: ds.DeepseekV3C
                if r.kind == "weight" and r.quantizable and r.layer in chosen and name in reference
                and (r.expert is None or r.expert == 0)  # one expert per layer here; the grouped check covers several
                and target.info(name).dtype in ("F8_E4M3", "I8")]
-    advance = progress.phase(f"kernels ({be.device})", len(linears) + 4, "checks")  # (the Linears, grouped, MLA, MTP x 2)
+    advance = progress.phase(f"kernels ({be.device})", len(linears) + 4, "checks")  # (+ grouped, MLA, MTP x 2)
     stats: list[KernelStat] = []
     pool = ThreadPoolExecutor(max_workers=workers or W.default_workers(), thread_name_prefix="dsx-verify")
     try:
