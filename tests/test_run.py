@@ -170,3 +170,43 @@ def test_tiny_tp2_recipe_runs_on_two_ranks(tmp_path, capsys):
     assert rep["ok"] and rep["e2e"]["tp"] == 2 and rep["e2e"]["top1_agreement"] > 0.3
     gen = res["steps"]["generate"]
     assert gen["ranks"] == 2 and len(gen["tokens"][0]) == 16
+
+
+def test_run_gives_each_step_its_progress_reporter(tmp_path):
+    """dsx run hands the quantize and verify steps the reporters the CLI draws (their bars, as dsx quantize and dsx
+    verify show them on their own), and each is told its work."""
+    import contextlib
+    import threading
+
+    from ds_export.quant import engine
+
+    asked, told = [], {"quantize": 0, "verify": []}
+
+    class Quantize(engine.Reporter):
+        def advance(self, nbytes):
+            told["quantize"] += nbytes
+
+    lock = threading.Lock()
+
+    class Verify:
+        def phase(self, what, total, unit="bytes"):
+            entry = [what.split(" (")[0], total, 0]
+            told["verify"].append(entry)
+
+            def advance(n):
+                with lock:
+                    entry[2] += n
+            return advance
+
+    def progress(step):
+        asked.append(step)
+        made = {"quantize": Quantize, "verify": Verify}.get(step)
+        return contextlib.nullcontext(made()) if made else None
+
+    dep, wd = load(Path("recipes/tiny.yaml")), tmp_path / "wd"
+    pipeline.run(dep, wd, until_step="quantize", say=lambda s: None, progress=progress)
+    res = pipeline.run(dep, wd, from_step="verify", until_step="verify", say=lambda s: None, progress=progress)
+    assert asked == ["download", "quantize", "verify"] and res["steps"]["verify"]["ok"]
+    assert told["quantize"] > 0
+    assert [p[0] for p in told["verify"]] == ["sha256", "weights", "kernels"]
+    assert all(done == total > 0 for _, total, done in told["verify"])

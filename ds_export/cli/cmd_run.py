@@ -40,11 +40,30 @@ def run(
         o.result(plan)
         _print_dry(o, plan)
         return
-    res = pipeline.run(dep, wd, from_step=from_step, until_step=until_step, say=o.print)
+    res = pipeline.run(dep, wd, from_step=from_step, until_step=until_step, say=o.print, progress=_reporters(o))
     o.result(res)
     if o.human:
         _print_report(o, res)
     o.print(f"[green]{dep.name}: done[/] ({', '.join(res['steps'])}) in {wd}")
+
+
+def _reporters(o: Out):
+    """The progress bars of the steps that have one: those of dsx download, quantize and verify."""
+    def progress(step: str):
+        if step == "download":
+            from ds_export.cli.cmd_download import _RichReporter as Download
+
+            return Download(o)
+        if step == "quantize":
+            from ds_export.cli.cmd_quantize import _RichReporter as Quantize
+
+            return Quantize(o)
+        if step == "verify":
+            from ds_export.cli.cmd_verify import _RichProgress
+
+            return _RichProgress(o)
+        return None
+    return progress
 
 
 def _summary(step: str, r: dict) -> str:

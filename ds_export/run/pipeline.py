@@ -10,12 +10,13 @@ complete export with the same settings exists), so rerunning the same command co
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from ds_export.errors import DsxError, UsageError
 from ds_export.io.checkpoint import INDEX_NAME, Checkpoint
@@ -72,7 +73,9 @@ def _selection(dep: Deployment) -> str:
 
 
 def run(dep: Deployment, workdir: Path, *, from_step=None, until_step=None,
-        say: Callable[[str], None] = print) -> dict:
+        say: Callable[[str], None] = print, progress: Callable[[str], Any] | None = None) -> dict:
+    """progress(step): a context manager giving the step's reporter (download.Reporter, quant engine.Reporter,
+    verify.progress.Reporter for "download", "quantize", "verify"; None for the others), which the CLI draws."""
     lay = Layout(Path(workdir))
     lay.root.mkdir(parents=True, exist_ok=True)
     done: dict = {"recipe": dep.name, "workdir": str(lay.root), "steps": {}, "seconds": {}}
@@ -81,7 +84,8 @@ def run(dep: Deployment, workdir: Path, *, from_step=None, until_step=None,
     for i, step in enumerate(steps, 1):
         say(f"[bold]step {i}/{len(steps)}: {step}[/] ({time.monotonic() - t_all:.0f} s elapsed)")
         t0 = time.monotonic()
-        done["steps"][step] = globals()[f"_step_{step}"](dep, lay, say)
+        with (progress(step) if progress is not None else None) or contextlib.nullcontext() as reporter:
+            done["steps"][step] = globals()[f"_step_{step}"](dep, lay, say, reporter)
         done["seconds"][step] = round(time.monotonic() - t0, 2)
     done["seconds"]["total"] = round(time.monotonic() - t_all, 2)
     return done
@@ -95,7 +99,7 @@ def _tiny_spec(dep: Deployment):
                     overrides=tuple(sorted((str(k), v) for k, v in (t.get("config") or {}).items())))
 
 
-def _step_download(dep: Deployment, lay: Layout, say) -> dict:
+def _step_download(dep: Deployment, lay: Layout, say, reporter=None) -> dict:
     if dep.tiny:
         from ds_export.tiny import write_tiny
 
@@ -110,17 +114,18 @@ def _step_download(dep: Deployment, lay: Layout, say) -> dict:
     from ds_export.download import Options, download
 
     m = dep.model
-    res = download(m["repo"], lay.source, Options(revision=m.get("revision", "main"), only=m.get("only", "all")))
+    res = download(m["repo"], lay.source, Options(revision=m.get("revision", "main"), only=m.get("only", "all")),
+                   reporter)
     say(f"  {m['repo']}@{res['commit'][:12]}: {res['files']} files, {res['bytes_downloaded'] / 1e9:.2f} GB fetched")
     return {"commit": res["commit"], "files": res["files"]}
 
 
-def _step_quantize(dep: Deployment, lay: Layout, say) -> dict:
+def _step_quantize(dep: Deployment, lay: Layout, say, reporter=None) -> dict:
     from ds_export.quant import engine, plan as plan_mod
 
     with Checkpoint.open(lay.source) as ck:
         p = plan_mod.build(ck, _recipe(dep), selection=_selection(dep))
-        res = engine.run(ck, p, lay.quantized, engine.Options())
+        res = engine.run(ck, p, lay.quantized, engine.Options(), reporter)
     say(f"  {lay.quantized}: {res['shards']} shards ({res['converted']} converted, {res['skipped']} verified and kept)")
     return res
 
@@ -131,7 +136,7 @@ def _export_settings(dep: Deployment, lay: Layout) -> dict:
             "speculate": bool(e.get("speculate", False))}
 
 
-def _step_export(dep: Deployment, lay: Layout, say) -> dict:
+def _step_export(dep: Deployment, lay: Layout, say, reporter=None) -> dict:
     from ds_export.export.exporter import export
 
     want = _export_settings(dep, lay)
@@ -147,7 +152,7 @@ def _step_export(dep: Deployment, lay: Layout, say) -> dict:
     return {"files": len(res["files"]), "bytes": res["bytes"]}
 
 
-def _step_verify(dep: Deployment, lay: Layout, say) -> dict:
+def _step_verify(dep: Deployment, lay: Layout, say, reporter=None) -> dict:
     from ds_export.verify import verify
 
     v = dep.verify
@@ -159,8 +164,9 @@ def _step_verify(dep: Deployment, lay: Layout, say) -> dict:
         say(f"  end-to-end check skipped: the float32 reference model needs about "
             f"{memory_needed(lay.source) / 2**30:.0f} GiB (weights and kernels are still checked)")
         exported = None
+    kw = {"progress": reporter} if reporter is not None else {}
     rep = verify(lay.quantized, lay.source, expert_sample=v.get("experts"), samples=int(v.get("samples", 4)),
-                 export=exported, device=v.get("device", "cpu"))
+                 export=exported, device=v.get("device", "cpu"), **kw)
     atomic_write_json(lay.report, rep)
     n_w, n_k = len(rep["weights"]), len(rep["kernels"])
     if not rep["ok"]:
@@ -172,7 +178,7 @@ def _step_verify(dep: Deployment, lay: Layout, say) -> dict:
     return {"ok": True, "weights": n_w, "kernels": n_k, "e2e": e2e}
 
 
-def _step_generate(dep: Deployment, lay: Layout, say) -> dict:
+def _step_generate(dep: Deployment, lay: Layout, say, reporter=None) -> dict:
     if not dep.generate:
         say("  no generate section: skipped")
         return {"skipped": True}
