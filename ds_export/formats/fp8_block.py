@@ -196,12 +196,8 @@ def dequant_ref(w_fp8, scale_inv, block=BLOCK, out: np.ndarray | None = None) ->
     if out is not None and (out.dtype != np.float32 or out.shape != w.shape):
         raise DsxError(f"dequant_ref: out must be float32 {list(w.shape)}, got {out.dtype} {list(out.shape)}")
     v = decode_e4m3_ref(w, out)
-    (n, k), (nb, kb) = w.shape, s.shape
-    if n == nb * bn and k == kb * bk:  # whole blocks: each block times its scale in place, nothing expanded
-        blocks = v.reshape(nb, bn, kb, bk)  # (a view of v)
-        blocks *= s[:, None, :, None]
-        return v
-    # ragged: each row's scales (n x kb, small), the whole column blocks in place, then the last, narrower one
+    n, k = w.shape
+    # each row's scales (n x kb, small); the whole column blocks scaled in place, then a last, narrower one if any
     rows = np.repeat(s, bn, axis=0)[:n]
     whole = k // bk
     if whole:

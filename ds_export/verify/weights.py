@@ -95,13 +95,9 @@ def _out(buf: np.ndarray | None, shape) -> np.ndarray:
 
 def _fp8_f64(codes: np.ndarray, scales: np.ndarray, block, out: np.ndarray | None) -> np.ndarray:
     """dequant_ref of an FP8 part (float32, as the format defines it) widened to float64, into `out` if given."""
-    if out is None:
-        return fp8_block.dequant_ref(codes, scales, block).astype(np.float64)
-    tmp = _scratch("f32", codes.size, np.float32)
-    v = fp8_block.dequant_ref(codes, scales, block, out=None if tmp is None else tmp[: codes.size].reshape(codes.shape))
-    res = _out(out, codes.shape)
-    np.copyto(res, v)
-    return res
+    tmp = _scratch("f32", codes.size, np.float32) if out is not None else None
+    return _widen(fp8_block.dequant_ref(codes, scales, block,
+                                        out=None if tmp is None else tmp[: codes.size].reshape(codes.shape)), out)
 
 
 def _widen(a: np.ndarray, out: np.ndarray | None) -> np.ndarray:
