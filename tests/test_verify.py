@@ -409,14 +409,14 @@ def test_cli_progress_is_drawn_on_a_terminal_only():
 
     from rich.console import Console
 
-    from ds_export.cli.cmd_verify import _RichProgress
+    from ds_export.cli.progress import VerifyBar
     from ds_export.cli.output import Out
 
     def drawn(terminal: bool, **out) -> str:
         o = Out(**out)
         buf = io.StringIO()
         o.err = Console(file=buf, force_terminal=terminal, width=120)
-        with _RichProgress(o) as p:
+        with VerifyBar(o) as p:
             files = p.phase("sha256 (3 files)", 3 << 20)
             kernels = p.phase("kernels (cpu)", 7, "checks")
             files(3 << 20)

@@ -8,7 +8,8 @@ from typing import Annotated
 import typer
 
 from ds_export.cli.options import Json, Quiet
-from ds_export.cli.output import Out, ProgressBar, human_bytes
+from ds_export.cli.output import Out, human_bytes
+from ds_export.cli.progress import DownloadBar
 
 
 def download(
@@ -40,7 +41,7 @@ def download(
     opts = Options(revision=revision, only=only, include=tuple(include or ()), exclude=tuple(exclude or ()),
                    workers=workers, verify=verify)
     try:
-        with _RichReporter(o) as rep:
+        with DownloadBar(o) as rep:
             res = run_download(repo_id, target, opts, rep)
     except KeyboardInterrupt:
         raise Interrupted(f"interrupted; finished and partial files stay in {target}",
@@ -53,36 +54,3 @@ def download(
             + (f", resumed {len(res['resumed'])}" if res["resumed"] else "")
             + (f", refetched after a mismatch {len(res['refetched'])}" if res["refetched"] else "")
             + ("" if res["verified"] else " (not verified: --no-verify)"))
-
-
-class _RichReporter(ProgressBar):
-    """download.Reporter as one rich progress line (bytes, GB/s, ETA, files); silent in --json/--quiet."""
-
-    def __init__(self, o: Out):
-        from rich.progress import BarColumn, DownloadColumn, TextColumn, TimeRemainingColumn, TransferSpeedColumn
-
-        super().__init__(o, TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                         TimeRemainingColumn())
-        self.files = self.done = 0
-
-    def _describe(self) -> str:
-        return f"download {self.done}/{self.files} files"
-
-    def start(self, total_bytes, done_bytes, files, files_done):
-        self.files, self.done = files, files_done
-        self.task = self.p.add_task(self._describe(), total=total_bytes, completed=done_bytes)
-
-    def advance(self, n):
-        if self.task is not None:
-            self.p.advance(self.task, n)
-
-    def file_done(self, path):
-        if self.task is not None:
-            self.done += 1
-            self.p.update(self.task, description=self._describe())
-
-    def note(self, msg):
-        if self.o.human:
-            from rich.markup import escape
-
-            self.p.console.print(f"[yellow]{escape(msg)}[/yellow]", markup=True, highlight=False)

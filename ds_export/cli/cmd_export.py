@@ -1,4 +1,5 @@
-"""dsx export (issue: export). Options are final; the implementation lands with that issue."""
+"""dsx export: parse options, call `ds_export.export.exporter.export` (each TP rank, and the MTP draft with
+--speculate), print the summary."""
 
 from __future__ import annotations
 

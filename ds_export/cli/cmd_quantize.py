@@ -1,4 +1,5 @@
-"""dsx quantize (issue: quantize). Options are final; the implementation lands with that issue."""
+"""dsx quantize: parse options, plan the conversion, run it shard by shard under a progress bar, print the
+summary."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from typing import Annotated
 import typer
 
 from ds_export.cli.options import Device, DryRun, Force, Json, OutDir, Quiet, Workers
-from ds_export.cli.output import Out, ProgressBar, human_bytes
+from ds_export.cli.output import Out, human_bytes
+from ds_export.cli.progress import QuantizeBar
 from ds_export.errors import UsageError
 
 
@@ -63,7 +65,7 @@ def quantize(
             o.result(p.to_json())
             _print_plan(o, p)
             return
-        rep = _RichReporter(o)
+        rep = QuantizeBar(o)
         with rep:
             res = engine.run(ck, p, out, engine.Options(workers=workers, force=force, memory_budget=memory_mb << 20,
                                                          num_nodes=n_nodes, node_rank=rank,
@@ -128,33 +130,3 @@ def _label(t) -> str:
         g = t.target.group_size
         tt = tt.replace("weight_only_", "w") + (" per-channel" if g == -1 else f" g{g}") + f" sm{t.target.arch}"
     return tt + (" (copy)" if t.passthrough else "")
-
-
-class _RichReporter(ProgressBar):
-    """engine.Reporter with a rich progress bar (bytes, GB/s, ETA); silent in --json/--quiet."""
-
-    def __init__(self, o: Out):
-        import time
-
-        from rich.progress import BarColumn, DownloadColumn, TextColumn, TimeRemainingColumn, TransferSpeedColumn
-
-        super().__init__(o, TextColumn("{task.description}", style="dim"), BarColumn(), DownloadColumn(),
-                         TransferSpeedColumn(), TimeRemainingColumn())
-        self._t0 = time.perf_counter()
-        self._clock = time.perf_counter
-
-    def elapsed(self) -> float:
-        return self._clock() - self._t0
-
-    def start(self, total_bytes, shards, skipped):
-        self._t0 = self._clock()
-        self.task = self.p.add_task(f"quantize ({skipped}/{shards} shards already done)", total=total_bytes)
-
-    def advance(self, n):
-        self.p.advance(self.task, n)
-
-    def shard_done(self, file):
-        pass
-
-    def tensor(self, name):
-        self.p.update(self.task, description=f"quantize {name}")

@@ -1,4 +1,5 @@
-"""dsx run (issue: recipes). Options are final; the implementation lands with that issue."""
+"""dsx run: load a recipe and run `ds_export.run.pipeline` (the long steps with their commands' progress bars),
+then print the steps' report."""
 
 from __future__ import annotations
 
@@ -49,20 +50,12 @@ def run(
 
 def _reporters(o: Out):
     """The progress bars of the steps that have one: those of dsx download, quantize and verify."""
+    from ds_export.cli.progress import DownloadBar, QuantizeBar, VerifyBar
+
+    bars = {"download": DownloadBar, "quantize": QuantizeBar, "verify": VerifyBar}
+
     def progress(step: str):
-        if step == "download":
-            from ds_export.cli.cmd_download import _RichReporter as Download
-
-            return Download(o)
-        if step == "quantize":
-            from ds_export.cli.cmd_quantize import _RichReporter as Quantize
-
-            return Quantize(o)
-        if step == "verify":
-            from ds_export.cli.cmd_verify import _RichProgress
-
-            return _RichProgress(o)
-        return None
+        return bars[step](o) if step in bars else None
     return progress
 
 

@@ -1,4 +1,5 @@
-"""dsx verify (issue: verify). Options are final; the implementation lands with that issue."""
+"""dsx verify: parse options, call `ds_export.verify.verify` (progress bars on a terminal), print the report; a
+failure exits non-zero."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from typing import Annotated
 import typer
 
 from ds_export.cli.options import Device, Json, Quiet
-from ds_export.cli.output import Out, ProgressBar, human_bytes
+from ds_export.cli.output import Out, human_bytes
+from ds_export.cli.progress import VerifyBar
 from ds_export.errors import DsxError, UsageError
 
 
@@ -45,7 +47,7 @@ def verify(
     from ds_export.verify import load_gates
 
     gates = load_gates(gate) if gate is not None else None
-    with _RichProgress(o) as progress:
+    with VerifyBar(o) as progress:
         rep = run_verify(target, reference, expert_sample=experts, samples=samples, gates=gates, export=export_dir,
                          device=device, workers=workers, progress=progress)
     if report is not None:
@@ -126,28 +128,3 @@ def _print(o: Out, rep: dict) -> None:
 def _short(fmt: str) -> str:
     return {"a8w8_fp8": "fp8", "weight_only_int8": "int8", "weight_only_int4": "int4", "float32": "fp32",
             "weight_only_int8/g": "int8 grp", "weight_only_int4/g": "int4 grp"}.get(fmt, fmt)
-
-
-class _RichProgress(ProgressBar):
-    """verify.progress.Reporter as a rich bar on stderr, one line a phase (bytes and their rate, or checks done, and
-    the time left); only on a terminal (a log or a pipe gets the report and a failure's one line, as before), silent
-    in --json / --quiet."""
-
-    def __init__(self, o: Out):
-        from rich.progress import BarColumn, ProgressColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-        from rich.text import Text
-
-        class Amount(ProgressColumn):
-            def render(self, task):
-                if task.fields.get("unit") != "bytes":
-                    return Text(f"{task.completed:.0f}/{task.total:.0f} checks")
-                speed = task.finished_speed or task.speed
-                return Text(f"{human_bytes(task.completed)}/{human_bytes(task.total or 0)}"
-                            + (f" {human_bytes(speed)}/s" if speed else ""))
-
-        super().__init__(o, TextColumn("{task.description}", style="dim"), BarColumn(bar_width=24), Amount(),
-                         TimeElapsedColumn(), TimeRemainingColumn(), terminal_only=True)
-
-    def phase(self, what: str, total: int, unit: str = "bytes"):
-        task = self.p.add_task(what, total=max(total, 1), unit=unit)  # (phases may overlap: a bar each)
-        return lambda n: self.p.advance(task, n)

@@ -18,37 +18,26 @@ class Out:
     def __post_init__(self):
         self.console = Console(highlight=False, soft_wrap=True)
         self.err = Console(stderr=True, highlight=False, soft_wrap=True)
+        self.live = None  # the console of a progress bar being drawn (cli.progress.ProgressBar sets it)
 
     @property
     def human(self) -> bool:
         return not (self.json or self.quiet)
 
     def print(self, *objs, **kw) -> None:
-        if self.human:
+        if not self.human:
+            return
+        if self.live is not None and self.console.is_terminal and self.live.is_terminal:
+            # (stdout and the bar's stderr are both terminals: a line printed past the bar lands on the bar's line, so
+            # it goes through the bar's console, which prints it above the bar; rich's stdout redirection does not
+            # catch a Console's own writes)
+            self.live.print(*objs, **kw)
+        else:
             self.console.print(*objs, **kw)
 
     def result(self, obj: dict) -> None:
         if self.json:
             sys.stdout.write(dumps_json(obj, indent=2) + "\n")
-
-
-class ProgressBar:
-    """A rich Progress on stderr as a context manager, which the commands' reporters build on: silent in --json /
-    --quiet, and where terminal_only also when stderr is not a terminal."""
-
-    def __init__(self, o: Out, *columns, terminal_only: bool = False):
-        from rich.progress import Progress
-
-        self.o = o
-        self.p = Progress(*columns, console=o.err, disable=not o.human or (terminal_only and not o.err.is_terminal))
-        self.task = None
-
-    def __enter__(self):
-        self.p.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        self.p.__exit__(*exc)
 
 
 def human_bytes(n: float) -> str:

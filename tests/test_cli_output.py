@@ -1,0 +1,91 @@
+"""The CLI's output: lines printed while a progress bar is drawn, and the bars dsx run gives its steps."""
+
+from __future__ import annotations
+
+import io
+import re
+
+import pytest
+from rich.console import Console
+
+from ds_export.cli.output import Out
+from ds_export.cli.progress import DownloadBar, ProgressBar, QuantizeBar, VerifyBar
+
+SGR = re.compile(r"\x1b\[[0-9;]*m")  # colours and styles, which do not move the cursor
+
+
+def _out(stdout: io.StringIO, stderr: io.StringIO, out_terminal: bool, err_terminal: bool, **kw) -> Out:
+    o = Out(**kw)
+    o.console = Console(file=stdout, force_terminal=out_terminal, width=100, highlight=False, soft_wrap=True)
+    o.err = Console(file=stderr, force_terminal=err_terminal, width=100, highlight=False, soft_wrap=True)
+    return o
+
+
+def _print_under_bar(o: Out) -> None:
+    with VerifyBar(o) as bar:
+        advance = bar.phase("weights (3 tensors)", 3 << 20)
+        advance(1 << 20)
+        bar.p.refresh()  # (drawn at least once before the line, as a bar of a long step is)
+        o.print("  all checks passed: 3 weights")
+        advance(2 << 20)
+    o.print("after the bar")
+
+
+def test_a_line_printed_under_a_bar_lands_on_its_own_line():
+    """On a terminal, stdout and the bar's stderr are one screen: a step's closing line printed while its bar is drawn
+    must start a line of its own (it landed at the end of the bar's line: a Console's writes pass rich's stdout
+    redirection by)."""
+    screen = io.StringIO()  # both streams to one terminal, as a user sees them
+    o = _out(screen, screen, True, True)
+    _print_under_bar(o)
+    raw = screen.getvalue()
+    before = SGR.sub("", raw[: raw.index("  all checks passed")])
+    # the bar's lines are erased (cursor to column 0 and the line cleared) before the line is written
+    assert before.endswith(("\x1b[2K", "\n", "\r")), repr(before[-60:])
+    assert "after the bar" in raw and o.live is None
+
+
+@pytest.mark.parametrize("out_terminal,err_terminal", [(False, True), (True, False), (False, False)])
+def test_lines_stay_on_stdout_unless_both_streams_are_terminals(out_terminal, err_terminal):
+    """stdout to a file or pipe (dsx run > log), or stderr away from the terminal: every line on stdout, none moved
+    to stderr (a log would lose them)."""
+    out, err = io.StringIO(), io.StringIO()
+    _print_under_bar(_out(out, err, out_terminal, err_terminal))
+    assert "all checks passed" in out.getvalue() and "after the bar" in out.getvalue()
+    assert "all checks passed" not in err.getvalue()
+
+
+def test_both_terminals_route_the_line_through_the_bar_then_back():
+    out, err = io.StringIO(), io.StringIO()
+    o = _out(out, err, True, True)
+    _print_under_bar(o)
+    assert "all checks passed" in err.getvalue() and "all checks passed" not in out.getvalue()
+    assert "after the bar" in out.getvalue()  # (the bar closed: stdout again)
+
+
+@pytest.mark.parametrize("kw", [{"json": True}, {"quiet": True}])
+def test_quiet_and_json_print_nothing_and_draw_nothing(kw):
+    out, err = io.StringIO(), io.StringIO()
+    _print_under_bar(_out(out, err, True, True, **kw))
+    assert out.getvalue() == "" and err.getvalue() == ""
+
+
+def test_nested_bars_restore_the_outer_one():
+    out, err = io.StringIO(), io.StringIO()
+    o = _out(out, err, True, True)
+    with QuantizeBar(o) as outer:
+        with DownloadBar(o):
+            assert o.live is not None
+        assert o.live is outer.p.console
+    assert o.live is None
+
+
+def test_run_draws_the_commands_own_bars():
+    """dsx run's steps get the bars dsx download, quantize and verify draw, and no bar for the other steps."""
+    from ds_export.cli.cmd_run import _reporters
+
+    progress = _reporters(Out())
+    assert type(progress("download")) is DownloadBar and type(progress("quantize")) is QuantizeBar
+    assert type(progress("verify")) is VerifyBar
+    assert progress("export") is None and progress("generate") is None
+    assert all(issubclass(c, ProgressBar) for c in (DownloadBar, QuantizeBar, VerifyBar))
