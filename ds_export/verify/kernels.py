@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from dataclasses import asdict, dataclass
 
 import ml_dtypes
@@ -169,7 +170,13 @@ def check_kernels(target: Checkpoint, reference: Checkpoint, cfg: ds.DeepseekV3C
                if r.kind == "weight" and r.quantizable and r.layer in chosen and name in reference
                and (r.expert is None or r.expert == 0)  # one expert per layer here; the grouped check covers several
                and target.info(name).dtype in ("F8_E4M3", "I8")]
-    advance = progress.phase(f"kernels ({be.device})", len(linears) + 4, "checks")  # (+ grouped, MLA, MTP x 2)
+    # (each check below gives one line of the report: the bar counts to the report's count)
+    checks = ([partial(_grouped, be, target, layer, names, seed, gate)
+               for layer, names in _grouped_work(target, roles, chosen)]
+              + [partial(_mla, be, target, reference, cfg, name, r, seed, gate)
+                 for name, r in _mla_work(reference, cfg, roles, chosen)]
+              + [partial(_mtp_accept, be, seed), partial(_mtp_accept_topp, be, seed)])
+    advance = progress.phase(f"kernels ({be.device})", len(linears) + len(checks), "checks")
     stats: list[KernelStat] = []
     pool = ThreadPoolExecutor(max_workers=workers or W.default_workers(), thread_name_prefix="dsx-verify")
     try:
@@ -197,38 +204,40 @@ def check_kernels(target: Checkpoint, reference: Checkpoint, cfg: ds.DeepseekV3C
             advance(1)
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
-    for check in (lambda: _grouped(be, target, roles, chosen, seed, gate),
-                  lambda: _mla(be, target, reference, cfg, roles, chosen, seed, gate),
-                  lambda: [_mtp_accept(be, seed)], lambda: [_mtp_accept_topp(be, seed)]):
-        stats += check()
+    for check in checks:
+        stats.append(check())
         advance(1)
     return stats
 
 
-def _grouped(be: Backend, target: Checkpoint, roles: dict, chosen: set, seed: int, gate: float) -> list[KernelStat]:
-    """The MoE path: FP8 experts of one sampled layer through the contiguous grouped GEMM."""
-    out = []
+def _grouped_work(target: Checkpoint, roles: dict, chosen: set) -> list[tuple[int, list[str]]]:
+    """The grouped GEMM's checks: each sampled layer with two FP8 experts or more, its first four experts."""
+    work = []
     for layer in sorted(chosen):
         names = sorted((r.expert, n) for n, r in roles.items()
                        if r.layer == layer and r.role == "expert_up" and r.kind == "weight"
                        and target.info(n).dtype == "F8_E4M3")[:4]
-        if len(names) < 2:
-            continue
-        ws = [target.get(n) for _, n in names]
-        ss = [target.get(n + ds.SCALE_SUFFIX) for _, n in names]
-        k = ws[0].shape[1]
-        counts = [3, 0, 5, 8][: len(names)]  # an expert with no tokens included
-        offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
-        x = activations(int(offsets[-1]), k, seed + 1000 + layer)
-        xq, sx = be.act_quant(x)
-        y = be.grouped_fp8(xq, sx, np.stack(ws), np.stack(ss), offsets)
-        x_deq = fp8_block.dequant_ref(xq, sx, (1, 128)).astype(np.float64)
-        ref = np.concatenate([x_deq[offsets[e]:offsets[e + 1]] @ fp8_block.dequant_ref(ws[e], ss[e]).astype(
-            np.float64).T for e in range(len(names))])
-        err = _max_rel(y, ref)
-        out.append(KernelStat(f"grouped fp8 gemm (MoE, {be.device})", f"model.layers.{layer}.mlp.experts.*.up_proj", "expert_up",
-                              layer, err, math.inf, err <= gate))
-    return out
+        if len(names) >= 2:
+            work.append((layer, [n for _, n in names]))
+    return work
+
+
+def _grouped(be: Backend, target: Checkpoint, layer: int, names: list[str], seed: int, gate: float) -> KernelStat:
+    """The MoE path: FP8 experts of one sampled layer through the contiguous grouped GEMM."""
+    ws = [target.get(n) for n in names]
+    ss = [target.get(n + ds.SCALE_SUFFIX) for n in names]
+    k = ws[0].shape[1]
+    counts = [3, 0, 5, 8][: len(names)]  # an expert with no tokens included
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+    x = activations(int(offsets[-1]), k, seed + 1000 + layer)
+    xq, sx = be.act_quant(x)
+    y = be.grouped_fp8(xq, sx, np.stack(ws), np.stack(ss), offsets)
+    x_deq = fp8_block.dequant_ref(xq, sx, (1, 128)).astype(np.float64)
+    ref = np.concatenate([x_deq[offsets[e]:offsets[e + 1]] @ fp8_block.dequant_ref(ws[e], ss[e]).astype(
+        np.float64).T for e in range(len(names))])
+    err = _max_rel(y, ref)
+    return KernelStat(f"grouped fp8 gemm (MoE, {be.device})", f"model.layers.{layer}.mlp.experts.*.up_proj",
+                      "expert_up", layer, err, math.inf, err <= gate)
 
 
 def _mtp_accept(be: Backend, seed: int) -> KernelStat:
@@ -275,68 +284,72 @@ def _mtp_accept_topp(be: Backend, seed: int) -> KernelStat:
 MLA_BATCH, MLA_SQ, MLA_LENS = 2, 2, (150, 77)  # 2 sequences, 2 new tokens each (a verify step), ragged
 
 
-def _mla(be: Backend, target: Checkpoint, reference: Checkpoint, cfg: ds.DeepseekV3Config, roles: dict,
-         chosen: set, seed: int, gate: float) -> list[KernelStat]:
-    """MLA decode with each sampled layer's absorbed kv_b over a paged latent cache (see the module doc)."""
-    from ds_export.native.mla_decode import DIM, LATENT, PAGE, ROPE
-    from ds_export.verify.weights import stored_f64
+def _mla_work(reference: Checkpoint, cfg: ds.DeepseekV3Config, roles: dict,
+              chosen: set) -> list[tuple[str, ds.TensorRole]]:
+    """The MLA kernel's checks: each sampled layer's kv_b (none where the model's latent is not the kernel's)."""
+    from ds_export.native.mla_decode import LATENT, ROPE
 
     if cfg.kv_lora_rank != LATENT or cfg.qk_rope_head_dim != ROPE:
         return []  # the kernel is DeepSeek-V3's 512 + 64 latent; other shapes have no MLA kernel to check
+    return [(name, r) for name, r in sorted(roles.items())
+            if r.role == "kv_b" and r.kind == "weight" and r.layer in chosen and name in reference]
+
+
+def _mla(be: Backend, target: Checkpoint, reference: Checkpoint, cfg: ds.DeepseekV3Config, name: str,
+         r: ds.TensorRole, seed: int, gate: float) -> KernelStat:
+    """MLA decode with a sampled layer's absorbed kv_b over a paged latent cache (see the module doc)."""
+    from ds_export.native.mla_decode import DIM, LATENT, PAGE, ROPE
+    from ds_export.verify.weights import stored_f64
+
     h, nope, v = cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.v_head_dim
     heads = min(h, 16)  # a TP8 rank's worth of heads
     scale = cfg.qk_head_dim ** -0.5
-    out = []
-    for name, r in sorted(roles.items()):
-        if r.role != "kv_b" or r.kind != "weight" or r.layer not in chosen or name not in reference:
-            continue
-        ref_w = reference_f64(reference, name).reshape(h, nope + v, LATENT)[:heads]
-        got_w, _, _ = stored_f64(target, name, (h * (nope + v), LATENT))
-        got_w = got_w.reshape(h, nope + v, LATENT)[:heads]
-        rng = np.random.default_rng([seed, r.layer or 0, 7])
-        lens = np.array(MLA_LENS, np.int32)
-        t_max = int(lens.max())
-        latent = rng.standard_normal((MLA_BATCH, t_max, LATENT)) * rng.uniform(0.5, 1.5, (1, 1, LATENT))
-        k_pe = rng.standard_normal((MLA_BATCH, t_max, ROPE))
-        q_nope = rng.standard_normal((MLA_BATCH, MLA_SQ, heads, nope))
-        q_pe = rng.standard_normal((MLA_BATCH, MLA_SQ, heads, ROPE))
-        rows = np.concatenate([latent, k_pe], -1).astype(np.float32).astype(ml_dtypes.bfloat16)  # the cache
-        # Absorbed query, as the exported model forms it: q_nope @ W_UK per head, then bf16.
-        q_lat = np.einsum("bshn,hnc->bshc", q_nope, got_w[:, :nope])
-        q = np.concatenate([q_lat, q_pe], -1).astype(np.float32).astype(ml_dtypes.bfloat16)
-        # Paged: pages shuffled, a spare page between, to catch a page-table bug.
-        n_pages = -(-t_max // PAGE)
-        perm = rng.permutation(MLA_BATCH * n_pages + 1)
-        cache = np.zeros((MLA_BATCH * n_pages + 1, PAGE, DIM), ml_dtypes.bfloat16)
-        table = np.zeros((MLA_BATCH, n_pages), np.int32)
-        for b in range(MLA_BATCH):
-            for p in range(n_pages):
-                table[b, p] = perm[b * n_pages + p]
-                chunk = rows[b, p * PAGE:(p + 1) * PAGE]
-                cache[table[b, p], : len(chunk)] = chunk
-        o_lat, _ = be.mla_decode(q, cache, table, lens, scale)
-        o_lat = o_lat.astype(np.float64)
-        # Kernel error: float64 attention on exactly the kernel's bf16 inputs.
-        kv64, q64 = rows.astype(np.float64), q.astype(np.float64)
-        want, ref_out, got_out = [], [], []
-        for b in range(MLA_BATCH):
-            for i in range(MLA_SQ):
-                vis = int(lens[b]) - MLA_SQ + i + 1  # causal among the new tokens
-                kv = kv64[b, :vis]
-                p = _softmax(q64[b, i] @ kv.T * scale)  # [heads, vis]
-                want.append(p @ kv[:, :LATENT])
-                # Quantization error: unabsorbed attention with the reference kv_b (keys and values
-                # through W_UK / W_UV of each head), vs the kernel's output taken through the stored W_UV.
-                k_nope = np.einsum("tc,hnc->htn", latent[b, :vis], ref_w[:, :nope])
-                vals = np.einsum("tc,hvc->htv", latent[b, :vis], ref_w[:, nope:])
-                sc = (np.einsum("hn,htn->ht", q_nope[b, i], k_nope) + q_pe[b, i] @ k_pe[b, :vis].T) * scale
-                ref_out.append(np.einsum("ht,htv->hv", _softmax(sc), vals))
-                got_out.append(np.einsum("hc,hvc->hv", o_lat[b, i], got_w[:, nope:]))
-        err = _max_rel(o_lat.reshape(-1, heads, LATENT), np.stack(want))
-        _, sqnr, _, _ = compare(np.stack(ref_out), np.stack(got_out))
-        out.append(KernelStat(f"mla decode ({be.device}, {heads} heads, s_q {MLA_SQ})", name, "kv_b", r.layer, err,
-                              sqnr, err <= gate))
-    return out
+    ref_w = reference_f64(reference, name).reshape(h, nope + v, LATENT)[:heads]
+    got_w, _, _ = stored_f64(target, name, (h * (nope + v), LATENT))
+    got_w = got_w.reshape(h, nope + v, LATENT)[:heads]
+    rng = np.random.default_rng([seed, r.layer or 0, 7])
+    lens = np.array(MLA_LENS, np.int32)
+    t_max = int(lens.max())
+    latent = rng.standard_normal((MLA_BATCH, t_max, LATENT)) * rng.uniform(0.5, 1.5, (1, 1, LATENT))
+    k_pe = rng.standard_normal((MLA_BATCH, t_max, ROPE))
+    q_nope = rng.standard_normal((MLA_BATCH, MLA_SQ, heads, nope))
+    q_pe = rng.standard_normal((MLA_BATCH, MLA_SQ, heads, ROPE))
+    rows = np.concatenate([latent, k_pe], -1).astype(np.float32).astype(ml_dtypes.bfloat16)  # the cache
+    # Absorbed query, as the exported model forms it: q_nope @ W_UK per head, then bf16.
+    q_lat = np.einsum("bshn,hnc->bshc", q_nope, got_w[:, :nope])
+    q = np.concatenate([q_lat, q_pe], -1).astype(np.float32).astype(ml_dtypes.bfloat16)
+    # Paged: pages shuffled, a spare page between, to catch a page-table bug.
+    n_pages = -(-t_max // PAGE)
+    perm = rng.permutation(MLA_BATCH * n_pages + 1)
+    cache = np.zeros((MLA_BATCH * n_pages + 1, PAGE, DIM), ml_dtypes.bfloat16)
+    table = np.zeros((MLA_BATCH, n_pages), np.int32)
+    for b in range(MLA_BATCH):
+        for p in range(n_pages):
+            table[b, p] = perm[b * n_pages + p]
+            chunk = rows[b, p * PAGE:(p + 1) * PAGE]
+            cache[table[b, p], : len(chunk)] = chunk
+    o_lat, _ = be.mla_decode(q, cache, table, lens, scale)
+    o_lat = o_lat.astype(np.float64)
+    # Kernel error: float64 attention on exactly the kernel's bf16 inputs.
+    kv64, q64 = rows.astype(np.float64), q.astype(np.float64)
+    want, ref_out, got_out = [], [], []
+    for b in range(MLA_BATCH):
+        for i in range(MLA_SQ):
+            vis = int(lens[b]) - MLA_SQ + i + 1  # causal among the new tokens
+            kv = kv64[b, :vis]
+            p = _softmax(q64[b, i] @ kv.T * scale)  # [heads, vis]
+            want.append(p @ kv[:, :LATENT])
+            # Quantization error: unabsorbed attention with the reference kv_b (keys and values
+            # through W_UK / W_UV of each head), vs the kernel's output taken through the stored W_UV.
+            k_nope = np.einsum("tc,hnc->htn", latent[b, :vis], ref_w[:, :nope])
+            vals = np.einsum("tc,hvc->htv", latent[b, :vis], ref_w[:, nope:])
+            sc = (np.einsum("hn,htn->ht", q_nope[b, i], k_nope) + q_pe[b, i] @ k_pe[b, :vis].T) * scale
+            ref_out.append(np.einsum("ht,htv->hv", _softmax(sc), vals))
+            got_out.append(np.einsum("hc,hvc->hv", o_lat[b, i], got_w[:, nope:]))
+    err = _max_rel(o_lat.reshape(-1, heads, LATENT), np.stack(want))
+    _, sqnr, _, _ = compare(np.stack(ref_out), np.stack(got_out))
+    return KernelStat(f"mla decode ({be.device}, {heads} heads, s_q {MLA_SQ})", name, "kv_b", r.layer, err, sqnr,
+                      err <= gate)
 
 
 def _softmax(s: np.ndarray) -> np.ndarray:
