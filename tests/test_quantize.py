@@ -305,6 +305,57 @@ def test_bad_source_rejected_before_work(tiny_fp8, tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+def _plant(root, pick, value: bytes, at: int = 0) -> tuple[str, str]:
+    """Overwrite bytes of the first tensor whose name `pick` accepts, in its shard under root: (shard, tensor)."""
+    import struct
+
+    for shard in sorted(root.glob("model-*.safetensors")):
+        b = bytearray(shard.read_bytes())
+        n = struct.unpack("<Q", b[:8])[0]
+        header = json.loads(b[8:8 + n])
+        names = [k for k in header if k != "__metadata__" and pick(k, header[k])]
+        if names:
+            off = 8 + n + header[names[0]]["data_offsets"][0] + at
+            b[off:off + len(value)] = value
+            shard.write_bytes(bytes(b))
+            return shard.name, names[0]
+    raise AssertionError("no tensor to plant into")
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+@pytest.mark.parametrize("qtype", ["a8w8_fp8", "bf16", "weight_only_int4", "a8w8_fp8_wint4"])
+def test_a_non_finite_block_scale_is_refused_naming_it(tiny_fp8, tmp_path, capsys, qtype, bad):
+    """A NaN or Inf block scale in an FP8 source turns a whole 128 x 128 block into NaN / Inf: copied as it is (FP8)
+    or decoded (bf16, weight-only), it was written without a word. It is refused, naming the shard and tensor, and
+    the output does not look complete."""
+    import shutil
+
+    shutil.copytree(tiny_fp8, tmp_path / "src")
+    shard, name = _plant(tmp_path / "src", lambda k, v: k.endswith("_scale_inv") and "layers.1." in k,
+                         np.array([bad], np.float32).tobytes(), at=4)
+    assert main(["quantize", str(tmp_path / "src"), "--out", str(tmp_path / "o"), "--type", qtype, "-q"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and shard in err and repr(name) in err and "NaN or Inf" in err, err
+    assert "block [0, 1]" in err and "download it again" in err
+    assert not (tmp_path / "o" / "model.safetensors.index.json").exists()
+    m = Manifest.load(tmp_path / "o")
+    assert m is None or not m.complete
+
+
+def test_a_nan_code_in_a_weight_only_conversion_names_the_tensor(tiny_fp8, tmp_path, capsys):
+    """An e4m3 NaN code (0x7F) met by the weight-only quantizer: the error names the tensor and its shard (it named
+    only the rows)."""
+    import shutil
+
+    shutil.copytree(tiny_fp8, tmp_path / "src")
+    shard, name = _plant(tmp_path / "src", lambda k, v: v["dtype"] == "F8_E4M3" and "self_attn.q_a_proj" in k,
+                         b"\x7f", at=1000)
+    assert main(["quantize", str(tmp_path / "src"), "--out", str(tmp_path / "o"), "--type", "weight_only_int8",
+                 "-q"]) == 1
+    err = capsys.readouterr().err
+    assert shard in err and repr(name) in err and "NaN or Inf after the FP8 decode" in err, err
+
+
 def test_weight_only_refuses_bad_shapes(tmp_path):
     """A shape Paddle's CPU op would corrupt memory on is refused at plan time, naming the tensor."""
     from ds_export.models import deepseek_v3 as ds

@@ -492,7 +492,8 @@ def quantize_fp8_rows_native(w_fp8, scale_inv, block, rows, bits: int, group_siz
     rc = _native_fp8_fn()(src.ctypes.data, s.ctypes.data, bn, bk, n, k, r0, r1, bits, group_size, arch,
                           q.ctypes.data, sc.ctypes.data, int(threads))
     if rc == ENONFINITE:
-        raise DsxError(f"weight rows {r0}..{r1}: NaN codes found; weight-only quantization refuses non-finite weights")
+        raise DsxError(f"weight rows {r0}..{r1}: NaN or Inf after the FP8 decode (a NaN code, or a block scale "
+                       "that overflows it); weight-only quantization refuses non-finite weights")
     if rc != 0:
         from ds_export.native import check
 

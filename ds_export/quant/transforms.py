@@ -12,7 +12,7 @@ from typing import Callable
 
 import numpy as np
 
-from ds_export.errors import DsxError
+from ds_export.errors import CheckpointError, DsxError
 from ds_export.formats import bf16 as bf16_fmt
 from ds_export.formats import fp8_block, weight_only
 from ds_export.io.checkpoint import Checkpoint
@@ -53,6 +53,20 @@ def _copy_raw(ck: Checkpoint, name: str, out_name: str, write: Write, chunk_byte
         progress(part.size)
 
 
+def _check_scales(ck: Checkpoint, task: Task) -> None:
+    """An FP8 source's block scales must be finite: a NaN or Inf scale turns its whole block into NaN / Inf in every
+    output (copied as it is, or decoded into bf16 and weight-only values), which nothing downstream would notice."""
+    s = np.asarray(ck.get(task.src_scale))
+    bad = ~np.isfinite(s)
+    if bad.any():
+        first = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise CheckpointError(
+            f"{ck.shard_of(task.src_scale).path}: tensor {task.src_scale!r}: {int(bad.sum())} of {s.size} block "
+            f"scales are NaN or Inf (the first at block {list(first)}: {float(s[first])}); the weight {task.src!r} "
+            "it scales cannot be converted",
+            hint="the source checkpoint is corrupt: download it again, dsx download checks every file's sha256")
+
+
 def convert(ck: Checkpoint, task: Task, write: Write, *, chunk_bytes: int = 64 << 20,
             backend: CpuBackend | None = None, progress: Progress = lambda n: None) -> None:
     """Produce every output of `task`, in plan order, through `write(name, array)`."""
@@ -60,6 +74,8 @@ def convert(ck: Checkpoint, task: Task, write: Write, *, chunk_bytes: int = 64 <
     t = task.target.type
     outs = task.outputs
     try:
+        if task.src_scale:
+            _check_scales(ck, task)
         if task.passthrough:
             _copy_raw(ck, task.src, outs[0].name, write, chunk_bytes, progress)
             if task.src_scale:
@@ -72,6 +88,11 @@ def convert(ck: Checkpoint, task: Task, write: Write, *, chunk_bytes: int = 64 <
             _to_weight_only(ck, task, write, chunk_bytes, progress, be)
         else:
             raise DsxError(f"{task.src}: no transform for target {t!r}")
+    except DsxError as e:
+        if task.src in str(e):
+            raise
+        # (a format's own check knows rows and values, not the tensor: name it and its file)
+        raise type(e)(f"{ck.shard_of(task.src).path}: tensor {task.src!r}: {e}", hint=e.hint) from e
     finally:
         for n in (task.src, task.src_scale):
             if n:
