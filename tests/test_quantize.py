@@ -356,6 +356,32 @@ def test_a_nan_code_in_a_weight_only_conversion_names_the_tensor(tiny_fp8, tmp_p
     assert shard in err and repr(name) in err and "NaN or Inf after the FP8 decode" in err, err
 
 
+@pytest.mark.parametrize("state", ["interrupted", "other nodes at work"])
+@pytest.mark.parametrize("command", ["export", "quantize"])
+def test_an_unfinished_output_is_refused_as_a_source(mixed, tmp_path, capsys, state, command):
+    """A dsx output its run has not finished, used as the source of dsx export or quantize, is refused in one line
+    that says so (its shards may all be present: a --force rerun in progress, or the nodes' own manifests before the
+    last node publishes), not read as if it were complete."""
+    import shutil
+
+    src = tmp_path / "q"
+    shutil.copytree(mixed.root, src)
+    manifest = json.loads((src / "dsx-manifest.json").read_text())
+    if state == "interrupted":
+        manifest["complete"] = False
+        (src / "dsx-manifest.json").write_text(json.dumps(manifest))
+        want = "dsx-manifest.json is not complete"
+    else:
+        (src / "dsx-manifest.json").rename(src / "dsx-manifest.node-1-of-2.json")
+        want = "only the per-node manifests dsx-manifest.node-1-of-2.json"
+    args = ["--type", "bf16"] if command == "quantize" else []
+    assert main([command, str(src), "--out", str(tmp_path / "o"), "-q", *args]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{src}: an unfinished dsx output ({want}" in err, err
+    assert f"dsx {command} needs a finished one" in err and "resumes" in err
+    assert not (tmp_path / "o").exists()
+
+
 def test_weight_only_refuses_bad_shapes(tmp_path):
     """A shape Paddle's CPU op would corrupt memory on is refused at plan time, naming the tensor."""
     from ds_export.models import deepseek_v3 as ds

@@ -44,6 +44,7 @@ def quantize(
       dsx quantize build/tiny --out build/tiny-mix --type a8w8_fp8_wint4 --dry-run
     """
     from ds_export.io.checkpoint import Checkpoint
+    from ds_export.io.manifest import require_finished
     from ds_export.quant import engine, plan as plan_mod
 
     o = Out(json, quiet)
@@ -59,6 +60,7 @@ def quantize(
     n_nodes, rank = engine.node_from_env(num_nodes, node_rank)
     rec = plan_mod.load_recipe(type_, recipe, arch=arch, group_size=group_size, mtp_type=mtp_type)
     # --mtp-only works on a partial source too (e.g. `dsx download --only mtp`).
+    require_finished(src, "dsx quantize")
     with Checkpoint.open(src, partial=mtp_only) as ck:
         p = plan_mod.build(ck, rec, selection="mtp" if mtp_only else "base" if no_mtp else "all")
         if dry_run:

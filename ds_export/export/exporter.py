@@ -33,7 +33,7 @@ from pathlib import Path
 from ds_export import __version__
 from ds_export.errors import DsxError, Interrupted, UsageError
 from ds_export.io.checkpoint import Checkpoint
-from ds_export.io.manifest import Manifest
+from ds_export.io.manifest import Manifest, require_finished
 from ds_export.io.writer import atomic_write_json
 from ds_export.models import deepseek_v3 as ds
 
@@ -245,6 +245,7 @@ def export(src: str | os.PathLike, out: str | os.PathLike, *, dtype: str = "floa
         raise UsageError("--workers must be at least 1")
     if out.exists() and not force:
         raise UsageError(f"{out}: exists", hint="choose a new --out or pass --force to replace it")
+    require_finished(src, "dsx export")
     with Checkpoint.open(src) as ck:
         cfg = ds.DeepseekV3Config.from_dict(ck.config, source=str(Path(src) / "config.json"))
         check_tp(cfg, tp, str(Path(src) / "config.json"))

@@ -74,3 +74,23 @@ class Manifest:
         if hash_check and sha256_file(p, progress=progress) != ent["sha256"]:
             return f"{p}: sha256 differs from the manifest (the file changed or is corrupt)"
         return None
+
+
+def require_finished(root: str | os.PathLike, use: str) -> None:
+    """Refuse a dsx output that its run has not finished (interrupted, still running, or a multi-node run whose other
+    nodes are still at work), before `use` reads it: its shards may all be there while the run is not done (a
+    rerun with --force in progress, the nodes' own manifests), and what is missing otherwise shows up as a
+    puzzling "config.json not found". A directory without a manifest (a download, another tool's) is not judged."""
+    root = Path(root)
+    if not root.is_dir():
+        return
+    m = Manifest.load(root)
+    nodes = sorted(p.name for p in root.glob("dsx-manifest.node-*-of-*.json"))
+    if m is not None and m.complete:
+        return
+    if m is None and not nodes:
+        return
+    what = (f"{m.name} is not complete, {len(m.files)} files finished so far" if m is not None
+            else f"only the per-node manifests {', '.join(nodes)}: the run's other nodes have not finished")
+    raise CheckpointError(f"{root}: an unfinished dsx output ({what}); {use} needs a finished one",
+                          hint="rerun the dsx command that writes it: it resumes where it stopped")
