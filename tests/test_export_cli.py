@@ -123,6 +123,10 @@ def test_errors(exported, tiny_fp8, tmp_path, capsys):
     assert "not a complete dsx export" in capsys.readouterr().err
     wo = tmp_path / "wo"
     assert main(["quantize", str(tiny_fp8), "--out", str(wo), "--type", "weight_only_int8", "-q"]) == 0
+    # a quantize output has a complete manifest too, and no programs: generate said "internal error: KeyError"
+    assert main(["generate", str(wo), "--input-ids", "0,1"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "a dsx quantize output, not an export" in err and "dsx export" in err, err
     qc_path = wo / "config.json"  # a recipe entry that contradicts the stored tensors
     cfg = json.loads(qc_path.read_text())
     cfg["quantization_config"]["types_by_role"]["q_b"] = {"type": "weight_only_int4", "group_size": -1}

@@ -318,6 +318,10 @@ def check_export(path: str | os.PathLike) -> Manifest:
     if m is None or not m.complete:
         raise DsxError(f"{path}: not a complete dsx export (no complete dsx-manifest.json)",
                        hint="run dsx export again")
+    if m.run.get("command") != "export":  # (a quantize output's manifest is complete too, and has no programs)
+        what = "dsx quantize output" if "plan_digest" in m.run else "dsx output of another kind"
+        raise DsxError(f"{path}: a {what}, not an export (its manifest records no export run)",
+                       hint=f"export it first: dsx export {path} --out DIR, then pass DIR")
     for rel in m.files:
         why = m.verify_file(rel, hash_check=False)
         if why:
