@@ -382,6 +382,72 @@ def test_an_unfinished_output_is_refused_as_a_source(mixed, tmp_path, capsys, st
     assert not (tmp_path / "o").exists()
 
 
+@pytest.fixture(scope="module")
+def other_seed(tmp_path_factory):
+    """A tiny checkpoint of the same architecture as tiny_fp8, other weights: every header byte the same."""
+    from ds_export.tiny import TinySpec, write_tiny
+
+    out = tmp_path_factory.mktemp("seed7") / "tiny"
+    write_tiny(out, TinySpec(seed=7))
+    return out
+
+
+def test_the_source_fingerprint_tells_checkpoints_of_one_architecture_apart(tiny_fp8, other_seed, tmp_path):
+    """DeepSeek-V3 and R1 share every shape and offset; so do two tiny seeds (their headers are byte for byte the
+    same): the fingerprint reads pages of the data too. A copy elsewhere has the same fingerprint; a byte changed in
+    a sampled page (the first of a shard's data) changes it."""
+    import shutil
+
+    from ds_export.quant.plan import source_fingerprint
+
+    def fp(root):
+        with Checkpoint.open(root) as ck:
+            return source_fingerprint(ck)
+
+    shards = sorted(tiny_fp8.glob("model-*.safetensors"))
+    assert [p.read_bytes()[:200] for p in shards] == [p.read_bytes()[:200] for p in
+                                                      sorted(other_seed.glob("model-*.safetensors"))]
+    assert fp(tiny_fp8) != fp(other_seed)
+    shutil.copytree(tiny_fp8, tmp_path / "copy")
+    assert fp(tmp_path / "copy") == fp(tiny_fp8)
+    victim = sorted((tmp_path / "copy").glob("model-*.safetensors"))[2]
+    b = bytearray(victim.read_bytes())
+    b[8 + int.from_bytes(b[:8], "little")] ^= 1
+    victim.write_bytes(bytes(b))
+    assert fp(tmp_path / "copy") != fp(tiny_fp8)
+
+
+def test_another_source_into_a_finished_output_is_refused_not_kept(mixed, other_seed, tmp_path, capsys):
+    """dsx quantize of another checkpoint of the same architecture (R1 after V3) into an output that holds a
+    conversion: it took every shard as finished and kept them ("converted 0, verified and kept 6"), the first
+    checkpoint's weights under the second one's name. It is refused, saying why; --force converts anew."""
+    import shutil
+
+    out = tmp_path / "mix"
+    shutil.copytree(mixed.root, out)
+    args = ["quantize", str(other_seed), "--out", str(out), "--type", "a8w8_fp8_wint4", "--mtp-type", "a8w8_fp8", "-q"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "holds a conversion of another source" in err and "--force" in err, err
+    assert main([*args, "--force"]) == 0
+    with Checkpoint.open(out) as got, Checkpoint.open(mixed.root) as before:
+        name = "model.embed_tokens.weight"
+        assert not np.array_equal(got.get(name), before.get(name))
+
+
+def test_verify_says_when_the_reference_is_not_the_source(mixed, tiny_fp8, other_seed, capsys):
+    """A failing verify against another checkpoint of the same architecture says that the reference is not the
+    source the conversion recorded (instead of only 'quantize it again, or check --reference')."""
+    from ds_export.verify import verify
+
+    assert verify(mixed.root, tiny_fp8, samples=0)["reference_is_source"] is True
+    assert main(["verify", str(mixed.root), "--reference", str(other_seed), "--samples", "0", "-q"]) == 1
+    err = capsys.readouterr().err
+    assert "--reference is not the checkpoint this output was converted from" in err, err
+    assert main(["verify", str(mixed.root), "--reference", str(other_seed), "--samples", "0"]) == 1
+    assert "differ from those of the source this output was converted from" in capsys.readouterr().out
+
+
 def test_weight_only_refuses_bad_shapes(tmp_path):
     """A shape Paddle's CPU op would corrupt memory on is refused at plan time, naming the tensor."""
     from ds_export.models import deepseek_v3 as ds

@@ -76,7 +76,12 @@ def verify(
             what = (f"{kbad[0]['kernel']} on {kbad[0]['tensor']}: error {kbad[0]['kernel_err']:.2e} vs float64 on its "
                     "own inputs (a kernel or layout bug)")
         n = len(rep["findings"]) + len(bad) + len(kbad) + int(bool(rep.get("e2e")) and not rep["e2e"]["ok"])
-        raise DsxError(f"verify failed ({n} problem{'s' if n > 1 else ''}); first: {what}")
+        raise DsxError(f"verify failed ({n} problem{'s' if n > 1 else ''}); first: {what}",
+                       hint=_NOT_SOURCE if bad and rep.get("reference_is_source") is False else None)
+
+
+_NOT_SOURCE = ("--reference is not the checkpoint this output was converted from (its index and headers differ "
+               "from the fingerprint dsx quantize recorded): pass that checkpoint")
 
 
 def _weight_problem(w: dict) -> str:
@@ -94,6 +99,9 @@ def _print(o: Out, rep: dict) -> None:
 
     for f in rep["findings"]:
         o.print(f"[red]FAIL[/] {f['check']}: {f['where']}: {f['problem']}")
+    if rep.get("reference_is_source") is False:
+        o.print("[yellow]note[/]: the reference's index and headers differ from those of the source this output was "
+                "converted from (a resharded copy, or another checkpoint); the weights are compared tensor by tensor")
     if rep["by_format"]:
         t = Table(title="weights vs reference (min SQNR per format and role; `exact` = bit-identical)", show_edge=False)
         for c in ("format", "role", "n", "SQNR dB", "gate", "min cos", "ok"):

@@ -131,6 +131,9 @@ def _prepare_out(out: Path, plan: Plan, force: bool, name: str = MANIFEST_NAME) 
     if (old is not None and old.run.get("plan_digest") != digest) or (old is None and foreign):
         if not force:
             what = f"a different dsx run ({old.run.get('recipe', {}).get('name')})" if old else "other files"
+            if old is not None and old.run.get("source_fingerprint") != plan.source_fingerprint:
+                what = (f"a conversion of another source ({old.run.get('source')}: its fingerprint differs, other "
+                        "weights, or planned by an older dsx)")
             raise UsageError(f"{out}: holds {what}", hint="choose another --out, or pass --force to replace it")
         _clear(out, old)
     m = Manifest(out, run={"tool": "dsx", "version": __version__, "plan_digest": digest, "source": plan.source,

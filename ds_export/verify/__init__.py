@@ -82,6 +82,7 @@ def verify(target: str | Path, reference: str | Path | None = None, *, expert_sa
             stats, kstats = [], []
             if reference is not None:
                 with Checkpoint.open(reference) as ref:
+                    report["reference_is_source"] = _is_source(ck, ref)
                     g = gates or {}
                     stats = check_weights(ck, ref, cfg, expert_sample=expert_sample, gates=g.get("min_sqnr_db"),
                                           workers=workers, progress=progress,
@@ -113,6 +114,16 @@ def verify(target: str | Path, reference: str | Path | None = None, *, expert_sa
     report["ok"] = (not findings and all(s.ok for s in stats) and all(k.ok for k in kstats)
                     and (report["e2e"] is None or report["e2e"]["ok"]))
     return report
+
+
+def _is_source(target: Checkpoint, reference: Checkpoint) -> bool | None:
+    """Whether the reference is the checkpoint the target was converted from, by the source fingerprint dsx quantize
+    recorded (index and shard headers: a resharded or re-saved copy of the same weights differs too); None where
+    none was recorded."""
+    from ds_export.quant.plan import source_fingerprint
+
+    recorded = (target.config.get("quantization_config") or {}).get("source_fingerprint")
+    return None if not recorded else source_fingerprint(reference) == recorded
 
 
 def _aggregate(stats) -> dict:
