@@ -117,6 +117,14 @@ def test_tiny_recipe_runs_end_to_end_and_resumes(tmp_path, capsys):
     assert main(["run", "recipes/tiny.yaml", "--workdir", str(wd), "--from-step", "export", "--until-step", "export",
                  "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["steps"]["export"] == {"skipped": True}
+    # the quantized output converted again in its place (another type, --force): the export was kept, since its
+    # settings named only the path; now it records its source's content digest and is made again
+    assert main(["quantize", str(wd / "source"), "--out", str(wd / "quantized"), "--type", "a8w8_fp8", "--force",
+                 "-q"]) == 0
+    assert main(["run", "recipes/tiny.yaml", "--workdir", str(wd), "--from-step", "export", "--until-step", "export",
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["steps"]["export"]["files"] > 0
+    assert json.loads((wd / "export" / "config.json").read_text())["quant_type"] == "a8w8_fp8"
     assert main(["run", "recipes/tiny.yaml", "--workdir", str(wd), "--from-step", "generate"]) == 0
     out = capsys.readouterr().out
     assert "step 1/1: generate" in out and "final report" in out and "16 tokens" in out

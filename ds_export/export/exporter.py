@@ -297,10 +297,18 @@ def export(src: str | os.PathLike, out: str | os.PathLike, *, dtype: str = "floa
             "speculate": speculate, "dtype": dtype, "workers": workers}
 
 
+def source_digest(src) -> str | None:
+    """What the export was made from: the content digest of the source's dsx manifest (None for a checkpoint without
+    one). dsx run keeps an export only while its quantized source is the same: the same path is not enough once that
+    was converted again (another recipe, or --force)."""
+    m = Manifest.load(src)
+    return m.content_digest() if m is not None else None
+
+
 def _manifest(tmp: Path, src, dtype: str, tp: int, speculate: bool) -> Manifest:
     """The complete manifest of the export written in tmp (every file's size and hash)."""
     m = Manifest(tmp, run={"tool": "dsx", "version": __version__, "command": "export", "source": str(src),
-                           "dtype": dtype, "tp": tp, "speculate": speculate})
+                           "source_digest": source_digest(src), "dtype": dtype, "tp": tp, "speculate": speculate})
     for p in sorted(tmp.rglob("*")):
         if p.is_file() and p.name != m.name:
             m.files[str(p.relative_to(tmp))] = {}

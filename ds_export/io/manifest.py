@@ -45,6 +45,14 @@ class Manifest:
             raise CheckpointError(f"{p}: unreadable manifest ({e.__class__.__name__})",
                                   hint="delete it and rerun with --force") from None
 
+    def content_digest(self) -> str:
+        """sha256 over the files it records (path, size, sha256): what a consumer of this output records to tell a
+        later output in the same place from this one."""
+        import hashlib
+
+        body = json.dumps(sorted((rel, e.get("size"), e.get("sha256")) for rel, e in self.files.items()))
+        return hashlib.sha256(body.encode()).hexdigest()
+
     def save(self) -> None:
         atomic_write_json(self.path, {"version": MANIFEST_VERSION, "complete": self.complete,
                                       "run": self.run, "files": dict(sorted(self.files.items()))})

@@ -131,8 +131,11 @@ def _step_quantize(dep: Deployment, lay: Layout, say, reporter=None) -> dict:
 
 
 def _export_settings(dep: Deployment, lay: Layout) -> dict:
+    from ds_export.export.exporter import source_digest
+
     e = dep.export
-    return {"source": str(lay.quantized), "dtype": e.get("dtype", "bfloat16"), "tp": int(e.get("tp", 1)),
+    return {"source": str(lay.quantized), "source_digest": source_digest(lay.quantized),
+            "dtype": e.get("dtype", "bfloat16"), "tp": int(e.get("tp", 1)),
             "speculate": bool(e.get("speculate", False))}
 
 
