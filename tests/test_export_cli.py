@@ -135,6 +135,32 @@ def test_errors(exported, tiny_fp8, tmp_path, capsys):
     assert "do not fit int4" in capsys.readouterr().err
 
 
+def test_force_removes_only_an_export(exported, tiny_fp8, tmp_path, capsys):
+    """--force removes OUT whole before the new export takes its place: given a directory that is not an export (a
+    home directory by mistake), the source, or one holding the source, it deleted them. Refused, untouched; an
+    export or an empty directory is replaced."""
+    import shutil
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep")
+    src = tmp_path / "src"
+    shutil.copytree(tiny_fp8, src)
+    for out, want in ((mine, "not a dsx export"), (src, "is the source checkpoint"),
+                      (tmp_path, "holds the source checkpoint")):
+        assert main(["export", str(src), "--out", str(out), "--force", "-q"]) == 2
+        assert want in capsys.readouterr().err
+    assert (mine / "notes.txt").read_text() == "keep"
+    with Checkpoint.open(src):
+        pass
+    again = tmp_path / "again"
+    shutil.copytree(exported, again)
+    (tmp_path / "empty").mkdir()
+    for out in (again, tmp_path / "empty"):
+        assert main(["export", str(src), "--out", str(out), "--force", "--max-seq-len", "64", "-q"]) == 0
+        assert json.loads((out / "config.json").read_text())["infer_model_max_seq_len"] == 64
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_16bit_export_runs_under_paddle_inference(tiny_fp8, tmp_path, dtype):
     """A bf16 / fp16 export (16-bit parameters and cache) through the predictor equals the dygraph model

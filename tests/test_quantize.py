@@ -281,6 +281,29 @@ def test_refuses_other_runs_output_without_force(tiny_fp8, tmp_path):
     assert (tmp_path / "user" / "notes.txt").read_text() == "mine"  # --force removes only dsx's files
 
 
+def test_force_never_deletes_a_source_or_another_checkpoint(tiny_fp8, tmp_path, capsys):
+    """dsx quantize SRC --out SRC --force deleted every shard of SRC (they look like the shards dsx writes), and --force
+    into another checkpoint's directory deleted its shards: refused, the files untouched."""
+    import shutil
+
+    src = tmp_path / "src"
+    shutil.copytree(tiny_fp8, src)
+    before = sorted(p.name for p in src.iterdir())
+    for out in (src, tmp_path / "alias"):
+        if out != src:
+            out.symlink_to(src)  # (the same directory by another path)
+        assert main(["quantize", str(src), "--out", str(out), "--type", "bf16", "--force", "-q"]) == 2
+        assert "is the source checkpoint" in capsys.readouterr().err
+    other = tmp_path / "other"
+    shutil.copytree(tiny_fp8, other)
+    assert main(["quantize", str(src), "--out", str(other), "--type", "bf16", "--force", "-q"]) == 2
+    err = capsys.readouterr().err
+    assert "holds a checkpoint that no dsx run wrote (config.json, model-00001-of-" in err, err
+    assert sorted(p.name for p in src.iterdir()) == before == sorted(p.name for p in other.iterdir())
+    with Checkpoint.open(src), Checkpoint.open(other):
+        pass
+
+
 def test_out_of_disk_fails_before_writing(tiny_fp8, tmp_path, monkeypatch):
     import shutil
     from collections import namedtuple

@@ -34,7 +34,7 @@ from ds_export import __version__
 from ds_export.errors import DsxError, Interrupted, UsageError
 from ds_export.io.checkpoint import Checkpoint
 from ds_export.io.manifest import Manifest, require_finished
-from ds_export.io.writer import atomic_write_json
+from ds_export.io.writer import atomic_write_json, check_out_apart
 from ds_export.models import deepseek_v3 as ds
 
 # Peak memory of one rank's export process: Paddle + dsx imported with slack, plus the program,
@@ -245,6 +245,10 @@ def export(src: str | os.PathLike, out: str | os.PathLike, *, dtype: str = "floa
         raise UsageError("--workers must be at least 1")
     if out.exists() and not force:
         raise UsageError(f"{out}: exists", hint="choose a new --out or pass --force to replace it")
+    check_out_apart(out, src, "dsx export")
+    if out.exists() and not _replaceable(out):  # (--force removes OUT whole)
+        raise UsageError(f"{out}: not a dsx export; --force replaces only a dsx export (or an empty directory)",
+                         hint="choose another --out")
     require_finished(src, "dsx export")
     with Checkpoint.open(src) as ck:
         cfg = ds.DeepseekV3Config.from_dict(ck.config, source=str(Path(src) / "config.json"))
@@ -295,6 +299,20 @@ def export(src: str | os.PathLike, out: str | os.PathLike, *, dtype: str = "floa
     files = sorted(m.files)
     return {"out": str(out), "files": files, "bytes": sum(e["size"] for e in m.files.values()),
             "speculate": speculate, "dtype": dtype, "workers": workers}
+
+
+def _replaceable(out: Path) -> bool:
+    """What --force may remove whole: an empty directory, or a dsx export (a directory of other files, a quantize
+    output, the user's home given by mistake, is not)."""
+    if not out.is_dir():
+        return False
+    if not any(out.iterdir()):
+        return True
+    try:
+        m = Manifest.load(out)
+    except DsxError:
+        return False
+    return m is not None and m.run.get("command") == "export"
 
 
 def source_digest(src) -> str | None:

@@ -214,3 +214,14 @@ def sha256_file(path: str | os.PathLike, bufsize: int = 16 << 20, progress=None)
             if progress is not None:
                 progress(n)
     return h.hexdigest()
+
+
+def check_out_apart(out: str | os.PathLike, src: str | os.PathLike, command: str) -> None:
+    """Refuse an output directory that is the source checkpoint or holds it: a --force replacing OUT would delete
+    the source (dsx quantize SRC --out SRC --force deleted every shard of SRC; dsx export --force removes OUT whole)."""
+    from ds_export.errors import UsageError
+
+    o, s = Path(out).resolve(), Path(src).resolve()
+    if o == s or o in s.parents:
+        raise UsageError(f"--out {out}: {'is' if o == s else 'holds'} the source checkpoint {src}",
+                         hint=f"{command} writes a new directory: choose another --out")

@@ -38,7 +38,7 @@ from ds_export.errors import DsxError, UsageError
 from ds_export.interrupt import Stopped, ignore_sigint, wait_for_workers
 from ds_export.io.checkpoint import INDEX_NAME, Checkpoint
 from ds_export.io.manifest import MANIFEST_NAME, Manifest
-from ds_export.io.writer import PARTIAL_SUFFIX, ShardWriter, atomic_write_json, write_index
+from ds_export.io.writer import PARTIAL_SUFFIX, ShardWriter, atomic_write_json, check_out_apart, write_index
 from ds_export.quant.backend import CpuBackend, CudaBackend
 from ds_export.quant.plan import OutShard, Plan
 from ds_export.quant.transforms import convert
@@ -119,6 +119,7 @@ def _prepare_out(out: Path, plan: Plan, force: bool, name: str = MANIFEST_NAME) 
     digest = plan.digest()
     if out.exists() and not out.is_dir():
         raise UsageError(f"{out}: exists and is not a directory")
+    check_out_apart(out, plan.source, "dsx quantize")
     out.mkdir(parents=True, exist_ok=True)
     old = Manifest.load(out, name)
     if old is not None and old.run.get("plan_digest") == digest:
@@ -135,6 +136,14 @@ def _prepare_out(out: Path, plan: Plan, force: bool, name: str = MANIFEST_NAME) 
                 what = (f"a conversion of another source ({old.run.get('source')}: its fingerprint differs, other "
                         "weights, or planned by an older dsx)")
             raise UsageError(f"{out}: holds {what}", hint="choose another --out, or pass --force to replace it")
+        if old is None:  # (no dsx run wrote here: --force must not take another checkpoint's files for dsx's)
+            theirs = sorted(p.name for p in foreign if p.is_file() and not p.name.startswith("dsx-manifest")
+                            and not p.name.endswith(PARTIAL_SUFFIX) and (p.name in (INDEX_NAME, "config.json")
+                                                                        or _ours(p)))
+            if theirs:
+                raise UsageError(f"{out}: holds a checkpoint that no dsx run wrote ({', '.join(theirs[:3])}"
+                                 f"{', ...' if len(theirs) > 3 else ''}); --force replaces only a dsx output",
+                                 hint="choose another --out: a new or empty directory")
         _clear(out, old)
     m = Manifest(out, run={"tool": "dsx", "version": __version__, "plan_digest": digest, "source": plan.source,
                            "source_fingerprint": plan.source_fingerprint, "recipe": plan.recipe,
