@@ -159,6 +159,21 @@ def test_incomplete_run_fails(mix_copy, tiny_fp8):
     assert any("not complete" in f["problem"] for f in rep["findings"])
 
 
+def test_the_report_and_the_last_line_say_what_was_checked(outputs, tiny_fp8, capsys):
+    """Without --reference verify checks integrity only and said "all checks passed" all the same: the report lists
+    what it checked and the CLI says what was not."""
+    target = outputs / "mix"
+    assert verify(target)["checked"] == ["files", "tensors", "config"]
+    assert verify(target, tiny_fp8, samples=1)["checked"] == ["files", "tensors", "config", "weights", "kernels"]
+    assert verify(target, tiny_fp8, samples=0)["checked"] == ["files", "tensors", "config", "weights"]
+    assert main(["verify", str(target)]) == 0
+    out = capsys.readouterr().out
+    assert "all checks passed (files, tensors, config)" in out and "integrity only" in out and "--reference" in out
+    assert main(["verify", str(target), "--reference", str(tiny_fp8), "--samples", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "all checks passed (files, tensors, config, weights, kernels)" in out and "integrity only" not in out
+
+
 def test_kernel_checks_run_and_pass(outputs, tiny_fp8):
     rep = verify(outputs / "mix", tiny_fp8)
     kinds = {k["kernel"] for k in rep["kernels"]}

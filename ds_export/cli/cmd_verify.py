@@ -130,7 +130,14 @@ def _print(o: Out, rep: dict) -> None:
         o.print(f"end to end on {e['tokens']} tokens: KL {e['kl_mean']:.4f}, top-1 agreement {e['top1_agreement']:.2f}, "
                 f"perplexity {e['ppl_export']:.2f} vs {e['ppl_reference']:.2f} (delta {e['ppl_delta']:+.2f})"
                 + (f", MTP acceptance {e['mtp_acceptance_rate']:.0%}" if "mtp_acceptance_rate" in e else ""))
-    o.print("[green]verify: all checks passed[/]" if rep["ok"] else "[red]verify: FAILED[/]")
+    if not rep["ok"]:
+        o.print("[red]verify: FAILED[/]")
+        return
+    checked = rep.get("checked") or []
+    o.print(f"[green]verify: all checks passed[/] ({', '.join(checked)})")
+    if "weights" not in checked:
+        o.print("[yellow]note[/]: integrity only; the weights, kernels and logits need --reference SOURCE (the "
+                "checkpoint it was converted from; --export DIR adds the logits)")
 
 
 def _short(fmt: str) -> str:

@@ -113,13 +113,16 @@ def verify(target: str | Path, reference: str | Path | None = None, *, expert_sa
         advance(1)
     report["ok"] = (not findings and all(s.ok for s in stats) and all(k.ok for k in kstats)
                     and (report["e2e"] is None or report["e2e"]["ok"]))
+    # (what "ok" covers: without a reference, integrity only)
+    report["checked"] = (["files", "tensors", "config"] + (["weights"] if reference is not None else [])
+                         + (["kernels"] if kstats else []) + (["end to end"] if report["e2e"] else []))
     return report
 
 
 def _is_source(target: Checkpoint, reference: Checkpoint) -> bool | None:
     """Whether the reference is the checkpoint the target was converted from, by the source fingerprint dsx quantize
-    recorded (index and shard headers: a resharded or re-saved copy of the same weights differs too); None where
-    none was recorded."""
+    recorded (index, shard headers and pages of their data: a resharded copy of the same weights differs too); None
+    where none was recorded."""
     from ds_export.quant.plan import source_fingerprint
 
     recorded = (target.config.get("quantization_config") or {}).get("source_fingerprint")
