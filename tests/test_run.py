@@ -10,6 +10,7 @@ import pytest
 
 from ds_export.cli.app import main
 from ds_export.errors import DsxError, UsageError
+from ds_export.io.checkpoint import Checkpoint
 from ds_export.models import deepseek_v3 as ds
 from ds_export.run import pipeline
 from ds_export.run.recipe import load
@@ -164,6 +165,23 @@ def _speculation_faults_are_caught(wd: Path, capsys) -> None:
     bad = toks[:5] + [int(lg["base_logits"][0, -1].argmin())] + toks[6:]
     with pytest.raises(DsxError, match="sequence 0, token 5: plain decoding gave"):
         runtime.check_speculative_greedy(wd / "export", prompt, [bad], [toks])
+
+
+def test_the_tiny_source_is_started_over_only_from_its_own_files(tmp_path, capsys):
+    """WORKDIR/source without an index was removed whole to write the tiny checkpoint again: a --workdir whose
+    source/ held the user's files lost them. Only the tiny writer's own files (an interrupted write) are cleared."""
+    wd = tmp_path / "wd"
+    (wd / "source").mkdir(parents=True)
+    (wd / "source" / "mine.bin").write_bytes(b"keep")
+    args = ["run", "recipes/tiny.yaml", "--workdir", str(wd), "--until-step", "download", "-q"]
+    assert main(args) == 2
+    assert "holds files the tiny checkpoint does not write (mine.bin)" in capsys.readouterr().err
+    assert (wd / "source" / "mine.bin").read_bytes() == b"keep"
+    (wd / "source" / "mine.bin").unlink()
+    (wd / "source" / "model-00001-of-00006.safetensors").write_bytes(b"cut short")  # an interrupted write
+    (wd / "source" / "config.json").write_text("{}")
+    assert main(args) == 0
+    Checkpoint.open(wd / "source").close()
 
 
 def test_tiny_tp2_recipe_runs_on_two_ranks(tmp_path, capsys):

@@ -21,7 +21,7 @@ from typing import Any, Callable
 from ds_export.errors import DsxError, UsageError
 from ds_export.io.checkpoint import INDEX_NAME, Checkpoint
 from ds_export.io.manifest import Manifest
-from ds_export.io.writer import atomic_write_json
+from ds_export.io.writer import PARTIAL_SUFFIX, atomic_write_json
 from ds_export.run.recipe import STEPS, Deployment
 
 # Measured conversion throughput used for time estimates (docs/benchmarks.md: H200 x2 host, 32 cores).
@@ -99,6 +99,13 @@ def _tiny_spec(dep: Deployment):
                     overrides=tuple(sorted((str(k), v) for k, v in (t.get("config") or {}).items())))
 
 
+def _tiny_writes(p: Path) -> bool:
+    """A file write_tiny writes (a shard, maybe cut short, the config, generation config and tokenizer files)."""
+    return p.is_file() and (p.name.startswith("model-") and ".safetensors" in p.name
+                            or p.name in ("config.json", "generation_config.json", "tokenizer.json",
+                                          "tokenizer_config.json") or p.name.endswith(PARTIAL_SUFFIX))
+
+
 def _step_download(dep: Deployment, lay: Layout, say, reporter=None) -> dict:
     if dep.tiny:
         from ds_export.tiny import write_tiny
@@ -107,7 +114,13 @@ def _step_download(dep: Deployment, lay: Layout, say, reporter=None) -> dict:
             Checkpoint.open(lay.source).close()  # validate what is there
             say(f"  {lay.source}: tiny checkpoint already written")
             return {"skipped": True}
-        shutil.rmtree(lay.source, ignore_errors=True)
+        if lay.source.exists():  # an interrupted write of the tiny checkpoint: start it over, and nothing else
+            theirs = [p.name for p in lay.source.iterdir() if not _tiny_writes(p)]
+            if theirs:
+                raise UsageError(f"{lay.source}: holds files the tiny checkpoint does not write "
+                                 f"({', '.join(theirs[:3])}{', ...' if len(theirs) > 3 else ''}) and no {INDEX_NAME}",
+                                 hint="choose another --workdir, or empty that directory")
+            shutil.rmtree(lay.source)
         res = write_tiny(lay.source, _tiny_spec(dep))
         say(f"  wrote the tiny checkpoint ({res['tensors']} tensors) to {lay.source}")
         return {"tensors": res["tensors"], "bytes": res["bytes"]}
