@@ -90,3 +90,20 @@ def test_ctrl_c_inside_a_command_is_exit_130_with_one_line(tiny_fp8, tmp_path, m
     assert main(["quantize", str(tiny_fp8), "--out", str(tmp_path / "q"), "--type", "bf16", "-q"]) == 130
     err = capsys.readouterr().err
     assert "interrupted" in err and "rerun" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("code,want", [(28, "the disk is full: free space or choose another --out; rerunning resumes"),
+                                       (13, "no permission"), (5, "I/O error"), (99999, None)])
+def test_a_system_error_is_one_line_with_what_to_do(tiny_fp8, tmp_path, monkeypatch, capsys, code, want):
+    """An OSError a command meets (a full disk mid-shard, a path it may not write) is one line naming the path and,
+    for the usual causes, what to do."""
+    from ds_export.quant import engine
+
+    def fails(*a, **k):
+        raise OSError(code, "boom", str(tmp_path / "q" / "model-00001-of-00006.safetensors.partial"))
+
+    monkeypatch.setattr(engine, "run", fails)
+    assert main(["quantize", str(tiny_fp8), "--out", str(tmp_path / "q"), "--type", "bf16", "-q"]) == 1
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "boom: " in err and "model-00001-of-00006.safetensors.partial" in err
+    assert (want in err) if want else err.rstrip().endswith(".partial"), err

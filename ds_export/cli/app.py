@@ -6,6 +6,7 @@ DSX_DEBUG=1 shows the traceback of any failure.
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 import traceback
@@ -71,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         code = 1
     except OSError as e:
-        code = _fail(f"{e.strerror or e}: {e.filename or ''}".rstrip(": "), 1)
+        hint = _OS_HINTS.get(e.errno)
+        code = _fail(f"{e.strerror or e}: {e.filename or ''}".rstrip(": ") + (f" ({hint})" if hint else ""), 1)
     except Exception as e:  # noqa: BLE001 - the one place every unexpected failure becomes one line
         if _is_usage_error(e):
             ctx = getattr(e, "ctx", None)
@@ -80,6 +82,19 @@ def main(argv: list[str] | None = None) -> int:
         code = _fail(f"internal error: {e.__class__.__name__}: {e} (set DSX_DEBUG=1 for the traceback, "
                      "and please report it)", 1)
     return _finish(argv, code)
+
+
+# What to do about the system errors a command meets on its paths (the message names the path already).
+_OS_HINTS = {
+    errno.ENOSPC: "the disk is full: free space or choose another --out; rerunning resumes",
+    errno.EDQUOT: "the disk quota is used up: free space or choose another --out; rerunning resumes",
+    errno.EACCES: "no permission: choose a path you can write, or fix its permissions",
+    errno.EPERM: "not permitted: choose a path you can write, or fix its permissions",
+    errno.EROFS: "a read-only file system: choose another --out",
+    errno.ENOENT: "check the path: a directory on the way does not exist",
+    errno.ENOTDIR: "check the path: a part of it is a file, not a directory",
+    errno.EIO: "the disk reported an I/O error: check it (dmesg), then rerun",
+}
 
 
 def _is_usage_error(e: Exception) -> bool:
