@@ -184,6 +184,19 @@ def test_the_tiny_source_is_started_over_only_from_its_own_files(tmp_path, capsy
     Checkpoint.open(wd / "source").close()
 
 
+def test_a_changed_recipe_says_what_to_do_without_force(tmp_path, capsys):
+    """The quantize section changed after WORKDIR/quantized was written: the engine's refusal said "pass --force",
+    an option dsx run does not have; it says to remove the directory or use another --workdir."""
+    wd = tmp_path / "wd"
+    assert main(["run", "recipes/tiny.yaml", "--workdir", str(wd), "--until-step", "quantize", "-q"]) == 0
+    changed = tmp_path / "tiny-int8.yaml"
+    changed.write_text(Path("recipes/tiny.yaml").read_text().replace("type: a8w8_fp8_wint4", "type: weight_only_int8"))
+    assert main(["run", str(changed), "--workdir", str(wd), "--until-step", "quantize", "-q"]) == 2
+    err = capsys.readouterr().err
+    assert "holds a different dsx run (a8w8_fp8_wint4)" in err and "remove that directory" in err, err
+    assert "--force" not in err
+
+
 def test_tiny_tp2_recipe_runs_on_two_ranks(tmp_path, capsys):
     """recipes/tiny-tp2.yaml: export over 2 ranks; verify's end-to-end logits and generate run as 2 processes."""
     wd = tmp_path / "wd"

@@ -115,6 +115,11 @@ def _ours(p: Path) -> bool:
     return p.name.startswith(("model-", "dsx-manifest")) or p.name.endswith(PARTIAL_SUFFIX)
 
 
+class OutputHeld(UsageError):
+    """--out holds another run's output (another recipe or source), which only --force replaces: callers without
+    that option (dsx run) give their own way out."""
+
+
 def _prepare_out(out: Path, plan: Plan, force: bool, name: str = MANIFEST_NAME) -> Manifest:
     digest = plan.digest()
     if out.exists() and not out.is_dir():
@@ -135,7 +140,7 @@ def _prepare_out(out: Path, plan: Plan, force: bool, name: str = MANIFEST_NAME) 
             if old is not None and old.run.get("source_fingerprint") != plan.source_fingerprint:
                 what = (f"a conversion of another source ({old.run.get('source')}: its fingerprint differs, other "
                         "weights, or planned by an older dsx)")
-            raise UsageError(f"{out}: holds {what}", hint="choose another --out, or pass --force to replace it")
+            raise OutputHeld(f"{out}: holds {what}", hint="choose another --out, or pass --force to replace it")
         if old is None:  # (no dsx run wrote here: --force must not take another checkpoint's files for dsx's)
             theirs = sorted(p.name for p in foreign if p.is_file() and not p.name.startswith("dsx-manifest")
                             and not p.name.endswith(PARTIAL_SUFFIX) and (p.name in (INDEX_NAME, "config.json")

@@ -138,7 +138,12 @@ def _step_quantize(dep: Deployment, lay: Layout, say, reporter=None) -> dict:
 
     with Checkpoint.open(lay.source) as ck:
         p = plan_mod.build(ck, _recipe(dep), selection=_selection(dep))
-        res = engine.run(ck, p, lay.quantized, engine.Options(), reporter)
+        try:
+            res = engine.run(ck, p, lay.quantized, engine.Options(), reporter)
+        except engine.OutputHeld as e:  # (dsx run has no --force: say what to do here)
+            raise UsageError(str(e), hint=f"the recipe's quantize section or its source changed since {lay.quantized} "
+                                          "was written: remove that directory to convert again, or use another "
+                                          "--workdir") from None
     say(f"  {lay.quantized}: {res['shards']} shards ({res['converted']} converted, {res['skipped']} verified and kept)")
     return res
 
