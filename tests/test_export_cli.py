@@ -135,6 +135,14 @@ def test_errors(exported, tiny_fp8, tmp_path, capsys):
     assert "do not fit int4" in capsys.readouterr().err
 
 
+def test_verify_of_an_export_says_where_it_goes(exported, tiny_fp8, capsys):
+    """dsx verify EXPORT said "neither model.safetensors.index.json nor model.safetensors found"."""
+    assert main(["verify", str(exported)]) == 2
+    err = capsys.readouterr().err
+    assert "a dsx export; verify checks a converted checkpoint" in err and f"--export {exported}" in err
+    assert f"dsx verify {tiny_fp8} --reference ORIGINAL" in err, err
+
+
 def test_force_removes_only_an_export(exported, tiny_fp8, tmp_path, capsys):
     """--force removes OUT whole before the new export takes its place: given a directory that is not an export (a
     home directory by mistake), the source, or one holding the source, it deleted them. Refused, untouched; an

@@ -47,6 +47,7 @@ def verify(target: str | Path, reference: str | Path | None = None, *, expert_sa
     workers: threads hashing the files and comparing the weights (default: one per core, at most 16);
     progress: told each check's phase and its bytes or checks as they are done (verify.progress)."""
     target = Path(target)
+    _not_an_export(target)
     report: dict = {"target": str(target), "reference": str(reference) if reference else None}
 
     def files_alone(findings: list) -> dict | None:
@@ -117,6 +118,21 @@ def verify(target: str | Path, reference: str | Path | None = None, *, expert_sa
     report["checked"] = (["files", "tensors", "config"] + (["weights"] if reference is not None else [])
                          + (["kernels"] if kstats else []) + (["end to end"] if report["e2e"] else []))
     return report
+
+
+def _not_an_export(target: Path) -> None:
+    """An export given as the target (its programs hold no safetensors to check): say where it goes."""
+    from ds_export.errors import UsageError
+    from ds_export.io.manifest import Manifest
+
+    try:
+        m = Manifest.load(target)
+    except DsxError:
+        return  # (the file checks report an unreadable manifest)
+    if m is not None and m.run.get("command") == "export":
+        src = m.run.get("source") or "SOURCE_OF_THE_EXPORT"
+        raise UsageError(f"{target}: a dsx export; verify checks a converted checkpoint, and an export end to end "
+                         "through --export", hint=f"dsx verify {src} --reference ORIGINAL --export {target}")
 
 
 def _is_source(target: Checkpoint, reference: Checkpoint) -> bool | None:
