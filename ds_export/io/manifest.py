@@ -8,6 +8,7 @@ finished to `dsx verify` or to a resuming run.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from dataclasses import dataclass, field
@@ -48,8 +49,6 @@ class Manifest:
     def content_digest(self) -> str:
         """sha256 over the files it records (path, size, sha256): what a consumer of this output records to tell a
         later output in the same place from this one."""
-        import hashlib
-
         body = json.dumps(sorted((rel, e.get("size"), e.get("sha256")) for rel, e in self.files.items()))
         return hashlib.sha256(body.encode()).hexdigest()
 

@@ -47,7 +47,7 @@ def verify(target: str | Path, reference: str | Path | None = None, *, expert_sa
     workers: threads hashing the files and comparing the weights (default: one per core, at most 16);
     progress: told each check's phase and its bytes or checks as they are done (verify.progress)."""
     target = Path(target)
-    _not_an_export(target)
+    _refuse_an_export(target)
     report: dict = {"target": str(target), "reference": str(reference) if reference else None}
 
     def files_alone(findings: list) -> dict | None:
@@ -120,7 +120,7 @@ def verify(target: str | Path, reference: str | Path | None = None, *, expert_sa
     return report
 
 
-def _not_an_export(target: Path) -> None:
+def _refuse_an_export(target: Path) -> None:
     """An export given as the target (its programs hold no safetensors to check): say where it goes."""
     from ds_export.errors import UsageError
     from ds_export.io.manifest import Manifest
