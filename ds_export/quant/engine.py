@@ -24,6 +24,8 @@ manifest complete merges them into the final index, config and manifest.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import queue
 import shutil
@@ -286,8 +288,39 @@ def run(ck: Checkpoint, plan: Plan, out: str | os.PathLike, opts: Options = Opti
         stop: threading.Event | None = None) -> dict:
     """Convert what is left of `plan` into `out`. `stop`: set to end the run early (from another thread): the workers
     abandon their shards at their next chunk and run raises KeyboardInterrupt, as on Ctrl-C; run sets it itself on
-    Ctrl-C or on a worker's failure. Either way the finished shards are recorded and the output is not published."""
+    Ctrl-C or on a worker's failure. Either way the finished shards are recorded and the output is not published.
+    One run at a time writes `out` (a second is refused while the first holds its lock)."""
     out = Path(out)
+    with _exclusive(out, opts.num_nodes):
+        return _run(ck, plan, out, opts, reporter, on_shard, stop)
+
+
+@contextlib.contextmanager
+def _exclusive(out: Path, n_nodes: int):
+    """An exclusive lock on the output directory for the run: the same command started twice (a second terminal, an
+    overlapping cron job) had both processes truncate, write and rename the same shards, and each save a manifest
+    that drops the other's records. The lock (flock on the directory) goes with the process, a killed one included.
+    Multi-node runs share --out by design and are not locked; a file system without locks is not either."""
+    if n_nodes > 1 or (out.exists() and not out.is_dir()):
+        yield
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    fd = os.open(out, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UsageError(f"{out}: another dsx quantize is writing it now",
+                             hint="wait for it to finish, or stop it; a rerun then resumes") from None
+        except OSError:
+            pass  # (no locks on this file system: unlocked, as before)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _run(ck: Checkpoint, plan: Plan, out: Path, opts: Options, reporter: Reporter | None,
+         on_shard: Callable[[str], None] | None, stop: threading.Event | None) -> dict:
     stop = stop or threading.Event()
     reporter = reporter or Reporter()
     n_nodes, rank = opts.num_nodes, opts.node_rank
