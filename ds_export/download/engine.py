@@ -33,6 +33,7 @@ from ds_export.download.state import State, WORK_DIR, partial_path
 from ds_export.errors import UsageError
 from ds_export.interrupt import wait_for_workers
 from ds_export.io.checkpoint import INDEX_NAME
+from ds_export.io.dirlock import exclusive
 
 DEFAULT_WORKERS = 8
 
@@ -205,7 +206,12 @@ def download(repo_id: str, local_dir: str | Path, opts: Options = Options(),
     remote = hub.list_files(commit)
     for p in remote:
         sel_mod.check_path(p, f"{repo_id}@{commit[:12]}")
-    root.mkdir(parents=True, exist_ok=True)
+    with exclusive(root, "dsx download"):  # (creates root; two downloads into one directory share its partials)
+        return _fetch_locked(repo_id, hub, root, commit, remote, opts, rep, t0)
+
+
+def _fetch_locked(repo_id: str, hub: Hub, root: Path, commit: str, remote: dict, opts: Options, rep: Reporter,
+                  t0: float) -> dict:
     run = _Run(hub, root, pin(root, hub, opts.revision, commit), opts, rep)
 
     # 1. the files the selection is computed from

@@ -24,8 +24,6 @@ manifest complete merges them into the final index, config and manifest.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import os
 import queue
 import shutil
@@ -39,6 +37,7 @@ from ds_export import __version__
 from ds_export.errors import DsxError, UsageError
 from ds_export.interrupt import Stopped, ignore_sigint, wait_for_workers
 from ds_export.io.checkpoint import INDEX_NAME, Checkpoint
+from ds_export.io.dirlock import exclusive
 from ds_export.io.manifest import MANIFEST_NAME, Manifest
 from ds_export.io.writer import PARTIAL_SUFFIX, ShardWriter, atomic_write_json, check_out_apart, write_index
 from ds_export.quant.backend import CpuBackend, CudaBackend
@@ -291,32 +290,10 @@ def run(ck: Checkpoint, plan: Plan, out: str | os.PathLike, opts: Options = Opti
     Ctrl-C or on a worker's failure. Either way the finished shards are recorded and the output is not published.
     One run at a time writes `out` (a second is refused while the first holds its lock)."""
     out = Path(out)
-    with _exclusive(out, opts.num_nodes):
+    if opts.num_nodes > 1 or (out.exists() and not out.is_dir()):  # (nodes share --out by design)
         return _run(ck, plan, out, opts, reporter, on_shard, stop)
-
-
-@contextlib.contextmanager
-def _exclusive(out: Path, n_nodes: int):
-    """An exclusive lock on the output directory for the run: the same command started twice (a second terminal, an
-    overlapping cron job) had both processes truncate, write and rename the same shards, and each save a manifest
-    that drops the other's records. The lock (flock on the directory) goes with the process, a killed one included.
-    Multi-node runs share --out by design and are not locked; a file system without locks is not either."""
-    if n_nodes > 1 or (out.exists() and not out.is_dir()):
-        yield
-        return
-    out.mkdir(parents=True, exist_ok=True)
-    fd = os.open(out, os.O_RDONLY)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise UsageError(f"{out}: another dsx quantize is writing it now",
-                             hint="wait for it to finish, or stop it; a rerun then resumes") from None
-        except OSError:
-            pass  # (no locks on this file system: unlocked, as before)
-        yield
-    finally:
-        os.close(fd)
+    with exclusive(out, "dsx quantize"):
+        return _run(ck, plan, out, opts, reporter, on_shard, stop)
 
 
 def _run(ck: Checkpoint, plan: Plan, out: Path, opts: Options, reporter: Reporter | None,
