@@ -10,6 +10,9 @@ from ds_export.models import deepseek_v3 as ds
 
 
 def summarize(path: str | Path) -> dict:
+    export = summarize_export(path)
+    if export is not None:
+        return export
     with Checkpoint.open(path, partial=True) as ck:
         cfg = ds.DeepseekV3Config.from_dict(ck.config, source=str(Path(path) / "config.json"))
         infos = {t.name: t for t in ck.infos()}
@@ -53,3 +56,31 @@ def summarize(path: str | Path) -> dict:
             "params": sum(r["params"] for r in by_role.values()),
             "roles": rows,
         }
+
+
+def summarize_export(path: str | Path) -> dict | None:
+    """A dsx export's summary from its manifest and config.json (it holds programs, not safetensors); None for
+    anything else."""
+    import json
+
+    from ds_export.errors import DsxError
+    from ds_export.io.manifest import Manifest
+
+    path = Path(path)
+    try:
+        m = Manifest.load(path)
+    except DsxError:
+        return None
+    if m is None or m.run.get("command") != "export":
+        return None
+    cfg = json.loads((path / "config.json").read_text()) if (path / "config.json").is_file() else {}
+    mtp = path / "mtp" / "config.json"
+    mcfg = json.loads(mtp.read_text()) if mtp.is_file() else {}
+    return {"kind": "export", "path": str(path), "complete": m.complete, "source": m.run.get("source"),
+            "dtype": cfg.get("infer_model_dtype", m.run.get("dtype")),
+            "tensor_parallel_degree": cfg.get("tensor_parallel_degree", m.run.get("tp")),
+            "num_hidden_layers": cfg.get("num_hidden_layers"), "quant_type": cfg.get("quant_type"),
+            "max_seq_len": cfg.get("infer_model_max_seq_len"), "block_size": cfg.get("infer_model_block_size"),
+            "speculate": cfg.get("speculate_method"), "draft_tokens": cfg.get("speculate_max_draft_token_num"),
+            "mtp_quant_type": mcfg.get("quant_type") if mcfg else None, "custom_ops": cfg.get("dsx_custom_ops"),
+            "files": len(m.files), "total_bytes": sum(int(e.get("size", 0)) for e in m.files.values())}

@@ -135,6 +135,19 @@ def test_errors(exported, tiny_fp8, tmp_path, capsys):
     assert "do not fit int4" in capsys.readouterr().err
 
 
+def test_inspect_summarizes_an_export(exported, tiny_fp8, capsys):
+    """dsx inspect EXPORT said "neither model.safetensors.index.json nor model.safetensors found": an export is
+    summarized from its manifest and config."""
+    assert main(["inspect", str(exported), "--json"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert s["kind"] == "export" and s["complete"] and s["source"] == str(tiny_fp8)
+    assert s["max_seq_len"] == 128 and s["tensor_parallel_degree"] == 1 and s["speculate"] == "mtp"
+    assert s["files"] == len(json.loads((exported / "dsx-manifest.json").read_text())["files"]) and s["total_bytes"] > 0
+    assert main(["inspect", str(exported)]) == 0
+    out = capsys.readouterr().out
+    assert "a dsx export of" in out and "speculation: mtp, 1 draft token(s)" in out
+
+
 def test_verify_of_an_export_says_where_it_goes(exported, tiny_fp8, capsys):
     """dsx verify EXPORT said "neither model.safetensors.index.json nor model.safetensors found"."""
     assert main(["verify", str(exported)]) == 2

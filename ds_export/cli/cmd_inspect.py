@@ -19,6 +19,7 @@ def inspect(
 ) -> None:
     """Summarize a DeepSeek-V3 checkpoint: layers, experts, MTP, dtypes and bytes per role, quantization.
     Every header is validated and every tensor name mapped to its role; anything unknown is an error.
+    A dsx export is summarized from its manifest and config (source, quant type, dtype, tp, speculation).
 
     Examples:
       dsx inspect build/tiny
@@ -30,6 +31,15 @@ def inspect(
     s = summarize(path)
     out.result(s)
     if not out.human:
+        return
+    if s.get("kind") == "export":
+        out.print(f"[bold]{s['path']}[/]: a dsx export{'' if s['complete'] else ' [red](not complete)[/]'} of "
+                  f"{s['source']}: {s['quant_type']}, {s['num_hidden_layers']} layers, {s['dtype']}, "
+                  f"tp {s['tensor_parallel_degree']}, max_seq_len {s['max_seq_len']}, block {s['block_size']}")
+        spec = (f"{s['speculate']}, {s['draft_tokens']} draft token(s), draft {s['mtp_quant_type']}"
+                if s["speculate"] else "none")
+        out.print(f"speculation: {spec}" + (f"; custom ops {s['custom_ops']}" if s["custom_ops"] else ""))
+        out.print(f"{s['files']} files, {human_bytes(s['total_bytes'])}")
         return
     qc = s["quantization_config"]
     if not qc:
