@@ -289,6 +289,25 @@ def test_end_to_end_logits_of_an_export(outputs, tiny_fp8, tmp_path, capsys):
     assert rep["ok"] and e["ok"] and e["tokens"] > 200
     assert e["kl_mean"] < 0.3 and e["top1_agreement"] > 0.3 and abs(e["ppl_delta"]) < 0.2 * e["ppl_reference"]
     assert 0 <= e["mtp_acceptance_rate"] <= 1
+    assert rep["checked"][-2:] == ["export files", "end to end"]
+    # The export's own files are hashed (a flipped byte in its parameters gave a KL figure at best, and only when the
+    # reference fits in memory): named, and no logits run.
+    import shutil
+
+    flipped = tmp_path / "flipped"
+    shutil.copytree(exp, flipped)
+    params = flipped / "model.pdiparams"
+    b = bytearray(params.read_bytes())
+    b[len(b) // 2] ^= 0x40
+    params.write_bytes(bytes(b))
+    bad = verify(outputs / "mix", tiny_fp8, export=flipped, samples=0)
+    assert not bad["ok"] and bad["e2e"] is None and "end to end" not in bad["checked"]
+    assert [(f["where"], "sha256" in f["problem"]) for f in bad["findings"]] == [(f"{flipped}/model.pdiparams", True)]
+    # An export of another conversion than the target (its recorded source files differ): named as such.
+    other_q = tmp_path / "other-q"
+    assert main(["quantize", str(tiny_fp8), "--out", str(other_q), "--type", "a8w8_fp8", "-q"]) == 0
+    stale = verify(other_q, tiny_fp8, export=exp, samples=0)
+    assert not stale["ok"] and "whose files differ from" in stale["findings"][0]["problem"], stale["findings"]
     # A planted fault: an export of other weights (another seed) next to correct quantized weights.
     write_tiny(tmp_path / "other", TinySpec(seed=1))
     wrong = tmp_path / "wrong-exp"

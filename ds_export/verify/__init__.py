@@ -14,7 +14,7 @@ from pathlib import Path
 from ds_export.errors import DsxError
 from ds_export.io.checkpoint import Checkpoint
 from ds_export.models import deepseek_v3 as ds
-from ds_export.verify.integrity import FileChecks, check_config, check_tensors
+from ds_export.verify.integrity import FileChecks, Finding, check_config, check_files, check_tensors
 from ds_export.verify.kernels import check_kernels
 from ds_export.verify.progress import QUIET, Reporter
 from ds_export.verify.weights import check_weights
@@ -97,6 +97,16 @@ def verify(target: str | Path, reference: str | Path | None = None, *, expert_sa
                         kstats = check_kernels(ck, ref, cfg, samples=samples, device=device, workers=workers,
                                                progress=progress, **kw)
             findings += more
+    export_ok = True
+    if export is not None and reference is not None:  # (the export's own files: sizes and sha256, before its logits)
+        export_findings, em = check_files(Path(export), workers=workers, progress=progress)
+        made_from = (em.run or {}).get("source_digest") if em is not None else None
+        if made_from and manifest is not None and made_from != manifest.content_digest():
+            export_findings.append(Finding("files", str(export), f"exported from {em.run.get('source')}, whose files "
+                                           f"differ from {target}'s: export {target} again (dsx export --force)"))
+        findings += [Finding(f.check, f.where if f.where.startswith(str(export)) else f"{export}/{f.where}", f.problem)
+                     for f in export_findings]
+        export_ok = not export_findings
     report["findings"] = [f.__dict__ for f in findings]
     report["weights"] = [s.to_json() for s in stats]
     report["by_format"] = _aggregate(stats)
@@ -104,7 +114,7 @@ def verify(target: str | Path, reference: str | Path | None = None, *, expert_sa
     report["run"] = manifest.run if manifest else None
     report["device"] = device
     report["e2e"] = None
-    if export is not None and reference is not None:
+    if export is not None and reference is not None and export_ok:
         from ds_export.verify.e2e import E2E_MAX_KL, E2E_MIN_TOP1, check_export
 
         g = gates or {}
@@ -116,7 +126,9 @@ def verify(target: str | Path, reference: str | Path | None = None, *, expert_sa
                     and (report["e2e"] is None or report["e2e"]["ok"]))
     # (what "ok" covers: without a reference, integrity only)
     report["checked"] = (["files", "tensors", "config"] + (["weights"] if reference is not None else [])
-                         + (["kernels"] if kstats else []) + (["end to end"] if report["e2e"] else []))
+                         + (["kernels"] if kstats else [])
+                         + (["export files"] if export is not None and reference is not None else [])
+                         + (["end to end"] if report["e2e"] else []))
     return report
 
 
