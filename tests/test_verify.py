@@ -257,7 +257,10 @@ def test_html_and_json_reports(outputs, tiny_fp8, tmp_path):
                  "-q"]) == 0
     page = h.read_text()
     HTMLParser().feed(page)  # parses
-    assert page.count("<svg") == 2 and "All checks passed" in page and "weight_only_int4 expert_up" in page
+    assert page.count("<svg") == 2 and "All checks passed (files, tensors, config, weights, kernels)" in page
+    assert "weight_only_int4 expert_up" in page and "Integrity only" not in page
+    assert main(["verify", str(outputs / "mix"), "--html", str(h), "-q"]) == 0  # no reference: says so
+    assert "All checks passed (files, tensors, config). Integrity only" in h.read_text()
     rep = json.loads(j.read_text())
     assert rep["ok"] and len(rep["weights"]) > 100
 

@@ -113,7 +113,10 @@ def _table(head: list[str], rows: list[list]) -> str:
 
 def render(rep: dict) -> str:
     ok = rep["ok"]
-    verdict = ("<p class='ok'>All checks passed.</p>" if ok else
+    checked = rep.get("checked") or []
+    verdict = (f"<p class='ok'>All checks passed ({_esc(', '.join(checked))})."
+               + ("" if "weights" in checked or not checked else
+                  " Integrity only: the weights, kernels and logits need --reference.") + "</p>" if ok else
                f"<p class='bad'>FAILED: {len(rep['findings'])} integrity findings, "
                f"{sum(not w['ok'] for w in rep['weights'])} weights and "
                f"{sum(not k['ok'] for k in rep.get('kernels', []))} kernel checks out of range.</p>")
