@@ -431,3 +431,22 @@ def test_decode_lookup_is_ml_dtypes_cast_bit_for_bit():
         assert np.isnan(buf[n * k:]).all()
     with pytest.raises(DsxError, match="out must be float32"):
         f8.dequant_ref(w, s, block, out=np.empty((7, 130), np.float64))
+
+
+def test_nan_code_count_native_equals_the_reference():
+    """count_nan_native (C++, one pass) gives count_nan_ref's (count, first index) on every code, random codes with
+    NaNs planted at the ends and in the middle, odd lengths, unaligned views and nothing."""
+    every = np.arange(256, dtype=np.uint8)
+    assert f8.count_nan_native(every) == f8.count_nan_ref(every) == (2, 0x7F)
+    rng = np.random.default_rng(5)
+    base = rng.integers(0, 256, (1 << 17) + 77, dtype=np.uint8)
+    base[(base & 0x7F) == 0x7F] = 3
+    for where in ([], [0], [len(base) - 1], [70000, 70001, 131000], list(rng.integers(0, len(base), 50))):
+        a = base.copy()
+        a[where] = rng.choice([0x7F, 0xFF], len(where)) if where else a[where]
+        for view in (a, a[1:], a[3:-5], a.reshape(-1)[: (1 << 16) + 1]):
+            assert f8.count_nan_native(view) == f8.count_nan_ref(view)
+    assert f8.count_nan_native(np.zeros(0, np.uint8)) == (0, -1)
+    w = np.full((3, 256), 0x38, np.uint8)
+    w[2, 17] = 0xFF
+    assert f8.count_nan_native(w.view(ml_dtypes.float8_e4m3fn)) == (1, 2 * 256 + 17)

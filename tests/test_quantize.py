@@ -390,6 +390,24 @@ def test_a_non_finite_block_scale_is_refused_naming_it(tiny_fp8, tmp_path, capsy
     assert m is None or not m.complete
 
 
+@pytest.mark.parametrize("qtype", ["a8w8_fp8", "bf16"])
+def test_a_nan_code_copied_or_cast_as_it_is_is_refused_naming_it(tiny_fp8, tmp_path, capsys, qtype):
+    """An e4m3 NaN code in an FP8 source weight: FP8 kept copied it and bf16 decoded it into a NaN weight, without a
+    word. Refused, naming the shard, the tensor and the element; the output does not look complete."""
+    import shutil
+
+    shutil.copytree(tiny_fp8, tmp_path / "src")
+    shard, name = _plant(tmp_path / "src", lambda k, v: v["dtype"] == "F8_E4M3" and "self_attn.q_a_proj" in k,
+                         b"\xff", at=1000)
+    with Checkpoint.open(tiny_fp8) as ck:
+        k = ck.info(name).shape[1]
+    assert main(["quantize", str(tmp_path / "src"), "--out", str(tmp_path / "o"), "--type", qtype, "-q"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and shard in err and repr(name) in err, err
+    assert f"1 NaN code(s) (e4m3 0x7F / 0xFF) in its FP8 weight, the first at [{1000 // k}, {1000 % k}]" in err
+    assert not (tmp_path / "o" / "model.safetensors.index.json").exists()
+
+
 def test_a_nan_code_in_a_weight_only_conversion_names_the_tensor(tiny_fp8, tmp_path, capsys):
     """An e4m3 NaN code (0x7F) met by the weight-only quantizer: the error names the tensor and its shard (it named
     only the rows)."""

@@ -212,6 +212,27 @@ int dsx_fp8_e4m3_to_f32(const uint8_t* x, int64_t count, float* out) {
   return DSX_OK;
 }
 
+int dsx_fp8_e4m3_count_nan(const uint8_t* x, int64_t count, int64_t* n_nan, int64_t* first) {
+  if (count < 0 || (count > 0 && !x) || !n_nan || !first) return DSX_EINVAL;
+  // (in runs of at most 2^16 codes with a 32-bit sum, which the compiler keeps in vector lanes: one pass at
+  // memory speed; the first NaN's index is looked for only where there is one)
+  int64_t n = 0;
+  for (int64_t i0 = 0; i0 < count; i0 += 1 << 16) {
+    const int64_t i1 = count - i0 < (1 << 16) ? count : i0 + (1 << 16);
+    uint32_t c = 0;
+    for (int64_t i = i0; i < i1; ++i) c += (x[i] & 0x7Fu) == 0x7Fu;
+    n += c;
+  }
+  *n_nan = n;
+  *first = -1;
+  for (int64_t i = 0; n > 0 && i < count; ++i)
+    if ((x[i] & 0x7Fu) == 0x7Fu) {
+      *first = i;
+      break;
+    }
+  return DSX_OK;
+}
+
 int dsx_f32_to_bf16(const float* x, int64_t count, uint16_t* out) {
   if (count < 0 || (count > 0 && (!x || !out))) return DSX_EINVAL;
 #pragma omp parallel for schedule(static)

@@ -286,6 +286,7 @@ def _fn(name: str):
     sigs = {
         "dsx_f32_to_fp8_e4m3_sat": (P, I64, P),
         "dsx_fp8_e4m3_to_f32": (P, I64, P),
+        "dsx_fp8_e4m3_count_nan": (P, I64, P, P),
         "dsx_fp8_block_dequant_rowmajor": (P, P, I64, I64, I64, I64, I64, I64, I32, P),
         "dsx_fp8_block_quant_f32_rowmajor": (P, I64, I64, I64, I64, I64, I64, P, P),
         "dsx_fp8_block_quant_bf16_rowmajor": (P, I64, I64, I64, I64, I64, I64, P, P),
@@ -323,6 +324,25 @@ def decode_e4m3_native(codes) -> np.ndarray:
     out = np.empty(a.shape, np.float32)
     _call("dsx_fp8_e4m3_to_f32", _p(a), a.size, _p(out))
     return out
+
+
+def count_nan_ref(codes) -> tuple[int, int]:
+    """(number of NaN codes, flat index of the first or -1) among e4m3fn bits: 0x7F and 0xFF are its only NaNs (it
+    has no infinities)."""
+    a = np.asarray(codes).view(np.uint8).reshape(-1)
+    nan = (a & 0x7F) == 0x7F
+    n = int(np.count_nonzero(nan))
+    return n, int(np.argmax(nan)) if n else -1
+
+
+def count_nan_native(codes) -> tuple[int, int]:
+    """count_nan_ref in one pass in C++ (at memory speed): the same pair."""
+    import ctypes
+
+    a = np.ascontiguousarray(np.asarray(codes).view(np.uint8)).reshape(-1)
+    n, first = ctypes.c_int64(), ctypes.c_int64()
+    _call("dsx_fp8_e4m3_count_nan", _p(a), a.size, ctypes.addressof(n), ctypes.addressof(first))
+    return n.value, first.value
 
 
 def _out_array(out, shape, dtypes, what: str) -> np.ndarray:

@@ -32,8 +32,9 @@ def _chunk_rows(task: Task, chunk_bytes: int, align: int) -> int:
 
 
 def _src_rows(ck: Checkpoint, task: Task, r0: int, r1: int, dtype: str, be: CpuBackend) -> np.ndarray:
-    """Source rows [r0, r1) decoded to 'float32' or 'bfloat16' (FP8: value x block scale_inv)."""
+    """Source rows [r0, r1) decoded to 'float32' or 'bfloat16' (FP8: value x block scale_inv; NaN codes refused)."""
     if task.src_scale:
+        _refuse_nan_codes(ck, task, ck.get(task.src)[r0:r1], r0 * int(task.shape[-1]))
         return be.dequant(ck.get(task.src), ck.get(task.src_scale), task.src_block, dtype, (r0, r1))
     a = ck.get(task.src)
     if a.ndim:
@@ -45,12 +46,30 @@ def _src_rows(ck: Checkpoint, task: Task, r0: int, r1: int, dtype: str, be: CpuB
     return a.astype(np.float32)
 
 
-def _copy_raw(ck: Checkpoint, name: str, out_name: str, write: Write, chunk_bytes: int, progress: Progress) -> None:
+def _copy_raw(ck: Checkpoint, name: str, out_name: str, write: Write, chunk_bytes: int, progress: Progress,
+              fp8_of: Task | None = None) -> None:
+    """The tensor's bytes as they are; fp8_of: they are that task's e4m3 weight, whose NaN codes are refused."""
     raw = ck.raw(name)
     for a in range(0, max(raw.size, 1), chunk_bytes):
         part = raw[a:a + chunk_bytes]
+        if fp8_of is not None:
+            _refuse_nan_codes(ck, fp8_of, part, a)
         write(out_name, part)
         progress(part.size)
+
+
+def _refuse_nan_codes(ck: Checkpoint, task: Task, codes: np.ndarray, at: int) -> None:
+    """An FP8 source's weight codes copied or cast as they are must hold no NaN (0x7F / 0xFF): a NaN weight poisons
+    every output it reaches, and nothing downstream of dsx quantize would notice (the weight-only and FP8 requant
+    paths refuse them in their own kernels). `at`: the flat index of codes[0] in the weight."""
+    n, first = fp8_block.count_nan_native(codes)
+    if n:
+        k = int(task.shape[-1]) if task.shape else 1
+        where = divmod(at + first, k)
+        raise CheckpointError(
+            f"{ck.shard_of(task.src).path}: tensor {task.src!r}: {n} NaN code(s) (e4m3 0x7F / 0xFF) in its FP8 weight, "
+            f"the first at [{where[0]}, {where[1]}]; it cannot be converted",
+            hint="the source checkpoint is corrupt: download it again, dsx download checks every file's sha256")
 
 
 def _check_scales(ck: Checkpoint, task: Task) -> None:
@@ -77,7 +96,8 @@ def convert(ck: Checkpoint, task: Task, write: Write, *, chunk_bytes: int = 64 <
         if task.src_scale:
             _check_scales(ck, task)
         if task.passthrough:
-            _copy_raw(ck, task.src, outs[0].name, write, chunk_bytes, progress)
+            _copy_raw(ck, task.src, outs[0].name, write, chunk_bytes, progress,
+                      task if task.src_dtype == "F8_E4M3" else None)
             if task.src_scale:
                 _copy_raw(ck, task.src_scale, outs[1].name, write, chunk_bytes, progress)
         elif t in ("bf16", "float32"):

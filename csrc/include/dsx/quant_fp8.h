@@ -37,6 +37,9 @@ enum { DSX_FP8_OUT_F32 = 0, DSX_FP8_OUT_BF16 = 1 };
 int dsx_f32_to_fp8_e4m3_sat(const float* x, int64_t count, uint8_t* out);
 /* Elementwise: e4m3fn bits -> float32 via the 256-entry table (NaN = 0x7FC00000|sign). */
 int dsx_fp8_e4m3_to_f32(const uint8_t* x, int64_t count, float* out);
+/* NaN codes (0x7F, 0xFF: e4m3fn has no infinities) among count codes: *n_nan their number, *first the index of
+ * the first (-1 if none). A source's weights are checked where they are copied or cast as they are. */
+int dsx_fp8_e4m3_count_nan(const uint8_t* x, int64_t count, int64_t* n_nan, int64_t* first);
 /* Elementwise: float32 -> bfloat16 bits, RNE; NaN -> 0x7FC0|sign. */
 int dsx_f32_to_bf16(const float* x, int64_t count, uint16_t* out);
 
