@@ -322,15 +322,19 @@ def test_end_to_end_logits_of_an_export(outputs, tiny_fp8, tmp_path, capsys):
     # A model too big for the float32 reference on this host: a clear error, not an out-of-memory kill.
     import ds_export.verify.e2e as e2e
 
-    real = e2e.memory_available
+    import ds_export.verify as V
+
+    real, real_weights, weighed = e2e.memory_available, V.check_weights, []
     e2e.memory_available = lambda: 2**20
+    V.check_weights = lambda *a, **k: weighed.append(1) or real_weights(*a, **k)
     try:
         assert main(["verify", str(outputs / "mix"), "--reference", str(tiny_fp8), "--export", str(exp),
                      "--samples", "0"]) == 1
     finally:
-        e2e.memory_available = real
+        e2e.memory_available, V.check_weights = real, real_weights
     err = capsys.readouterr().err
     assert "the end-to-end check runs the float32 model" in err and "GiB are available" in err
+    assert not weighed  # (refused before the weight checks, hours on R1, not after them)
 
 
 class _Recorder:

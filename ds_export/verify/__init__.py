@@ -48,6 +48,10 @@ def verify(target: str | Path, reference: str | Path | None = None, *, expert_sa
     progress: told each check's phase and its bytes or checks as they are done (verify.progress)."""
     target = Path(target)
     _refuse_an_export(target)
+    if export is not None and reference is not None:  # (before the weight checks, which take hours on R1)
+        from ds_export.verify.e2e import require_fit
+
+        require_fit(reference)
     report: dict = {"target": str(target), "reference": str(reference) if reference else None}
 
     def files_alone(findings: list) -> dict | None:

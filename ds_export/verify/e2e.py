@@ -65,6 +65,16 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
     return x - m - np.log(np.exp(x - m).sum(-1, keepdims=True))
 
 
+def require_fit(reference: str | Path) -> None:
+    """The float32 reference model must fit in memory (verify asks before its hours of weight checks, too)."""
+    from ds_export.errors import DsxError
+
+    if not fits(reference):
+        raise DsxError(f"{reference}: the end-to-end check runs the float32 model, about "
+                       f"{memory_needed(reference) / 2**30:.0f} GiB, and {memory_available() / 2**30:.0f} GiB are "
+                       "available", hint="run it on a bigger host, or verify without --export (weights and kernels)")
+
+
 def check_export(export_dir: str | Path, reference: str | Path, *, max_kl: float = E2E_MAX_KL,
                  min_top1: float = E2E_MIN_TOP1) -> dict:
     import paddle
@@ -74,14 +84,9 @@ def check_export(export_dir: str | Path, reference: str | Path, *, max_kl: float
     from ds_export.export.runtime import generate_any
     from ds_export.export.weights import load_weights
 
-    from ds_export.errors import DsxError
-
     export_dir = Path(export_dir)
     check_complete(export_dir)
-    if not fits(reference):
-        raise DsxError(f"{reference}: the end-to-end check runs the float32 model, about "
-                       f"{memory_needed(reference) / 2**30:.0f} GiB, and {memory_available() / 2**30:.0f} GiB are "
-                       "available", hint="run it on a bigger host, or verify without --export (weights and kernels)")
+    require_fit(reference)
     cfg = json.loads((export_dir / "config.json").read_text())
     has_draft = (export_dir / "mtp" / "config.json").exists()
     ids = _tokens(export_dir, int(cfg["vocab_size"]), int(cfg["infer_model_max_seq_len"]) - 8)
