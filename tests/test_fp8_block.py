@@ -450,3 +450,14 @@ def test_nan_code_count_native_equals_the_reference():
     w = np.full((3, 256), 0x38, np.uint8)
     w[2, 17] = 0xFF
     assert f8.count_nan_native(w.view(ml_dtypes.float8_e4m3fn)) == (1, 2 * 256 + 17)
+
+
+def test_the_nan_scan_bench_runs():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, str(root / "bench" / "fp8_nan_scan.py"), "--mib", "4", "--rounds", "1"],
+                         capture_output=True, text=True, check=True).stdout
+    assert "scan (C++)" in out and "copy (anchor)" in out and "x the copy's speed" in out
