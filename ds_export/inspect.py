@@ -63,15 +63,11 @@ def summarize_export(path: str | Path) -> dict | None:
     anything else."""
     import json
 
-    from ds_export.errors import DsxError
-    from ds_export.io.manifest import Manifest
+    from ds_export.io.manifest import export_manifest
 
     path = Path(path)
-    try:
-        m = Manifest.load(path)
-    except DsxError:
-        return None
-    if m is None or m.run.get("command") != "export":
+    m = export_manifest(path)
+    if m is None:
         return None
     cfg = json.loads((path / "config.json").read_text()) if (path / "config.json").is_file() else {}
     mtp = path / "mtp" / "config.json"

@@ -164,25 +164,14 @@ def test_fake_hub_happy_path_and_selection(fake, source, tmp_path, capsys):
 def test_a_second_download_into_the_same_directory_is_refused_while_the_first_runs(fake, source, tmp_path, capsys):
     """Two downloads into one directory appended to the same partial files: the second is refused at once while
     another process holds the directory's lock, and runs once it is gone."""
-    import textwrap
+    from dir_lock import held_by_another_process
 
     dest = tmp_path / "d"
     dest.mkdir()
-    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
-        import fcntl, os, sys
-        fd = os.open({str(dest)!r}, os.O_RDONLY)
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        print("locked", flush=True)
-        sys.stdin.read()
-        """)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout.readline().strip() == "locked"
+    with held_by_another_process(dest):
         rc, out, err = cli(capsys, REPO, "--local-dir", str(dest))
         assert rc == 2 and "another dsx download is writing it now" in err, err
         assert list(dest.iterdir()) == []
-    finally:
-        holder.stdin.close()
-        holder.wait(timeout=30)
     rc, out, err = cli(capsys, REPO, "--local-dir", str(dest))
     assert rc == 0, err
     assert_same(dest, source, source)

@@ -308,24 +308,15 @@ def test_a_second_run_into_the_same_output_is_refused_while_the_first_runs(tiny_
     """The same command started twice (another terminal, an overlapping job) had two processes truncate, write and
     rename the same shards and overwrite each other's manifest records: the second is refused while another process
     holds the output directory's lock, and runs (resuming) once it is gone."""
+    from dir_lock import held_by_another_process
+
     out = tmp_path / "o"
     out.mkdir()
-    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
-        import fcntl, os, sys, time
-        fd = os.open({str(out)!r}, os.O_RDONLY)
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        print("locked", flush=True)
-        sys.stdin.read()
-        """)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout.readline().strip() == "locked"
+    with held_by_another_process(out):
         assert main(["quantize", str(tiny_fp8), "--out", str(out), "--type", "bf16", "-q"]) == 2
         err = capsys.readouterr().err
         assert "another dsx quantize is writing it now" in err and "a rerun then resumes" in err, err
         assert list(out.iterdir()) == []  # (refused before any file: not even a manifest)
-    finally:
-        holder.stdin.close()
-        holder.wait(timeout=30)
     _quantize(tiny_fp8, out, "--type", "bf16")
 
 

@@ -33,7 +33,7 @@ from pathlib import Path
 from ds_export import __version__
 from ds_export.errors import DsxError, Interrupted, UsageError
 from ds_export.io.checkpoint import Checkpoint
-from ds_export.io.manifest import Manifest, require_finished
+from ds_export.io.manifest import Manifest, export_manifest, require_finished
 from ds_export.io.writer import atomic_write_json, check_out_apart
 from ds_export.models import deepseek_v3 as ds
 
@@ -304,15 +304,7 @@ def export(src: str | os.PathLike, out: str | os.PathLike, *, dtype: str = "floa
 def _replaceable(out: Path) -> bool:
     """What --force may remove whole: an empty directory, or a dsx export (a directory of other files, a quantize
     output, the user's home given by mistake, is not)."""
-    if not out.is_dir():
-        return False
-    if not any(out.iterdir()):
-        return True
-    try:
-        m = Manifest.load(out)
-    except DsxError:
-        return False
-    return m is not None and m.run.get("command") == "export"
+    return out.is_dir() and (not any(out.iterdir()) or export_manifest(out) is not None)
 
 
 def source_digest(src) -> str | None:

@@ -83,6 +83,16 @@ class Manifest:
         return None
 
 
+def export_manifest(root: str | os.PathLike) -> "Manifest | None":
+    """The manifest of the dsx export at root (its run records the export command), or None: no manifest, another
+    run's (a quantize output's), or one that does not parse (the file checks report that one)."""
+    try:
+        m = Manifest.load(root) if Path(root).is_dir() else None
+    except CheckpointError:
+        return None
+    return m if m is not None and m.run.get("command") == "export" else None
+
+
 def require_finished(root: str | os.PathLike, use: str) -> None:
     """Refuse a dsx output that its run has not finished (interrupted, still running, or a multi-node run whose other
     nodes are still at work), before `use` reads it: its shards may all be there while the run is not done (a

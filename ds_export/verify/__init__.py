@@ -139,13 +139,10 @@ def verify(target: str | Path, reference: str | Path | None = None, *, expert_sa
 def _refuse_an_export(target: Path) -> None:
     """An export given as the target (its programs hold no safetensors to check): say where it goes."""
     from ds_export.errors import UsageError
-    from ds_export.io.manifest import Manifest
+    from ds_export.io.manifest import export_manifest
 
-    try:
-        m = Manifest.load(target)
-    except DsxError:
-        return  # (the file checks report an unreadable manifest)
-    if m is not None and m.run.get("command") == "export":
+    m = export_manifest(target)
+    if m is not None:
         src = m.run.get("source") or "SOURCE_OF_THE_EXPORT"
         raise UsageError(f"{target}: a dsx export; verify checks a converted checkpoint, and an export end to end "
                          "through --export", hint=f"dsx verify {src} --reference ORIGINAL --export {target}")
