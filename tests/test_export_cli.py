@@ -201,3 +201,54 @@ def test_16bit_export_runs_under_paddle_inference(tiny_fp8, tmp_path, dtype):
     ref = ref.numpy()
     b = np.load(got)["base_logits"]
     assert np.abs(b - ref).max() / np.abs(ref).max() < 1e-6
+
+
+def test_a_second_export_into_the_same_out_is_refused_while_the_first_runs(tiny_fp8, tmp_path, capsys):
+    """Two exports into one OUT cleared and wrote the same OUT.partial: the first hashed the second's half-written
+    files into its manifest and moved them to OUT. The second is refused while another process holds OUT.partial's
+    lock; a later export clears what a killed one left there (stray files are not in its output)."""
+    from dir_lock import held_by_another_process
+
+    out = tmp_path / "e"
+    staging = tmp_path / "e.partial"
+    staging.mkdir()
+    (staging / "model.pdiparams").write_bytes(b"left by a killed export")
+    (staging / "stray").mkdir()
+    (staging / "stray" / "x").write_text("x")
+    with held_by_another_process(staging):
+        assert main(["export", str(tiny_fp8), "--out", str(out), "--max-seq-len", "64", "-q"]) == 2
+        err = capsys.readouterr().err
+        assert "e.partial: another dsx export is writing it now" in err, err
+        assert (staging / "stray" / "x").is_file() and not out.exists()  # (the holder's files untouched)
+    assert main(["export", str(tiny_fp8), "--out", str(out), "--max-seq-len", "64", "-q"]) == 0
+    assert not staging.exists() and not (out / "stray").exists()
+    from ds_export.export.exporter import check_export
+
+    m = check_export(out)
+    on_disk = {str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()} - {"dsx-manifest.json"}
+    assert on_disk == set(m.files) and all(m.verify_file(f) is None for f in m.files)
+
+
+def test_the_lock_follows_a_directory_renamed_while_it_was_taken(tmp_path, monkeypatch):
+    """An export finishing renames its locked OUT.partial to OUT: a second one that opened OUT.partial just before
+    held a lock on OUT after it, not on the new OUT.partial; it takes the new directory's lock instead."""
+    import fcntl
+    import os
+
+    from ds_export.io import dirlock
+
+    root = tmp_path / "s.partial"
+    real = fcntl.flock
+    calls = []
+
+    def flock(fd, op):
+        calls.append(fd)
+        if len(calls) == 1:  # (the first holder finishes between our open and our lock)
+            os.rename(root, tmp_path / "s")
+        return real(fd, op)
+
+    monkeypatch.setattr(dirlock.fcntl, "flock", flock)
+    with dirlock.exclusive(root, "dsx export"):
+        assert root.is_dir() and len(calls) == 2
+        st, held = os.stat(root), os.fstat(calls[-1])
+        assert (st.st_dev, st.st_ino) == (held.st_dev, held.st_ino)

@@ -19,16 +19,33 @@ def exclusive(root: str | os.PathLike, command: str):
     """Hold `root`'s lock (creating the directory) while the block runs; a second holder is refused at once, naming
     `command` (e.g. "dsx quantize")."""
     root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
-    fd = os.open(root, os.O_RDONLY)
-    try:
+    for _ in range(3):
+        root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(root, os.O_RDONLY)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            os.close(fd)
             raise UsageError(f"{root}: another {command} is writing it now",
                              hint="wait for it to finish, or stop it; a rerun then resumes") from None
         except OSError:
-            pass  # (no locks on this file system: unlocked)
+            break  # (no locks on this file system: unlocked)
+        if _same(root, fd):
+            break
+        # (the holder renamed it away between our open and our lock, e.g. an export's staging directory moved to
+        # its place as it finished: the lock is on that directory now, not on `root`; take root's afresh)
+        os.close(fd)
+    else:
+        raise UsageError(f"{root}: another {command} keeps replacing it", hint="wait for it to finish, or stop it")
+    try:
         yield
     finally:
         os.close(fd)
+
+
+def _same(root: Path, fd: int) -> bool:
+    try:
+        a, b = os.stat(root), os.fstat(fd)
+    except FileNotFoundError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
