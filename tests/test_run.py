@@ -184,6 +184,29 @@ def test_the_tiny_source_is_started_over_only_from_its_own_files(tmp_path, capsy
     Checkpoint.open(wd / "source").close()
 
 
+def test_a_tiny_source_of_other_settings_is_not_kept(tmp_path, capsys):
+    """Any WORKDIR/source with an index was "tiny checkpoint already written": after model.tiny's seed or config
+    changed in the recipe (or with another checkpoint there), every step ran on the old weights under the edited
+    recipe. It is kept only when it is byte for byte what the recipe's model.tiny writes, and refused (untouched)
+    otherwise."""
+    wd = tmp_path / "wd"
+    args = ["--workdir", str(wd), "--until-step", "download", "-q"]
+    assert main(["run", "recipes/tiny.yaml", *args]) == 0
+    before = {p.name: p.read_bytes() for p in (wd / "source").iterdir()}
+    assert main(["run", "recipes/tiny.yaml", *args]) == 0  # (the same recipe again: kept)
+    text = Path("recipes/tiny.yaml").read_text()
+    for change, differs in (("seed: 0", "seed: 1"), ("dtype: fp8}", "dtype: fp8, config: {vocab_size: 520}}")):
+        assert change in text
+        edited = tmp_path / "edited.yaml"
+        edited.write_text(text.replace(change, differs))
+        assert main(["run", str(edited), *args]) == 2
+        err = capsys.readouterr().err
+        assert "not the tiny checkpoint recipe tiny describes (" in err and "differs)" in err, err
+        assert "remove that directory" in err
+    assert {p.name: p.read_bytes() for p in (wd / "source").iterdir()} == before
+    assert not [p for p in wd.iterdir() if p.name.startswith(".tiny-check")]  # (its scratch copy removed)
+
+
 def test_a_changed_recipe_says_what_to_do_without_force(tmp_path, capsys):
     """The quantize section changed after WORKDIR/quantized was written: the engine's refusal said "pass --force",
     an option dsx run does not have; it says to remove the directory or use another --workdir."""
