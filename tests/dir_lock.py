@@ -1,5 +1,5 @@
 """A directory's dsx lock (io.dirlock: flock on the directory) held by another process, for the tests that a second
-dsx run into it is refused."""
+dsx run into it is refused: exclusive as a writer holds it, or shared as a reader (an export, a verify)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import textwrap
 
 
 @contextlib.contextmanager
-def held_by_another_process(path):
+def held_by_another_process(path, *, reader: bool = False):
     holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import fcntl, os, sys
         fd = os.open({str(path)!r}, os.O_RDONLY)
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        fcntl.flock(fd, fcntl.{"LOCK_SH" if reader else "LOCK_EX"})
         print("locked", flush=True)
         sys.stdin.read()
         """)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)

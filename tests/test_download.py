@@ -170,7 +170,7 @@ def test_a_second_download_into_the_same_directory_is_refused_while_the_first_ru
     dest.mkdir()
     with held_by_another_process(dest):
         rc, out, err = cli(capsys, REPO, "--local-dir", str(dest))
-        assert rc == 2 and "another dsx download is writing it now" in err, err
+        assert rc == 2 and "another dsx process is writing or reading it now (dsx download" in err, err
         assert list(dest.iterdir()) == []
     rc, out, err = cli(capsys, REPO, "--local-dir", str(dest))
     assert rc == 0, err

@@ -218,7 +218,7 @@ def test_a_second_export_into_the_same_out_is_refused_while_the_first_runs(tiny_
     with held_by_another_process(staging):
         assert main(["export", str(tiny_fp8), "--out", str(out), "--max-seq-len", "64", "-q"]) == 2
         err = capsys.readouterr().err
-        assert "e.partial: another dsx export is writing it now" in err, err
+        assert "e.partial: another dsx process is writing or reading it now (dsx export writes it alone)" in err, err
         assert (staging / "stray" / "x").is_file() and not out.exists()  # (the holder's files untouched)
     assert main(["export", str(tiny_fp8), "--out", str(out), "--max-seq-len", "64", "-q"]) == 0
     assert not staging.exists() and not (out / "stray").exists()
@@ -252,3 +252,22 @@ def test_the_lock_follows_a_directory_renamed_while_it_was_taken(tmp_path, monke
         assert root.is_dir() and len(calls) == 2
         st, held = os.stat(root), os.fstat(calls[-1])
         assert (st.st_dev, st.st_ino) == (held.st_dev, held.st_ino)
+
+
+def test_an_export_being_read_is_not_replaced(exported, tiny_fp8, tmp_path, capsys):
+    """export --force removed OUT whole while a dsx verify --export (or a generate) read its files: refused while a
+    reader holds OUT, before anything is written; the export there is unchanged."""
+    from dir_lock import held_by_another_process
+
+    out = tmp_path / "e"
+    shutil.copytree(exported, out)
+    before = sorted(p.name for p in out.iterdir())
+    with held_by_another_process(out, reader=True):
+        assert main(["export", str(tiny_fp8), "--out", str(out), "--force", "--max-seq-len", "64", "-q"]) == 2
+        err = capsys.readouterr().err
+        assert f"{out}: another dsx process is writing or reading it now (dsx export --force writes it alone)" in err
+    assert sorted(p.name for p in out.iterdir()) == before and not (tmp_path / "e.partial").exists()
+    assert json.loads((out / "config.json").read_text())["infer_model_max_seq_len"] == 128
+    with held_by_another_process(out):  # (an export --force replacing it: generate does not load it meanwhile)
+        assert main(["generate", str(out), "--input-ids", "0,5", "--max-new-tokens", "1", "-q"]) == 2
+        assert f"{out}: a dsx process is writing it now; dsx generate reads it" in capsys.readouterr().err

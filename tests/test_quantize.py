@@ -315,7 +315,7 @@ def test_a_second_run_into_the_same_output_is_refused_while_the_first_runs(tiny_
     with held_by_another_process(out):
         assert main(["quantize", str(tiny_fp8), "--out", str(out), "--type", "bf16", "-q"]) == 2
         err = capsys.readouterr().err
-        assert "another dsx quantize is writing it now" in err and "a rerun then resumes" in err, err
+        assert "another dsx process is writing or reading it now (dsx quantize writes it alone)" in err, err
         assert list(out.iterdir()) == []  # (refused before any file: not even a manifest)
     _quantize(tiny_fp8, out, "--type", "bf16")
 
@@ -685,3 +685,32 @@ def test_a_dead_gpu_worker_is_one_clear_error_and_resumable(tiny_fp8, tmp_path, 
     for f in sorted((tmp_path / "c").iterdir()):
         if f.name != "dsx-manifest.json":
             assert sha256_file(f) == sha256_file(tmp_path / "g" / f.name), f.name
+
+
+def test_a_directory_is_not_read_while_written_nor_rewritten_while_read(tiny_fp8, tmp_path, capsys):
+    """`dsx quantize --force` rewrote a directory that a dsx export or verify was reading (they read a mix of two
+    conversions), and an export or verify read one still being written. A reader holds a shared lock, a writer an
+    exclusive one: whichever comes second is refused with what to do, before it reads or writes anything."""
+    from dir_lock import held_by_another_process
+
+    out = tmp_path / "q"
+    _quantize(tiny_fp8, out, "--type", "bf16")
+    before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    with held_by_another_process(out, reader=True):  # (a dsx export or verify reading it)
+        assert main(["quantize", str(tiny_fp8), "--out", str(out), "--type", "weight_only_int8", "--force",
+                     "-q"]) == 2
+        assert "another dsx process is writing or reading it now" in capsys.readouterr().err
+        assert main(["verify", str(out), "-q"]) == 0  # (readers together are fine)
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before
+    with held_by_another_process(out):  # (a dsx quantize writing it)
+        for args in (["verify", str(out), "--reference", str(tiny_fp8)],
+                     ["export", str(out), "--out", str(tmp_path / "e")],
+                     ["quantize", str(out), "--out", str(tmp_path / "q2"), "--type", "bf16"]):
+            assert main([*args, "-q"]) == 2, args
+            err = capsys.readouterr().err
+            assert f"{out}: a dsx process is writing it now; dsx {args[0]} reads it once that has finished" in err, err
+        assert not (tmp_path / "e").exists() and not (tmp_path / "e.partial").exists()
+        assert not (tmp_path / "q2").exists() or not any((tmp_path / "q2").iterdir())
+    with held_by_another_process(tiny_fp8):  # (the reference being written: a download into it)
+        assert main(["verify", str(out), "--reference", str(tiny_fp8), "-q"]) == 2
+        assert f"{tiny_fp8}: a dsx process is writing it now" in capsys.readouterr().err

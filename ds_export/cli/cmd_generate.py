@@ -10,6 +10,7 @@ import typer
 from ds_export.cli.options import Json, Quiet
 from ds_export.cli.output import Out
 from ds_export.errors import UsageError
+from ds_export.io.dirlock import shared
 from ds_export.io.writer import atomic_write_json
 
 
@@ -62,8 +63,9 @@ def generate(
         rows = [encode(prompt)]
     else:
         rows = _parse_ids(input_ids)
-    sess = Session(export_dir, speculate=bool(speculate) or dump_logits is not None and
-                   (Path(export_dir) / "mtp").is_dir())
+    with shared(export_dir, "dsx generate"):  # (its programs load here: not while an export --force replaces them)
+        sess = Session(export_dir, speculate=bool(speculate) or dump_logits is not None and
+                       (Path(export_dir) / "mtp").is_dir())
     res = run_generate(sess, rows, max_new_tokens, speculate=speculate, dump_logits=dump_logits is not None)
     if not is_main_rank():  # a tensor-parallel job: every rank computed the same; rank 0 reports
         return

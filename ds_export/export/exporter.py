@@ -26,6 +26,7 @@ not depend on how many workers wrote them (tested).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from pathlib import Path
@@ -33,7 +34,7 @@ from pathlib import Path
 from ds_export import __version__
 from ds_export.errors import DsxError, Interrupted, UsageError
 from ds_export.io.checkpoint import Checkpoint
-from ds_export.io.dirlock import exclusive
+from ds_export.io.dirlock import exclusive, shared
 from ds_export.io.manifest import Manifest, export_manifest, require_finished
 from ds_export.io.writer import atomic_write_json, check_out_apart
 from ds_export.models import deepseek_v3 as ds
@@ -250,61 +251,73 @@ def export(src: str | os.PathLike, out: str | os.PathLike, *, dtype: str = "floa
     if out.exists() and not _replaceable(out):  # (--force removes OUT whole)
         raise UsageError(f"{out}: not a dsx export; --force replaces only a dsx export (or an empty directory)",
                          hint="choose another --out")
-    require_finished(src, "dsx export")
-    with Checkpoint.open(src) as ck:
-        cfg = ds.DeepseekV3Config.from_dict(ck.config, source=str(Path(src) / "config.json"))
-        check_tp(cfg, tp, str(Path(src) / "config.json"))
-        if speculate and not cfg.num_nextn_predict_layers:
-            raise UsageError(f"{src}: --speculate needs an MTP layer, and num_nextn_predict_layers is 0")
-        sq = _source_quant(ck)
-        weights = load_weights(ck, dtype, include_mtp=speculate, lazy=True)  # shapes now, data when written
-        if speculate and not weights.mtp:
-            raise UsageError(f"{src}: --speculate needs the MTP layer's tensors, which are not in the checkpoint")
-        tmp = out.with_name(out.name + ".partial")
-        # (one export into OUT at a time: a second one would clear and write the same staging directory while the
-        # first hashes it into its manifest; the lock moves with the directory to OUT, and goes with the process)
-        with exclusive(tmp, "dsx export"):
-            if out.exists() and not force:  # (written by another export since the check above)
-                raise UsageError(f"{out}: exists", hint="choose a new --out or pass --force to replace it")
-            try:
-                _clear(tmp)  # (what an export stopped before it finished left)
-                layers = cfg.num_hidden_layers + (1 if speculate else 0)
-                workers = min(tp, workers or default_workers(tp, layers))
-                if tp > 1:  # one program per rank, each built in a fresh process, `workers` at once
-                    _write_ranks_in_processes(src, tmp, tp, workers, dtype, max_seq_len, speculate)
-                else:  # OUT/ itself
-                    _write_rank(weights, tmp, 0, 1, max_seq_len, speculate)
-                icfg = inference_config(ck.config, dtype=dtype, max_seq_len=max_seq_len, block_size=block_size,
-                                        tp=tp, speculate=speculate, draft_tokens=draft_tokens, source_quant=sq,
-                                        custom_ops=_uses_ops(weights.top, weights.layers))
-                atomic_write_json(tmp / "config.json", icfg)
-                for name in SIDE_FILES:
-                    if (ck.root / name).is_file():
-                        shutil.copyfile(ck.root / name, tmp / name)
-                if speculate:
-                    mcfg = dict(icfg, num_hidden_layers=1, num_nextn_predict_layers=0, speculate_method=None,
-                                quant_type=sq["mtp_quant_type"], dsx_custom_ops="dsx_paddle_ops" if _uses_ops(
-                                    {}, weights.mtp[:1]) else None,
-                                mtp_source_layer=cfg.mtp_layers[0], dsx_export=dict(icfg["dsx_export"], program=(
-                                    "draft(input_ids, hidden, cache_lens, cache) -> (logits, hidden, cache): token "
-                                    "t+1 and the base hidden state of position t predict token t+2")))
-                    atomic_write_json(tmp / "mtp" / "config.json", mcfg)
-                del weights
-                m = _manifest(tmp, src, dtype, tp, speculate)
-            except KeyboardInterrupt:
-                # Ctrl-C (rank processes, if any, are stopped by now): an export starts over, so its partial output
-                # is only disk taken (hundreds of GB for R1); the one already at OUT, if --force was given, is
-                # untouched.
-                shutil.rmtree(tmp, ignore_errors=True)
-                raise Interrupted(f"interrupted; {out} was not written" + (" (the one there is unchanged)"
-                                                                           if out.exists() else ""),
-                                  hint="rerun the command: an export starts over") from None
-            if out.exists():
-                shutil.rmtree(out)
-            os.replace(tmp, out)
+    # (the source is not written meanwhile, nor is the export that --force replaces read: dsx verify --export)
+    with shared(src, "dsx export"), (exclusive(out, "dsx export --force") if out.exists()
+                                     else contextlib.nullcontext()):
+        require_finished(src, "dsx export")
+        with Checkpoint.open(src) as ck:
+            cfg = ds.DeepseekV3Config.from_dict(ck.config, source=str(Path(src) / "config.json"))
+            check_tp(cfg, tp, str(Path(src) / "config.json"))
+            if speculate and not cfg.num_nextn_predict_layers:
+                raise UsageError(f"{src}: --speculate needs an MTP layer, and num_nextn_predict_layers is 0")
+            weights = load_weights(ck, dtype, include_mtp=speculate, lazy=True)  # shapes now, data when written
+            if speculate and not weights.mtp:
+                raise UsageError(f"{src}: --speculate needs the MTP layer's tensors, which are not in the checkpoint")
+            layers = cfg.num_hidden_layers + (1 if speculate else 0)
+            workers = min(tp, workers or default_workers(tp, layers))
+            tmp = out.with_name(out.name + ".partial")
+            # (one export into OUT at a time: a second one would clear and write the same staging directory while the
+            # first hashes it into its manifest; the lock moves with the directory to OUT, and goes with the process)
+            with exclusive(tmp, "dsx export"):
+                if out.exists() and not force:  # (written by another export since the check above)
+                    raise UsageError(f"{out}: exists", hint="choose a new --out or pass --force to replace it")
+                try:
+                    _write_staged(ck, cfg, weights, src, tmp, dtype=dtype, max_seq_len=max_seq_len,
+                                  block_size=block_size, tp=tp, speculate=speculate, draft_tokens=draft_tokens,
+                                  workers=workers)
+                    del weights
+                    m = _manifest(tmp, src, dtype, tp, speculate)
+                except KeyboardInterrupt:
+                    # Ctrl-C (rank processes, if any, are stopped by now): an export starts over, so its partial
+                    # output is only disk taken (hundreds of GB for R1); the one already at OUT, if --force was
+                    # given, is untouched.
+                    shutil.rmtree(tmp, ignore_errors=True)
+                    raise Interrupted(f"interrupted; {out} was not written" + (" (the one there is unchanged)"
+                                                                               if out.exists() else ""),
+                                      hint="rerun the command: an export starts over") from None
+                if out.exists():
+                    shutil.rmtree(out)
+                os.replace(tmp, out)
     files = sorted(m.files)
     return {"out": str(out), "files": files, "bytes": sum(e["size"] for e in m.files.values()),
             "speculate": speculate, "dtype": dtype, "workers": workers}
+
+
+def _write_staged(ck: Checkpoint, cfg, weights, src, tmp: Path, *, dtype: str, max_seq_len: int, block_size: int,
+                  tp: int, speculate: bool, draft_tokens: int, workers: int) -> None:
+    """The export's files written into the staging directory tmp (its lock held by the caller): programs, configs,
+    side files; the manifest comes next."""
+    _clear(tmp)  # (what an export stopped before it finished left)
+    sq = _source_quant(ck)
+    if tp > 1:  # one program per rank, each built in a fresh process, `workers` at once
+        _write_ranks_in_processes(src, tmp, tp, workers, dtype, max_seq_len, speculate)
+    else:  # OUT/ itself
+        _write_rank(weights, tmp, 0, 1, max_seq_len, speculate)
+    icfg = inference_config(ck.config, dtype=dtype, max_seq_len=max_seq_len, block_size=block_size, tp=tp,
+                            speculate=speculate, draft_tokens=draft_tokens, source_quant=sq,
+                            custom_ops=_uses_ops(weights.top, weights.layers))
+    atomic_write_json(tmp / "config.json", icfg)
+    for name in SIDE_FILES:
+        if (ck.root / name).is_file():
+            shutil.copyfile(ck.root / name, tmp / name)
+    if speculate:
+        mcfg = dict(icfg, num_hidden_layers=1, num_nextn_predict_layers=0, speculate_method=None,
+                    quant_type=sq["mtp_quant_type"], dsx_custom_ops="dsx_paddle_ops" if _uses_ops(
+                        {}, weights.mtp[:1]) else None,
+                    mtp_source_layer=cfg.mtp_layers[0], dsx_export=dict(icfg["dsx_export"], program=(
+                        "draft(input_ids, hidden, cache_lens, cache) -> (logits, hidden, cache): token t+1 "
+                        "and the base hidden state of position t predict token t+2")))
+        atomic_write_json(tmp / "mtp" / "config.json", mcfg)
 
 
 def _clear(d: Path) -> None:

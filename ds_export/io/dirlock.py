@@ -1,8 +1,10 @@
-"""One dsx process at a time writing a directory: an exclusive flock on the directory itself (no lock file to leave
-behind or to list in a manifest), held for the run and released with the process, a killed one included.
+"""One dsx process at a time writing a directory, and none reading it meanwhile: an exclusive flock on the directory
+itself (no lock file to leave behind or to list in a manifest) for a writer, a shared one for each reader, held for the
+run and released with the process, a killed one included.
 
 The same command started twice (a second terminal, an overlapping job) otherwise has two processes writing the same
-partial files and saving state that drops each other's records. File systems without locks run unlocked."""
+partial files and saving state that drops each other's records; an export or verify reading a directory that a
+`quantize --force` rewrites meanwhile reads a mix of two conversions. File systems without locks run unlocked."""
 
 from __future__ import annotations
 
@@ -16,8 +18,8 @@ from ds_export.errors import UsageError
 
 @contextlib.contextmanager
 def exclusive(root: str | os.PathLike, command: str):
-    """Hold `root`'s lock (creating the directory) while the block runs; a second holder is refused at once, naming
-    `command` (e.g. "dsx quantize")."""
+    """Hold `root`'s lock (creating the directory) while the block runs; another writer or a reader is refused at
+    once, naming `command` (e.g. "dsx quantize")."""
     root = Path(root)
     for _ in range(3):
         root.mkdir(parents=True, exist_ok=True)
@@ -26,8 +28,8 @@ def exclusive(root: str | os.PathLike, command: str):
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise UsageError(f"{root}: another {command} is writing it now",
-                             hint="wait for it to finish, or stop it; a rerun then resumes") from None
+            raise UsageError(f"{root}: another dsx process is writing or reading it now ({command} writes it alone)",
+                             hint="wait for it to finish, or stop it, then run this again") from None
         except OSError:
             break  # (no locks on this file system: unlocked)
         if _same(root, fd):
@@ -38,6 +40,30 @@ def exclusive(root: str | os.PathLike, command: str):
     else:
         raise UsageError(f"{root}: another {command} keeps replacing it", hint="wait for it to finish, or stop it")
     try:
+        yield
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def shared(root: str | os.PathLike, command: str):
+    """Read `root` (a directory dsx writes: a download, a quantize output, an export) while no dsx process writes it,
+    and keep any from starting to until the block ends; other readers are welcome. Not a directory: no lock (the
+    reader's own checks say what is wrong)."""
+    root = Path(root)
+    if not root.is_dir():
+        yield
+        return
+    fd = os.open(root, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UsageError(f"{root}: a dsx process is writing it now; {command} reads it once that has finished",
+                             hint="wait for it to finish (or stop it and let a rerun finish it), then run this "
+                                  "again") from None
+        except OSError:
+            pass  # (no locks on this file system: unlocked)
         yield
     finally:
         os.close(fd)

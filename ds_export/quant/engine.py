@@ -37,7 +37,7 @@ from ds_export import __version__
 from ds_export.errors import DsxError, UsageError
 from ds_export.interrupt import Stopped, ignore_sigint, wait_for_workers
 from ds_export.io.checkpoint import INDEX_NAME, Checkpoint
-from ds_export.io.dirlock import exclusive
+from ds_export.io.dirlock import exclusive, shared
 from ds_export.io.manifest import MANIFEST_NAME, Manifest
 from ds_export.io.writer import PARTIAL_SUFFIX, ShardWriter, atomic_write_json, check_out_apart, write_index
 from ds_export.quant.backend import CpuBackend, CudaBackend
@@ -125,7 +125,6 @@ def _prepare_out(out: Path, plan: Plan, force: bool, name: str = MANIFEST_NAME) 
     digest = plan.digest()
     if out.exists() and not out.is_dir():
         raise UsageError(f"{out}: exists and is not a directory")
-    check_out_apart(out, plan.source, "dsx quantize")
     out.mkdir(parents=True, exist_ok=True)
     old = Manifest.load(out, name)
     if old is not None and old.run.get("plan_digest") == digest:
@@ -288,12 +287,15 @@ def run(ck: Checkpoint, plan: Plan, out: str | os.PathLike, opts: Options = Opti
     """Convert what is left of `plan` into `out`. `stop`: set to end the run early (from another thread): the workers
     abandon their shards at their next chunk and run raises KeyboardInterrupt, as on Ctrl-C; run sets it itself on
     Ctrl-C or on a worker's failure. Either way the finished shards are recorded and the output is not published.
-    One run at a time writes `out` (a second is refused while the first holds its lock)."""
+    One run at a time writes `out` (a second, or a dsx export / verify reading it, is refused while the first holds
+    its lock)."""
     out = Path(out)
-    if opts.num_nodes > 1 or (out.exists() and not out.is_dir()):  # (nodes share --out by design)
-        return _run(ck, plan, out, opts, reporter, on_shard, stop)
-    with exclusive(out, "dsx quantize"):
-        return _run(ck, plan, out, opts, reporter, on_shard, stop)
+    check_out_apart(out, plan.source, "dsx quantize")  # (before the locks: the same directory would hold both)
+    with shared(ck.root, "dsx quantize"):  # (not while a dsx download or quantize writes the source)
+        if opts.num_nodes > 1 or (out.exists() and not out.is_dir()):  # (nodes share --out by design)
+            return _run(ck, plan, out, opts, reporter, on_shard, stop)
+        with exclusive(out, "dsx quantize"):
+            return _run(ck, plan, out, opts, reporter, on_shard, stop)
 
 
 def _run(ck: Checkpoint, plan: Plan, out: Path, opts: Options, reporter: Reporter | None,

@@ -7,12 +7,14 @@ kernels and export.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections import defaultdict
 from pathlib import Path
 
 from ds_export.errors import DsxError
 from ds_export.io.checkpoint import Checkpoint
+from ds_export.io.dirlock import shared
 from ds_export.models import deepseek_v3 as ds
 from ds_export.verify.integrity import FileChecks, Finding, check_config, check_files, check_tensors
 from ds_export.verify.kernels import check_kernels
@@ -48,6 +50,15 @@ def verify(target: str | Path, reference: str | Path | None = None, *, expert_sa
     progress: told each check's phase and its bytes or checks as they are done (verify.progress)."""
     target = Path(target)
     _refuse_an_export(target)
+    with contextlib.ExitStack() as held:  # (none of them written by a dsx process while they are read)
+        for d in (target, reference, export):
+            if d is not None:
+                held.enter_context(shared(d, "dsx verify"))
+        return _verify(target, reference, expert_sample=expert_sample, samples=samples, gates=gates, export=export,
+                       device=device, workers=workers, progress=progress)
+
+
+def _verify(target: Path, reference, *, expert_sample, samples, gates, export, device, workers, progress) -> dict:
     if export is not None and reference is not None:  # (before the weight checks, which take hours on R1)
         from ds_export.verify.e2e import require_fit
 
