@@ -207,6 +207,21 @@ def test_a_tiny_source_of_other_settings_is_not_kept(tmp_path, capsys):
     assert not [p for p in wd.iterdir() if p.name.startswith(".tiny-check")]  # (its scratch copy removed)
 
 
+def test_a_second_run_in_the_same_workdir_is_refused_while_the_first_runs(tmp_path, capsys):
+    """Two dsx runs in one workdir wrote its tiny source, verify.json and steps over each other (the tiny step
+    removes an unfinished source and writes it again): the second is refused before any step."""
+    from dir_lock import held_by_another_process
+
+    wd = tmp_path / "wd"
+    wd.mkdir()
+    with held_by_another_process(wd):
+        assert main(["run", "recipes/tiny.yaml", "--workdir", str(wd), "--until-step", "download", "-q"]) == 2
+        assert f"{wd}: another dsx process is writing or reading it now (dsx run writes it alone)" in \
+            capsys.readouterr().err
+        assert list(wd.iterdir()) == []
+    assert main(["run", "recipes/tiny.yaml", "--workdir", str(wd), "--until-step", "download", "-q"]) == 0
+
+
 def test_a_changed_recipe_says_what_to_do_without_force(tmp_path, capsys):
     """The quantize section changed after WORKDIR/quantized was written: the engine's refusal said "pass --force",
     an option dsx run does not have; it says to remove the directory or use another --workdir."""

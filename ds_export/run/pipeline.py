@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 from ds_export.errors import DsxError, UsageError
 from ds_export.io.checkpoint import INDEX_NAME, Checkpoint
+from ds_export.io.dirlock import exclusive
 from ds_export.io.manifest import Manifest
 from ds_export.io.writer import PARTIAL_SUFFIX, atomic_write_json
 from ds_export.run.recipe import STEPS, Deployment
@@ -77,9 +78,14 @@ def run(dep: Deployment, workdir: Path, *, from_step=None, until_step=None,
     """progress(step): a context manager giving the step's reporter (download.Reporter, quant engine.Reporter,
     verify.progress.Reporter for "download", "quantize", "verify"; None for the others), which the CLI draws."""
     lay = Layout(Path(workdir))
-    lay.root.mkdir(parents=True, exist_ok=True)
-    done: dict = {"recipe": dep.name, "workdir": str(lay.root), "steps": {}, "seconds": {}}
     steps = _steps(from_step, until_step)
+    # (one dsx run in a workdir at a time: two would write its tiny source, reports and steps over each other)
+    with exclusive(lay.root, "dsx run"):
+        return _run(dep, lay, steps, say, progress)
+
+
+def _run(dep: Deployment, lay: Layout, steps: list[str], say, progress) -> dict:
+    done: dict = {"recipe": dep.name, "workdir": str(lay.root), "steps": {}, "seconds": {}}
     t_all = time.monotonic()
     for i, step in enumerate(steps, 1):
         say(f"[bold]step {i}/{len(steps)}: {step}[/] ({time.monotonic() - t_all:.0f} s elapsed)")
