@@ -271,3 +271,71 @@ def test_an_export_being_read_is_not_replaced(exported, tiny_fp8, tmp_path, caps
     with held_by_another_process(out):  # (an export --force replacing it: generate does not load it meanwhile)
         assert main(["generate", str(out), "--input-ids", "0,5", "--max-new-tokens", "1", "-q"]) == 2
         assert f"{out}: a dsx process is writing it now; dsx generate reads it" in capsys.readouterr().err
+
+
+def test_force_through_a_symlink_replaces_the_directory_it_points_to(exported, tiny_fp8, tmp_path, capsys):
+    """OUT given as a symlink to an export (exports kept on another disk): --force wrote the whole export, then
+    failed with "Cannot call rmtree on a symbolic link" and left OUT.partial. The export it points to is replaced
+    there, the link kept."""
+    real = tmp_path / "disk" / "e"
+    real.parent.mkdir()
+    shutil.copytree(exported, real)
+    link = tmp_path / "e"
+    link.symlink_to(real)
+    assert main(["export", str(tiny_fp8), "--out", str(link), "--force", "--max-seq-len", "64", "-q"]) == 0
+    assert link.is_symlink() and link.resolve() == real.resolve()
+    assert json.loads((real / "config.json").read_text())["infer_model_max_seq_len"] == 64
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["disk", "e"]
+    assert sorted(p.name for p in real.parent.iterdir()) == ["e"]
+
+
+def test_a_failed_export_leaves_no_staging_and_the_old_one_whole(exported, tiny_fp8, tmp_path, monkeypatch, capsys):
+    """A failure while writing (disk full, a rank's error) left OUT.partial, up to hundreds of GB, behind; and --force
+    removed the old OUT before the new one took its place, so a kill in between left half of it. Now the staging
+    directory goes on any failure, the old export moves aside by a rename and comes back if the new one cannot take
+    its place, and one left aside by a killed export is removed next time (only an export: anything else is
+    refused)."""
+    import errno
+    import os
+
+    from ds_export.export import exporter
+
+    out = tmp_path / "e"
+    shutil.copytree(exported, out)
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with monkeypatch.context() as m:
+        m.setattr(exporter, "_manifest", full)
+        assert main(["export", str(tiny_fp8), "--out", str(out), "--force", "--max-seq-len", "64", "-q"]) == 1
+        assert "No space left on device" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["e"]
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+
+    real_replace, moved = os.replace, []
+
+    def publish_fails(a, b):
+        if str(a) == str(out):
+            moved.append(b)  # (the old export aside)
+        if str(a).endswith("e.partial") and str(b) == str(out):  # (the new export into OUT's place)
+            raise OSError(errno.EIO, "Input/output error")
+        return real_replace(a, b)
+
+    with monkeypatch.context() as m:
+        m.setattr(os, "replace", publish_fails)
+        assert main(["export", str(tiny_fp8), "--out", str(out), "--force", "--max-seq-len", "64", "-q"]) == 1
+        assert "Input/output error" in capsys.readouterr().err
+    assert moved and {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before  # (moved back)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["e"]
+
+    shutil.copytree(exported, tmp_path / "e.replaced")  # (as an export killed between its renames leaves it)
+    assert main(["export", str(tiny_fp8), "--out", str(out), "--force", "--max-seq-len", "64", "-q"]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["e"]
+    (tmp_path / "e.replaced").mkdir()
+    (tmp_path / "e.replaced" / "mine.txt").write_text("keep")
+    assert main(["export", str(tiny_fp8), "--out", str(out), "--force", "--max-seq-len", "32", "-q"]) == 2
+    assert "e.replaced: in the way" in capsys.readouterr().err
+    assert (tmp_path / "e.replaced" / "mine.txt").read_text() == "keep"
+    assert json.loads((out / "config.json").read_text())["infer_model_max_seq_len"] == 64

@@ -238,7 +238,10 @@ def export(src: str | os.PathLike, out: str | os.PathLike, *, dtype: str = "floa
     from ds_export.export.tp import check_tp
     from ds_export.export.weights import load_weights
 
-    out = Path(out)
+    shown = Path(out)  # (the path as given, in messages and the result)
+    # A symlink to a directory stands for that directory: the new export replaces it there (replacing the link by a
+    # directory, or failing to remove a link as a tree, is not what was asked)
+    out = shown.resolve() if shown.is_symlink() else shown
     if dtype not in DTYPES:
         raise UsageError(f"--dtype {dtype!r}: this version exports {', '.join(DTYPES)}")
     if max_seq_len < 2 or not 1 <= draft_tokens <= 5:
@@ -246,10 +249,10 @@ def export(src: str | os.PathLike, out: str | os.PathLike, *, dtype: str = "floa
     if workers is not None and workers < 1:
         raise UsageError("--workers must be at least 1")
     if out.exists() and not force:
-        raise UsageError(f"{out}: exists", hint="choose a new --out or pass --force to replace it")
+        raise UsageError(f"{shown}: exists", hint="choose a new --out or pass --force to replace it")
     check_out_apart(out, src, "dsx export")
     if out.exists() and not _replaceable(out):  # (--force removes OUT whole)
-        raise UsageError(f"{out}: not a dsx export; --force replaces only a dsx export (or an empty directory)",
+        raise UsageError(f"{shown}: not a dsx export; --force replaces only a dsx export (or an empty directory)",
                          hint="choose another --out")
     # (the source is not written meanwhile, nor is the export that --force replaces read: dsx verify --export)
     with shared(src, "dsx export"), (exclusive(out, "dsx export --force") if out.exists()
@@ -270,26 +273,27 @@ def export(src: str | os.PathLike, out: str | os.PathLike, *, dtype: str = "floa
             # first hashes it into its manifest; the lock moves with the directory to OUT, and goes with the process)
             with exclusive(tmp, "dsx export"):
                 if out.exists() and not force:  # (written by another export since the check above)
-                    raise UsageError(f"{out}: exists", hint="choose a new --out or pass --force to replace it")
+                    raise UsageError(f"{shown}: exists", hint="choose a new --out or pass --force to replace it")
+                _clear_aside(out)
                 try:
                     _write_staged(ck, cfg, weights, src, tmp, dtype=dtype, max_seq_len=max_seq_len,
                                   block_size=block_size, tp=tp, speculate=speculate, draft_tokens=draft_tokens,
                                   workers=workers)
                     del weights
                     m = _manifest(tmp, src, dtype, tp, speculate)
-                except KeyboardInterrupt:
-                    # Ctrl-C (rank processes, if any, are stopped by now): an export starts over, so its partial
-                    # output is only disk taken (hundreds of GB for R1); the one already at OUT, if --force was
-                    # given, is untouched.
+                    _publish(tmp, out)
+                except BaseException as e:
+                    # Ctrl-C or a failure (rank processes, if any, are stopped by now): an export starts over, so its
+                    # partial output is only disk taken (hundreds of GB for R1); the one already at OUT, if --force
+                    # was given, is untouched.
                     shutil.rmtree(tmp, ignore_errors=True)
-                    raise Interrupted(f"interrupted; {out} was not written" + (" (the one there is unchanged)"
-                                                                               if out.exists() else ""),
-                                      hint="rerun the command: an export starts over") from None
-                if out.exists():
-                    shutil.rmtree(out)
-                os.replace(tmp, out)
+                    if isinstance(e, KeyboardInterrupt):
+                        raise Interrupted(f"interrupted; {shown} was not written" + (
+                            " (the one there is unchanged)" if out.exists() else ""),
+                            hint="rerun the command: an export starts over") from None
+                    raise
     files = sorted(m.files)
-    return {"out": str(out), "files": files, "bytes": sum(e["size"] for e in m.files.values()),
+    return {"out": str(shown), "files": files, "bytes": sum(e["size"] for e in m.files.values()),
             "speculate": speculate, "dtype": dtype, "workers": workers}
 
 
@@ -318,6 +322,34 @@ def _write_staged(ck: Checkpoint, cfg, weights, src, tmp: Path, *, dtype: str, m
                         "draft(input_ids, hidden, cache_lens, cache) -> (logits, hidden, cache): token t+1 "
                         "and the base hidden state of position t predict token t+2")))
         atomic_write_json(tmp / "mtp" / "config.json", mcfg)
+
+
+def _publish(tmp: Path, out: Path) -> None:
+    """The finished export at tmp takes out's place. An export already there moves aside first (a rename), so OUT is
+    at every moment the old export or the new one, never one half removed, and is removed after."""
+    if not out.exists():
+        os.replace(tmp, out)
+        return
+    old = _clear_aside(out)
+    os.replace(out, old)
+    try:
+        os.replace(tmp, out)
+    except BaseException:
+        os.replace(old, out)
+        raise
+    shutil.rmtree(old)
+
+
+def _clear_aside(out: Path) -> Path:
+    """OUT.replaced, where _publish moves the export it replaces, made free: one left there by an export killed
+    between its two renames is removed (only a dsx export: anything else there is the user's, and refused)."""
+    old = out.with_name(out.name + ".replaced")
+    if old.exists() or old.is_symlink():
+        if not old.is_dir() or old.is_symlink() or export_manifest(old) is None:
+            raise UsageError(f"{old}: in the way (an export replacing {out.name} moves the old one there first), "
+                             "and not a dsx export", hint="move or remove it")
+        shutil.rmtree(old)
+    return old
 
 
 def _clear(d: Path) -> None:
