@@ -265,3 +265,20 @@ def test_mmap_pages_are_released(tiny_fp8):
     f.advise_done(name)  # must not raise
     f.close()
     time.sleep(0)
+
+
+def test_atomic_open_leaves_the_old_file_or_the_whole_new_one(tmp_path):
+    """A report, an HTML page or dumped logits written in place were cut short by a failure or a kill, and looked
+    like results: the file is the old one or the whole new one, and a failed write leaves no partial file."""
+    from ds_export.io.writer import atomic_open
+
+    p = tmp_path / "r.npz"
+    p.write_bytes(b"old")
+    with pytest.raises(RuntimeError):
+        with atomic_open(p, "wb") as f:
+            f.write(b"half of the new")
+            raise RuntimeError("killed")
+    assert p.read_bytes() == b"old" and sorted(x.name for x in tmp_path.iterdir()) == ["r.npz"]
+    with atomic_open(p, "wb") as f:
+        np.savez(f, a=np.arange(3))
+    assert np.load(p)["a"].tolist() == [0, 1, 2] and sorted(x.name for x in tmp_path.iterdir()) == ["r.npz"]

@@ -11,7 +11,7 @@ from ds_export.cli.options import Json, Quiet
 from ds_export.cli.output import Out
 from ds_export.errors import UsageError
 from ds_export.io.dirlock import shared
-from ds_export.io.writer import atomic_write_json
+from ds_export.io.writer import atomic_open, atomic_write_json
 
 
 def _parse_ids(text: str) -> list[list[int]]:
@@ -70,7 +70,8 @@ def generate(
     if not is_main_rank():  # a tensor-parallel job: every rank computed the same; rank 0 reports
         return
     if dump_logits is not None:
-        np.savez(dump_logits, **res.logits)
+        with atomic_open(dump_logits, "wb") as f:  # (exactly the path given: no .npz appended)
+            np.savez(f, **res.logits)
     rep = res.to_json()
     if report is not None:
         atomic_write_json(report, rep)

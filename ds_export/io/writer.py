@@ -10,6 +10,7 @@ file that looks complete.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -156,14 +157,27 @@ def write_file(path: str | os.PathLike, tensors: dict[str, np.ndarray], metadata
         return w.close()
 
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+@contextlib.contextmanager
+def atomic_open(path: str | os.PathLike, mode: str = "w"):
+    """A file written as PATH.partial and renamed to PATH once the block ends without an error (after fsync): PATH is
+    the old file or the whole new one, never a part; on an error the partial file is removed."""
     path = Path(path)
     tmp = path.with_name(path.name + PARTIAL_SUFFIX)
-    with open(tmp, "w", encoding="utf-8") as f:
+    try:
+        with open(tmp, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    with atomic_open(path) as f:
         f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def json_safe(obj):
