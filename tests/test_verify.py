@@ -240,13 +240,19 @@ def test_broken_mla_kernel_is_caught(latent512, monkeypatch):
     assert bad and all(k["kernel"].startswith("mla decode") for k in bad) and not rep["ok"]
 
 
-def test_device_cuda_without_a_gpu_is_a_clear_error(outputs, tiny_fp8, capsys):
+def test_device_cuda_without_a_gpu_is_a_clear_error(outputs, tiny_fp8, capsys, monkeypatch):
     from ds_export.native import cuda
 
     if cuda.available():
         pytest.skip("a GPU is here: tests/gpu/test_verify_cuda.py covers --device cuda")
-    assert main(["verify", str(outputs / "mix"), "--reference", str(tiny_fp8), "--device", "cuda"]) == 1
+    import ds_export.verify as v
+
+    read = []
+    real = v.check_weights
+    monkeypatch.setattr(v, "check_weights", lambda *a, **k: read.append(1) or real(*a, **k))  # (hours on R1)
+    assert main(["verify", str(outputs / "mix"), "--reference", str(tiny_fp8), "--device", "cuda"]) == 2
     assert "--device cuda: no CUDA GPU" in capsys.readouterr().err
+    assert not read  # (refused before the weights are read, not after)
 
 
 def test_html_and_json_reports(outputs, tiny_fp8, tmp_path):

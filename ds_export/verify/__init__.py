@@ -63,6 +63,10 @@ def _verify(target: Path, reference, *, expert_sample, samples, gates, export, d
         from ds_export.verify.e2e import require_fit
 
         require_fit(reference)
+    if reference is not None and samples > 0:  # (the kernels' device, before the hashes and weights: hours on R1)
+        from ds_export.verify.kernels import backend
+
+        backend(device)
     report: dict = {"target": str(target), "reference": str(reference) if reference else None}
 
     def files_alone(findings: list) -> dict | None:

@@ -57,8 +57,9 @@ class Backend:
 
 
 def backend(device: str = "cpu") -> Backend:
-    """The kernels of `device`; DsxError when it cannot run here (no GPU, no CUDA library)."""
-    from ds_export.errors import DsxError, UsageError
+    """The kernels of `device`; UsageError when it cannot run here (no GPU, no CUDA runtime), DsxError when its
+    library does not build."""
+    from ds_export.errors import UsageError
 
     if device == "cpu":
         from ds_export.native import kernels as k
@@ -73,7 +74,7 @@ def backend(device: str = "cpu") -> Backend:
         from ds_export.native.mla_decode import mla_decode_cuda
 
         if not cuda.available():
-            raise DsxError("--device cuda: no CUDA GPU or CUDA runtime here",
+            raise UsageError("--device cuda: no CUDA GPU or CUDA runtime here",
                            hint="run verify on a GPU machine, or use --device cpu (same checks, CPU kernels)")
         cuda.lib()  # builds/loads libdsx_cuda now, so a build failure is reported before any check
         return Backend("cuda", cuda.act_quant_fp8, cuda.gemm_fp8_nt, cuda.gemm_fp8_grouped_nt_contiguous,
