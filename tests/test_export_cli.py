@@ -337,5 +337,6 @@ def test_a_failed_export_leaves_no_staging_and_the_old_one_whole(exported, tiny_
     (tmp_path / "e.replaced" / "mine.txt").write_text("keep")
     assert main(["export", str(tiny_fp8), "--out", str(out), "--force", "--max-seq-len", "32", "-q"]) == 2
     assert "e.replaced: in the way" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["e", "e.replaced"]
     assert (tmp_path / "e.replaced" / "mine.txt").read_text() == "keep"
     assert json.loads((out / "config.json").read_text())["infer_model_max_seq_len"] == 64

@@ -272,10 +272,10 @@ def export(src: str | os.PathLike, out: str | os.PathLike, *, dtype: str = "floa
             # (one export into OUT at a time: a second one would clear and write the same staging directory while the
             # first hashes it into its manifest; the lock moves with the directory to OUT, and goes with the process)
             with exclusive(tmp, "dsx export"):
-                if out.exists() and not force:  # (written by another export since the check above)
-                    raise UsageError(f"{shown}: exists", hint="choose a new --out or pass --force to replace it")
-                _clear_aside(out)
                 try:
+                    if out.exists() and not force:  # (written by another export since the check above)
+                        raise UsageError(f"{shown}: exists", hint="choose a new --out or pass --force to replace it")
+                    _clear_aside(out)
                     _write_staged(ck, cfg, weights, src, tmp, dtype=dtype, max_seq_len=max_seq_len,
                                   block_size=block_size, tp=tp, speculate=speculate, draft_tokens=draft_tokens,
                                   workers=workers)
