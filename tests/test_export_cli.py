@@ -273,7 +273,8 @@ def test_an_export_being_read_is_not_replaced(exported, tiny_fp8, tmp_path, caps
         assert f"{out}: a dsx process is writing it now; dsx generate reads it" in capsys.readouterr().err
 
 
-def test_force_through_a_symlink_replaces_the_directory_it_points_to(exported, tiny_fp8, tmp_path, capsys):
+def test_force_through_a_symlink_replaces_the_directory_it_points_to(exported, tiny_fp8, tmp_path, capsys,
+                                                                       monkeypatch):
     """OUT given as a symlink to an export (exports kept on another disk): --force wrote the whole export, then
     failed with "Cannot call rmtree on a symbolic link" and left OUT.partial. The export it points to is replaced
     there, the link kept."""
@@ -286,6 +287,10 @@ def test_force_through_a_symlink_replaces_the_directory_it_points_to(exported, t
     assert link.is_symlink() and link.resolve() == real.resolve()
     assert json.loads((real / "config.json").read_text())["infer_model_max_seq_len"] == 64
     assert sorted(p.name for p in tmp_path.iterdir()) == ["disk", "e"]
+    assert sorted(p.name for p in real.parent.iterdir()) == ["e"]
+    monkeypatch.chdir(real)  # ("--out ." from inside the export: an internal error, "'.' has an empty name")
+    assert main(["export", str(tiny_fp8), "--out", ".", "--force", "--max-seq-len", "32", "-q"]) == 0
+    assert json.loads((real / "config.json").read_text())["infer_model_max_seq_len"] == 32
     assert sorted(p.name for p in real.parent.iterdir()) == ["e"]
 
 
@@ -340,3 +345,12 @@ def test_a_failed_export_leaves_no_staging_and_the_old_one_whole(exported, tiny_
     assert sorted(p.name for p in tmp_path.iterdir()) == ["e", "e.replaced"]
     assert (tmp_path / "e.replaced" / "mine.txt").read_text() == "keep"
     assert json.loads((out / "config.json").read_text())["infer_model_max_seq_len"] == 64
+
+
+def test_generate_checks_its_output_paths_first(exported, tmp_path, capsys):
+    """--dump-logits "." was an internal error after decoding ('.' has no name), a path in a missing directory an
+    OS error after it: both refused before the programs load."""
+    for args, want in ((["--dump-logits", "."], "--dump-logits .: is a directory"),
+                       (["--report", str(tmp_path / "no" / "r.json")], "does not exist")):
+        assert main(["generate", str(exported), "--input-ids", "0,5", "--max-new-tokens", "1", *args, "-q"]) == 2
+        assert want in capsys.readouterr().err

@@ -282,3 +282,9 @@ def test_atomic_open_leaves_the_old_file_or_the_whole_new_one(tmp_path):
     with atomic_open(p, "wb") as f:
         np.savez(f, a=np.arange(3))
     assert np.load(p)["a"].tolist() == [0, 1, 2] and sorted(x.name for x in tmp_path.iterdir()) == ["r.npz"]
+    from ds_export.errors import UsageError
+
+    for d in (tmp_path, tmp_path / "."):  # ("." was an internal error: it has no name to write beside)
+        with pytest.raises(UsageError, match="is a directory; expected a file path"):
+            with atomic_open(d) as f:
+                f.write("x")

@@ -491,3 +491,19 @@ def test_file_checks_start_the_right_hash_however_the_root_is_given(mix_copy, mo
             files.reading(shard)
             assert sorted(files.futures) == [r for r in files.rels if r <= shard.name]
             assert files.finish() == []
+
+
+def test_report_paths_are_checked_before_the_work(outputs, tiny_fp8, tmp_path, monkeypatch, capsys):
+    """--report / --html naming a directory or a path in a missing directory failed at the very end, after every
+    check had run (hours on R1; "." was an internal error): refused first, nothing checked."""
+    import ds_export.verify as v
+
+    ran = []
+    monkeypatch.setattr(v, "verify", lambda *a, **k: ran.append(1))
+    for args, want in ((["--report", str(tmp_path)], "--report " + str(tmp_path) + ": is a directory"),
+                       (["--report", "."], "--report .: is a directory"),
+                       (["--html", str(tmp_path / "no" / "r.html")], "the directory " + str(tmp_path / "no") +
+                        " does not exist")):
+        assert main(["verify", str(outputs / "mix"), "--reference", str(tiny_fp8), *args, "-q"]) == 2
+        assert want in capsys.readouterr().err
+    assert not ran

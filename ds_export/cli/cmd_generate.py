@@ -11,7 +11,7 @@ from ds_export.cli.options import Json, Quiet
 from ds_export.cli.output import Out
 from ds_export.errors import UsageError
 from ds_export.io.dirlock import shared
-from ds_export.io.writer import atomic_open, atomic_write_json
+from ds_export.io.writer import atomic_open, atomic_write_json, check_file_target
 
 
 def _parse_ids(text: str) -> list[list[int]]:
@@ -57,6 +57,8 @@ def generate(
         raise UsageError("give exactly one of --input-ids and --prompt")
     if max_new_tokens < 1 or not 0 <= speculate <= 5:
         raise UsageError("--max-new-tokens must be >= 1 and --speculate 0..5")
+    for path, option in ((dump_logits, "--dump-logits"), (report, "--report")):
+        check_file_target(path, option)
     if prompt is not None:
         from ds_export.tiny_tokenizer import encode
 

@@ -36,7 +36,7 @@ def verify(
       dsx verify build/tiny-mix --reference build/tiny
       dsx verify /data/R1-wint4 --reference /data/DeepSeek-R1 --device cuda --html report.html
     """
-    from ds_export.io.writer import atomic_write_json
+    from ds_export.io.writer import atomic_write_json, check_file_target
     from ds_export.verify import verify as run_verify
 
     o = Out(json, quiet)
@@ -44,6 +44,8 @@ def verify(
         raise UsageError("--workers must be at least 1")
     if export_dir is not None and reference is None:
         raise UsageError("--export needs --reference (the unquantized logits come from the reference checkpoint)")
+    for path, option in ((report, "--report"), (html, "--html")):
+        check_file_target(path, option)
     from ds_export.verify import load_gates
 
     gates = load_gates(gate) if gate is not None else None

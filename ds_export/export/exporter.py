@@ -240,8 +240,8 @@ def export(src: str | os.PathLike, out: str | os.PathLike, *, dtype: str = "floa
 
     shown = Path(out)  # (the path as given, in messages and the result)
     # A symlink to a directory stands for that directory: the new export replaces it there (replacing the link by a
-    # directory, or failing to remove a link as a tree, is not what was asked)
-    out = shown.resolve() if shown.is_symlink() else shown
+    # directory, or failing to remove a link as a tree, is not what was asked); "." or "dir/.." name one by its path
+    out = shown.resolve() if shown.is_symlink() else Path(os.path.abspath(shown))
     if dtype not in DTYPES:
         raise UsageError(f"--dtype {dtype!r}: this version exports {', '.join(DTYPES)}")
     if max_seq_len < 2 or not 1 <= draft_tokens <= 5:

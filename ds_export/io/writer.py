@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ds_export.errors import UsageError
 from ds_export.io.dtypes import nbytes, to_st
 
 PARTIAL_SUFFIX = ".partial"
@@ -157,11 +158,26 @@ def write_file(path: str | os.PathLike, tensors: dict[str, np.ndarray], metadata
         return w.close()
 
 
+def check_file_target(path: str | os.PathLike | None, option: str) -> None:
+    """A file a command will write at its end (a report, an HTML page, logits), checked before the work (hours for
+    dsx verify on R1): not a directory, in a directory that exists."""
+    if path is None:
+        return
+    path = Path(path)
+    if path.is_dir():
+        raise UsageError(f"{option} {path}: is a directory; expected a file path to write", hint="give a file name")
+    if not path.absolute().parent.is_dir():
+        raise UsageError(f"{option} {path}: the directory {path.parent} does not exist",
+                         hint="create it, or give a path in an existing directory")
+
+
 @contextlib.contextmanager
 def atomic_open(path: str | os.PathLike, mode: str = "w"):
     """A file written as PATH.partial and renamed to PATH once the block ends without an error (after fsync): PATH is
     the old file or the whole new one, never a part; on an error the partial file is removed."""
     path = Path(path)
+    if path.is_dir():  # (a report, an HTML page or logits given a directory: "." has no name to write beside)
+        raise UsageError(f"{path}: is a directory; expected a file path to write", hint="give a file name")
     tmp = path.with_name(path.name + PARTIAL_SUFFIX)
     try:
         with open(tmp, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
