@@ -252,8 +252,12 @@ def builtin(name: str, *, arch: int | None = None, group_size: int | None = None
         raise UsageError(f"unknown quant type {name!r}", hint=f"choose one of {', '.join(builtin_names())} "
                                                               "or pass --recipe FILE")
     rec = load(p, _depth=_depth)
+    for option, value, allowed in (("--arch", arch, ARCHS), ("--group-size", group_size, GROUP_SIZES)):
+        if value is not None and value not in allowed:  # (an option, not a recipe file's line)
+            raise UsageError(f"{option} {value}: expected one of {', '.join(map(str, allowed))}",
+                             hint="see docs/quantize.md")
     if arch is not None:
-        rec.arch = _choice("--arch", 0, "arch", arch, ARCHS)
+        rec.arch = arch
     if group_size is not None:
-        rec.group_size = _choice("--group-size", 0, "group_size", group_size, GROUP_SIZES)
+        rec.group_size = group_size
     return rec
