@@ -92,6 +92,8 @@ def test_dry_run_needs_metadata_for_a_repo(tmp_path, capsys):
     ("name: x\nmodel: {tiny: {colour: 1}}\nquantize: {type: bf16}\nexport: {}\n", "model.tiny.colour"),
     ("name: x\nmodel: {tiny: {config: 3}}\nquantize: {type: bf16}\nexport: {}\n", "model.tiny.config = 3"),
     ("name: x\nmodel: {tiny: {}}\nquantize: {type: bf16}\nexport: {}\nverify: {device: tpu}\n", "verify.device"),
+    ("name: x\nmodel: {tiny: {}}\nquantize: {type: bf16}\nexport: {}\nverify: {experts: -1}\n", "verify.experts = -1"),
+    ("name: x\nmodel: {tiny: {}}\nquantize: {type: bf16}\nexport: {}\nverify: {samples: -1}\n", "verify.samples = -1"),
 ])
 def test_recipe_validation(tmp_path, text, msg):
     p = tmp_path / "r.yaml"

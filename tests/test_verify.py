@@ -507,3 +507,13 @@ def test_report_paths_are_checked_before_the_work(outputs, tiny_fp8, tmp_path, m
         assert main(["verify", str(outputs / "mix"), "--reference", str(tiny_fp8), *args, "-q"]) == 2
         assert want in capsys.readouterr().err
     assert not ran
+
+
+@pytest.mark.parametrize("args,want", [(["--experts", "-1"], "--experts -1: expected at least 1"),
+                                       (["--experts", "0"], "--experts 0: expected at least 1"),
+                                       (["--samples", "-2"], "--samples -2: expected 0")])
+def test_experts_and_samples_below_their_range_are_refused(outputs, tiny_fp8, capsys, args, want):
+    """--experts -1 (read as "all", the usual convention) or 0 skipped every routed expert, 97% of R1's weights,
+    and the report said ok; --samples -2 ran no kernel check without a word."""
+    assert main(["verify", str(outputs / "mix"), "--reference", str(tiny_fp8), *args, "-q"]) == 2
+    assert want in capsys.readouterr().err

@@ -115,6 +115,11 @@ def _check(d: Deployment, obj, source: str) -> None:
         raise _err(source, line("export"), "export.draft_tokens must be 1..5 (the seeds' serving limit)")
     if d.verify.get("device", "cpu") not in ("cpu", "cuda"):
         raise _err(source, line("verify"), "verify.device must be cpu or cuda")
+    for k, least in (("experts", 1), ("samples", 0)):
+        v = d.verify.get(k)
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < least):
+            raise _err(source, line("verify"), f"verify.{k} = {v!r}: expected an integer >= {least}"
+                       + (" (leave it out to check every expert)" if k == "experts" else ""))
     if m.get("only") == "base" and e.get("speculate"):
         raise _err(source, line("model"), "model.only: base downloads no MTP layer, but export.speculate needs it")
 

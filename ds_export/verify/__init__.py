@@ -12,7 +12,7 @@ import math
 from collections import defaultdict
 from pathlib import Path
 
-from ds_export.errors import DsxError
+from ds_export.errors import DsxError, UsageError
 from ds_export.io.checkpoint import Checkpoint
 from ds_export.io.dirlock import shared
 from ds_export.models import deepseek_v3 as ds
@@ -24,7 +24,6 @@ from ds_export.verify.weights import check_weights
 
 def load_gates(path: str | Path) -> dict:
     """--gate FILE.yaml: {min_sqnr_db: {format: dB, ...}, kernel_max_rel_err: x}; unknown keys are errors."""
-    from ds_export.errors import UsageError
     from ds_export.quant.recipe import load_yaml
     from ds_export.verify.kernels import KERNEL_GATE
     from ds_export.verify.weights import MIN_SQNR
@@ -49,6 +48,11 @@ def verify(target: str | Path, reference: str | Path | None = None, *, expert_sa
     workers: threads hashing the files and comparing the weights (default: one per core, at most 16);
     progress: told each check's phase and its bytes or checks as they are done (verify.progress)."""
     target = Path(target)
+    if expert_sample is not None and expert_sample < 1:  # (0 or -1 skipped every routed expert: 97% of R1, "ok")
+        raise UsageError(f"--experts {expert_sample}: expected at least 1 routed expert a layer",
+                         hint="leave it out to check every expert")
+    if samples < 0:
+        raise UsageError(f"--samples {samples}: expected 0 (no kernel checks) or more sampled layers")
     _refuse_an_export(target)
     with contextlib.ExitStack() as held:  # (none of them written by a dsx process while they are read)
         for d in (target, reference, export):
