@@ -228,8 +228,12 @@ def write_tiny(out: str | Path, spec: TinySpec = TinySpec(), *, progress=None, w
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise UsageError(f"{out}: directory is not empty", hint="choose a new directory or remove it")
+    if spec.seed < 0:  # (numpy's seed sequences take non-negative integers only: an internal error before)
+        raise UsageError(f"--seed {spec.seed}: expected a non-negative integer")
+    if spec.shard_mb is not None and not spec.shard_mb > 0:  # (-1 wrote one tensor a shard)
+        raise UsageError(f"--shard-mb {spec.shard_mb:g}: expected a size above 0 MiB")
+    raw_cfg = make_config(spec)  # (checks the rest of the spec before OUT is made)
     out.mkdir(parents=True, exist_ok=True)
-    raw_cfg = make_config(spec)
     cfg = ds.DeepseekV3Config.from_dict(raw_cfg, source="tiny config")
     fp8 = spec.dtype == "fp8"
     tensors = ds.expected_tensors(cfg, fp8=fp8)

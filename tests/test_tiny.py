@@ -113,6 +113,17 @@ def test_refuses_non_empty_dir(tmp_path):
     assert (tmp_path / "x").read_text() == "keep me"
 
 
+@pytest.mark.parametrize("spec,want", [(TinySpec(seed=-5), "--seed -5: expected a non-negative integer"),
+                                       (TinySpec(shard_mb=-1), "--shard-mb -1: expected a size above 0"),
+                                       (TinySpec(experts=0), "--experts must be at least 1")])
+def test_a_bad_spec_is_refused_before_the_directory_is_made(tmp_path, spec, want):
+    """--seed -5 was an internal error (numpy seeds are non-negative), --shard-mb -1 wrote one tensor a shard, and a
+    refused spec still left its empty OUT behind."""
+    with pytest.raises(UsageError, match=want):
+        write_tiny(tmp_path / "t", spec)
+    assert not (tmp_path / "t").exists()
+
+
 def test_tokenizer_round_trip(tiny_fp8):
     text = "DeepSeek: 深度求索 ✓"
     assert decode(encode(text)) == text
