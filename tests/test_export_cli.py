@@ -349,8 +349,30 @@ def test_a_failed_export_leaves_no_staging_and_the_old_one_whole(exported, tiny_
 
 def test_generate_checks_its_output_paths_first(exported, tmp_path, capsys):
     """--dump-logits "." was an internal error after decoding ('.' has no name), a path in a missing directory an
-    OS error after it: both refused before the programs load."""
+    OS error after it: both refused before the programs load; so are token ids outside the vocabulary (an internal
+    error from Paddle's embedding)."""
     for args, want in ((["--dump-logits", "."], "--dump-logits .: is a directory"),
-                       (["--report", str(tmp_path / "no" / "r.json")], "does not exist")):
+                       (["--report", str(tmp_path / "no" / "r.json")], "does not exist"),
+                       (["--input-ids", "0,512"], "token id 512: outside the model's vocabulary 0..511"),
+                       (["--input-ids", "0;-3"], "token id -3: outside")):
         assert main(["generate", str(exported), "--input-ids", "0,5", "--max-new-tokens", "1", *args, "-q"]) == 2
         assert want in capsys.readouterr().err
+
+
+def test_block_size_below_one_is_refused(tiny_fp8, tmp_path, capsys):
+    """--block-size 0 or -3 was written into config.json as given, for the server's paged cache to fail on."""
+    for b in ("0", "-3"):
+        assert main(["export", str(tiny_fp8), "--out", str(tmp_path / "e"), "--block-size", b, "-q"]) == 2
+        assert f"--block-size {b}: expected" in capsys.readouterr().err
+    assert not (tmp_path / "e").exists()
+
+
+def test_generate_prints_nothing_but_its_result(exported):
+    """`import paddle` warned "No ccache found ..." on stderr at every dsx generate (the export path silenced it,
+    generate's did not); a fresh process with -q writes nothing to stderr."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "ds_export.cli.app", "generate", str(exported), "--input-ids", "0,5",
+                        "--max-new-tokens", "1", "-q"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stderr == "", r.stderr

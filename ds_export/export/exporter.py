@@ -102,7 +102,8 @@ def _uses_ops(top: dict, layers) -> bool:
     return any(v.fmt != "dense" for v in lins)
 
 
-def _quiet_paddle() -> None:
+def quiet_paddle() -> None:
+    """Before paddle is imported: its import warns "No ccache found" on stderr and its C++ logs at INFO."""
     import warnings
 
     os.environ.setdefault("GLOG_minloglevel", "2")  # Paddle's C++ logging: warnings and up only
@@ -145,7 +146,7 @@ def _rank_process(src: str, tmp: str, r: int, tp: int, dtype: str, max_seq_len: 
     """A rank process's job: open the source itself and write rank r."""
     from ds_export.export.weights import load_weights
 
-    _quiet_paddle()
+    quiet_paddle()
     with Checkpoint.open(src) as ck:
         _write_rank(load_weights(ck, dtype, include_mtp=speculate, lazy=True), Path(tmp), r, tp, max_seq_len,
                     speculate)
@@ -233,7 +234,7 @@ def export(src: str | os.PathLike, out: str | os.PathLike, *, dtype: str = "floa
            block_size: int = 64, tp: int = 1, speculate: bool = False, draft_tokens: int = 1,
            force: bool = False, workers: int | None = None) -> dict:
     """workers: rank processes at once for tp > 1 (None: default_workers; 1: one rank after another)."""
-    _quiet_paddle()
+    quiet_paddle()
 
     from ds_export.export.tp import check_tp
     from ds_export.export.weights import load_weights
@@ -246,6 +247,9 @@ def export(src: str | os.PathLike, out: str | os.PathLike, *, dtype: str = "floa
         raise UsageError(f"--dtype {dtype!r}: this version exports {', '.join(DTYPES)}")
     if max_seq_len < 2 or not 1 <= draft_tokens <= 5:
         raise UsageError("--max-seq-len must be >= 2 and --draft-tokens 1..5")
+    if block_size < 1:  # (written into config.json for the server's paged cache: 0 or less was written as given)
+        raise UsageError(f"--block-size {block_size}: expected the cache's tokens a block, at least 1 (Paddle's "
+                         "servers use 64)")
     if workers is not None and workers < 1:
         raise UsageError("--workers must be at least 1")
     if out.exists() and not force:

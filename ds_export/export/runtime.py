@@ -33,13 +33,14 @@ from pathlib import Path
 import numpy as np
 
 from ds_export.errors import DsxError, UsageError
-from ds_export.export.exporter import check_export
+from ds_export.export.exporter import check_export, quiet_paddle
 
 
 class Program:
     """One saved program under Paddle Inference (CPU; GPU when Paddle has CUDA)."""
 
     def __init__(self, prefix: Path, *, custom_ops: bool = False):
+        quiet_paddle()
         import paddle
         from paddle import inference
 
@@ -251,6 +252,10 @@ def generate(s: Session, prompts: list[list[int]], max_new_tokens: int, *, specu
              dump_logits: bool = False) -> Result:
     if not prompts or any(not p for p in prompts):
         raise UsageError("every prompt needs at least one token")
+    vocab = int(s.cfg["vocab_size"])
+    bad = next((t for p in prompts for t in p if not 0 <= t < vocab), None)
+    if bad is not None:  # (Paddle's embedding raised an internal error on it)
+        raise UsageError(f"token id {bad}: outside the model's vocabulary 0..{vocab - 1}")
     lens = np.array([len(p) for p in prompts], np.int64)
     if int(lens.max()) + max_new_tokens + speculate + 1 > s.max_len:
         raise UsageError(f"prompt ({int(lens.max())}) + --max-new-tokens ({max_new_tokens}) + drafts exceed the "
