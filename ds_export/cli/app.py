@@ -58,6 +58,9 @@ def _fail(msg: str, code: int) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Entry point. Returns (and, as a console script, exits with) the exit code."""
     args = sys.argv[1:] if argv is None else argv
+    from ds_export.export.quiet import quiet_paddle
+
+    quiet_paddle()  # (whichever command imports paddle: export, generate, verify's end-to-end check, run)
     try:
         rv = app(args=args, prog_name="dsx", standalone_mode=False)
         code = rv if isinstance(rv, int) else 0

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from ds_export import __version__
 from ds_export.errors import DsxError, Interrupted, UsageError
+from ds_export.export.quiet import quiet_paddle
 from ds_export.io.checkpoint import Checkpoint
 from ds_export.io.dirlock import exclusive, shared
 from ds_export.io.manifest import Manifest, export_manifest, require_finished
@@ -100,14 +101,6 @@ def _uses_ops(top: dict, layers) -> bool:
         lins += [v for v in lw.tensors.values() if isinstance(v, LinearWeights)]
         lins += [v for e in lw.experts for v in e.values()]
     return any(v.fmt != "dense" for v in lins)
-
-
-def quiet_paddle() -> None:
-    """Before paddle is imported: its import warns "No ccache found" on stderr and its C++ logs at INFO."""
-    import warnings
-
-    os.environ.setdefault("GLOG_minloglevel", "2")  # Paddle's C++ logging: warnings and up only
-    warnings.filterwarnings("ignore", category=UserWarning, module=r"paddle\.")
 
 
 def default_workers(tp: int, layers: int, *, cores: int | None = None, available: int | None = None) -> int:

@@ -33,7 +33,8 @@ from pathlib import Path
 import numpy as np
 
 from ds_export.errors import DsxError, UsageError
-from ds_export.export.exporter import check_export, quiet_paddle
+from ds_export.export.exporter import check_export
+from ds_export.export.quiet import quiet_paddle
 
 
 class Program:
