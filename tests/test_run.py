@@ -224,6 +224,21 @@ def test_a_second_run_in_the_same_workdir_is_refused_while_the_first_runs(tmp_pa
     assert main(["run", "recipes/tiny.yaml", "--workdir", str(wd), "--until-step", "download", "-q"]) == 0
 
 
+def test_a_step_whose_input_no_step_writes_says_where_to_start(tmp_path, capsys):
+    """--from-step export in a fresh workdir failed with the reader's own error ("wr/quantized: not a directory"),
+    --from-step verify only after verify had run: the run stops before any step, naming the step to start from."""
+    wd = tmp_path / "wd"
+    for frm, want in (("export", "step export reads " + str(wd / "quantized") + ", the quantize step's output, "
+                       "which is not there"), ("verify", "--from-step download"), ("generate", "--from-step export")):
+        assert main(["run", "recipes/tiny.yaml", "--workdir", str(wd), "--from-step", frm, "-q"]) == 2
+        assert want in capsys.readouterr().err
+    assert main(["run", "recipes/tiny.yaml", "--workdir", str(wd), "--until-step", "download", "-q"]) == 0
+    (wd / "quantized").mkdir()
+    assert main(["run", "recipes/tiny.yaml", "--workdir", str(wd), "--from-step", "export", "-q"]) == 2
+    assert "which is not complete (start from that step: --from-step quantize)" in capsys.readouterr().err
+    assert sorted(p.name for p in wd.iterdir()) == ["quantized", "source"]
+
+
 def test_a_changed_recipe_says_what_to_do_without_force(tmp_path, capsys):
     """The quantize section changed after WORKDIR/quantized was written: the engine's refusal said "pass --force",
     an option dsx run does not have; it says to remove the directory or use another --workdir."""

@@ -84,7 +84,32 @@ def run(dep: Deployment, workdir: Path, *, from_step=None, until_step=None,
         return _run(dep, lay, steps, say, progress)
 
 
+# What each step reads, and the step that writes it (checked when that step is not run: --from-step)
+_NEEDS = {"quantize": (("source", "download"),), "export": (("quantized", "quantize"),),
+          "verify": (("source", "download"), ("quantized", "quantize")), "generate": (("export", "export"),)}
+
+
+def _written(lay: Layout, what: str) -> bool:
+    path = getattr(lay, what)
+    if what == "source":
+        return (path / INDEX_NAME).is_file() or (path / "model.safetensors").is_file()
+    m = Manifest.load(path) if path.is_dir() else None
+    return m is not None and m.complete
+
+
+def _check_inputs(lay: Layout, steps: list[str]) -> None:
+    """A step whose input no step of this run writes finds it there, or the run stops before any step, saying
+    which step to start from (it failed with the reader's own error, 'wr/quantized: not a directory')."""
+    for step in steps:
+        for what, producer in _NEEDS.get(step, ()):
+            if producer not in steps and not _written(lay, what):
+                raise UsageError(f"step {step} reads {getattr(lay, what)}, the {producer} step's output, which "
+                                 f"{'is not complete' if getattr(lay, what).exists() else 'is not there'}",
+                                 hint=f"start from that step: --from-step {producer}")
+
+
 def _run(dep: Deployment, lay: Layout, steps: list[str], say, progress) -> dict:
+    _check_inputs(lay, steps)
     done: dict = {"recipe": dep.name, "workdir": str(lay.root), "steps": {}, "seconds": {}}
     t_all = time.monotonic()
     for i, step in enumerate(steps, 1):
