@@ -346,6 +346,23 @@ def test_corrupted_local_file_is_replaced(fake, source, tmp_path):
     assert_same(dest, source, [SHARD])
 
 
+def test_a_differing_file_no_dsx_download_recorded_is_not_deleted_without_replace(fake, source, tmp_path, capsys):
+    """A file in --local-dir that no dsx download fetched and that differs from the hub's was deleted and fetched
+    again: DeepSeek-V3 asked into a directory holding R1 (the same names and sizes) deleted R1 shard by shard. The
+    run stops before deleting it, naming the file; --replace fetches the hub's in its place."""
+    dest = tmp_path / "d"
+    dest.mkdir()
+    other = bytearray(source[SHARD])
+    other[-1] ^= 1  # (another checkpoint's shard: same name, same size)
+    (dest / SHARD).write_bytes(bytes(other))
+    rc, out, err = cli(capsys, REPO, "--local-dir", str(dest))
+    assert rc == 2 and f"{dest / SHARD} differs from the hub's (hash), and no dsx download recorded it" in err, err
+    assert "pass --replace" in err and (dest / SHARD).read_bytes() == bytes(other) and not fake.gets(SHARD)
+    rc, out, err = cli(capsys, REPO, "--local-dir", str(dest), "--replace")
+    assert rc == 0, err
+    assert_same(dest, source, source)
+
+
 def test_existing_good_files_are_adopted_without_fetching(fake, source, tmp_path):
     dest = tmp_path / "d"
     dest.mkdir()

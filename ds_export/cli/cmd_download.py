@@ -21,6 +21,9 @@ def download(
     exclude: Annotated[list[str] | None, typer.Option("--exclude", help="Glob of files to skip (repeatable).")] = None,
     workers: Annotated[int, typer.Option("--workers", "-j", help="Files downloaded in parallel.")] = 8,
     verify: Annotated[bool, typer.Option("--verify/--no-verify", help="Check sizes, sha256 and safetensors headers.")] = True,
+    replace: Annotated[bool, typer.Option("--replace", help="Fetch again, in place, files already in --local-dir "
+                                          "that no dsx download recorded and that differ from the hub's (without "
+                                          "it they stop the run: another checkpoint's files are never deleted).")] = False,
     json: Json = False,
     quiet: Quiet = False,
 ) -> None:
@@ -39,7 +42,7 @@ def download(
     o = Out(json, quiet)
     target = local_dir if local_dir is not None else Path(repo_id.rstrip("/").split("/")[-1])
     opts = Options(revision=revision, only=only, include=tuple(include or ()), exclude=tuple(exclude or ()),
-                   workers=workers, verify=verify)
+                   workers=workers, verify=verify, replace=replace)
     try:
         with DownloadBar(o) as rep:
             res = run_download(repo_id, target, opts, rep)

@@ -50,6 +50,7 @@ class Options:
     backoff_s: float = 1.0
     endpoint: str | None = None  # default: HF_ENDPOINT, else huggingface.co
     token: str | bool | None = None  # default: HF_TOKEN / the stored login
+    replace: bool = False  # files no dsx download recorded that differ from the hub's: fetched again in place
 
 
 class Reporter(Protocol):
@@ -138,6 +139,12 @@ class _Run:
                 check_header(dest, rf.path)
             self.state.mark_complete(rf.path, rf.size, rf.oid, verified=self.opts.verify and bool(rf.oid))
             return True
+        if rf.path not in self.state.files and not self.opts.replace:
+            # (not a file this download fetched and recorded: an earlier `hf download` gone bad, or another
+            # checkpoint's, e.g. V3 asked into R1's directory, which shares its names and sizes: not deleted)
+            raise UsageError(f"{dest} {why}, and no dsx download recorded it: another checkpoint's file, or a "
+                             f"damaged copy of {self.hub.repo_id}'s; nothing deleted",
+                             hint="use a new --local-dir, or pass --replace to fetch the hub's in its place")
         self.rep.note(f"{dest} {why}: deleted, fetching it again")
         dest.unlink()
         return False
