@@ -363,6 +363,21 @@ def test_a_differing_file_no_dsx_download_recorded_is_not_deleted_without_replac
     assert_same(dest, source, source)
 
 
+def test_dsx_run_says_how_to_replace_a_differing_source_file(fake, source, tmp_path, capsys):
+    """dsx run has no --replace: its download step names the dsx download command that has."""
+    wd = tmp_path / "wd"
+    (wd / "source").mkdir(parents=True)
+    other = bytearray(source[SHARD])
+    other[0] ^= 1
+    (wd / "source" / SHARD).write_bytes(bytes(other))
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"name: r\nmodel: {{repo: {REPO}}}\nquantize: {{type: bf16}}\nexport: {{tp: 1}}\n")
+    assert main(["run", str(recipe), "--workdir", str(wd), "--until-step", "download", "-q"]) == 2
+    err = capsys.readouterr().err
+    assert f"dsx download {REPO} --local-dir {wd / 'source'} --replace" in err and "pass --replace" not in err, err
+    assert (wd / "source" / SHARD).read_bytes() == bytes(other)
+
+
 def test_existing_good_files_are_adopted_without_fetching(fake, source, tmp_path):
     dest = tmp_path / "d"
     dest.mkdir()

@@ -38,6 +38,10 @@ from ds_export.io.dirlock import exclusive
 DEFAULT_WORKERS = 8
 
 
+class UnrecordedDiffers(UsageError):
+    """A file in the target directory that no dsx download recorded differs from the hub's (Options.replace)."""
+
+
 @dataclass(frozen=True)
 class Options:
     revision: str = "main"
@@ -142,7 +146,7 @@ class _Run:
         if rf.path not in self.state.files and not self.opts.replace:
             # (not a file this download fetched and recorded: an earlier `hf download` gone bad, or another
             # checkpoint's, e.g. V3 asked into R1's directory, which shares its names and sizes: not deleted)
-            raise UsageError(f"{dest} {why}, and no dsx download recorded it: another checkpoint's file, or a "
+            raise UnrecordedDiffers(f"{dest} {why}, and no dsx download recorded it: another checkpoint's file, or a "
                              f"damaged copy of {self.hub.repo_id}'s; nothing deleted",
                              hint="use a new --local-dir, or pass --replace to fetch the hub's in its place")
         self.rep.note(f"{dest} {why}: deleted, fetching it again")

@@ -181,10 +181,16 @@ def _step_download(dep: Deployment, lay: Layout, say, reporter=None) -> dict:
         say(f"  wrote the tiny checkpoint ({res['tensors']} tensors) to {lay.source}")
         return {"tensors": res["tensors"], "bytes": res["bytes"]}
     from ds_export.download import Options, download
+    from ds_export.download.engine import UnrecordedDiffers
 
     m = dep.model
-    res = download(m["repo"], lay.source, Options(revision=m.get("revision", "main"), only=m.get("only", "all")),
-                   reporter)
+    try:
+        res = download(m["repo"], lay.source, Options(revision=m.get("revision", "main"), only=m.get("only", "all")),
+                       reporter)
+    except UnrecordedDiffers as e:  # (dsx run has no --replace: say what to do here)
+        rev = f" --revision {m['revision']}" if m.get("revision", "main") != "main" else ""
+        raise UsageError(str(e), hint=f"use another --workdir, or fix {lay.source} in place first: dsx download "
+                                      f"{m['repo']}{rev} --local-dir {lay.source} --replace") from None
     say(f"  {m['repo']}@{res['commit'][:12]}: {res['files']} files, {res['bytes_downloaded'] / 1e9:.2f} GB fetched")
     return {"commit": res["commit"], "files": res["files"]}
 
