@@ -146,9 +146,9 @@ class _Run:
         if rf.path not in self.state.files and not self.opts.replace:
             # (not a file this download fetched and recorded: an earlier `hf download` gone bad, or another
             # checkpoint's, e.g. V3 asked into R1's directory, which shares its names and sizes: not deleted)
-            raise UnrecordedDiffers(f"{dest} {why}, and no dsx download recorded it: another checkpoint's file, or a "
-                             f"damaged copy of {self.hub.repo_id}'s; nothing deleted",
-                             hint="use a new --local-dir, or pass --replace to fetch the hub's in its place")
+            raise UnrecordedDiffers(f"{dest} {why}, and no dsx download recorded it: another checkpoint's file, or "
+                                    f"a damaged copy of {self.hub.repo_id}'s; nothing deleted",
+                                    hint="use a new --local-dir, or pass --replace to fetch the hub's in its place")
         self.rep.note(f"{dest} {why}: deleted, fetching it again")
         dest.unlink()
         return False

@@ -188,9 +188,10 @@ def _step_download(dep: Deployment, lay: Layout, say, reporter=None) -> dict:
         res = download(m["repo"], lay.source, Options(revision=m.get("revision", "main"), only=m.get("only", "all")),
                        reporter)
     except UnrecordedDiffers as e:  # (dsx run has no --replace: say what to do here)
-        rev = f" --revision {m['revision']}" if m.get("revision", "main") != "main" else ""
+        more = (f" --revision {m['revision']}" if m.get("revision", "main") != "main" else "") + (
+            f" --only {m['only']}" if m.get("only", "all") != "all" else "")
         raise UsageError(str(e), hint=f"use another --workdir, or fix {lay.source} in place first: dsx download "
-                                      f"{m['repo']}{rev} --local-dir {lay.source} --replace") from None
+                                      f"{m['repo']}{more} --local-dir {lay.source} --replace") from None
     say(f"  {m['repo']}@{res['commit'][:12]}: {res['files']} files, {res['bytes_downloaded'] / 1e9:.2f} GB fetched")
     return {"commit": res["commit"], "files": res["files"]}
 
