@@ -222,6 +222,9 @@ def test_a_second_run_in_the_same_workdir_is_refused_while_the_first_runs(tmp_pa
             capsys.readouterr().err
         assert list(wd.iterdir()) == []
     assert main(["run", "recipes/tiny.yaml", "--workdir", str(wd), "--until-step", "download", "-q"]) == 0
+    (tmp_path / "f").write_text("x")  # (a file as the workdir: "File exists: f" before)
+    assert main(["run", "recipes/tiny.yaml", "--workdir", str(tmp_path / "f"), "-q"]) == 2
+    assert "f: exists and is not a directory" in capsys.readouterr().err
 
 
 def test_a_step_whose_input_no_step_writes_says_where_to_start(tmp_path, capsys):

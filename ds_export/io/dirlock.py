@@ -21,6 +21,8 @@ def exclusive(root: str | os.PathLike, command: str):
     """Hold `root`'s lock (creating the directory) while the block runs; another writer or a reader is refused at
     once, naming `command` (e.g. "dsx quantize")."""
     root = Path(root)
+    if root.exists() and not root.is_dir():
+        raise UsageError(f"{root}: exists and is not a directory", hint="give a directory's path")
     for _ in range(3):
         root.mkdir(parents=True, exist_ok=True)
         fd = os.open(root, os.O_RDONLY)
