@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from ds_export.cli.options import Device, Json, Quiet
-from ds_export.cli.output import Out, human_bytes
+from ds_export.cli.output import Out
 from ds_export.cli.progress import VerifyBar
 from ds_export.errors import DsxError, UsageError
 
