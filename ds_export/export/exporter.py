@@ -272,13 +272,13 @@ def export(src: str | os.PathLike, out: str | os.PathLike, *, dtype: str = "floa
                 try:
                     if out.exists() and not force:  # (written by another export since the check above)
                         raise UsageError(f"{shown}: exists", hint="choose a new --out or pass --force to replace it")
-                    _clear_aside(out)
+                    aside = _clear_aside(out)  # (before the work: a refusal here costs nothing)
                     _write_staged(ck, cfg, weights, src, tmp, dtype=dtype, max_seq_len=max_seq_len,
                                   block_size=block_size, tp=tp, speculate=speculate, draft_tokens=draft_tokens,
                                   workers=workers)
                     del weights
                     m = _manifest(tmp, src, dtype, tp, speculate)
-                    _publish(tmp, out)
+                    _publish(tmp, out, aside)
                 except BaseException as e:
                     # Ctrl-C or a failure (rank processes, if any, are stopped by now): an export starts over, so its
                     # partial output is only disk taken (hundreds of GB for R1); the one already at OUT, if --force
@@ -321,20 +321,20 @@ def _write_staged(ck: Checkpoint, cfg, weights, src, tmp: Path, *, dtype: str, m
         atomic_write_json(tmp / "mtp" / "config.json", mcfg)
 
 
-def _publish(tmp: Path, out: Path) -> None:
-    """The finished export at tmp takes out's place. An export already there moves aside first (a rename), so OUT is
-    at every moment the old export or the new one, never one half removed, and is removed after."""
+def _publish(tmp: Path, out: Path, aside: Path) -> None:
+    """The finished export at tmp takes out's place. An export already there moves aside first (a rename to `aside`,
+    made free by _clear_aside), so OUT is at every moment the old export or the new one, never one half removed, and
+    is removed after."""
     if not out.exists():
         os.replace(tmp, out)
         return
-    old = _clear_aside(out)
-    os.replace(out, old)
+    os.replace(out, aside)
     try:
         os.replace(tmp, out)
     except BaseException:
-        os.replace(old, out)
+        os.replace(aside, out)
         raise
-    shutil.rmtree(old)
+    shutil.rmtree(aside)
 
 
 def _clear_aside(out: Path) -> Path:

@@ -23,24 +23,10 @@ def exclusive(root: str | os.PathLike, command: str):
     root = Path(root)
     if root.exists() and not root.is_dir():
         raise UsageError(f"{root}: exists and is not a directory", hint="give a directory's path")
-    for _ in range(3):
-        root.mkdir(parents=True, exist_ok=True)
-        fd = os.open(root, os.O_RDONLY)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise UsageError(f"{root}: another dsx process is writing or reading it now ({command} writes it alone)",
-                             hint="wait for it to finish, or stop it, then run this again") from None
-        except OSError:
-            break  # (no locks on this file system: unlocked)
-        if _same(root, fd):
-            break
-        # (the holder renamed it away between our open and our lock, e.g. an export's staging directory moved to
-        # its place as it finished: the lock is on that directory now, not on `root`; take root's afresh)
-        os.close(fd)
-    else:
-        raise UsageError(f"{root}: another {command} keeps replacing it", hint="wait for it to finish, or stop it")
+    fd = _lock(root, fcntl.LOCK_EX, command)
+    if fd is None:
+        raise UsageError(f"{root}: another dsx process is writing or reading it now ({command} writes it alone)",
+                         hint="wait for it to finish, or stop it, then run this again")
     try:
         yield
     finally:
@@ -56,19 +42,37 @@ def shared(root: str | os.PathLike, command: str):
     if not root.is_dir():
         yield
         return
-    fd = os.open(root, os.O_RDONLY)
+    fd = _lock(root, fcntl.LOCK_SH, command)
+    if fd is None:
+        raise UsageError(f"{root}: a dsx process is writing it now; {command} reads it once that has finished",
+                         hint="wait for it to finish (or stop it and let a rerun finish it), then run this again")
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise UsageError(f"{root}: a dsx process is writing it now; {command} reads it once that has finished",
-                             hint="wait for it to finish (or stop it and let a rerun finish it), then run this "
-                                  "again") from None
-        except OSError:
-            pass  # (no locks on this file system: unlocked)
         yield
     finally:
         os.close(fd)
+
+
+def _lock(root: Path, op: int, command: str) -> int | None:
+    """An open descriptor of `root` holding its lock `op` (or none where the file system has no locks), None when
+    another process holds a conflicting one. A writer (LOCK_EX) creates `root`."""
+    for _ in range(3):
+        if op == fcntl.LOCK_EX:
+            root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(root, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, op | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        except OSError:
+            return fd  # (no locks on this file system: unlocked)
+        if _same(root, fd):
+            return fd
+        # (the holder renamed it away between our open and our lock, e.g. an export's staging directory moved to
+        # its place as it finished: the lock is on that directory now, not on `root`; take root's afresh)
+        os.close(fd)
+    raise UsageError(f"{root}: another dsx process keeps replacing it ({command})",
+                     hint="wait for it to finish, or stop it")
 
 
 def _same(root: Path, fd: int) -> bool:
