@@ -195,6 +195,62 @@ def test_a_killed_rank_process_stops_the_export_with_one_clear_error(aligned, tm
     assert not rank_processes()
 
 
+def test_ranks_stopped_by_the_export_print_nothing(aligned, tmp_path, capfd):
+    """A rank process the export stops (another rank failed, or Ctrl-C) once Paddle is imported in it: Paddle catches
+    SIGTERM with a C++ handler that printed a 12-line "FatalError: `Termination signal` is detected" block on the
+    user's stdout for every rank stopped (and formats text inside the signal handler). Planted: one rank killed
+    while the other has Paddle's handler installed; the survivor is stopped without a word."""
+    import os
+    import signal
+    import threading
+    import time
+
+    from ds_export.export.exporter import _write_ranks_in_processes
+    from ds_export.procmem import _children
+
+    def rank_processes():
+        out = []
+        for pid in _children(os.getpid()):
+            try:
+                if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    out.append(pid)
+            except OSError:
+                pass
+        return out
+
+    def catches_sigterm(pid):  # (Paddle's import installs its handler: bit 15 of SigCgt)
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            return False
+        caught = int(next(line for line in status.splitlines() if line.startswith("SigCgt:")).split()[1], 16)
+        return bool(caught >> (signal.SIGTERM - 1) & 1)
+
+    err = []
+    out = tmp_path / "part"
+    out.mkdir()
+
+    def run():
+        try:
+            _write_ranks_in_processes(aligned / "src", out, 2, 2, "float32", 64, True)
+        except DsxError as e:
+            err.append(e)
+
+    capfd.readouterr()
+    t = threading.Thread(target=run)
+    t.start()
+    deadline = time.time() + 60
+    while not (len(ranks := rank_processes()) == 2 and catches_sigterm(ranks[0])) and time.time() < deadline:
+        time.sleep(0.01)
+    assert len(ranks) == 2 and catches_sigterm(ranks[0]), "the rank processes did not start or import Paddle"
+    os.kill(ranks[1], signal.SIGKILL)
+    t.join(120)
+    assert not t.is_alive() and len(err) == 1 and "died" in str(err[0]), err
+    captured = capfd.readouterr()
+    assert "FatalError" not in captured.out + captured.err and "Termination signal" not in captured.out, captured
+    assert not rank_processes()
+
+
 def test_tp_layout_and_config(aligned):
     e = aligned / "tp2"
     for f in ("config.json", "mtp/config.json", "dsx-manifest.json", "tokenizer.json"):
@@ -336,10 +392,11 @@ def test_ctrl_c_stops_the_rank_processes_with_one_line_and_leaves_nothing(aligne
                 time.sleep(0.005)
             time.sleep(delay)
             os.killpg(proc.pid, signal.SIGINT)
-            _, err = proc.communicate(timeout=120)
+            said, err = proc.communicate(timeout=120)
         finally:
             proc.kill()
         assert proc.returncode == 130 and len(err.strip().splitlines()) == 1, (delay, err)
+        assert not said.strip(), (delay, said)  # (no Paddle "FatalError" block from a rank stopped)
         assert "interrupted" in err and "was not written" in err and "Traceback" not in err, err
         assert not out.exists() and not (tmp_path / f"o{i}.partial").exists(), delay
         deadline = time.monotonic() + 10  # (the resource tracker leaves once its pipe closes)

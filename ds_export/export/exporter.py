@@ -151,7 +151,7 @@ class _RankTraceback(Exception):
 
 def _rank_main(args: tuple, conn) -> None:
     """Entry of a spawned rank process: sends None, or (the exception, its traceback text). Ctrl-C is the main
-    process's to handle (it terminates the ranks): a rank starts with it blocked and ignores it."""
+    process's to handle (it kills the ranks): a rank starts with it blocked and ignores it."""
     import traceback
 
     from ds_export.interrupt import ignore_sigint
@@ -217,8 +217,11 @@ def _write_ranks_in_processes(src, tmp: Path, tp: int, workers: int, dtype: str,
                     err, text = res
                     raise err from (_RankTraceback(f"rank {r}:\n{text}") if text else None)
     finally:
+        # SIGKILL, not SIGTERM: a rank's output is discarded anyway, and Paddle (imported by then) catches SIGTERM
+        # with a handler that prints a C++ "FatalError: `Termination signal`" block on the terminal's stdout for
+        # every rank stopped, and that formats text inside a signal handler (it may hang in malloc's lock)
         for proc, recv in running.values():
-            proc.terminate()
+            proc.kill()
             proc.join()
             recv.close()
 
