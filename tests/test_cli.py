@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from ds_export.cli.app import main
@@ -90,6 +91,45 @@ def test_ctrl_c_inside_a_command_is_exit_130_with_one_line(tiny_fp8, tmp_path, m
     assert main(["quantize", str(tiny_fp8), "--out", str(tmp_path / "q"), "--type", "bf16", "-q"]) == 130
     err = capsys.readouterr().err
     assert "interrupted" in err and "rerun" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_full_disk_says_rerunning_resumes_only_where_it_does(tmp_path, monkeypatch, capsys):
+    """"rerunning resumes" was said of every command; `dsx tiny` (and export, verify's report, generate) start over."""
+    import errno
+
+    from ds_export import tiny
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "t" / "model.safetensors"))
+
+    monkeypatch.setattr(tiny, "write_tiny", full)
+    assert main(["tiny", str(tmp_path / "t"), "-q"]) == 1
+    err = capsys.readouterr().err
+    assert "the disk is full: free space or choose another --out" in err and "resum" not in err, err
+
+
+def test_a_shard_writer_names_its_file_in_a_write_error(tmp_path):
+    """A full disk in the middle of a shard raised "No space left on device" with no path (numpy and file writes
+    give none): the shard being written is named."""
+    import errno
+
+    from ds_export.io.writer import Entry, ShardWriter
+
+    class Full:
+        closed = False
+
+        def write(self, b):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def close(self):
+            self.closed = True
+
+    w = ShardWriter(tmp_path / "model-00001-of-00002.safetensors", [Entry("a", "F32", (4,))])
+    w._f.close()
+    w._f = Full()
+    with pytest.raises(OSError) as e:
+        w.write("a", np.zeros(4, np.float32))
+    assert e.value.errno == errno.ENOSPC and e.value.filename == str(tmp_path / "model-00001-of-00002.safetensors")
 
 
 @pytest.mark.parametrize("code,want", [(28, "the disk is full: free space or choose another --out; rerunning resumes"),

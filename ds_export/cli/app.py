@@ -76,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
         code = 1
     except OSError as e:
         hint = _OS_HINTS.get(e.errno)
+        if hint and e.errno in (errno.ENOSPC, errno.EDQUOT) and _command(args) in _RESUMABLE:
+            hint += "; rerunning resumes"
         code = _fail(f"{e.strerror or e}: {e.filename or ''}".rstrip(": ") + (f" ({hint})" if hint else ""), 1)
     except Exception as e:  # noqa: BLE001 - the one place every unexpected failure becomes one line
         if _is_usage_error(e):
@@ -89,8 +91,8 @@ def main(argv: list[str] | None = None) -> int:
 
 # What to do about the system errors a command meets on its paths (the message names the path already).
 _OS_HINTS = {
-    errno.ENOSPC: "the disk is full: free space or choose another --out; rerunning resumes",
-    errno.EDQUOT: "the disk quota is used up: free space or choose another --out; rerunning resumes",
+    errno.ENOSPC: "the disk is full: free space or choose another --out",
+    errno.EDQUOT: "the disk quota is used up: free space or choose another --out",
     errno.EACCES: "no permission: choose a path you can write, or fix its permissions",
     errno.EPERM: "not permitted: choose a path you can write, or fix its permissions",
     errno.EROFS: "a read-only file system: choose another --out",
@@ -98,6 +100,14 @@ _OS_HINTS = {
     errno.ENOTDIR: "check the path: a part of it is a file, not a directory",
     errno.EIO: "the disk reported an I/O error: check it (dmesg), then rerun",
 }
+
+
+# The commands that pick up where they stopped (their finished files are kept and checked); the others start over.
+_RESUMABLE = {"download", "quantize", "run"}
+
+
+def _command(args: list[str]) -> str:
+    return next((a for a in args if not a.startswith("-")), "")
 
 
 def _is_usage_error(e: Exception) -> bool:

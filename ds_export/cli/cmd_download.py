@@ -8,8 +8,9 @@ from typing import Annotated
 import typer
 
 from ds_export.cli.options import Json, Quiet
-from ds_export.cli.output import Out, human_bytes
+from ds_export.cli.output import Out
 from ds_export.cli.progress import DownloadBar
+from ds_export.units import human_bytes
 
 
 def download(

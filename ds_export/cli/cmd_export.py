@@ -9,7 +9,8 @@ from typing import Annotated
 import typer
 
 from ds_export.cli.options import Force, Json, OutDir, Quiet
-from ds_export.cli.output import Out, human_bytes
+from ds_export.cli.output import Out
+from ds_export.units import human_bytes
 
 
 def export(

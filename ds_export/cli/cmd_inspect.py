@@ -9,7 +9,8 @@ import typer
 from rich.table import Table
 
 from ds_export.cli.options import Json, Quiet
-from ds_export.cli.output import Out, human_bytes
+from ds_export.cli.output import Out
+from ds_export.units import human_bytes
 
 
 def inspect(

@@ -9,9 +9,10 @@ from typing import Annotated
 import typer
 
 from ds_export.cli.options import Device, DryRun, Force, Json, OutDir, Quiet, Workers
-from ds_export.cli.output import Out, human_bytes
+from ds_export.cli.output import Out
 from ds_export.cli.progress import QuantizeBar
 from ds_export.errors import UsageError
+from ds_export.units import human_bytes
 
 
 def quantize(

@@ -38,11 +38,3 @@ class Out:
     def result(self, obj: dict) -> None:
         if self.json:
             sys.stdout.write(dumps_json(obj, indent=2) + "\n")
-
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    return f"{n} B"

@@ -4,7 +4,8 @@ theirs, and dsx run draws the same ones for those steps."""
 
 from __future__ import annotations
 
-from ds_export.cli.output import Out, human_bytes
+from ds_export.cli.output import Out
+from ds_export.units import human_bytes
 
 
 class ProgressBar:

@@ -27,6 +27,7 @@ not depend on how many workers wrote them (tested).
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 from pathlib import Path
@@ -39,6 +40,7 @@ from ds_export.io.dirlock import exclusive, shared
 from ds_export.io.manifest import Manifest, export_manifest, require_finished
 from ds_export.io.writer import atomic_write_json, check_out_apart
 from ds_export.models import deepseek_v3 as ds
+from ds_export.units import human_bytes
 
 # Peak memory of one rank's export process: Paddle + dsx imported with slack, plus the program,
 # which grows with the layers (measured: rank 0 of R1 at tp 8, all 61 layers, peaked at 6008 MiB
@@ -291,10 +293,24 @@ def export(src: str | os.PathLike, out: str | os.PathLike, *, dtype: str = "floa
                         raise Interrupted(f"interrupted; {shown} was not written" + (
                             " (the one there is unchanged)" if out.exists() else ""),
                             hint="rerun the command: an export starts over") from None
+                    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+                        raise _disk_full(e, shown, out, tmp) from None
                     raise
     files = sorted(m.files)
     return {"out": str(shown), "files": files, "bytes": sum(e["size"] for e in m.files.values()),
             "speculate": speculate, "dtype": dtype, "workers": workers}
+
+
+def _disk_full(e: OSError, shown: Path, out: Path, tmp: Path) -> DsxError:
+    """The disk filled while the export was staged (removed by now): the path and what a rerun needs. Paddle's and
+    numpy's writes raise it without a file name, and the CLI's generic hint ("rerunning resumes") is not true here."""
+    what = "the disk is full" if e.errno == errno.ENOSPC else "the disk quota is used up"
+    free = shutil.disk_usage(out.parent).free
+    keep = " (--force keeps the export at OUT until the new one is complete: remove it first if the disk cannot " \
+           "hold both)" if out.exists() else ""
+    return DsxError(f"{shown}: {what} while the export was written into {tmp.name}; nothing was published and the "
+                    f"partial output was removed ({human_bytes(free)} free now)",
+                    hint=f"free space or choose another --out, then rerun: an export starts over{keep}")
 
 
 def _write_staged(ck: Checkpoint, cfg, weights, src, tmp: Path, *, dtype: str, max_seq_len: int, block_size: int,

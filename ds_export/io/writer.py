@@ -67,6 +67,17 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+@contextlib.contextmanager
+def _named(path: Path):
+    """A write's OSError (a full disk, an I/O error) comes without a file name: the file being written is named."""
+    try:
+        yield
+    except OSError as e:
+        if e.filename is None:
+            e.filename = str(path)
+        raise
+
+
 class ShardWriter:
     """Write the planned entries in order; `close()` publishes the file atomically."""
 
@@ -86,7 +97,8 @@ class ShardWriter:
 
     def _put(self, b) -> None:
         mv = memoryview(b).cast("B")
-        self._f.write(mv)
+        with _named(self.path):
+            self._f.write(mv)
         self._sha.update(mv)
         self.size += mv.nbytes
 
@@ -123,9 +135,10 @@ class ShardWriter:
         if self.current is not None:
             self.abort()
             raise ValueError(f"{self.path.name}: tensor {self.current.name!r} was not fully written")
-        self._f.flush()
-        os.fsync(self._f.fileno())
-        self._f.close()
+        with _named(self.path):
+            self._f.flush()
+            os.fsync(self._f.fileno())
+            self._f.close()
         os.replace(self.tmp, self.path)
         fsync_dir(self.path.parent)
         self.sha256 = self._sha.hexdigest()
@@ -182,8 +195,9 @@ def atomic_open(path: str | os.PathLike, mode: str = "w"):
     try:
         with open(tmp, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
             yield f
-            f.flush()
-            os.fsync(f.fileno())
+            with _named(path):
+                f.flush()
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):

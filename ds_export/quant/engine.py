@@ -43,6 +43,7 @@ from ds_export.io.writer import PARTIAL_SUFFIX, ShardWriter, atomic_write_json, 
 from ds_export.quant.backend import CpuBackend, CudaBackend
 from ds_export.quant.plan import OutShard, Plan
 from ds_export.quant.transforms import convert
+from ds_export.units import human_bytes
 
 SIDE_FILES = ("generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
               "tokenizer.model", "LICENSE", "LICENSE-MODEL", "LICENSE-CODE")
@@ -169,7 +170,7 @@ def _clear(out: Path, old: Manifest | None) -> None:
 def _check_space(out: Path, need: int) -> None:
     free = shutil.disk_usage(out).free
     if need > free:
-        raise DsxError(f"{out}: needs {need / 2**30:.2f} GiB, only {free / 2**30:.2f} GiB free",
+        raise DsxError(f"{out}: needs {human_bytes(need)}, only {human_bytes(free)} free",
                        hint="free space or choose another --out")
 
 
