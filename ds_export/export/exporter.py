@@ -304,11 +304,11 @@ def export(src: str | os.PathLike, out: str | os.PathLike, *, dtype: str = "floa
 def _disk_full(e: OSError, shown: Path, out: Path, tmp: Path) -> DsxError:
     """The disk filled while the export was staged (removed by now): the path and what a rerun needs. Paddle's and
     numpy's writes raise it without a file name, and the CLI's generic hint ("rerunning resumes") is not true here."""
-    what = "the disk is full" if e.errno == errno.ENOSPC else "the disk quota is used up"
+    quota = " (the quota is used up)" if e.errno == errno.EDQUOT else ""
     free = shutil.disk_usage(out.parent).free
     keep = " (--force keeps the export at OUT until the new one is complete: remove it first if the disk cannot " \
            "hold both)" if out.exists() else ""
-    return DsxError(f"{shown}: {what} while the export was written into {tmp.name}; nothing was published and the "
+    return DsxError(f"{shown}: the disk is full{quota} while the export was written into {tmp.name}; nothing was published and the "
                     f"partial output was removed ({human_bytes(free)} free now)",
                     hint=f"free space or choose another --out, then rerun: an export starts over{keep}")
 
