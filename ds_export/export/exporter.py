@@ -31,6 +31,7 @@ import errno
 import os
 import shutil
 from pathlib import Path
+from typing import NoReturn
 
 from ds_export import __version__
 from ds_export.errors import DsxError, Interrupted, UsageError
@@ -294,23 +295,23 @@ def export(src: str | os.PathLike, out: str | os.PathLike, *, dtype: str = "floa
                             " (the one there is unchanged)" if out.exists() else ""),
                             hint="rerun the command: an export starts over") from None
                     if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
-                        raise _disk_full(e, shown, out, tmp) from None
+                        _disk_full(e, shown, out, tmp)
                     raise
     files = sorted(m.files)
     return {"out": str(shown), "files": files, "bytes": sum(e["size"] for e in m.files.values()),
             "speculate": speculate, "dtype": dtype, "workers": workers}
 
 
-def _disk_full(e: OSError, shown: Path, out: Path, tmp: Path) -> DsxError:
+def _disk_full(e: OSError, shown: Path, out: Path, tmp: Path) -> NoReturn:
     """The disk filled while the export was staged (removed by now): the path and what a rerun needs. Paddle's and
     numpy's writes raise it without a file name, and the CLI's generic hint ("rerunning resumes") is not true here."""
     quota = " (the quota is used up)" if e.errno == errno.EDQUOT else ""
     free = shutil.disk_usage(out.parent).free
     keep = " (--force keeps the export at OUT until the new one is complete: remove it first if the disk cannot " \
            "hold both)" if out.exists() else ""
-    return DsxError(f"{shown}: the disk is full{quota} while the export was written into {tmp.name}; nothing was published and the "
-                    f"partial output was removed ({human_bytes(free)} free now)",
-                    hint=f"free space or choose another --out, then rerun: an export starts over{keep}")
+    raise DsxError(f"{shown}: the disk is full{quota} while the export was written into {tmp.name}; nothing was "
+                   f"published and the partial output was removed ({human_bytes(free)} free now)",
+                   hint=f"free space or choose another --out, then rerun: an export starts over{keep}") from None
 
 
 def _write_staged(ck: Checkpoint, cfg, weights, src, tmp: Path, *, dtype: str, max_seq_len: int, block_size: int,
