@@ -10,6 +10,9 @@ Worker processes leave Ctrl-C to the main process (a terminal sends it to the wh
 SIGINT blocked (sigint_blocked, around the code that spawns them), so that it cannot kill one while its interpreter
 starts ("Fatal Python error: init_import_site" and a traceback, before any of our code runs), and ignore it once they
 run (ignore_sigint). multiprocessing starts its resource tracker the same way.
+
+SIGTERM to the dsx command (a scheduler or `kill` stopping it) is handled as Ctrl-C (sigterm_as_ctrl_c): the same
+clean stop, the same one line, exit code 143.
 """
 
 from __future__ import annotations
@@ -25,56 +28,96 @@ class Stopped(Exception):
     """A worker saw its stop event (Ctrl-C, a caller, or another worker's failure) and abandoned its item."""
 
 
+def _on_sigterm(signum, frame):
+    _terminated[0] = True
+    raise KeyboardInterrupt
+
+
+_terminated = [False]
+
+
+def sigterm_as_ctrl_c() -> None:
+    """In the dsx command's process: SIGTERM (a scheduler, `timeout` or `kill` stopping the command) stops it as Ctrl-C
+    does, here and in ctrl_c_as_flag / sigint_blocked, whatever SIGINT's state (a background job of a script starts
+    with SIGINT ignored). Before, the process died where it stood, or printed Paddle's C++ "FatalError" block, and
+    left its staging behind."""
+    signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def terminated() -> bool:
+    """Whether a SIGTERM came (sigterm_as_ctrl_c): the command exits 143, not 130."""
+    return _terminated[0]
+
+
+def _ours() -> dict[int, object]:
+    """The stop signals whose Python handler is dsx's to swap: SIGINT with Python's own, SIGTERM with
+    sigterm_as_ctrl_c's."""
+    return {s: h for s, h in ((signal.SIGINT, signal.getsignal(signal.SIGINT)),
+                              (signal.SIGTERM, signal.getsignal(signal.SIGTERM)))
+            if h is signal.default_int_handler or h is _on_sigterm}
+
+
 @contextmanager
 def ctrl_c_as_flag() -> Iterator[Callable[[], bool]]:
-    """Yields `hit()`: whether Ctrl-C (SIGINT) came since entry. In the main thread with Python's own handler in
-    place, SIGINT only sets the flag; elsewhere (another thread, or a handler of the caller's own) nothing changes and
-    `hit()` stays False. The previous handler is back on exit."""
+    """Yields `hit()`: whether Ctrl-C (SIGINT) or a SIGTERM handled as one came since entry. In the main thread with
+    Python's own handler in place (or sigterm_as_ctrl_c's), the signal only sets the flag; elsewhere (another thread,
+    or a handler of the caller's own) nothing changes and `hit()` stays False. The previous handlers are back on
+    exit."""
     flag = [False]
-    if threading.current_thread() is not threading.main_thread() or \
-            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+    ours = _ours() if threading.current_thread() is threading.main_thread() else {}
+    if not ours:
         yield lambda: False
         return
 
-    def on_ctrl_c(signum, frame):
+    def on_stop(signum, frame):
+        if signum == signal.SIGTERM:
+            _terminated[0] = True
         flag[0] = True
 
-    previous = signal.signal(signal.SIGINT, on_ctrl_c)
+    for s in ours:
+        signal.signal(s, on_stop)
     try:
         yield lambda: flag[0]
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for s, h in ours.items():
+            signal.signal(s, h)
 
 
 @contextmanager
 def sigint_blocked() -> Iterator[None]:
-    """SIGINT blocked in this thread inside: processes it starts (fork, then exec) begin with it blocked too. A Ctrl-C
-    that comes meanwhile is held back and delivered when the block ends, so it cannot cut a process start short
-    (another thread may take the signal, but Python runs its handler in the main thread, wherever that is: there,
-    the handler is swapped for a note for the duration). multiprocessing's resource tracker is started first if it
-    is not running: starting it inside, as the first spawn would, ends with SIGINT unblocked in this thread (its own
-    guard takes the block off rather than restoring the mask), and the processes after it would start exposed."""
+    """SIGINT and SIGTERM blocked in this thread inside: processes it starts (fork, then exec) begin with them blocked
+    too (ignore_sigint unblocks them). A Ctrl-C (or SIGTERM) that comes meanwhile is held back and delivered when the
+    block ends, so it cannot cut a process start short (another thread may take the signal, but Python runs its
+    handler in the main thread, wherever that is: there, dsx's handlers are swapped for a note for the duration).
+    multiprocessing's resource tracker is started first if it is not running: starting it inside, as the first spawn
+    would, ends with SIGINT unblocked in this thread (its own guard takes the block off rather than restoring the
+    mask), and the processes after it would start exposed."""
     from multiprocessing import resource_tracker
 
     resource_tracker.ensure_running()
     held = []
     main = threading.current_thread() is threading.main_thread()
-    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum)) if main else None
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    swapped = {}
+    if main:
+        ours = _ours()
+        for s in {signal.SIGINT, *ours}:
+            swapped[s] = signal.signal(s, lambda signum, frame: held.append(signum))
     try:
         yield
     finally:
-        if main:
-            signal.signal(signal.SIGINT, previous)
-        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)  # (a SIGINT pending for this thread: delivered now)
+        for s, h in swapped.items():
+            signal.signal(s, h)
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)  # (a signal pending for this thread: delivered now)
         if held:
-            signal.raise_signal(signal.SIGINT)  # (to the handler in place again: KeyboardInterrupt, or a flag)
+            signal.raise_signal(held[0])  # (to the handler in place again: KeyboardInterrupt, or a flag)
 
 
 def ignore_sigint() -> None:
-    """First thing in a worker process started under sigint_blocked: Ctrl-C is the main process's to handle."""
+    """First thing in a worker process started under sigint_blocked: Ctrl-C is the main process's to handle. SIGTERM
+    keeps its default (a worker sent one alone ends at once, and the main process reports it) and is unblocked."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # (a pending one is dropped: ignored)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})  # (a pending SIGINT is dropped)
 
 
 def wait_for_workers(start: Callable[[], Sequence[Future]], on_done: Callable[[Future], None],

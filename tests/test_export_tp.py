@@ -405,6 +405,48 @@ def test_ctrl_c_stops_the_rank_processes_with_one_line_and_leaves_nothing(aligne
             time.sleep(0.05)
 
 
+@pytest.mark.parametrize("tp,group", [(1, False), (2, False), (2, True)])
+def test_sigterm_stops_an_export_as_ctrl_c_does(aligned, tmp_path, tp, group):
+    """SIGTERM (a scheduler, `timeout` or `kill` stopping the job; Slurm sends it to every process of the job) to an
+    export started as a script's background job (SIGINT ignored): before, the process died where it stood, with
+    Paddle's 12-line C++ "FatalError: `Termination signal`" block on stdout, and left OUT.partial behind. Now: exit
+    143, one line, nothing on stdout, no OUT and no OUT.partial, no process left behind; at several points from the
+    start of the work (Paddle's import among them) to the writing."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    def start():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # (as a non-interactive shell starts a `&` job)
+        os.setpgrp()
+
+    for i, delay in enumerate((0.0, 0.3, 1.0, 2.0)):
+        out = tmp_path / f"o{i}"
+        proc = subprocess.Popen([sys.executable, "-m", "ds_export.cli.app", "export", str(aligned / "src"), "--out",
+                                 str(out), "--tp", str(tp), "--speculate", "--max-seq-len", "64", "-q", "--workers",
+                                 str(tp)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                preexec_fn=start)
+        try:
+            deadline = time.monotonic() + 60
+            while not (tmp_path / f"o{i}.partial").exists():
+                assert time.monotonic() < deadline and proc.poll() is None, "the export never started"
+                time.sleep(0.005)
+            time.sleep(delay)
+            (os.killpg if group else os.kill)(proc.pid, signal.SIGTERM)
+            said, err = proc.communicate(timeout=120)
+        finally:
+            proc.kill()
+        assert proc.returncode == 143 and len(err.strip().splitlines()) == 1, (delay, proc.returncode, err)
+        assert "interrupted" in err and "was not written" in err and not said.strip(), (delay, said, err)
+        assert not out.exists() and not (tmp_path / f"o{i}.partial").exists(), delay
+        deadline = time.monotonic() + 10
+        while subprocess.run(["pgrep", "-g", str(proc.pid)], capture_output=True).returncode == 0:
+            assert time.monotonic() < deadline, f"processes left behind in group {proc.pid}"
+            time.sleep(0.05)
+
+
 def test_a_ctrl_c_while_a_rank_process_starts_stops_that_one_too(aligned, tmp_path, monkeypatch):
     """Ctrl-C held while a rank process starts (SIGINT blocked around the spawn) is raised when the spawn returns:
     that process must already be among those the export stops. It was not, and ran on by itself: it wrote into the

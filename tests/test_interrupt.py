@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from ds_export.interrupt import ignore_sigint, sigint_blocked
+from ds_export import interrupt
+from ds_export.interrupt import ctrl_c_as_flag, ignore_sigint, sigint_blocked, sigterm_as_ctrl_c, terminated
 
 
 def _report(conn) -> None:
@@ -17,7 +18,10 @@ def _report(conn) -> None:
     blocked = signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, [])
     ignore_sigint()
     conn.send((blocked, signal.getsignal(signal.SIGINT) == signal.SIG_IGN,
-               signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, [])))
+               signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, []),
+               # (SIGTERM: its default, and not left blocked: a worker sent one alone ends)
+               signal.getsignal(signal.SIGTERM) == signal.SIG_DFL,
+               signal.SIGTERM in signal.pthread_sigmask(signal.SIG_BLOCK, [])))
     conn.close()
 
 
@@ -28,7 +32,7 @@ def test_a_process_started_under_sigint_blocked_starts_deaf_and_then_ignores_it(
     with sigint_blocked():
         proc.start()
     send.close()
-    assert recv.recv() == (True, True, False)  # blocked from exec on; then ignored and no longer blocked
+    assert recv.recv() == (True, True, False, True, False)  # blocked from exec on; then ignored, unblocked
     proc.join(30)
     assert proc.exitcode == 0
     assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, [])  # the caller's mask is back
@@ -45,3 +49,66 @@ def test_ctrl_c_inside_sigint_blocked_arrives_when_it_ends():
             reached.append(True)
     assert reached == [True]
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+@pytest.fixture
+def sigterm_handled():
+    """sigterm_as_ctrl_c in this (the test's) process, undone after."""
+    before = signal.getsignal(signal.SIGTERM)
+    sigterm_as_ctrl_c()
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
+        interrupt._terminated[0] = False
+
+
+def test_sigterm_is_ctrl_c_everywhere_and_is_told_apart(sigterm_handled):
+    """SIGTERM raises KeyboardInterrupt; while workers run (ctrl_c_as_flag) it only sets the flag, as Ctrl-C does (a
+    KeyboardInterrupt inside concurrent.futures' wait can hang the pool's shutdown); inside sigint_blocked it is held
+    back to the block's end; and terminated() tells the CLI to exit 143."""
+    with pytest.raises(KeyboardInterrupt):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)
+    assert terminated()
+    interrupt._terminated[0] = False
+    try:
+        with ctrl_c_as_flag() as hit:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)
+            assert hit() and terminated()
+    except KeyboardInterrupt:
+        pytest.fail("SIGTERM raised KeyboardInterrupt inside ctrl_c_as_flag (where workers are waited for)")
+    assert signal.getsignal(signal.SIGTERM) is interrupt._on_sigterm  # (put back)
+    reached = []
+    with pytest.raises(KeyboardInterrupt):
+        with sigint_blocked():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)
+            reached.append(True)
+    assert reached == [True] and signal.getsignal(signal.SIGTERM) is interrupt._on_sigterm
+    assert signal.SIGTERM not in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+
+
+def test_paddle_import_keeps_the_sigterm_handler():
+    """`import paddle` replaced the SIGTERM handler with its C++ one (a "FatalError" block on stdout, no cleanup):
+    quiet_paddle() before the import puts back the one in place before it. Run in a fresh interpreter."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("paddle")
+    code = """if True:
+        import signal
+        from ds_export.export.quiet import quiet_paddle
+        from ds_export.interrupt import sigterm_as_ctrl_c, _on_sigterm
+        quiet_paddle()
+        sigterm_as_ctrl_c()
+        import paddle
+        assert signal.getsignal(signal.SIGTERM) is _on_sigterm
+        try:
+            signal.raise_signal(signal.SIGTERM)
+        except KeyboardInterrupt:
+            print("KeyboardInterrupt")
+    """
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "KeyboardInterrupt" and "FatalError" not in r.stdout, r

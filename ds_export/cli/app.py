@@ -1,6 +1,7 @@
 """The `dsx` command: registers the commands and maps every failure to one line + exit code.
 
-Exit codes: 0 ok, 1 failure, 2 usage (bad options, not implemented), 130 interrupted.
+Exit codes: 0 ok, 1 failure, 2 usage (bad options, not implemented), 130 interrupted (Ctrl-C), 143 stopped by SIGTERM
+(handled as Ctrl-C).
 DSX_DEBUG=1 shows the traceback of any failure.
 """
 
@@ -17,6 +18,7 @@ from ds_export import __version__
 from ds_export.cli import (cmd_download, cmd_export, cmd_generate, cmd_inspect, cmd_quantize, cmd_run, cmd_tiny,
                            cmd_verify)
 from ds_export.errors import DsxError
+from ds_export.interrupt import sigterm_as_ctrl_c, terminated
 
 app = typer.Typer(
     name="dsx",
@@ -61,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     from ds_export.export.quiet import quiet_paddle
 
     quiet_paddle()  # (whichever command imports paddle: export, generate, verify's end-to-end check, run)
+    if argv is None:  # (the dsx process itself, not a caller's: SIGTERM stops the command as Ctrl-C does)
+        sigterm_as_ctrl_c()
     try:
         rv = app(args=args, prog_name="dsx", standalone_mode=False)
         code = rv if isinstance(rv, int) else 0
@@ -116,6 +120,8 @@ def _is_usage_error(e: Exception) -> bool:
 
 
 def _finish(argv: list[str] | None, code: int) -> int:
+    if code == 130 and terminated():  # (stopped by SIGTERM: 128 + 15, as a shell reports it)
+        code = 143
     if argv is None:
         sys.exit(code)
     return code

@@ -20,7 +20,8 @@ KINDS = {
     "CheckpointError": ("1", "a checkpoint or output on disk is malformed, incomplete or inconsistent"),
     "ModelMapError": ("1", "a tensor or config does not fit DeepSeek-V3's architecture"),
     "DownloadError": ("1", "the hub or the transfer failed, or a file did not verify"),
-    "Interrupted": ("130", "interrupted (Ctrl-C); rerun the same command to resume"),
+    "Interrupted": ("130", "interrupted (Ctrl-C; 143 for SIGTERM, handled the same way); rerun the same command "
+                           "to resume"),
     "DsxError": ("1", "the operation failed; the message names the file, tensor or step"),
 }
 
