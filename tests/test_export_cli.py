@@ -294,6 +294,23 @@ def test_force_through_a_symlink_replaces_the_directory_it_points_to(exported, t
     assert sorted(p.name for p in real.parent.iterdir()) == ["e"]
 
 
+def test_an_export_that_cannot_fit_is_refused_before_writing(tiny_fp8, tmp_path, monkeypatch, capsys):
+    """An export of R1 writes hundreds of GB: one whose weights alone exceed the free space failed with ENOSPC hours
+    in. Refused before the first byte, naming the need (a lower bound: the weights' bytes) and the free space; the
+    bound is below what an export really writes (checked on tiny exports of each kind in tests/test_export_tp.py)."""
+    from collections import namedtuple
+
+    from ds_export.export import exporter
+
+    du = namedtuple("du", "total used free")
+    monkeypatch.setattr(exporter.shutil, "disk_usage", lambda p: du(10**9, 10**9 - 10**6, 10**6))
+    out = tmp_path / "e"
+    assert main(["export", str(tiny_fp8), "--out", str(out), "--max-seq-len", "64", "-q"]) == 1
+    err = capsys.readouterr().err
+    assert f"{tmp_path}: the export needs more than" in err and "976.56 KiB free" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == [], "nothing is left: no OUT, no OUT.partial"
+
+
 def test_a_failed_export_leaves_no_staging_and_the_old_one_whole(exported, tiny_fp8, tmp_path, monkeypatch, capsys):
     """A failure while writing (disk full, a rank's error) left OUT.partial, up to hundreds of GB, behind; and --force
     removed the old OUT before the new one took its place, so a kill in between left half of it. Now the staging

@@ -321,6 +321,24 @@ def mixed(tmp_path_factory):
     return root
 
 
+@pytest.mark.parametrize("fixture,src", [("aligned", "src"), ("mixed", "q")])
+def test_the_exports_space_check_is_a_lower_bound(request, fixture, src, tmp_path):
+    """The space an export is refused without (ModelWeights.nbytes: every array once) is at most what the export
+    writes: its .pdiparams alone, at tp 1 and tp 2, with the draft, for a float source and a quantized one (a bound
+    above that would refuse exports that fit)."""
+    from ds_export.export.weights import load_weights
+    from ds_export.io.checkpoint import Checkpoint
+
+    root = request.getfixturevalue(fixture)
+    with Checkpoint.open(root / src) as ck:
+        need = load_weights(ck, "float32", include_mtp=True, lazy=True).nbytes()
+    assert need > 0
+    for tp in (1, 2):
+        written = sum(p.stat().st_size for p in (root / f"tp{tp}").rglob("*.pdiparams"))
+        assert need <= written, (tp, need, written)
+        assert need >= 0.6 * written, (tp, need, written)  # (and not a bound too loose to catch anything)
+
+
 def test_quantized_linears_split_to_the_same_product(mixed):
     """Each quantized Linear of a layer: its 2 rank shares (concatenated, or summed for row splits)
     give the tp = 1 op's output up to the bf16 rounding of the partial outputs."""

@@ -319,6 +319,12 @@ def _write_staged(ck: Checkpoint, cfg, weights, src, tmp: Path, *, dtype: str, m
     """The export's files written into the staging directory tmp (its lock held by the caller): programs, configs,
     side files; the manifest comes next."""
     _clear(tmp)  # (what an export stopped before it finished left)
+    need, free = weights.nbytes(), shutil.disk_usage(tmp).free
+    if need > free:  # (before hours of writing: the weights alone, a lower bound of the export, do not fit)
+        raise DsxError(f"{tmp.parent}: the export needs more than {human_bytes(need)} (its weights alone), only "
+                       f"{human_bytes(free)} free", hint="free space or choose another --out" + (
+                           " (--force keeps the export there until the new one is complete)" if tmp.with_name(
+                               tmp.name.removesuffix(".partial")).exists() else ""))
     sq = _source_quant(ck)
     if tp > 1:  # one program per rank, each built in a fresh process, `workers` at once
         _write_ranks_in_processes(src, tmp, tp, workers, dtype, max_seq_len, speculate)

@@ -115,6 +115,28 @@ class ModelWeights:
     mtp: list[LayerWeights]  # MTP layers (empty when not loaded)
     tp: tuple[int, int] = (0, 1)  # (rank, world): a tensor-parallel rank's share (tp.shard_weights)
 
+    def nbytes(self) -> int:
+        """Bytes of every array once (a Lazy's by its declared shape and dtype, nothing read): a lower bound of what
+        an export of these weights writes (programs, headers, MTP's own copies and tensor-parallel replicas come
+        on top)."""
+        seen: dict[int, int] = {}
+
+        def walk(o):
+            if hasattr(o, "shape") and hasattr(o, "dtype"):
+                seen.setdefault(id(o), int(np.prod(o.shape, dtype=np.int64)) * np.dtype(o.dtype).itemsize)
+            elif isinstance(o, dict):
+                for v in o.values():
+                    walk(v)
+            elif isinstance(o, (list, tuple)):
+                for v in o:
+                    walk(v)
+            elif isinstance(o, (LinearWeights, LayerWeights)):
+                walk(o.tensors)
+                walk(getattr(o, "experts", []))
+
+        walk([self.top, self.layers, self.mtp])
+        return sum(seen.values())
+
 
 # ------------------------------------------------------------- absorption ----
 
