@@ -391,6 +391,18 @@ def test_block_size_below_one_is_refused(tiny_fp8, tmp_path, capsys):
     assert not (tmp_path / "e").exists()
 
 
+def test_max_seq_len_beyond_the_models_context_is_refused(tiny_fp8, tmp_path, capsys):
+    """--max-seq-len 100000000 was an internal error (MemoryError building a 23.8 GiB rope table); anything above
+    config.json's max_position_embeddings (163840 for V3/R1) is beyond what the rope is made for."""
+    longest = json.loads((tiny_fp8 / "config.json").read_text())["max_position_embeddings"]
+    for n in (longest + 1, 100_000_000):
+        assert main(["export", str(tiny_fp8), "--out", str(tmp_path / "e"), "--max-seq-len", str(n), "-q"]) == 2
+        err = capsys.readouterr().err
+        assert f"--max-seq-len {n}: above the model's max_position_embeddings {longest}" in err, err
+        assert "internal error" not in err and len(err.strip().splitlines()) == 1
+    assert sorted(tmp_path.iterdir()) == []
+
+
 def test_generate_prints_nothing_but_its_result(exported):
     """`import paddle` warned "No ccache found ..." on stderr at every dsx generate (the export path silenced it,
     generate's did not); a fresh process with -q writes nothing to stderr."""

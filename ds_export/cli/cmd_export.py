@@ -19,7 +19,7 @@ def export(
     tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel degree: writes rank_{r}/ per rank.")] = 1,
     speculate: Annotated[bool, typer.Option("--speculate", help="Also export the MTP draft into OUT/mtp/.")] = False,
     dtype: Annotated[str, typer.Option("--dtype", help="float32, bfloat16 or float16 (16-bit arithmetic is emulated on CPU: float32 math, rounded).")] = "float32",
-    max_seq_len: Annotated[int, typer.Option("--max-seq-len", help="Longest sequence the cache holds.")] = 4096,
+    max_seq_len: Annotated[int, typer.Option("--max-seq-len", help="Longest sequence the cache holds (at most the model's max_position_embeddings, 163840 for V3/R1).")] = 4096,
     draft_tokens: Annotated[int, typer.Option("--draft-tokens", help="Draft tokens per step the export is set up for (1..5).")] = 1,
     block_size: Annotated[int, typer.Option("--block-size", help="KV-cache page size in tokens.")] = 64,
     workers: Annotated[int | None, typer.Option("--workers", "-j", help="Ranks exported at once for --tp > 1, each by a process of its own (default: as many as the cores and the available memory allow; 1: one after another).", show_default=False)] = None,

@@ -264,6 +264,11 @@ def export(src: str | os.PathLike, out: str | os.PathLike, *, dtype: str = "floa
         with Checkpoint.open(src) as ck:
             cfg = ds.DeepseekV3Config.from_dict(ck.config, source=str(Path(src) / "config.json"))
             check_tp(cfg, tp, str(Path(src) / "config.json"))
+            longest = cfg.raw.get("max_position_embeddings")
+            if isinstance(longest, int) and max_seq_len > longest:  # (rope tables of --max-seq-len rows are built)
+                raise UsageError(f"--max-seq-len {max_seq_len}: above the model's max_position_embeddings {longest} "
+                                 f"({Path(src) / 'config.json'}), the longest context its rope is made for",
+                                 hint=f"give at most {longest}")
             if speculate and not cfg.num_nextn_predict_layers:
                 raise UsageError(f"{src}: --speculate needs an MTP layer, and num_nextn_predict_layers is 0")
             weights = load_weights(ck, dtype, include_mtp=speculate, lazy=True)  # shapes now, data when written
