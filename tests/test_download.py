@@ -151,6 +151,16 @@ def test_olah_ignores_ranges_so_a_partial_restarts(olah, source, tmp_path, monke
 
 # ------------------------------------------------------------- fault injection ----
 
+@pytest.mark.parametrize("repo", ["a/b/c", "", "deepseek-ai/DeepSeek-R1/", "deepseek ai/R1"])
+def test_a_malformed_repo_id_is_one_line_before_anything(repo, tmp_path, capsys):
+    """huggingface_hub's HFValidationError reached the user as an internal error (for 'a/b/c', '', a trailing
+    slash); now a usage error naming the id, before any request or directory."""
+    assert main(["download", repo, "--local-dir", str(tmp_path / "d")]) == 2
+    err = capsys.readouterr().err
+    assert f"{repo!r}: not a Hugging Face repo id" in err and "internal error" not in err, err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "d").exists()
+
+
 def test_fake_hub_happy_path_and_selection(fake, source, tmp_path, capsys):
     rc, out, err = cli(capsys, REPO, "--local-dir", str(tmp_path / "all"), "--json")
     assert rc == 0, err

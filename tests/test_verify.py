@@ -286,6 +286,9 @@ def test_gate_file(outputs, tiny_fp8, tmp_path, capsys):
     assert "below the weight_only_int4 gate of 30" in capsys.readouterr().err
     g.write_text("min_sqnr_db:\n  int4: 30\n")
     assert main(["verify", str(outputs / "mix"), "--reference", str(tiny_fp8), "--gate", str(g)]) == 2
+    capsys.readouterr()
+    assert main(["verify", str(outputs / "mix"), "--gate", str(tmp_path / "none.yaml")]) == 2
+    assert "none.yaml: gate file not found" in capsys.readouterr().err  # (was "recipe not found")
 
 
 def test_end_to_end_logits_of_an_export(outputs, tiny_fp8, tmp_path, capsys):

@@ -21,11 +21,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from huggingface_hub import HfApi, constants, hf_hub_url
-from huggingface_hub.errors import (DisabledRepoError, GatedRepoError, HfHubHTTPError, OfflineModeIsEnabled,
-                                    RemoteEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError)
-from huggingface_hub.utils import build_hf_headers, get_session
+from huggingface_hub.errors import (DisabledRepoError, GatedRepoError, HfHubHTTPError, HFValidationError,
+                                    OfflineModeIsEnabled, RemoteEntryNotFoundError, RepositoryNotFoundError,
+                                    RevisionNotFoundError)
+from huggingface_hub.utils import build_hf_headers, get_session, validate_repo_id
 
 from ds_export.download.errors import DownloadError
+from ds_export.errors import UsageError
 
 try:  # huggingface_hub 2.x ships its HTTP stack as httpx2, 1.x used httpx
     import httpx2 as httpx
@@ -60,8 +62,19 @@ def endpoint() -> str:
     return (os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
 
 
+def check_repo_id(repo_id: str) -> None:
+    """A repo id the hub can name ("namespace/name"), or a one-line UsageError (huggingface_hub's own rule; it raised
+    HFValidationError, an internal error to the user, for 'a/b/c' or '')."""
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as e:
+        raise UsageError(f"{repo_id!r}: not a Hugging Face repo id ({str(e).split('. ')[0]})",
+                         hint="give it as namespace/name, e.g. deepseek-ai/DeepSeek-R1") from None
+
+
 class Hub:
     def __init__(self, repo_id: str, *, endpoint_url: str | None = None, token: str | bool | None = None):
+        check_repo_id(repo_id)
         self.repo_id = repo_id
         self.endpoint = (endpoint_url or endpoint()).rstrip("/")
         self.token = token

@@ -224,13 +224,14 @@ def _resolve_mtp(spec, source: str, line: int, arch: int, group: int) -> Recipe:
     return parse(spec, source, _depth=1)
 
 
-def load_yaml(path: str | Path):
-    """A YAML file whose mappings remember their line (`.line`), or a one-line UsageError."""
+def load_yaml(path: str | Path, what: str = "recipe"):
+    """A YAML file (`what`: a recipe, a gate file) whose mappings remember their line (`.line`), or a one-line
+    UsageError."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise UsageError(f"{path}: recipe not found") from None
+        raise UsageError(f"{path}: {what} not found") from None
     try:
         return yaml.load(text, Loader=_LineLoader)  # noqa: S506 - SafeLoader subclass
     except yaml.YAMLError as e:

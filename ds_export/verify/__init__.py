@@ -28,7 +28,7 @@ def load_gates(path: str | Path) -> dict:
     from ds_export.verify.kernels import KERNEL_GATE
     from ds_export.verify.weights import MIN_SQNR
 
-    obj = load_yaml(path) or {}
+    obj = load_yaml(path, "gate file") or {}
     bad = set(obj) - {"min_sqnr_db", "kernel_max_rel_err", "e2e_max_kl", "e2e_min_top1"} \
         if isinstance(obj, dict) else {"<not a mapping>"}
     sq = obj.get("min_sqnr_db", {}) if isinstance(obj, dict) else {}
