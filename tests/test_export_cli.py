@@ -127,7 +127,15 @@ def test_errors(exported, tiny_fp8, tmp_path, capsys):
     assert main(["generate", str(wo), "--input-ids", "0,1"]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "a dsx quantize output, not an export" in err and "dsx export" in err, err
-    qc_path = wo / "config.json"  # a recipe entry that contradicts the stored tensors
+    # the source checkpoint, or a path that is not there, were "not a complete dsx export (no dsx-manifest.json)"
+    qc_path = wo / "config.json"
+    for path, want in ((tiny_fp8, "a checkpoint, not an export (export it first: dsx export"),
+                       (tmp_path / "nowhere", "nowhere: does not exist (expected a dsx export)"),
+                       (qc_path, "config.json: not a directory")):
+        assert main(["generate", str(path), "--input-ids", "0,1"]) == 1
+        err = capsys.readouterr().err
+        assert want in err and err.count("\n") == 1, err
+    # a recipe entry that contradicts the stored tensors
     cfg = json.loads(qc_path.read_text())
     cfg["quantization_config"]["types_by_role"]["q_b"] = {"type": "weight_only_int4", "group_size": -1}
     qc_path.write_text(json.dumps(cfg))

@@ -416,14 +416,21 @@ def _manifest(tmp: Path, src, dtype: str, tp: int, speculate: bool) -> Manifest:
 def check_export(path: str | os.PathLike) -> Manifest:
     """An export directory that is complete and intact, or a clear error."""
     path = Path(path)
+    if not path.is_dir():
+        raise DsxError(f"{path}: {'not a directory' if path.exists() else 'does not exist'} (expected a dsx export)",
+                       hint="check the path")
     m = Manifest.load(path)
+    if (m is None or m.run.get("command") != "export") and any(path.glob("*.safetensors")):
+        # (the checkpoint instead of its export: an original, or a dsx quantize output)
+        what = "a dsx quantize output" if m is not None and "plan_digest" in m.run else "a checkpoint"
+        raise DsxError(f"{path}: {what}, not an export", hint=f"export it first: dsx export {path} --out DIR, then "
+                                                              "pass DIR")
     if m is None or not m.complete:
         raise DsxError(f"{path}: not a complete dsx export (no complete dsx-manifest.json)",
                        hint="run dsx export again")
-    if m.run.get("command") != "export":  # (a quantize output's manifest is complete too, and has no programs)
-        what = "dsx quantize output" if "plan_digest" in m.run else "dsx output of another kind"
-        raise DsxError(f"{path}: a {what}, not an export (its manifest records no export run)",
-                       hint=f"export it first: dsx export {path} --out DIR, then pass DIR")
+    if m.run.get("command") != "export":
+        raise DsxError(f"{path}: a dsx output of another kind, not an export (its manifest records no export run)",
+                       hint="pass a dsx export's directory")
     for rel in m.files:
         why = m.verify_file(rel, hash_check=False)
         if why:
