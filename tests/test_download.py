@@ -211,8 +211,9 @@ def _partial(dest: Path, name: str) -> list[Path]:
     return list((dest / ".dsx-download" / "partial").glob(name + ".*.part"))
 
 
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT])
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT, signal.SIGTERM])
 def test_killed_mid_file_resumes_from_the_partial_bytes(fake, source, tmp_path, sig):
+    """SIGTERM (a scheduler stopping the job) is handled as Ctrl-C, exit 143; SIGKILL leaves the partial as is."""
     at = 1_000_003  # an odd offset inside the shard
     fake.faults.append(Fault(SHARD, "stall", at=at, times=-1))  # retries stall too: the shard cannot finish
     dest = tmp_path / "d"
@@ -226,13 +227,14 @@ def test_killed_mid_file_resumes_from_the_partial_bytes(fake, source, tmp_path, 
             assert time.monotonic() < deadline, "partial never reached the stall offset"
             time.sleep(0.02)
         proc.send_signal(sig)
-        if sig == signal.SIGINT:
+        if sig != signal.SIGKILL:
             fake.release.set()  # stalled connections close; the worker retries until it sees the stop flag
         _, err = proc.communicate(timeout=30)
     finally:
         proc.kill()
-    if sig == signal.SIGINT:
-        assert proc.returncode == 130 and "interrupted" in err and len(err.strip().splitlines()) == 1
+    if sig != signal.SIGKILL:
+        assert proc.returncode == (130 if sig == signal.SIGINT else 143), (proc.returncode, err)
+        assert "interrupted" in err and len(err.strip().splitlines()) == 1, err
     assert not (dest / SHARD).exists() and _partial(dest, SHARD)[0].stat().st_size == at
     fake.faults.clear()
     n_before = len(fake.log)
