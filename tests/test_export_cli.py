@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -409,6 +410,47 @@ def test_max_seq_len_beyond_the_models_context_is_refused(tiny_fp8, tmp_path, ca
         assert f"--max-seq-len {n}: above the model's max_position_embeddings {longest}" in err, err
         assert "internal error" not in err and len(err.strip().splitlines()) == 1
     assert sorted(tmp_path.iterdir()) == []
+
+
+def test_a_program_damaged_in_place_is_one_line_naming_it(exported, tmp_path, capsys):
+    """dsx generate checks an export's file sizes, not its bytes: a model.json damaged in place (same size) reached
+    the user as "internal error: RuntimeError: std::exception" from Paddle's loader."""
+    bad = tmp_path / "bad"
+    shutil.copytree(exported, bad)
+    text = bytearray((bad / "model.json").read_bytes())
+    text[:8] = b"XXXXXXXX"
+    (bad / "model.json").write_bytes(bytes(text))
+    assert main(["generate", str(bad), "--input-ids", "0,1", "--max-new-tokens", "1", "-q"]) == 1
+    err = capsys.readouterr().err
+    assert f"{bad / 'model'}.json / .pdiparams: Paddle Inference cannot load this program" in err, err
+    assert "internal error" not in err and len(err.strip().splitlines()) == 1 and "dsx verify" in err, err
+
+
+def test_a_failed_rank_job_names_the_cause_not_the_ranks_stopped_after_it(tmp_path, monkeypatch):
+    """paddle.distributed.launch stops the other ranks with SIGTERM once one fails; dsx handles SIGTERM as Ctrl-C, so
+    their logs end "dsx: error: interrupted ...": the job's error is the failed rank's line, whichever log sorts
+    first."""
+    import subprocess
+
+    from ds_export.export import runtime
+
+    logs = {"workerlog.0": "starting\ndsx: error: interrupted; partial outputs were left unpublished\n",
+            "workerlog.1": "dsx: error: rank_1/model.json / .pdiparams: Paddle Inference cannot load\n"}
+
+    def fake_launch(cmd, **kw):
+        log = Path(cmd[cmd.index("--log_dir") + 1])
+        log.mkdir()
+        for name, text in logs.items():
+            (log / name).write_text(text)
+        return subprocess.CompletedProcess(cmd, 1, "", "")
+
+    monkeypatch.setattr(runtime.subprocess, "run", fake_launch)
+    with pytest.raises(runtime.DsxError, match="cannot load") as e:
+        runtime.launch_ranks(2, ["generate", "x"], tmp_path / "log")
+    assert "interrupted" not in str(e.value)
+    logs["workerlog.1"] = "no error line\n"  # (only a stopped rank said anything: that line, not nothing)
+    with pytest.raises(runtime.DsxError, match="interrupted"):
+        runtime.launch_ranks(2, ["generate", "x"], tmp_path / "log2")
 
 
 def test_generate_prints_nothing_but_its_result(exported):

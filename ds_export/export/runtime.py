@@ -57,7 +57,14 @@ class Program:
             cfg.disable_gpu()
         cfg.disable_glog_info()
         cfg.disable_mkldnn()  # its pass check prints one line per op to stdout; the plain CPU kernels are exact
-        self.pred = inference.create_predictor(cfg)
+        try:
+            self.pred = inference.create_predictor(cfg)
+        except (RuntimeError, ValueError, OSError) as e:  # (Paddle's C++ exceptions arrive as RuntimeError)
+            # (dsx generate checks an export's file sizes, not their bytes: a file damaged in place loads here)
+            raise DsxError(f"{prefix}.json / .pdiparams: Paddle Inference cannot load this program "
+                           f"({str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__})",
+                           hint="check the export with dsx verify SRC --reference ORIGINAL --export DIR, or export "
+                                "it again") from e
         self.inputs = self.pred.get_input_names()
 
     def __call__(self, *arrays: np.ndarray) -> list[np.ndarray]:
@@ -170,9 +177,12 @@ def launch_ranks(n: int, args: list[str], log_dir: Path, timeout: float | None =
            str(log_dir), dsx_executable(), *args]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     if res.returncode != 0:
-        logs = sorted(Path(log_dir).glob("workerlog.*"))
-        last = next((ln for p in logs for ln in reversed(p.read_text(errors="replace").splitlines())
-                     if ln.startswith("dsx: error:")), None)
+        # each rank's last error line; the launcher stops the others with SIGTERM once one fails, and they say
+        # "interrupted" (dsx handles SIGTERM as Ctrl-C): the cause is the line of a rank that was not stopped
+        said = [next((ln for ln in reversed(p.read_text(errors="replace").splitlines())
+                      if ln.startswith("dsx: error:")), None) for p in sorted(Path(log_dir).glob("workerlog.*"))]
+        said = [ln for ln in said if ln]
+        last = next((ln for ln in said if not ln.startswith("dsx: error: interrupted")), said[0] if said else None)
         raise DsxError(f"{n}-rank job failed (exit {res.returncode}): {last or 'see the worker logs'}",
                        hint=f"worker logs: {log_dir}")
 
