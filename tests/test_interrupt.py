@@ -92,7 +92,8 @@ def test_sigterm_is_ctrl_c_everywhere_and_is_told_apart(sigterm_handled):
 
 def test_paddle_import_keeps_the_sigterm_handler():
     """`import paddle` replaced the SIGTERM handler with its C++ one (a "FatalError" block on stdout, no cleanup):
-    quiet_paddle() before the import puts back the one in place before it. Run in a fresh interpreter."""
+    quiet_paddle() before the import puts back the one in place before it, also when the import runs in another
+    thread (as a rank process's did). Run in a fresh interpreter."""
     import subprocess
     import sys
 
@@ -101,9 +102,12 @@ def test_paddle_import_keeps_the_sigterm_handler():
         import signal
         from ds_export.export.quiet import quiet_paddle
         from ds_export.interrupt import sigterm_as_ctrl_c, _on_sigterm
+        import threading
         quiet_paddle()
         sigterm_as_ctrl_c()
-        import paddle
+        t = threading.Thread(target=lambda: __import__("paddle"))  # (the first import may come in a worker thread)
+        t.start()
+        t.join()
         assert signal.getsignal(signal.SIGTERM) is _on_sigterm
         try:
             signal.raise_signal(signal.SIGTERM)

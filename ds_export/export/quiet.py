@@ -8,7 +8,6 @@ import importlib.util
 import os
 import signal
 import sys
-import threading
 import warnings
 
 
@@ -23,8 +22,8 @@ def quiet_paddle() -> None:
 class _KeepSigterm(importlib.abc.MetaPathFinder):
     """`import paddle` replaces the process's SIGTERM handler with one of its own (C++), which prints a 12-line
     "FatalError: `Termination signal` is detected" block with a "C++ Traceback" on stdout and leaves no room for
-    cleanup: a scheduler stopping `dsx export` (SIGTERM) got that, and the staging directory left behind. The handler
-    in place before the import (dsx's own, or the default) is put back once paddle's package has run."""
+    cleanup: a scheduler stopping `dsx export` (SIGTERM) got that, and the staging directory left behind. The action
+    in place before the import (dsx's handler, or the default) is put back once paddle's package has run."""
 
     def find_spec(self, name, path=None, target=None):
         if name != "paddle":
@@ -36,17 +35,32 @@ class _KeepSigterm(importlib.abc.MetaPathFinder):
         run = spec.loader.exec_module
 
         def exec_module(module):
-            if threading.current_thread() is not threading.main_thread():  # (only the main thread sets handlers)
-                return run(module)
-            before = signal.getsignal(signal.SIGTERM)
-            # (held back while Paddle's handler is in place; delivered to the one put back)
+            # The C-level action is saved and put back as it was (Python's own handler, or the default): unlike
+            # signal.signal, sigaction works from any thread, and the first `import paddle` may run in a worker
+            # thread (a rank process's did). SIGTERM is held back meanwhile in this thread (the main one: all of it).
+            saved = _sigterm_action()
             mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
             try:
                 run(module)
             finally:
-                if before is not None:  # (None: a handler not set from Python, which cannot be put back)
-                    signal.signal(signal.SIGTERM, before)
+                _sigterm_action(saved)
                 signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
         spec.loader.exec_module = exec_module
         return spec
+
+
+def _sigterm_action(restore: bytes | None = None) -> bytes:
+    """SIGTERM's `struct sigaction` as opaque bytes (glibc's sigaction), or put back to `restore`."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    buf = ctypes.create_string_buffer(512)  # (larger than any libc's struct sigaction)
+    if restore is None:
+        rc = libc.sigaction(signal.SIGTERM, None, buf)
+    else:
+        new = ctypes.create_string_buffer(restore, len(restore))
+        rc = libc.sigaction(signal.SIGTERM, new, None)
+    if rc != 0:
+        raise OSError(ctypes.get_errno(), "sigaction(SIGTERM) failed")
+    return buf.raw
