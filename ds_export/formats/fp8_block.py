@@ -31,6 +31,7 @@ import ml_dtypes
 import numpy as np
 
 from ds_export.errors import DsxError
+from ds_export.formats._arrays import column_blocks
 
 BLOCK = (128, 128)
 FP8_MAX = 448.0
@@ -201,9 +202,7 @@ def dequant_ref(w_fp8, scale_inv, block=BLOCK, out: np.ndarray | None = None) ->
     rows = np.repeat(s, bn, axis=0)[:n]
     whole = k // bk
     if whole:
-        cols = v[:, :whole * bk]
-        cols.shape = (n, whole, bk)  # (a view: setting the shape raises rather than copy)
-        cols *= rows[:, :whole, None]
+        column_blocks(v, bk)[...] *= rows[:, :whole, None]
     if k % bk:
         v[:, whole * bk:] *= rows[:, whole:]
     return v

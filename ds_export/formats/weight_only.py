@@ -35,6 +35,7 @@ import ml_dtypes
 import numpy as np
 
 from ds_export.errors import DsxError
+from ds_export.formats._arrays import column_blocks
 
 BF16 = ml_dtypes.bfloat16
 ARCHS = (70, 75, 80, 86, 89, 90, 100)
@@ -321,9 +322,7 @@ def decoder(out_features: int, in_features: int, bits: int, group_size: int, arc
         else:
             whole = k // group_size
             if whole:
-                cols = res[:, :whole * group_size]
-                cols.shape = (n, whole, group_size)  # (a view: setting the shape raises rather than copy)
-                cols *= s[:whole].T[:, :, None]
+                column_blocks(res, group_size)[...] *= s[:whole].T[:, :, None]
             if k % group_size:
                 res[:, whole * group_size:] *= s[whole][:, None]
         return res
