@@ -3,6 +3,7 @@ process): its noise on stderr, and its SIGTERM handler."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.abc
 import importlib.util
 import os
@@ -38,12 +39,16 @@ class _KeepSigterm(importlib.abc.MetaPathFinder):
             # The C-level action is saved and put back as it was (Python's own handler, or the default): unlike
             # signal.signal, sigaction works from any thread, and the first `import paddle` may run in a worker
             # thread (a rank process's did). SIGTERM is held back meanwhile in this thread (the main one: all of it).
-            saved = _sigterm_action()
+            try:
+                saved = _sigterm_action()
+            except (OSError, AttributeError):  # (no libc sigaction to call: Paddle's handler stays, as before)
+                return run(module)
             mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
             try:
                 run(module)
             finally:
-                _sigterm_action(saved)
+                with contextlib.suppress(OSError):
+                    _sigterm_action(saved)
                 signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
         spec.loader.exec_module = exec_module
