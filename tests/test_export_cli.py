@@ -387,7 +387,10 @@ def test_generate_checks_its_output_paths_first(exported, tmp_path, capsys):
     for args, want in ((["--dump-logits", "."], "--dump-logits .: is a directory"),
                        (["--report", str(tmp_path / "no" / "r.json")], "does not exist"),
                        (["--input-ids", "0,512"], "token id 512: outside the model's vocabulary 0..511"),
-                       (["--input-ids", "0;-3"], "token id -3: outside")):
+                       (["--input-ids", "0;-3"], "token id -3: outside"),
+                       # (read as 0,5 before: a token lost in a copy went unnoticed)
+                       (["--input-ids", "0,,5"], "'0,,5': an empty token id"),
+                       (["--input-ids", "0,5,"], "'0,5,': an empty token id")):
         assert main(["generate", str(exported), "--input-ids", "0,5", "--max-new-tokens", "1", *args, "-q"]) == 2
         assert want in capsys.readouterr().err
 

@@ -15,12 +15,15 @@ from ds_export.io.writer import atomic_open, atomic_write_json, check_file_targe
 
 
 def _parse_ids(text: str) -> list[list[int]]:
+    fields = [[t.strip() for t in row.split(",")] for row in text.split(";")]
+    if any(f == [""] for f in fields):
+        raise UsageError(f"--input-ids {text!r}: every sequence needs at least one token")
+    if any("" in f for f in fields):  # ("1,,2" was read as 1,2: a token lost in a copy went unnoticed)
+        raise UsageError(f"--input-ids {text!r}: an empty token id (two commas in a row, or one at an end)")
     try:
-        rows = [[int(t) for t in row.split(",") if t.strip()] for row in text.split(";")]
+        rows = [[int(t) for t in f] for f in fields]
     except ValueError:
         raise UsageError(f"--input-ids {text!r}: expected comma-separated integers, ';' between sequences") from None
-    if not rows or any(not r for r in rows):
-        raise UsageError(f"--input-ids {text!r}: every sequence needs at least one token")
     return rows
 
 
