@@ -2,7 +2,7 @@
 
     python bench/export_program.py [--layers 8] [--tp 8] [--workdir /tmp/dsx-export-bench] [--no-anchor]
 
-The checkpoint is a header-faithful sparse copy of R1 (tests/data/deepseek-r1: 163 shards, 91,991
+The checkpoint is a header-faithful sparse copy of R1 (ds_export/data/deepseek-r1: 163 shards, 91,991
 tensors, no data on disk). Rank 0 of `--tp` is built from its first `--layers` decoder layers
 (0 = all 61) the way the exporter builds it (parameters deferred), and its program is saved the way
 `dsx export` saves it; the parameter file is not written (the tensors would be zeros read from
@@ -77,11 +77,11 @@ def main() -> int:
     from ds_export.export.tp import shard_weights
     from ds_export.export.weights import load_weights
     from ds_export.io.checkpoint import Checkpoint
-    from ds_export.run.metadata import sparse_from_metadata
+    from ds_export.run.metadata import BUNDLED, sparse_from_metadata
 
     src = a.workdir / "DeepSeek-R1"
     if not src.exists():
-        sparse_from_metadata(REPO / "tests" / "data" / "deepseek-r1", src)
+        sparse_from_metadata(BUNDLED["deepseek-ai/DeepSeek-R1"], src)
     with Checkpoint.open(src) as ck:
         w = load_weights(ck, "bfloat16", include_mtp=False, lazy=True)
     if a.layers:

@@ -19,7 +19,8 @@ def run(
     from_step: Annotated[str | None, typer.Option("--from-step", help="download | quantize | export | verify.")] = None,
     until_step: Annotated[str | None, typer.Option("--until-step", help="Stop after this step.")] = None,
     metadata: Annotated[Path | None, typer.Option("--metadata", help="With --dry-run: plan from a config.json + "
-                                                  "model.safetensors.index.json[.gz] instead of a download.")] = None,
+                                                  "model.safetensors.index.json[.gz] instead of a download (DeepSeek-R1's "
+                                                  "come with dsx).")] = None,
     dry_run: DryRun = False,
     json: Json = False,
     quiet: Quiet = False,
@@ -99,7 +100,7 @@ def _print_dry(o: Out, p: dict) -> None:
     from ds_export.run.pipeline import MEASURED_GBPS
 
     q, e = p["quantize"], p["export"]
-    o.print(f"[bold]{p['recipe']}[/] ({p['source']}) in {p['workdir']}")
+    o.print(f"[bold]{p['recipe']}[/] ({p['source']}) in {p['workdir']}; planned from {p['planned_from']}")
     o.print(f"  download: {human_bytes(p['download_bytes'])}")
     o.print(f"  quantize: {q['type']} (MTP: {q['mtp'] or 'not kept'}), {human_bytes(q['bytes_in'])} -> "
             f"{human_bytes(q['bytes_out'])} in {q['shards']} shards, about {p['estimated_quantize_s'] / 60:.0f} min "

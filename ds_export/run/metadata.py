@@ -18,6 +18,10 @@ from ds_export.io.checkpoint import INDEX_NAME
 from ds_export.io.writer import Entry, build_header, write_index
 from ds_export.models import deepseek_v3 as ds
 
+# Metadata shipped with dsx for the checkpoints its recipes deploy (config.json as released; the index generated from
+# the model map, shards as in the release): dry runs of those recipes plan offline without --metadata.
+BUNDLED = {"deepseek-ai/DeepSeek-R1": Path(__file__).resolve().parents[1] / "data" / "deepseek-r1"}
+
 
 def synthesize_index(config: dict, n_shards: int = 163) -> dict[str, str]:
     cfg = ds.DeepseekV3Config.from_dict(config)

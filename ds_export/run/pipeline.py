@@ -293,19 +293,22 @@ def dry_run(dep: Deployment, workdir: Path, *, metadata: Path | None = None) -> 
     """The whole plan without touching the network or writing outputs: sizes, shards, per-rank layout,
     disk and time estimates. Real recipes plan from metadata (config.json + index[.gz])."""
     from ds_export.quant import plan as plan_mod
-    from ds_export.run.metadata import sparse_from_metadata
+    from ds_export.run.metadata import BUNDLED, sparse_from_metadata
 
     lay = Layout(Path(workdir))
     with tempfile.TemporaryDirectory(prefix="dsx-dry-") as tmp:
         if dep.tiny:
             from ds_export.tiny import write_tiny
 
-            src = Path(tmp) / "tiny"
+            src, planned_from = Path(tmp) / "tiny", "the tiny checkpoint it writes"
             write_tiny(src, _tiny_spec(dep))
         elif metadata is not None:
-            src = sparse_from_metadata(Path(metadata), Path(tmp) / "meta")
+            src, planned_from = sparse_from_metadata(Path(metadata), Path(tmp) / "meta"), str(metadata)
         elif (lay.source / INDEX_NAME).exists():
-            src = lay.source
+            src, planned_from = lay.source, f"the download in {lay.source}"
+        elif dep.model.get("repo") in BUNDLED:  # (the shipped recipes' model: its metadata comes with dsx)
+            src = sparse_from_metadata(BUNDLED[dep.model["repo"]], Path(tmp) / "meta")
+            planned_from = f"dsx's bundled metadata of {dep.model['repo']}"
         else:
             raise UsageError(f"dry run of {dep.source}: no local metadata for {dep.model['repo']}",
                              hint="pass --metadata DIR (config.json + model.safetensors.index.json[.gz])")
@@ -317,7 +320,8 @@ def dry_run(dep: Deployment, workdir: Path, *, metadata: Path | None = None) -> 
     ranks = rank_bytes(p, tp)
     fetch = src_bytes - (mtp_src if dep.model.get("only") == "base" else 0)
     return {
-        "recipe": dep.name, "source": dep.model.get("repo", "tiny"), "workdir": str(lay.root),
+        "recipe": dep.name, "source": dep.model.get("repo", "tiny"), "planned_from": planned_from,
+        "workdir": str(lay.root),
         "download_bytes": fetch, "quantize": {"type": p.recipe["name"], "mtp": p.recipe.get("mtp"),
                                               "bytes_in": p.bytes_in, "bytes_out": p.bytes_out,
                                               "shards": len(p.shards)},
