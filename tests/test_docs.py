@@ -44,7 +44,8 @@ def _matches(line: str, templates: set[str]) -> bool:
     ["quantize", "/does/not/exist", "--out", "/tmp/x", "--type", "int3"],
     ["quantize", ".", "--out", "/tmp/x", "--type", "bf16", "--mtp-only", "--no-mtp"],
     ["generate", ".", "--input-ids", "1,x"],
-    ["run", "recipes/r1-wint4-tp8.yaml", "--dry-run", "--workdir", "/tmp/dsx-no-such-workdir"],
+    ["run", "recipes/r1-wint4-tp8.yaml", "--dry-run", "--metadata", "/does/not/exist", "--workdir",
+     "/tmp/dsx-no-such-workdir"],
 ])
 def test_printed_errors_are_documented(args, tiny_fp8):
     r = subprocess.run([sys.executable, "-m", "ds_export.cli.app", *args], capture_output=True, text=True)
