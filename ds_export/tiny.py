@@ -18,12 +18,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ds_export.errors import UsageError
+from ds_export.errors import DsxError, UsageError
 from ds_export.interrupt import Stopped, ignore_sigint, wait_for_workers
 from ds_export.io.dtypes import ST_TO_NP
-from ds_export.io.writer import Entry, ShardWriter, atomic_write_json, atomic_write_text, write_index
+from ds_export.io.writer import Entry, ShardWriter, atomic_write_json, atomic_write_text, free_bytes, write_index
 from ds_export.models import deepseek_v3 as ds
 from ds_export.tiny_tokenizer import tokenizer_files
+from ds_export.units import human_bytes
 
 # The real DeepSeek-V3/R1 config (shared/deepseek-r1-catalog.md); presets override sizes only.
 REAL_CONFIG: dict = {
@@ -233,11 +234,15 @@ def write_tiny(out: str | Path, spec: TinySpec = TinySpec(), *, progress=None, w
     if spec.shard_mb is not None and not spec.shard_mb > 0:  # (-1 wrote one tensor a shard)
         raise UsageError(f"--shard-mb {spec.shard_mb:g}: expected a size above 0 MiB")
     raw_cfg = make_config(spec)  # (checks the rest of the spec before OUT is made)
-    out.mkdir(parents=True, exist_ok=True)
     cfg = ds.DeepseekV3Config.from_dict(raw_cfg, source="tiny config")
     fp8 = spec.dtype == "fp8"
     tensors = ds.expected_tensors(cfg, fp8=fp8)
     total = sum(t.nbytes for t in tensors)
+    free = free_bytes(out)
+    if total > free:  # (--real-dims writes GBs: a full disk found before, not at a shard written halfway)
+        raise DsxError(f"{out}: the checkpoint takes {human_bytes(total)}, only {human_bytes(free)} free",
+                       hint="free space, choose another directory, or fewer --layers / --experts")
+    out.mkdir(parents=True, exist_ok=True)
     target = int(spec.shard_mb * 2**20) if spec.shard_mb else max(total // 5, 1)
     shards = plan_shards(tensors, cfg, target)
     n = len(shards)

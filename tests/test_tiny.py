@@ -164,3 +164,16 @@ def test_ctrl_c_stops_the_shard_writers_at_their_next_chunk(tmp_path):
     complete = list(out.glob("model-*.safetensors"))
     assert shards >= 10 and len(complete) <= shards // 2, (len(complete), shards)
     assert not list(out.glob("*.partial")) and not (out / "model.safetensors.index.json").exists()
+
+
+def test_a_checkpoint_that_cannot_fit_is_refused_before_writing(tmp_path, monkeypatch, capsys):
+    """`dsx tiny --real-dims` writes GBs: a full disk was found at a shard written halfway, an empty OUT left
+    behind. Refused first, naming the size and the free space."""
+    from ds_export import tiny
+    from ds_export.cli.app import main
+
+    monkeypatch.setattr(tiny, "free_bytes", lambda p: 1 << 20)
+    assert main(["tiny", str(tmp_path / "t"), "-q"]) == 1
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 't'}: the checkpoint takes" in err and "only 1.00 MiB free" in err, err
+    assert not (tmp_path / "t").exists()

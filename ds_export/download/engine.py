@@ -17,7 +17,6 @@ Order of work:
 from __future__ import annotations
 
 import json
-import shutil
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -34,6 +33,7 @@ from ds_export.errors import UsageError
 from ds_export.interrupt import wait_for_workers
 from ds_export.io.checkpoint import INDEX_NAME
 from ds_export.io.dirlock import exclusive
+from ds_export.io.writer import free_bytes
 
 DEFAULT_WORKERS = 8
 
@@ -76,14 +76,6 @@ class NullReporter:
 
     def note(self, msg):
         pass
-
-
-def free_bytes(path: Path) -> int:
-    """Free bytes on the filesystem holding `path` (its nearest existing ancestor)."""
-    p = Path(path).resolve()
-    while not p.exists():
-        p = p.parent
-    return shutil.disk_usage(p).free
 
 
 def _human(n: float) -> str:

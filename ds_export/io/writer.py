@@ -15,6 +15,7 @@ import hashlib
 import json
 import math
 import os
+import shutil
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,6 +55,14 @@ def build_header(entries: list[Entry], metadata: dict[str, str] | None = None) -
     js = json.dumps(head, separators=(",", ":")).encode()
     js += b" " * (-(8 + len(js)) % 8)
     return struct.pack("<Q", len(js)) + js
+
+
+def free_bytes(path: str | os.PathLike) -> int:
+    """Free bytes on the filesystem holding `path` (its nearest existing ancestor: a directory not made yet)."""
+    p = Path(path).resolve()
+    while not p.exists():
+        p = p.parent
+    return shutil.disk_usage(p).free
 
 
 def fsync_dir(path: Path) -> None:
