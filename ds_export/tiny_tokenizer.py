@@ -61,3 +61,12 @@ def tokenizer_files(config: dict) -> dict[str, str]:
            "tokenizer_class": "LlamaTokenizerFast"}
     return {"tokenizer.json": json.dumps(tok, ensure_ascii=False, indent=1) + "\n",
             "tokenizer_config.json": json.dumps(cfg, ensure_ascii=False, indent=2) + "\n"}
+
+
+def is_this_tokenizer(tokenizer_json) -> bool:
+    """Whether the file `tokenizer_json` is this tokenizer's (what `dsx tiny` writes and an export of it copies)."""
+    try:
+        with open(tokenizer_json, encoding="utf-8") as f:
+            return f.read() == tokenizer_files({})["tokenizer.json"]
+    except (OSError, UnicodeDecodeError):
+        return False

@@ -456,6 +456,24 @@ def test_a_failed_rank_job_names_the_cause_not_the_ranks_stopped_after_it(tmp_pa
         runtime.launch_ranks(2, ["generate", "x"], tmp_path / "log2")
 
 
+def test_prompt_is_the_tiny_tokenizers_and_refused_for_another_model(exported, tmp_path, capsys):
+    """--prompt encodes with dsx's byte-level tokenizer (the tiny model's): the same tokens as its ids given with
+    --input-ids. On another model's export (R1's tokenizer.json) those ids were fed in silently, wrong for it."""
+    from ds_export.tiny_tokenizer import encode
+
+    outs = []
+    for args in (["--prompt", "DeepSeek"], ["--input-ids", ",".join(map(str, encode("DeepSeek")))]):
+        assert main(["generate", str(exported), *args, "--max-new-tokens", "3", "--json"]) == 0
+        outs.append(json.loads(capsys.readouterr().out)["tokens"])
+    assert outs[0] == outs[1] and len(outs[0][0]) == 3
+    other = tmp_path / "other"
+    shutil.copytree(exported, other)
+    (other / "tokenizer.json").write_text('{"model": {"type": "BPE", "vocab": {}}}')  # (not the tiny one)
+    assert main(["generate", str(other), "--prompt", "DeepSeek", "--max-new-tokens", "3"]) == 2
+    err = capsys.readouterr().err
+    assert "--prompt: " in err and "not the tiny model's export" in err and "--input-ids" in err, err
+
+
 def test_generate_prints_nothing_but_its_result(exported):
     """`import paddle` warned "No ccache found ..." on stderr at every dsx generate (the export path silenced it,
     generate's did not); a fresh process with -q writes nothing to stderr."""

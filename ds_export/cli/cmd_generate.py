@@ -63,8 +63,12 @@ def generate(
     for path, option in ((dump_logits, "--dump-logits"), (report, "--report")):
         check_file_target(path, option)
     if prompt is not None:
-        from ds_export.tiny_tokenizer import encode
+        from ds_export.tiny_tokenizer import encode, is_this_tokenizer
 
+        if not is_this_tokenizer(Path(export_dir) / "tokenizer.json"):  # (R1's ids are not bytes: wrong, silently)
+            raise UsageError(f"--prompt: {export_dir} is not the tiny model's export (its tokenizer.json is not dsx's "
+                             "byte-level one), and dsx encodes text only with that",
+                             hint="give the prompt's token ids with --input-ids (from the model's own tokenizer)")
         rows = [encode(prompt)]
     else:
         rows = _parse_ids(input_ids)
