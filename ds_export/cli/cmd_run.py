@@ -19,8 +19,8 @@ def run(
     from_step: Annotated[str | None, typer.Option("--from-step", help="download | quantize | export | verify.")] = None,
     until_step: Annotated[str | None, typer.Option("--until-step", help="Stop after this step.")] = None,
     metadata: Annotated[Path | None, typer.Option("--metadata", help="With --dry-run: plan from a config.json + "
-                                                  "model.safetensors.index.json[.gz] instead of a download (DeepSeek-R1's "
-                                                  "come with dsx).")] = None,
+                                                  "model.safetensors.index.json[.gz] instead of a download "
+                                                  "(DeepSeek-R1's come with dsx).")] = None,
     dry_run: DryRun = False,
     json: Json = False,
     quiet: Quiet = False,
