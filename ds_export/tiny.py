@@ -20,6 +20,7 @@ import numpy as np
 
 from ds_export.errors import DsxError, UsageError
 from ds_export.interrupt import Stopped, ignore_sigint, wait_for_workers
+from ds_export.io.dirlock import exclusive
 from ds_export.io.dtypes import ST_TO_NP
 from ds_export.io.writer import Entry, ShardWriter, atomic_write_json, atomic_write_text, free_bytes, write_index
 from ds_export.models import deepseek_v3 as ds
@@ -242,7 +243,16 @@ def write_tiny(out: str | Path, spec: TinySpec = TinySpec(), *, progress=None, w
     if total > free:  # (--real-dims writes GBs: a full disk found before, not at a shard written halfway)
         raise DsxError(f"{out}: the checkpoint takes {human_bytes(total)}, only {human_bytes(free)} free",
                        hint="free space, choose another directory, or fewer --layers / --experts")
-    out.mkdir(parents=True, exist_ok=True)
+    # (one dsx tiny into OUT at a time: two with different specs wrote one's index over the other's shards)
+    with exclusive(out, "dsx tiny"):  # (creates OUT)
+        if any(out.iterdir()):  # (written meanwhile by another)
+            raise UsageError(f"{out}: directory is not empty", hint="choose a new directory or remove it")
+        return _write(out, spec, raw_cfg, cfg, tensors, total, progress=progress, workers=workers)
+
+
+def _write(out: Path, spec: TinySpec, raw_cfg: dict, cfg, tensors: list, total: int, *, progress,
+           workers: int | None) -> dict:
+    """write_tiny's work, OUT locked and empty."""
     target = int(spec.shard_mb * 2**20) if spec.shard_mb else max(total // 5, 1)
     shards = plan_shards(tensors, cfg, target)
     n = len(shards)

@@ -177,3 +177,20 @@ def test_a_checkpoint_that_cannot_fit_is_refused_before_writing(tmp_path, monkey
     err = capsys.readouterr().err
     assert f"{tmp_path / 't'}: the checkpoint takes" in err and "only 1.00 MiB free" in err, err
     assert not (tmp_path / "t").exists()
+
+
+def test_a_second_tiny_into_the_same_directory_is_refused_while_the_first_writes(tmp_path, capsys):
+    """Two `dsx tiny OUT` at once (two specs) each found OUT empty and wrote: one's index over the other's shards.
+    The second is refused while the first holds OUT's lock; a reader (dsx quantize of it) is refused too."""
+    from dir_lock import held_by_another_process
+
+    from ds_export.cli.app import main
+
+    out = tmp_path / "t"
+    out.mkdir()
+    with held_by_another_process(out):
+        assert main(["tiny", str(out), "-q"]) == 2
+        err = capsys.readouterr().err
+        assert "another dsx process is writing or reading it now (dsx tiny writes it alone)" in err, err
+        assert list(out.iterdir()) == []
+    assert main(["tiny", str(out), "-q"]) == 0
