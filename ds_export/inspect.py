@@ -16,7 +16,8 @@ def summarize(path: str | Path) -> dict:
     with Checkpoint.open(path, partial=True) as ck:
         cfg = ds.DeepseekV3Config.from_dict(ck.config, source=str(Path(path) / "config.json"))
         infos = {t.name: t for t in ck.infos()}
-        roles = ds.map_tensors(list(infos), cfg, source=str(path))
+        # (every tensor the index lists: in a partial checkpoint a present scale's weight may be in an absent shard)
+        roles = ds.map_tensors(list(infos) + list(ck.absent), cfg, source=str(path))
         ds.check_fp8_partners(roles, {n: t.dtype for n, t in infos.items()}, source=str(path))
         by_role: dict[tuple[bool, str], dict] = {}
         order = {r: i for i, r in enumerate(ds.ROLES)}

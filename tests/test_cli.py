@@ -40,6 +40,36 @@ def test_inspect_human(tiny_fp8, capsys):
     assert "MTP layers [3]" in out and "expert_gate" in out
 
 
+def test_inspect_a_partial_checkpoint_whose_scale_and_weight_are_in_different_shards(tiny_fp8, tmp_path, capsys):
+    """One shard of six present (an interrupted or selective download): a block scale there whose weight is in an
+    absent shard was "... weight_scale_inv has no weight ...", as if the checkpoint were malformed. It is summarized
+    as partial; a weight or scale missing from the index itself is still an error."""
+    import json
+    import shutil
+
+    from ds_export.io.checkpoint import Checkpoint
+
+    ck = Checkpoint.open(tiny_fp8)
+    part = tmp_path / "part"
+    part.mkdir()
+    for f in ("config.json", "model.safetensors.index.json"):
+        shutil.copy(tiny_fp8 / f, part / f)
+    # a shard holding a scale whose weight is in another shard
+    shard = next(f for n, f in ck.weight_map.items() if n.endswith("_scale_inv")
+                 and ck.weight_map[n.removesuffix("_scale_inv")] != f)
+    shutil.copy(tiny_fp8 / shard, part / shard)
+    assert main(["inspect", str(part), "--json"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert s["missing_shards"] == len(set(ck.weight_map.values())) - 1 and s["shards"] == 1
+    index = json.loads((part / "model.safetensors.index.json").read_text())
+    index["weight_map"] = {n: f for n, f in index["weight_map"].items() if not (f != shard and n.endswith(".weight")
+                                                                                 and f"{n}_scale_inv" in index["weight_map"]
+                                                                                 and index["weight_map"][f"{n}_scale_inv"] == shard)}
+    (part / "model.safetensors.index.json").write_text(json.dumps(index))
+    assert main(["inspect", str(part)]) == 1  # (the weight is not in the index at all: malformed)
+    assert "has no weight" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("cmd", COMMANDS)
 def test_help_describes_every_command(cmd, capsys):
     assert main([cmd, "--help"]) == 0

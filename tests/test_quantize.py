@@ -581,6 +581,38 @@ def test_mtp_only_on_a_partial_download(tiny_fp8, tmp_path):
     assert len(Checkpoint.open(src, partial=True).missing_shards) == len(set(ck.weight_map.values()) - mtp_files)
 
 
+def test_a_partial_download_whose_pairs_straddle_its_absent_shards(tiny_fp8, tmp_path, capsys):
+    """A partial checkpoint (the MTP shards plus the one before them, as a download --only mtp of a release whose
+    shard boundary falls inside a layer gives): a present block scale whose weight is in an absent shard failed the
+    model map ("... weight_scale_inv has no weight ..."), for quantize --mtp-only and inspect alike. Planned now; an
+    MTP weight that is converted while its scale is absent is named with the shard to fetch."""
+    import shutil
+
+    ck = Checkpoint.open(tiny_fp8)
+    wm = ck.weight_map
+    mtp_files = {f for n, f in wm.items() if n.startswith("model.layers.3.")}
+    before = sorted(f for f in set(wm.values()) if f < min(mtp_files))[-1]  # (the shard before the MTP ones)
+    src = tmp_path / "part"
+    shutil.copytree(tiny_fp8, src)
+    keep = mtp_files | {before}
+    for f in set(wm.values()) - keep:
+        (src / f).unlink()
+    assert any(wm[f"{n}_scale_inv"] == before and wm[n] not in keep for n in wm if f"{n}_scale_inv" in wm), \
+        "the fixture has no pair across the kept/absent boundary"
+    out = _quantize(src, tmp_path / "o", "--type", "a8w8_fp8", "--mtp-only")
+    assert out.names() and all(n.startswith("model.layers.3.") for n in out.names())
+    assert main(["inspect", str(src)]) == 0
+    capsys.readouterr()
+    # an MTP weight whose scale is in the absent shard: named, with the shard
+    split = next(n for n in wm if n.startswith("model.layers.3.") and f"{n}_scale_inv" in wm
+                 and wm[n] != wm[f"{n}_scale_inv"])
+    (src / wm[f"{split}_scale_inv"]).unlink()
+    assert main(["quantize", str(src), "--out", str(tmp_path / "o2"), "--type", "a8w8_fp8", "--mtp-only"]) == 1
+    err = capsys.readouterr().err
+    assert f"{split} is converted, and its block scale {split}_scale_inv is in {wm[split + '_scale_inv']}, which is " \
+           "absent" in err, err
+
+
 @pytest.mark.parametrize("gpus,workers,cores,shards,want", [
     ((0,), None, 16, 8, [0, 0, 0, 0]),        # one GPU, 16 cores: 4 workers share it
     ((0,), None, 2, 8, [0]),                  # few cores: one worker per GPU

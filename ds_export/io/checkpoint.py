@@ -51,6 +51,7 @@ class Checkpoint:
     weight_map: dict[str, str]  # tensor name -> file name
     index_metadata: dict = field(default_factory=dict)
     missing_shards: list[str] = field(default_factory=list)  # with partial=True: listed but absent
+    absent: dict[str, str] = field(default_factory=dict)  # with partial=True: the tensors of those (name -> file)
 
     @classmethod
     def open(cls, root: str | os.PathLike, *, need_config: bool = True, partial: bool = False) -> "Checkpoint":
@@ -75,6 +76,7 @@ class Checkpoint:
                                       hint="the download is incomplete: rerun `dsx download`")
             if missing:
                 files = [f for f in files if f not in missing]
+                absent = {n: f for n, f in wm.items() if f in missing}
                 wm = {n: f for n, f in wm.items() if f not in missing}
                 if not files:
                     raise CheckpointError(f"{root}: none of the shards its index lists is present")
@@ -86,7 +88,7 @@ class Checkpoint:
             meta = {}
         else:
             raise CheckpointError(f"{root}: neither {INDEX_NAME} nor {SINGLE_NAME} found")
-        ck = cls(root, config, shards, dict(wm), meta, missing)
+        ck = cls(root, config, shards, dict(wm), meta, missing, absent if missing else {})
         ck._cross_check()
         return ck
 

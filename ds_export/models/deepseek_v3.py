@@ -435,7 +435,10 @@ def map_tensors(names: list[str], cfg: DeepseekV3Config, *, source: str = "check
 
 
 def check_fp8_partners(roles: dict[str, TensorRole], dtypes: dict[str, str], *, source: str = "checkpoint") -> None:
-    for n, r in roles.items():
-        if r.kind == "weight" and dtypes[n] in ("F8_E4M3", "F8_E5M2") and r.scale_name not in roles:
+    """Every FP8 weight of `dtypes` (the tensors present) has its block scale among `roles` (which may also hold the
+    tensors of a partial checkpoint's absent shards)."""
+    for n, dt in dtypes.items():
+        r = roles[n]
+        if r.kind == "weight" and dt in ("F8_E4M3", "F8_E5M2") and r.scale_name not in roles:
             raise ModelMapError(f"{source}: FP8 tensor {n} has no {r.scale_name}",
                                 hint="the checkpoint is incomplete or not block-scaled FP8")

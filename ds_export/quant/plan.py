@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ds_export import __version__
-from ds_export.errors import UsageError
+from ds_export.errors import CheckpointError, UsageError
 from ds_export import formats
 from ds_export.formats import fp8_block, weight_only
 from ds_export.io.checkpoint import INDEX_NAME, Checkpoint
@@ -150,11 +150,12 @@ def build(ck: Checkpoint, recipe: Recipe, *, selection: str = "all") -> Plan:
         raise UsageError(f"selection {selection!r} must be all, base or mtp")
     cfg = ds.DeepseekV3Config.from_dict(ck.config, source=str(ck.root / "config.json"))
     infos = {t.name: t for t in ck.infos()}
-    roles = ds.map_tensors(list(infos), cfg, source=str(ck.root))
+    # (a partial checkpoint, e.g. `dsx download --only mtp`: a present tensor's partner may sit in an absent shard)
+    roles = ds.map_tensors(list(infos) + list(ck.absent), cfg, source=str(ck.root))
     ds.check_fp8_partners(roles, {n: t.dtype for n, t in infos.items()}, source=str(ck.root))
     if selection == "mtp" and not cfg.num_nextn_predict_layers:
         raise UsageError(f"{ck.root}: the checkpoint has no MTP layer (num_nextn_predict_layers is 0)")
-    unused = recipe.unused_rules([r for r in roles.values() if r.kind != "scale_inv"])
+    unused = recipe.unused_rules([roles[n] for n in infos if roles[n].kind != "scale_inv"])
     if unused:
         raise UsageError(f"{recipe.source}:{unused[0].line}: rule matches no tensor of {ck.root}",
                          hint="fix the role/name/regex or remove the rule")
@@ -168,6 +169,10 @@ def build(ck: Checkpoint, recipe: Recipe, *, selection: str = "all") -> Plan:
         if t.type == "skip":
             continue
         src_scale = r.scale_name if info.dtype in ("F8_E4M3", "F8_E5M2") else None
+        if src_scale and src_scale not in infos:  # (listed, in a shard this partial checkpoint lacks)
+            raise CheckpointError(f"{ck.root}: {name} is converted, and its block scale {src_scale} is in "
+                                  f"{ck.absent[src_scale]}, which is absent",
+                                  hint="download that shard too (dsx download, with --include for that file)")
         if src_scale and info.dtype != "F8_E4M3":
             raise UsageError(f"{ck.root}: {name} is {info.dtype}; only F8_E4M3 block-scaled sources are supported")
         if src_scale and t.type == "keep":
