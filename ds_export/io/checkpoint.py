@@ -63,6 +63,7 @@ class Checkpoint:
         config = _load_json(root / "config.json", "config.json") if need_config or (root / "config.json").exists() else {}
         index_path = root / INDEX_NAME
         missing: list[str] = []
+        absent: dict[str, str] = {}
         if index_path.exists():
             index = _load_json(index_path, "index")
             wm = index.get("weight_map")
@@ -88,7 +89,7 @@ class Checkpoint:
             meta = {}
         else:
             raise CheckpointError(f"{root}: neither {INDEX_NAME} nor {SINGLE_NAME} found")
-        ck = cls(root, config, shards, dict(wm), meta, missing, absent if missing else {})
+        ck = cls(root, config, shards, dict(wm), meta, missing, absent)
         ck._cross_check()
         return ck
 
