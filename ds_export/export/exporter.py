@@ -39,7 +39,7 @@ from ds_export.export.quiet import quiet_paddle
 from ds_export.io.checkpoint import Checkpoint
 from ds_export.io.dirlock import exclusive, shared
 from ds_export.io.manifest import Manifest, export_manifest, require_finished
-from ds_export.io.writer import atomic_write_json, check_out_apart
+from ds_export.io.writer import atomic_write_json, check_out_apart, free_bytes
 from ds_export.models import deepseek_v3 as ds
 from ds_export.units import human_bytes
 
@@ -311,7 +311,7 @@ def _disk_full(e: OSError, shown: Path, out: Path, tmp: Path) -> NoReturn:
     """The disk filled while the export was staged (removed by now): the path and what a rerun needs. Paddle's and
     numpy's writes raise it without a file name, and the CLI's generic hint ("rerunning resumes") is not true here."""
     quota = " (the quota is used up)" if e.errno == errno.EDQUOT else ""
-    free = shutil.disk_usage(out.parent).free
+    free = free_bytes(out.parent)
     keep = " (--force keeps the export at OUT until the new one is complete: remove it first if the disk cannot " \
            "hold both)" if out.exists() else ""
     raise DsxError(f"{shown}: the disk is full{quota} while the export was written into {tmp.name}; nothing was "
@@ -324,7 +324,7 @@ def _write_staged(ck: Checkpoint, cfg, weights, src, tmp: Path, *, dtype: str, m
     """The export's files written into the staging directory tmp (its lock held by the caller): programs, configs,
     side files; the manifest comes next."""
     _clear(tmp)  # (what an export stopped before it finished left)
-    need, free = weights.nbytes(), shutil.disk_usage(tmp).free
+    need, free = weights.nbytes(), free_bytes(tmp)
     if need > free:  # (before hours of writing: the weights alone, a lower bound of the export, do not fit)
         raise DsxError(f"{tmp.parent}: the export needs more than {human_bytes(need)} (its weights alone), only "
                        f"{human_bytes(free)} free", hint="free space or choose another --out" + (

@@ -39,7 +39,8 @@ from ds_export.interrupt import Stopped, ignore_sigint, wait_for_workers
 from ds_export.io.checkpoint import INDEX_NAME, Checkpoint
 from ds_export.io.dirlock import exclusive, shared
 from ds_export.io.manifest import MANIFEST_NAME, Manifest
-from ds_export.io.writer import PARTIAL_SUFFIX, ShardWriter, atomic_write_json, check_out_apart, write_index
+from ds_export.io.writer import (PARTIAL_SUFFIX, ShardWriter, atomic_write_json, check_out_apart, free_bytes,
+                                  write_index)
 from ds_export.quant.backend import CpuBackend, CudaBackend
 from ds_export.quant.plan import OutShard, Plan
 from ds_export.quant.transforms import convert
@@ -168,7 +169,7 @@ def _clear(out: Path, old: Manifest | None) -> None:
 
 
 def _check_space(out: Path, need: int) -> None:
-    free = shutil.disk_usage(out).free
+    free = free_bytes(out)
     if need > free:
         raise DsxError(f"{out}: needs {human_bytes(need)}, only {human_bytes(free)} free",
                        hint="free space or choose another --out")
