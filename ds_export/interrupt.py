@@ -11,7 +11,7 @@ SIGINT blocked (sigint_blocked, around the code that spawns them), so that it ca
 starts ("Fatal Python error: init_import_site" and a traceback, before any of our code runs), and ignore it once they
 run (ignore_sigint). multiprocessing starts its resource tracker the same way.
 
-SIGTERM to the dsx command (a scheduler or `kill` stopping it) is handled as Ctrl-C (sigterm_as_ctrl_c): the same
+SIGTERM to the dsx command (a scheduler or `kill` stopping it) is handled as Ctrl-C (handle_stop_signals): the same
 clean stop, the same one line, exit code 143.
 """
 
@@ -29,38 +29,52 @@ class Stopped(Exception):
 
 
 def _on_sigterm(signum, frame):
-    _terminated[0] = True
+    _terminated[0] = _stopped[0] = True
     raise KeyboardInterrupt
 
 
+def _on_sigint(signum, frame):
+    _stopped[0] = True
+    raise KeyboardInterrupt  # (what Python's own handler does)
+
+
 _terminated = [False]
+_stopped = [False]
 
 
-def sigterm_as_ctrl_c() -> None:
+def handle_stop_signals() -> None:
     """In the dsx command's process: SIGTERM (a scheduler, `timeout` or `kill` stopping the command) stops it as Ctrl-C
     does, here and in ctrl_c_as_flag / sigint_blocked, whatever SIGINT's state (a background job of a script starts
     with SIGINT ignored). Before, the process died where it stood, or printed Paddle's C++ "FatalError" block, and
-    left its staging behind."""
+    left its staging behind. Either signal is also noted (stop_requested): a KeyboardInterrupt raised inside a C
+    extension can come out as another exception (Paddle's graph tracing turns it into a SystemError)."""
     signal.signal(signal.SIGTERM, _on_sigterm)
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # (not where SIGINT is ignored)
+        signal.signal(signal.SIGINT, _on_sigint)
 
 
 def terminated() -> bool:
-    """Whether a SIGTERM came (sigterm_as_ctrl_c): the command exits 143, not 130."""
+    """Whether a SIGTERM came (handle_stop_signals): the command exits 143, not 130."""
     return _terminated[0]
 
 
+def stop_requested() -> bool:
+    """Whether Ctrl-C or SIGTERM came since handle_stop_signals: an exception that follows is the stop's."""
+    return _stopped[0]
+
+
 def _ours() -> dict[int, object]:
-    """The stop signals whose Python handler is dsx's to swap: SIGINT with Python's own, SIGTERM with
-    sigterm_as_ctrl_c's."""
+    """The stop signals whose Python handler is dsx's to swap: SIGINT with Python's own (or handle_stop_signals'),
+    SIGTERM with handle_stop_signals'."""
     return {s: h for s, h in ((signal.SIGINT, signal.getsignal(signal.SIGINT)),
                               (signal.SIGTERM, signal.getsignal(signal.SIGTERM)))
-            if h is signal.default_int_handler or h is _on_sigterm}
+            if h in (signal.default_int_handler, _on_sigint, _on_sigterm)}
 
 
 @contextmanager
 def ctrl_c_as_flag() -> Iterator[Callable[[], bool]]:
     """Yields `hit()`: whether Ctrl-C (SIGINT) or a SIGTERM handled as one came since entry. In the main thread with
-    Python's own handler in place (or sigterm_as_ctrl_c's), the signal only sets the flag; elsewhere (another thread,
+    Python's own handler in place (or handle_stop_signals'), the signal only sets the flag; elsewhere (another thread,
     or a handler of the caller's own) nothing changes and `hit()` stays False. The previous handlers are back on
     exit."""
     flag = [False]
@@ -72,7 +86,7 @@ def ctrl_c_as_flag() -> Iterator[Callable[[], bool]]:
     def on_stop(signum, frame):
         if signum == signal.SIGTERM:
             _terminated[0] = True
-        flag[0] = True
+        flag[0] = _stopped[0] = True
 
     for s in ours:
         signal.signal(s, on_stop)

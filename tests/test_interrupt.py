@@ -10,7 +10,7 @@ import time
 import pytest
 
 from ds_export import interrupt
-from ds_export.interrupt import ctrl_c_as_flag, ignore_sigint, sigint_blocked, sigterm_as_ctrl_c, terminated
+from ds_export.interrupt import ctrl_c_as_flag, handle_stop_signals, ignore_sigint, sigint_blocked, terminated
 
 
 def _report(conn) -> None:
@@ -53,14 +53,15 @@ def test_ctrl_c_inside_sigint_blocked_arrives_when_it_ends():
 
 @pytest.fixture
 def sigterm_handled():
-    """sigterm_as_ctrl_c in this (the test's) process, undone after."""
-    before = signal.getsignal(signal.SIGTERM)
-    sigterm_as_ctrl_c()
+    """handle_stop_signals in this (the test's) process, undone after."""
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    handle_stop_signals()
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, before)
-        interrupt._terminated[0] = False
+        signal.signal(signal.SIGTERM, before[0])
+        signal.signal(signal.SIGINT, before[1])
+        interrupt._terminated[0] = interrupt._stopped[0] = False
 
 
 def test_sigterm_is_ctrl_c_everywhere_and_is_told_apart(sigterm_handled):
@@ -101,10 +102,10 @@ def test_paddle_import_keeps_the_sigterm_handler():
     code = """if True:
         import signal
         from ds_export.export.quiet import quiet_paddle
-        from ds_export.interrupt import sigterm_as_ctrl_c, _on_sigterm
+        from ds_export.interrupt import handle_stop_signals, _on_sigterm
         import threading
         quiet_paddle()
-        sigterm_as_ctrl_c()
+        handle_stop_signals()
         t = threading.Thread(target=lambda: __import__("paddle"))  # (the first import may come in a worker thread)
         t.start()
         t.join()

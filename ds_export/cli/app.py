@@ -18,7 +18,7 @@ from ds_export import __version__
 from ds_export.cli import (cmd_download, cmd_export, cmd_generate, cmd_inspect, cmd_quantize, cmd_run, cmd_tiny,
                            cmd_verify)
 from ds_export.errors import DsxError
-from ds_export.interrupt import sigterm_as_ctrl_c, terminated
+from ds_export.interrupt import handle_stop_signals, stop_requested, terminated
 
 app = typer.Typer(
     name="dsx",
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
 
     quiet_paddle()  # (whichever command imports paddle: export, generate, verify's end-to-end check, run)
     if argv is None:  # (the dsx process itself, not a caller's: SIGTERM stops the command as Ctrl-C does)
-        sigterm_as_ctrl_c()
+        handle_stop_signals()
     try:
         rv = app(args=args, prog_name="dsx", standalone_mode=False)
         code = rv if isinstance(rv, int) else 0
@@ -84,6 +84,8 @@ def main(argv: list[str] | None = None) -> int:
             hint += "; rerunning resumes"
         code = _fail(f"{e.strerror or e}: {e.filename or ''}".rstrip(": ") + (f" ({hint})" if hint else ""), 1)
     except Exception as e:  # noqa: BLE001 - the one place every unexpected failure becomes one line
+        if stop_requested():  # (Ctrl-C or SIGTERM raised inside a C extension, which turned it into this)
+            return _finish(argv, _fail(_INTERRUPTED, 130))
         if _is_usage_error(e):
             ctx = getattr(e, "ctx", None)
             hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""

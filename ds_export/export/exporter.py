@@ -37,6 +37,7 @@ from ds_export import __version__
 from ds_export.errors import DsxError, Interrupted, UsageError
 from ds_export.export.quiet import quiet_paddle
 from ds_export.io.checkpoint import Checkpoint
+from ds_export.interrupt import stop_requested
 from ds_export.io.dirlock import exclusive, shared
 from ds_export.io.manifest import Manifest, export_manifest, require_finished
 from ds_export.io.writer import atomic_write_json, check_out_apart, free_bytes
@@ -295,7 +296,9 @@ def export(src: str | os.PathLike, out: str | os.PathLike, *, dtype: str = "floa
                     # partial output is only disk taken (hundreds of GB for R1); the one already at OUT, if --force
                     # was given, is untouched.
                     shutil.rmtree(tmp, ignore_errors=True)
-                    if isinstance(e, KeyboardInterrupt):
+                    # (stop_requested: Paddle's graph tracing turns a KeyboardInterrupt raised inside it into a
+                    # SystemError, "returned a result with an exception set")
+                    if isinstance(e, KeyboardInterrupt) or stop_requested():
                         raise Interrupted(f"interrupted; {shown} was not written" + (
                             " (the one there is unchanged)" if out.exists() else ""),
                             hint="rerun the command: an export starts over") from None
