@@ -84,9 +84,10 @@ def ctrl_c_as_flag() -> Iterator[Callable[[], bool]]:
         return
 
     def on_stop(signum, frame):
-        if signum == signal.SIGTERM:
-            _terminated[0] = True
-        flag[0] = _stopped[0] = True
+        if ours[signum] in (_on_sigint, _on_sigterm):  # (noted as their own handlers note it: handle_stop_signals)
+            _terminated[0] = _terminated[0] or signum == signal.SIGTERM
+            _stopped[0] = True
+        flag[0] = True
 
     for s in ours:
         signal.signal(s, on_stop)
