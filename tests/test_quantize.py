@@ -530,6 +530,41 @@ def test_cli_usage_errors(tiny_fp8, tmp_path, capsys, args, msg):
     assert msg in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("args,n_fp8", [
+    (["--type", "a8w8_fp8", "--arch", "80"], 177),
+    (["--type", "a8w8_fp8_wint4", "--arch", "86"], 33),  # the routed experts are int4: the rest is FP8
+    (["--type", "weight_only_int4", "--mtp-type", "a8w8_fp8", "--arch", "80"], 57),  # the draft's FP8 alone
+])
+def test_fp8_weights_for_a_gpu_without_fp8_are_refused(tiny_fp8, tmp_path, capsys, args, n_fp8):
+    """--arch names the serving GPU; FP8 weights cannot be served below sm_89: refused at plan time (a dry run
+    too), counting the FP8 tensors, with nothing written."""
+    for extra in (["--dry-run"], []):
+        assert main(["quantize", str(tiny_fp8), "--out", str(tmp_path / "o"), "-q", *args, *extra]) == 2
+        err = capsys.readouterr().err
+        assert f"arch {args[-1]} with FP8 weights: {n_fp8} tensors" in err and "sm_89 or newer" in err, err
+        assert len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "o").exists()
+    # the same types at arch 89, and weight-only alone at arch 80, plan
+    assert main(["quantize", str(tiny_fp8), "--out", str(tmp_path / "o"), "-q", "--dry-run", *args[:-1], "89"]) == 0
+    assert main(["quantize", str(tiny_fp8), "--out", str(tmp_path / "o"), "-q", "--dry-run",
+                 "--type", "weight_only_int4", "--mtp-type", "weight_only_int8", "--arch", "80"]) == 0
+
+
+def test_an_fp8_source_kept_by_a_recipe_counts_as_fp8(tiny_fp8, tmp_path, capsys):
+    """`keep` of an FP8 source writes FP8: with 128x128 blocks as a8w8_fp8, with other blocks as they are."""
+    from ds_export.tiny import REAL_CONFIG, TinySpec, write_tiny
+
+    qc = dict(REAL_CONFIG["quantization_config"], weight_block_size=[64, 64])
+    write_tiny(tmp_path / "b64", TinySpec(overrides=(("quantization_config", qc),)))
+    r = tmp_path / "keep.yaml"
+    for src in (tiny_fp8, tmp_path / "b64"):
+        r.write_text("name: keep-all\narch: 80\ndefaults: {linear: keep, other: keep}\n")
+        assert main(["quantize", str(src), "--out", str(tmp_path / "o"), "-q", "--dry-run", "--recipe", str(r)]) == 2
+        assert "arch 80 with FP8 weights" in capsys.readouterr().err
+        r.write_text("name: keep-all\narch: 90\ndefaults: {linear: keep, other: keep}\n")
+        assert main(["quantize", str(src), "--out", str(tmp_path / "o"), "-q", "--dry-run", "--recipe", str(r)]) == 0
+
+
 def test_two_nodes_share_the_work_and_match_one_node(tiny_fp8, tmp_path, monkeypatch):
     args = ["--type", "a8w8_fp8_wint4", "--mtp-type", "weight_only_int8"]
     _quantize(tiny_fp8, tmp_path / "one", *args)

@@ -93,6 +93,18 @@ def test_dry_run_of_the_shipped_recipes_needs_no_metadata_another_repo_does(tmp_
     assert "no local metadata for someone/Other-V3" in capsys.readouterr().err
 
 
+def test_a_deployment_of_fp8_weights_on_a_gpu_without_fp8_is_refused_by_its_dry_run(tmp_path, capsys):
+    """quantize.arch names the serving GPU: FP8 weights at arch 80 are refused when planned, before any download."""
+    fp8 = next(r for r in REAL if load(r).quantize["type"] == "a8w8_fp8_wint4")
+    low = tmp_path / "a100.yaml"
+    low.write_text(fp8.read_text().replace("arch: 90", "arch: 80"))
+    assert "arch: 80" in low.read_text()
+    assert main(["run", str(low), "--dry-run", "--workdir", str(tmp_path / "w")]) == 2
+    err = capsys.readouterr().err
+    assert "arch 80 with FP8 weights" in err and "quantize.arch" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "w").exists()
+
+
 @pytest.mark.parametrize("text,msg", [
     ("name: x\nmodel: {tiny: {}}\nquantize: {type: bf16}\nexport: {tp: 1}\nbogus: 1\n", r":1: unknown key"),
     ("name: x\nmodel: {tiny: {}, repo: a/b}\nquantize: {type: bf16}\nexport: {}\n", "exactly one of repo and tiny"),

@@ -185,6 +185,7 @@ def build(ck: Checkpoint, recipe: Recipe, *, selection: str = "all") -> Plan:
                     r.mtp, outs, bytes_in)
         rel = ck.weight_map[name]
         by_file.setdefault(rel, OutShard("", [rel])).tasks.append(task)
+    _check_fp8_arch([t for s in by_file.values() for t in s.tasks])
     files = [f for f in sorted(by_file) if by_file[f].entries()]
     shards = []
     for i, rel in enumerate(files):
@@ -195,6 +196,26 @@ def build(ck: Checkpoint, recipe: Recipe, *, selection: str = "all") -> Plan:
     plan = Plan(str(ck.root), fp, recipe.describe(), selection, shards, {})
     plan.config = output_config(ck.config, plan, recipe)
     return plan
+
+
+FP8_MIN_ARCH = 89  # FP8 tensor cores: Ada (sm_89) and Hopper (sm_90); a GPU below cannot serve FP8 weights
+
+
+def _writes_fp8(t: Task) -> bool:
+    return t.target.type == "a8w8_fp8" or (t.target.type == "keep" and t.src_dtype == "F8_E4M3")
+
+
+def _check_fp8_arch(tasks: list[Task]) -> None:
+    """A recipe's arch names the GPU the output is served on (it lays out the weight-only bytes); FP8 weights
+    for a GPU without FP8 tensor cores (arch 70..86) cannot be served there: refuse before any work rather than
+    write a checkpoint whose config says sm_80 and whose weights need sm_89."""
+    low = [t for t in tasks if _writes_fp8(t) and t.target.arch < FP8_MIN_ARCH]
+    if low:
+        t = low[0]
+        raise UsageError(f"arch {t.target.arch} with FP8 weights: {len(low)} tensors would be written in FP8 (e.g. "
+                         f"{t.src}, by {t.target.rule}), and FP8 GEMMs need sm_{FP8_MIN_ARCH} or newer",
+                         hint=f"set arch {FP8_MIN_ARCH} or 90 for Ada or Hopper (--arch; quantize.arch in a deployment "
+                              "recipe), or use a weight-only or bf16 type for an older GPU")
 
 
 def output_config(src_cfg: dict, plan: Plan, recipe: Recipe) -> dict:
@@ -210,7 +231,7 @@ def output_config(src_cfg: dict, plan: Plan, recipe: Recipe) -> dict:
             groups.add(t.target.group_size)
         types.setdefault(("mtp." if t.mtp else "") + t.role, ent)
         (mtp_types if t.mtp else base_types).add(t.target.type)
-        uses_fp8 |= t.target.type == "a8w8_fp8" or (t.target.type == "keep" and t.src_dtype == "F8_E4M3")
+        uses_fp8 |= _writes_fp8(t)
     if base_types | mtp_types <= {"bf16", "float32", "keep", "skip"} and not uses_fp8:
         return cfg  # plain bf16 checkpoint: no quantization_config at all
     qc = {
