@@ -34,6 +34,7 @@ from ds_export.interrupt import wait_for_workers
 from ds_export.io.checkpoint import INDEX_NAME
 from ds_export.io.dirlock import exclusive
 from ds_export.io.writer import free_bytes
+from ds_export.units import human_bytes
 
 DEFAULT_WORKERS = 8
 
@@ -76,14 +77,6 @@ class NullReporter:
 
     def note(self, msg):
         pass
-
-
-def _human(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if n < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n} B"
 
 
 def pin(root: Path, hub: Hub, revision: str, commit: str) -> State:
@@ -189,7 +182,7 @@ def _load_json(path: Path) -> dict | None:
 def check_space(root: Path, need: int, what: str) -> None:
     free = free_bytes(root)
     if need > free:
-        raise DownloadError(f"{root}: {_human(need)} to download ({what}) but only {_human(free)} free there",
+        raise DownloadError(f"{root}: {human_bytes(need)} to download ({what}) but only {human_bytes(free)} free there",
                             hint="free some space or choose another --local-dir; nothing was fetched")
 
 
