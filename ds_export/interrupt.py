@@ -143,7 +143,8 @@ def wait_for_workers(start: Callable[[], Sequence[Future]], on_done: Callable[[F
     ctrl_c_as_flag), any of `stops` set by someone else, or an exception out of `on_done`: every event of `stops` is set (the workers abandon their items at their next
     check), the queued futures are cancelled, the running ones are waited for (a second Ctrl-C does not cut that
     short), `on_done` is called for those that finished without an error, and KeyboardInterrupt or the exception
-    goes on up. Returns the futures, all done."""
+    goes on up (KeyboardInterrupt where a stop signal came meanwhile: the failure is the stop's). Returns the futures,
+    all done."""
     handled = set()
     with ctrl_c_as_flag() as hit:
         with sigint_blocked() if processes else nullcontext():  # (a Ctrl-C meanwhile comes when it ends: the flag)
@@ -158,7 +159,7 @@ def wait_for_workers(start: Callable[[], Sequence[Future]], on_done: Callable[[F
                 for f in sorted(done, key=order.__getitem__):
                     handled.add(f)
                     on_done(f)
-        except BaseException:
+        except BaseException as e:
             for s in stops:
                 s.set()
             for f in futs:
@@ -168,5 +169,9 @@ def wait_for_workers(start: Callable[[], Sequence[Future]], on_done: Callable[[F
             for f in futs:
                 if f not in handled and not f.cancelled() and f.exception() is None:
                     on_done(f)
+            if hit() and not isinstance(e, KeyboardInterrupt):
+                # (the stop's doing: a SIGTERM sent to the process group, as `kill -- -PGID` or a scheduler does,
+                # ends the worker processes too, and their pool breaks before this loop looks at the flag)
+                raise KeyboardInterrupt from None
             raise
         return futs

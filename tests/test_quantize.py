@@ -682,6 +682,18 @@ class DyingGpu(CpuStandInGpu):
         os._exit(3)
 
 
+class GroupSigtermGpu(CpuStandInGpu):
+    """SIGTERM to the whole process group (`kill -- -PGID`, a scheduler) at the worker's first conversion: the main
+    process gets it, and the worker, whose SIGTERM keeps its default action, ends at once."""
+
+    def fp8_to_weight_only(self, *a, **k):
+        import os
+        import signal
+
+        os.kill(os.getppid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 class CtrlCGpu(CpuStandInGpu):
     """Ctrl-C at the worker process's first conversion (SIGINT to the main process, as a terminal would also send
     it to the workers, which leave it to the main one); then it waits for the stop event the main process sets."""
@@ -736,6 +748,30 @@ def test_ctrl_c_stops_the_gpu_worker_processes_and_resumes(tiny_fp8, tmp_path, m
     assert _gpu_path(ck, tmp_path / "g", CpuStandInGpu, 1, gpus=(0,))["complete"]
 
 
+def test_sigterm_to_the_process_group_is_a_stop_not_a_dead_worker(tiny_fp8, tmp_path, monkeypatch):
+    """A SIGTERM to the process group ends the GPU worker processes with the main one: the pool breaks, and that is
+    the stop's doing (KeyboardInterrupt, exit 143 in the CLI), not 'a GPU worker process died'; a rerun completes."""
+    from ds_export import interrupt
+
+    monkeypatch.setattr(interrupt, "_terminated", [False])  # (process-global: restored after the test)
+    monkeypatch.setattr(interrupt, "_stopped", [False])
+    (tmp_path / "marks").mkdir()
+    monkeypatch.setenv("DSX_TEST_GPU_MARKS", str(tmp_path / "marks"))
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    ck = Checkpoint.open(tiny_fp8)
+    try:
+        interrupt.handle_stop_signals()
+        with pytest.raises(KeyboardInterrupt):
+            _gpu_path(ck, tmp_path / "g", GroupSigtermGpu, 1, gpus=(0,))
+        assert interrupt.terminated()
+    finally:
+        for s, h in handlers.items():
+            signal.signal(s, h)
+    assert not Manifest.load(tmp_path / "g").complete and not list((tmp_path / "g").glob("*.partial"))
+    assert not (tmp_path / "g" / "model.safetensors.index.json").exists()
+    assert _gpu_path(ck, tmp_path / "g", CpuStandInGpu, 1, gpus=(0,))["complete"]
+
+
 def test_a_dead_gpu_worker_is_one_clear_error_and_resumable(tiny_fp8, tmp_path, monkeypatch):
     marks = tmp_path / "marks"
     marks.mkdir()
@@ -744,7 +780,7 @@ def test_a_dead_gpu_worker_is_one_clear_error_and_resumable(tiny_fp8, tmp_path, 
     with pytest.raises(DsxError) as e:
         _gpu_path(ck, tmp_path / "g", DyingGpu, 2)
     assert "GPU worker process died" in str(e.value) and "--workers" in e.value.hint
-    assert not Manifest.load(tmp_path / "g").complete
+    assert not Manifest.load(tmp_path / "g").complete and not list((tmp_path / "g").glob("*.partial"))
     assert not (tmp_path / "g" / "model.safetensors.index.json").exists()  # does not look complete
     res = _gpu_path(ck, tmp_path / "g", CpuStandInGpu, 2)
     assert res["complete"]

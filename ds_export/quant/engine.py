@@ -397,6 +397,9 @@ def _run_gpu_processes(ck: Checkpoint, out: Path, todo: list[OutShard], chunk_by
     finally:
         drained.set()
         drainer.join()
+        for s in todo:  # (the pool is shut down: a worker that was killed, or died, left its shard's partial file)
+            if s.file not in manifest.files:
+                (out / (s.file + PARTIAL_SUFFIX)).unlink(missing_ok=True)
 
 
 def _merge_nodes(ck: Checkpoint, plan: Plan, out: Path, n_nodes: int) -> bool:
