@@ -19,6 +19,7 @@ def summarize(path: str | Path) -> dict:
         # (every tensor the index lists: in a partial checkpoint a present scale's weight may be in an absent shard)
         roles = ds.map_tensors(list(infos) + list(ck.absent), cfg, source=str(path))
         ds.check_fp8_partners(roles, {n: t.dtype for n, t in infos.items()}, source=str(path))
+        ds.check_shapes({n: t.shape for n, t in infos.items() if t.dtype != "I8"}, cfg, source=str(path))  # (I8: packed)
         by_role: dict[tuple[bool, str], dict] = {}
         order = {r: i for i, r in enumerate(ds.ROLES)}
         for n, t in infos.items():

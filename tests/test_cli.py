@@ -34,6 +34,30 @@ def test_tiny_then_inspect_json(tmp_path, capsys):
     assert s["total_bytes"] == sum(r["bytes"] for r in s["roles"])
 
 
+@pytest.mark.parametrize("patch,msg", [
+    ({"intermediate_size": 3}, "model.layers.0.mlp.gate_proj.weight is [320, 256], but config.json (hidden_size 256, "
+                               "intermediate_size 3) implies [3, 256]; 2 more tensors disagree"),
+    ({"n_shared_experts": None}, "model.layers.1.mlp.shared_experts.down_proj.weight is not a tensor of the model "
+                                 "config.json describes"),
+])
+def test_a_config_that_does_not_describe_the_weights_is_refused(tiny_fp8, tmp_path, capsys, patch, msg):
+    """A config.json edited, or taken from another model, over these weights: names and dtypes fit, shapes do not.
+    inspect, quantize and export refuse it (quantize copied it into its output, export into the programs), one line,
+    exit 1, nothing written."""
+    import shutil
+
+    src = tmp_path / "src"
+    shutil.copytree(tiny_fp8, src)
+    cfg = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**cfg, **patch}))
+    for args in (["inspect", str(src)], ["quantize", str(src), "--out", str(tmp_path / "q"), "--type", "a8w8_fp8"],
+                 ["export", str(src), "--out", str(tmp_path / "e")]):
+        assert main([*args, "-q"] if args[0] != "inspect" else args) == 1, args
+        err = capsys.readouterr().err
+        assert msg in err and len(err.strip().splitlines()) == 1, (args, err)
+    assert not (tmp_path / "q").exists() and not (tmp_path / "e").exists()
+
+
 def test_inspect_human(tiny_fp8, capsys):
     assert main(["inspect", str(tiny_fp8)]) == 0
     out = capsys.readouterr().out

@@ -92,10 +92,41 @@ def test_mtp_layers_follow_config():
     ({"n_group": 3}, "divisible"),
     ({"topk_group": 9}, "topk_group"),
     ({"quantization_config": {"quant_method": "fp8", "weight_block_size": [128]}}, "weight_block_size"),
+    ({"hidden_size": True}, "non-integer keys hidden_size"),
+    ({"n_shared_experts": "1"}, "n_shared_experts '1': expected a non-negative integer or null"),
+    ({"q_lora_rank": 1536.0}, "q_lora_rank 1536.0"),
+    ({"num_nextn_predict_layers": -1}, "num_nextn_predict_layers -1"),
+    ({"moe_layer_freq": False}, "moe_layer_freq False"),
 ])
 def test_bad_config(patch, msg):
     with pytest.raises(ModelMapError, match=msg):
         ds.DeepseekV3Config.from_dict(dict(REAL_CONFIG, **patch))
+
+
+def test_optional_integers_may_be_null():
+    c = ds.DeepseekV3Config.from_dict(dict(REAL_CONFIG, n_shared_experts=None, num_nextn_predict_layers=None))
+    assert (c.n_shared_experts, c.num_nextn_predict_layers) == (0, 0)
+
+
+def test_shapes_agree_with_the_config(real, real_tensors):
+    """check_shapes: R1's own shapes pass; a config.json that does not describe the weights (an edited width, a
+    vocabulary, shared experts the config says are absent) is refused naming the tensor, the keys and the shape."""
+    shapes = {n: t.shape for n, t in real_tensors.items()}
+    ds.check_shapes(shapes, real, source="r1")
+    ds.check_shapes({n: s for n, s in shapes.items() if ".layers.61." in n}, real, source="r1")  # a partial one
+    for patch, msg in [
+        ({"intermediate_size": 3}, r"r1: model.layers.0.mlp.gate_proj.weight is \[18432, 7168\], but config.json "
+                                   r"\(hidden_size 7168, intermediate_size 3\) implies \[3, 7168\]; 8 more tensors"),
+        ({"vocab_size": 1000}, r"model.embed_tokens.weight is \[129280, 7168\].*vocab_size 1000"),
+        ({"n_shared_experts": 2}, r"shared_experts.gate_proj.weight is \[2048, 7168\].*n_shared_experts 2"),
+        ({"kv_lora_rank": 256}, r"kv_a_layernorm.weight is \[512\], but config.json \(kv_lora_rank 256\) implies "
+                                r"\[256\]"),
+        ({"n_shared_experts": None}, r"model.layers.3.mlp.shared_experts.gate_proj.weight is not a tensor of the "
+                                     r"model config.json describes.*; 176 more"),  # (59 MoE layers x 3)
+    ]:
+        cfg = ds.DeepseekV3Config.from_dict(dict(REAL_CONFIG, **patch))
+        with pytest.raises(ModelMapError, match=msg):
+            ds.check_shapes(shapes, cfg, source="r1")
 
 
 def test_partners(real):

@@ -342,6 +342,8 @@ def load_weights(src: Checkpoint | str | os.PathLike, dtype: str = "float32", *,
         keep_fp8 = (ckpt.config.get("quantization_config") or {}).get("quant_method") == "dsx"
     rd = _Reader(ckpt, cfg, dtype, keep_fp8=bool(keep_fp8) and not dequantize, keep_wo=not dequantize,
                  reference=dequantize, lazy=lazy)
+    ds.check_shapes({n: rd.logical_shape(n) for names in (top_names, *layer_names.values()) for n in names}, cfg,
+                    source=str(ckpt.root))
     top = {r.role: rd.tensor(n, r.role) for n, r in top_names.items()}
     if "lm_head" not in top:  # tie_word_embeddings
         e = top["embed"]

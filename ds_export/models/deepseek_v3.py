@@ -35,6 +35,8 @@ _REQUIRED = (
     "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "vocab_size", "n_routed_experts",
     "num_experts_per_tok", "first_k_dense_replace",
 )
+_OPTIONAL_INTS = ("q_lora_rank", "n_shared_experts", "n_group", "topk_group", "moe_layer_freq",
+                  "num_nextn_predict_layers")
 
 
 @dataclass(frozen=True)
@@ -68,9 +70,15 @@ class DeepseekV3Config:
         mt = cfg.get("model_type")
         if mt not in MODEL_TYPES:
             raise ModelMapError(f"{source}: model_type is {mt!r}, dsx supports {', '.join(MODEL_TYPES)}")
-        missing = [k for k in _REQUIRED if not isinstance(cfg.get(k), int)]
+        missing = [k for k in _REQUIRED if not isinstance(cfg.get(k), int) or isinstance(cfg.get(k), bool)]
         if missing:
             raise ModelMapError(f"{source}: missing or non-integer keys {', '.join(missing)}")
+        # (optional keys: absent or null take their default; a string such as "1" is refused, not read as 1: the
+        # serving stack reads the same config.json, where "1" times an int is a string)
+        odd = [f"{k} {cfg[k]!r}" for k in _OPTIONAL_INTS if cfg.get(k) is not None
+               and (not isinstance(cfg[k], int) or isinstance(cfg[k], bool) or cfg[k] < 0)]
+        if odd:
+            raise ModelMapError(f"{source}: {', '.join(odd)}: expected a non-negative integer or null")
         qc = cfg.get("quantization_config") or {}
         block = None
         if qc.get("quant_method") == "fp8":
@@ -432,6 +440,51 @@ def map_tensors(names: list[str], cfg: DeepseekV3Config, *, source: str = "check
         if r.kind in ("scale_inv", "scale") and r.weight_name not in roles:
             raise ModelMapError(f"{source}: {n} has no weight {r.weight_name}")
     return roles
+
+
+# role -> the config.json keys its shape comes from (besides hidden_size), named in a shape mismatch's message
+_SHAPE_KEYS: dict[str, tuple[str, ...]] = {
+    "embed": ("vocab_size",), "lm_head": ("vocab_size",), "mtp_embed": ("vocab_size",), "mtp_head": ("vocab_size",),
+    "q_proj": ("num_attention_heads", "qk_nope_head_dim", "qk_rope_head_dim"),
+    "q_a": ("q_lora_rank",), "q_a_norm": ("q_lora_rank",),
+    "q_b": ("num_attention_heads", "qk_nope_head_dim", "qk_rope_head_dim", "q_lora_rank"),
+    "kv_a": ("kv_lora_rank", "qk_rope_head_dim"), "kv_a_norm": ("kv_lora_rank",),
+    "kv_b": ("num_attention_heads", "qk_nope_head_dim", "v_head_dim", "kv_lora_rank"),
+    "o_proj": ("num_attention_heads", "v_head_dim"),
+    "dense_gate": ("intermediate_size",), "dense_up": ("intermediate_size",), "dense_down": ("intermediate_size",),
+    "shared_gate": ("moe_intermediate_size", "n_shared_experts"), "shared_up": ("moe_intermediate_size", "n_shared_experts"),
+    "shared_down": ("moe_intermediate_size", "n_shared_experts"),
+    "expert_gate": ("moe_intermediate_size",), "expert_up": ("moe_intermediate_size",),
+    "expert_down": ("moe_intermediate_size",),
+    "router": ("n_routed_experts",), "router_bias": ("n_routed_experts",),
+}
+
+
+def check_shapes(shapes: dict[str, tuple[int, ...]], cfg: DeepseekV3Config, *, source: str = "checkpoint") -> None:
+    """Every weight and bias of `shapes` (name -> logical [out, in] shape, or a vector's) has the shape config.json
+    implies. Names and dtypes alone let a config.json that does not describe the weights through (another model's,
+    or an edited one: intermediate_size 3 over 320-row MLPs): quantize copied it into its output and export into the
+    programs, which a server then loads against weights of other shapes."""
+    def said(role: str) -> str:
+        keys = (() if role in ("q_a_norm", "kv_a_norm", "kv_b", "q_b", "router_bias") else ("hidden_size",)) + \
+            _SHAPE_KEYS.get(role, ())
+        return ", ".join(f"{k} {cfg.raw.get(k)}" for k in keys if k in cfg.raw)
+
+    want = {et.name: et for et in expected_tensors(cfg, fp8=False) if et.role.kind in ("weight", "bias")}
+    bad = [et for name, et in want.items() if name in shapes and tuple(shapes[name]) != et.shape]
+    if bad:
+        et = bad[0]
+        more = f"; {len(bad) - 1} more tensors disagree" if len(bad) > 1 else ""
+        raise ModelMapError(f"{source}: {et.name} is {list(shapes[et.name])}, but config.json ({said(et.role.role)}) "
+                            f"implies {list(et.shape)}{more}",
+                            hint="config.json does not describe these weights: use the config.json that came with them")
+    extra = [r for r in (classify(n, cfg) for n in shapes if n not in want) if r.kind in ("weight", "bias")]
+    if extra:
+        r = extra[0]
+        more = f"; {len(extra) - 1} more" if len(extra) > 1 else ""
+        raise ModelMapError(f"{source}: {r.name} is not a tensor of the model config.json describes "
+                            f"({said(r.role)}){more}",
+                            hint="config.json does not describe these weights: use the config.json that came with them")
 
 
 def check_fp8_partners(roles: dict[str, TensorRole], dtypes: dict[str, str], *, source: str = "checkpoint") -> None:

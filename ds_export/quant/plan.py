@@ -153,6 +153,7 @@ def build(ck: Checkpoint, recipe: Recipe, *, selection: str = "all") -> Plan:
     # (a partial checkpoint, e.g. `dsx download --only mtp`: a present tensor's partner may sit in an absent shard)
     roles = ds.map_tensors(list(infos) + list(ck.absent), cfg, source=str(ck.root))
     ds.check_fp8_partners(roles, {n: t.dtype for n, t in infos.items()}, source=str(ck.root))
+    ds.check_shapes({n: t.shape for n, t in infos.items() if t.dtype != "I8"}, cfg, source=str(ck.root))
     if selection == "mtp" and not cfg.num_nextn_predict_layers:
         raise UsageError(f"{ck.root}: the checkpoint has no MTP layer (num_nextn_predict_layers is 0)")
     unused = recipe.unused_rules([roles[n] for n in infos if roles[n].kind != "scale_inv"])
