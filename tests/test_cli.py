@@ -58,6 +58,26 @@ def test_a_config_that_does_not_describe_the_weights_is_refused(tiny_fp8, tmp_pa
     assert not (tmp_path / "q").exists() and not (tmp_path / "e").exists()
 
 
+@pytest.mark.parametrize("patch,msg", [
+    ({"hidden_act": "gelu"}, "hidden_act 'gelu': export supports DeepSeek-V3's silu"),
+    ({"scoring_func": "softmax"}, "export supports DeepSeek-V3's noaux_tc + sigmoid router"),
+    ({"rope_scaling": {"type": "yarn"}}, "rope_scaling.factor None: expected a positive number"),
+])
+def test_export_refuses_settings_its_programs_do_not_compute(tiny_fp8, tmp_path, capsys, patch, msg):
+    """The programs compute silu MLPs, the sigmoid noaux_tc router and YaRN rope: a config.json that says otherwise
+    is refused (it was exported as if it said silu; a YaRN table without its factor was an internal error)."""
+    import shutil
+
+    src = tmp_path / "src"
+    shutil.copytree(tiny_fp8, src)
+    cfg = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**cfg, **patch}))
+    assert main(["export", str(src), "--out", str(tmp_path / "e"), "-q"]) == 1
+    err = capsys.readouterr().err
+    assert msg in err and len(err.strip().splitlines()) == 1 and "internal error" not in err, err
+    assert not (tmp_path / "e").exists()
+
+
 def test_inspect_human(tiny_fp8, capsys):
     assert main(["inspect", str(tiny_fp8)]) == 0
     out = capsys.readouterr().out

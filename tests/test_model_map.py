@@ -97,15 +97,32 @@ def test_mtp_layers_follow_config():
     ({"q_lora_rank": 1536.0}, "q_lora_rank 1536.0"),
     ({"num_nextn_predict_layers": -1}, "num_nextn_predict_layers -1"),
     ({"moe_layer_freq": False}, "moe_layer_freq False"),
+    ({"rope_theta": "x"}, "rope_theta 'x': expected a positive number"),
+    ({"routed_scaling_factor": "2.5"}, "routed_scaling_factor '2.5'"),
+    ({"rms_norm_eps": float("nan")}, "rms_norm_eps nan: expected a non-negative number"),
+    ({"norm_topk_prob": "yes"}, "norm_topk_prob 'yes': expected true or false"),
+    ({"tie_word_embeddings": "false"}, "tie_word_embeddings 'false'"),  # (was read as True)
+    ({"max_position_embeddings": "4096"}, "max_position_embeddings '4096': expected a positive integer"),
+    ({"rope_scaling": 5}, "rope_scaling 5: expected a mapping or null"),
+    ({"rope_scaling": {"type": "yarn"}}, "rope_scaling.factor None: expected a positive number"),
+    ({"rope_scaling": {**REAL_CONFIG["rope_scaling"], "factor": "40"}}, r"rope_scaling.factor '40'"),
+    ({"rope_scaling": {**REAL_CONFIG["rope_scaling"], "original_max_position_embeddings": 0}},
+     "rope_scaling.original_max_position_embeddings 0"),
+    ({"rope_scaling": {**REAL_CONFIG["rope_scaling"], "mscale": None, "beta_fast": "32"}}, "rope_scaling.beta_fast '32'"),
 ])
 def test_bad_config(patch, msg):
     with pytest.raises(ModelMapError, match=msg):
         ds.DeepseekV3Config.from_dict(dict(REAL_CONFIG, **patch))
 
 
-def test_optional_integers_may_be_null():
-    c = ds.DeepseekV3Config.from_dict(dict(REAL_CONFIG, n_shared_experts=None, num_nextn_predict_layers=None))
+def test_optional_settings_may_be_null_or_absent():
+    c = ds.DeepseekV3Config.from_dict(dict(REAL_CONFIG, n_shared_experts=None, num_nextn_predict_layers=None,
+                                           rope_scaling=None, rope_theta=None, norm_topk_prob=None))
     assert (c.n_shared_experts, c.num_nextn_predict_layers) == (0, 0)
+    ds.DeepseekV3Config.from_dict({k: v for k, v in REAL_CONFIG.items() if k not in (
+        "rope_scaling", "rope_theta", "rms_norm_eps", "routed_scaling_factor", "max_position_embeddings")})
+    ds.DeepseekV3Config.from_dict(dict(REAL_CONFIG, rope_scaling={"type": "yarn", "factor": 40.0,
+                                                                  "original_max_position_embeddings": 4096}))
 
 
 def test_shapes_agree_with_the_config(real, real_tensors):

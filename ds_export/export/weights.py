@@ -336,6 +336,8 @@ def load_weights(src: Checkpoint | str | os.PathLike, dtype: str = "float32", *,
     if cfg.topk_method != "noaux_tc" or cfg.raw.get("scoring_func", "sigmoid") != "sigmoid":
         raise DsxError(f"{ckpt.root}: topk_method {cfg.topk_method!r} / scoring_func "
                        f"{cfg.raw.get('scoring_func')!r}: export supports DeepSeek-V3's noaux_tc + sigmoid router")
+    if cfg.raw.get("hidden_act", "silu") != "silu":  # (the programs' MLPs are SwiGLU: silu(gate) * up)
+        raise DsxError(f"{ckpt.root}: hidden_act {cfg.raw.get('hidden_act')!r}: export supports DeepSeek-V3's silu")
     top_names, layer_names = _group_names(ckpt, cfg)
     _check_complete(ckpt, cfg, None, top_names)
     if keep_fp8 is None:

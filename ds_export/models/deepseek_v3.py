@@ -15,6 +15,7 @@ never hard-coded.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Iterator
@@ -37,6 +38,43 @@ _REQUIRED = (
 )
 _OPTIONAL_INTS = ("q_lora_rank", "n_shared_experts", "n_group", "topk_group", "moe_layer_freq",
                   "num_nextn_predict_layers")
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _check_settings(cfg: dict, source: str) -> None:
+    """The settings the math reads besides the sizes (rope, norm epsilon, router scaling), when present: numbers
+    where numbers go, true/false where flags go, and a YaRN rope_scaling with its factor and original length. A
+    string ("2.5") or a YaRN table without its factor went through to an internal error in export, or was read
+    by dsx as a number while the serving stack reads the same config.json."""
+    def bad(key, v, want):
+        raise ModelMapError(f"{source}: {key} {v!r}: expected {want}",
+                            hint="fix config.json, or take the model repository's own")
+    for k in ("rope_theta", "routed_scaling_factor"):
+        if cfg.get(k) is not None and not (_number(cfg[k]) and cfg[k] > 0):
+            bad(k, cfg[k], "a positive number")
+    if cfg.get("rms_norm_eps") is not None and not (_number(cfg["rms_norm_eps"]) and cfg["rms_norm_eps"] >= 0):
+        bad("rms_norm_eps", cfg["rms_norm_eps"], "a non-negative number")
+    for k in ("norm_topk_prob", "tie_word_embeddings"):
+        if cfg.get(k) is not None and not isinstance(cfg[k], bool):
+            bad(k, cfg[k], "true or false")
+    mpe = cfg.get("max_position_embeddings")
+    if mpe is not None and (not isinstance(mpe, int) or isinstance(mpe, bool) or mpe <= 0):
+        bad("max_position_embeddings", mpe, "a positive integer")
+    rs = cfg.get("rope_scaling")
+    if rs is None:
+        return
+    if not isinstance(rs, dict):
+        bad("rope_scaling", rs, "a mapping or null")
+    if rs.get("type", rs.get("rope_type")) == "yarn":
+        for k in ("factor", "original_max_position_embeddings"):
+            if not (_number(rs.get(k)) and rs[k] > 0):
+                bad(f"rope_scaling.{k}", rs.get(k), "a positive number (YaRN needs it)")
+        for k in ("beta_fast", "beta_slow", "mscale", "mscale_all_dim"):
+            if rs.get(k) is not None and not _number(rs[k]):
+                bad(f"rope_scaling.{k}", rs[k], "a number")
 
 
 @dataclass(frozen=True)
@@ -79,6 +117,7 @@ class DeepseekV3Config:
                and (not isinstance(cfg[k], int) or isinstance(cfg[k], bool) or cfg[k] < 0)]
         if odd:
             raise ModelMapError(f"{source}: {', '.join(odd)}: expected a non-negative integer or null")
+        _check_settings(cfg, source)
         qc = cfg.get("quantization_config") or {}
         block = None
         if qc.get("quant_method") == "fp8":
