@@ -83,6 +83,9 @@ class Checkpoint:
                     raise CheckpointError(f"{root}: none of the shards its index lists is present")
             shards = {rel: SafetensorsFile(root / rel) for rel in files}
             meta = index.get("metadata") or {}
+            if not isinstance(meta, dict):
+                raise CheckpointError(f"{index_path}: metadata is {type(meta).__name__} {meta!r:.40}, not a mapping",
+                                      hint="the index is damaged: re-download it")
         elif (root / SINGLE_NAME).exists():
             shards = {SINGLE_NAME: SafetensorsFile(root / SINGLE_NAME)}
             wm = {name: SINGLE_NAME for name in shards[SINGLE_NAME].tensors}
@@ -107,6 +110,9 @@ class Checkpoint:
             if name not in seen:
                 raise CheckpointError(f"{self.root / rel}: index lists tensor {name!r} but the shard does not hold it")
         total = self.index_metadata.get("total_size")
+        if total is not None and (not isinstance(total, int) or isinstance(total, bool)):
+            raise CheckpointError(f"{self.root / INDEX_NAME}: metadata.total_size is {total!r:.40}, not a byte count",
+                                  hint="the index is damaged: re-download it")
         if isinstance(total, int) and not self.missing_shards:
             have = sum(t.nbytes for s in self.shards.values() for t in s.tensors.values())
             if total != have:
