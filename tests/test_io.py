@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import struct
 import subprocess
@@ -154,10 +155,21 @@ A = {"a": np.zeros(4, np.float32)}
     ({}, {"s1.safetensors": A}, None, "empty weight_map"),
     ({"a": "s1.safetensors"}, {"s1.safetensors": {**A, "x": np.ones(1, np.int8)}}, None, "index maps to None"),
     ({"a": "s1.safetensors"}, {"s1.safetensors": A}, 99, "total_size"),
+    ({"a": "s1.safetensors"}, {"s1.safetensors": A}, "16", "metadata.total_size is '16', not a byte count"),
 ])
 def test_index_checks(tmp_path, wm, files, total, msg):
     _ck(tmp_path, wm, files, total)
     with pytest.raises(CheckpointError, match=msg):
+        Checkpoint.open(tmp_path)
+
+
+@pytest.mark.parametrize("meta", [5, "x", [1]])
+def test_index_metadata_that_is_not_a_mapping(tmp_path, meta):
+    """A damaged index's metadata (a number, a string, a list) was an internal error in every command."""
+    _ck(tmp_path, {"a": "s1.safetensors"}, {"s1.safetensors": A})
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"metadata": meta,
+                                                                       "weight_map": {"a": "s1.safetensors"}}))
+    with pytest.raises(CheckpointError, match="metadata is .*, not a mapping"):
         Checkpoint.open(tmp_path)
 
 
@@ -256,6 +268,34 @@ def test_index_and_manifest(tmp_path):
         f.write(bytes([b[0] ^ 1]))
     assert "sha256 differs" in m2.verify_file("s.safetensors")
     assert "not in the manifest" in m2.verify_file("other")
+
+
+_SHA = "ab" * 32
+
+
+@pytest.mark.parametrize("patch,msg", [
+    ({"files": ["s.safetensors"]}, "files is ['s.safetensors'], expected a mapping"),
+    ({"run": [1]}, "run is [1], expected a mapping"),
+    ({"complete": "yes"}, "complete is 'yes', expected true or false"),
+    ({"files": {"s.safetensors": "x"}}, "the record of s.safetensors is 'x'"),
+    ({"files": {"s.safetensors": {"size": "16", "sha256": _SHA}}}, "the size of s.safetensors is '16'"),
+    ({"files": {"s.safetensors": {"size": True, "sha256": _SHA}}}, "the size of s.safetensors is True"),
+    ({"files": {"s.safetensors": {"size": 16, "sha256": 5}}}, "the sha256 of s.safetensors is 5"),
+    ({"files": {"s.safetensors": {"size": 16, "sha256": _SHA.upper()}}}, "expected 64 hex digits"),
+    ({"files": {"/etc/hostname": {"size": 16, "sha256": _SHA}}}, "'/etc/hostname' is not a path inside"),
+    ({"files": {"../x": {"size": 16, "sha256": _SHA}}}, "'../x' is not a path inside"),
+    ({"files": {"": {"size": 16, "sha256": _SHA}}}, "'' is not a path inside"),
+])
+def test_a_damaged_manifest_is_one_clear_error(tmp_path, patch, msg):
+    """Every reader trusts the manifest's fields (records against files, `complete`): a damaged one was an internal
+    error, taken at face value ("yes"), or sent verify to hash files outside the directory."""
+    m = Manifest(tmp_path, run={"tool": "test"}, files={"a/s.safetensors": {"size": 16, "sha256": _SHA}}, complete=True)
+    m.save()
+    assert Manifest.load(tmp_path).files == m.files  # (a path with a folder is inside)
+    obj = json.loads(m.path.read_text())
+    m.path.write_text(json.dumps({**obj, **patch}))
+    with pytest.raises(CheckpointError, match="damaged manifest: .*" + re.escape(msg)):
+        Manifest.load(tmp_path)
 
 
 def test_mmap_pages_are_released(tiny_fp8):

@@ -41,10 +41,14 @@ class Manifest:
             return None
         try:
             obj = json.loads(p.read_text(encoding="utf-8"))
-            return cls(root, obj["run"], obj["files"], bool(obj["complete"]), name)
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise CheckpointError(f"{p}: unreadable manifest ({e.__class__.__name__})",
                                   hint="delete it and rerun with --force") from None
+        problem = _malformed(obj)
+        if problem:
+            raise CheckpointError(f"{p}: damaged manifest: {problem}",
+                                  hint="rerun the command that wrote this directory, with --force") from None
+        return cls(root, obj["run"], obj["files"], obj["complete"], name)
 
     def content_digest(self) -> str:
         """sha256 over the files it records (path, size, sha256): what a consumer of this output records to tell a
@@ -81,6 +85,33 @@ class Manifest:
         if hash_check and sha256_file(p, progress=progress) != ent["sha256"]:
             return f"{p}: sha256 differs from the manifest (the file changed or is corrupt)"
         return None
+
+
+_HEX = frozenset("0123456789abcdef")
+
+
+def _malformed(obj) -> str | None:
+    """What is wrong with a parsed manifest, or None. Its fields are trusted by every reader (a file's record is
+    compared with the file, `complete` decides whether the directory is finished): a list for `files`, a string
+    for a record or a size, "yes" for `complete` were internal errors or taken at face value, and a record
+    named "/etc/hostname" or "../x" sent verify to hash files outside the directory."""
+    if not isinstance(obj, dict):
+        return f"a {type(obj).__name__}, not a mapping"
+    for key, kind in (("run", dict), ("files", dict), ("complete", bool)):
+        if not isinstance(obj.get(key), kind):
+            return f"{key} is {obj.get(key)!r:.40}, expected {'a mapping' if kind is dict else 'true or false'}"
+    for rel, ent in obj["files"].items():
+        parts = Path(rel).parts
+        if not rel or Path(rel).is_absolute() or ".." in parts or "\\" in rel:
+            return f"file {rel!r:.60} is not a path inside the directory"
+        if not isinstance(ent, dict):
+            return f"the record of {rel} is {ent!r:.40}, expected {{size, sha256}}"
+        size, sha = ent.get("size"), ent.get("sha256")
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            return f"the size of {rel} is {size!r:.40}, expected a byte count"
+        if not isinstance(sha, str) or len(sha) != 64 or not set(sha) <= _HEX:
+            return f"the sha256 of {rel} is {sha!r:.40}, expected 64 hex digits"
+    return None
 
 
 def export_manifest(root: str | os.PathLike) -> "Manifest | None":
