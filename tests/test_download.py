@@ -171,6 +171,21 @@ def test_fake_hub_happy_path_and_selection(fake, source, tmp_path, capsys):
     assert not (tmp_path / "all" / ".dsx-download").exists()  # no partials left
 
 
+@pytest.mark.parametrize("files", [["config.json"], {"config.json": "x"}, 5])
+def test_a_damaged_download_record_is_one_line(fake, source, tmp_path, capsys, files):
+    """.dsx-download.json whose files are not records (a list, a string record) was an internal error on the next
+    run; it is one line saying how to start the verification over, and nothing is fetched."""
+    dest = tmp_path / "d"
+    assert cli(capsys, REPO, "--local-dir", str(dest), "--only", "config")[0] == 0
+    p = dest / ".dsx-download.json"
+    p.write_text(json.dumps({**json.loads(p.read_text()), "files": files}))
+    n = len(fake.gets("*"))
+    rc, out, err = cli(capsys, REPO, "--local-dir", str(dest))
+    assert rc == 1 and "unreadable download record" in err and "delete it" in err, err
+    assert len(err.strip().splitlines()) == 1 and "internal error" not in err
+    assert len(fake.gets("*")) == n
+
+
 def test_a_second_download_into_the_same_directory_is_refused_while_the_first_runs(fake, source, tmp_path, capsys):
     """Two downloads into one directory appended to the same partial files: the second is refused at once while
     another process holds the directory's lock, and runs once it is gone."""

@@ -66,9 +66,12 @@ class State:
             d = json.loads(p.read_text(encoding="utf-8"))
             if d.get("format") != STATE_FORMAT:
                 raise ValueError(f"format {d.get('format')!r}")
+            files = d.get("files") or {}
+            if not isinstance(files, dict) or not all(isinstance(r, dict) for r in files.values()):
+                raise ValueError("files is not a mapping of file records")  # (a record's fields are checked in use)
             return cls(Path(root), d["repo_id"], d["endpoint"], d["revision"], d["commit"], d.get("pinned_at", ""),
-                       dict(d.get("files") or {}))
-        except (ValueError, KeyError, TypeError) as e:
+                       dict(files))
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise DownloadError(f"{p}: unreadable download record ({e})",
                                 hint="delete it to re-verify the files in the directory from scratch") from None
 
