@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 
 from ds_export.cli.app import main
+from ds_export.errors import UsageError
 from ds_export.formats import weight_only
 from ds_export.io.checkpoint import Checkpoint
 from ds_export.io.manifest import Manifest
@@ -289,6 +291,26 @@ def test_gate_file(outputs, tiny_fp8, tmp_path, capsys):
     capsys.readouterr()
     assert main(["verify", str(outputs / "mix"), "--gate", str(tmp_path / "none.yaml")]) == 2
     assert "none.yaml: gate file not found" in capsys.readouterr().err  # (was "recipe not found")
+
+
+@pytest.mark.parametrize("text,msg", [
+    ("min_sqnr_db:\n  weight_only_int4: .nan\n", "min_sqnr_db.weight_only_int4 is nan, expected a finite number"),
+    ("min_sqnr_db:\n  weight_only_int4: thirty\n", "min_sqnr_db.weight_only_int4 is 'thirty'"),
+    ("kernel_max_rel_err: .inf\n", "kernel_max_rel_err is inf"),
+    ("e2e_max_kl: true\n", "e2e_max_kl is True"),
+    ("e2e_min_top1: null\n", "e2e_min_top1 is None"),
+])
+def test_a_gate_that_is_not_a_finite_number_is_refused(tmp_path, text, msg):
+    """A NaN gate passed everything (every comparison with NaN is false), a string was an internal error."""
+    from ds_export.verify import load_gates
+
+    g = tmp_path / "g.yaml"
+    g.write_text(text)
+    with pytest.raises(UsageError, match=re.escape(msg)):
+        load_gates(g)
+    g.write_text("min_sqnr_db:\n  weight_only_int4: 30\nkernel_max_rel_err: 0.01\ne2e_min_top1: 1\n")
+    assert load_gates(g) == {"min_sqnr_db": {"weight_only_int4": 30.0}, "kernel_max_rel_err": 0.01,
+                             "e2e_min_top1": 1.0}
 
 
 def test_end_to_end_logits_of_an_export(outputs, tiny_fp8, tmp_path, capsys):

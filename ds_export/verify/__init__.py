@@ -35,9 +35,16 @@ def load_gates(path: str | Path) -> dict:
     if bad or not isinstance(sq, dict) or set(sq) - set(MIN_SQNR):
         raise UsageError(f"{path}: gates take min_sqnr_db ({', '.join(MIN_SQNR)}), kernel_max_rel_err, "
                          "e2e_max_kl and e2e_min_top1", hint="see docs/numerics.md")
-    out = {"min_sqnr_db": {k: float(v) for k, v in sq.items()},
-           "kernel_max_rel_err": float(obj.get("kernel_max_rel_err", KERNEL_GATE))}
-    out.update({k: float(obj[k]) for k in ("e2e_max_kl", "e2e_min_top1") if k in obj})
+
+    def number(key: str, v) -> float:
+        # (a string was an internal error; NaN, which every comparison fails, let everything through the gate)
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+            raise UsageError(f"{path}: {key} is {v!r}, expected a finite number", hint="see docs/numerics.md")
+        return float(v)
+
+    out = {"min_sqnr_db": {k: number(f"min_sqnr_db.{k}", v) for k, v in sq.items()},
+           "kernel_max_rel_err": number("kernel_max_rel_err", obj.get("kernel_max_rel_err", KERNEL_GATE))}
+    out.update({k: number(k, obj[k]) for k in ("e2e_max_kl", "e2e_min_top1") if k in obj})
     return out
 
 
