@@ -118,12 +118,47 @@ def test_a_deployment_of_fp8_weights_on_a_gpu_without_fp8_is_refused_by_its_dry_
     ("name: x\nmodel: {tiny: {}}\nquantize: {type: bf16}\nexport: {}\nverify: {device: tpu}\n", "verify.device"),
     ("name: x\nmodel: {tiny: {}}\nquantize: {type: bf16}\nexport: {}\nverify: {experts: -1}\n", "verify.experts = -1"),
     ("name: x\nmodel: {tiny: {}}\nquantize: {type: bf16}\nexport: {}\nverify: {samples: -1}\n", "verify.samples = -1"),
+    ("name: x\nmodel: {tiny: {}}\nquantize: {type: bf16}\nexport: {max_seq_len: -1}\n", "export.max_seq_len must be >= 2"),
+    ("name: x\nmodel: {tiny: {}}\nquantize: {type: bf16}\nexport: {block_size: 0}\n", "export.block_size >= 1"),
+    ("name: x\nmodel: {tiny: {}}\nquantize: {type: bf16}\nexport: {dtype: float64}\n",
+     "export.dtype one of float32, bfloat16, float16"),
 ])
 def test_recipe_validation(tmp_path, text, msg):
     p = tmp_path / "r.yaml"
     p.write_text(textwrap.dedent(text))
     with pytest.raises(UsageError, match=msg):
         load(p)
+
+
+def test_float16_exports_are_a_recipe_setting_too(tmp_path):
+    p = tmp_path / "r.yaml"
+    p.write_text("name: x\nmodel: {tiny: {}}\nquantize: {type: bf16}\nexport: {dtype: float16}\n")
+    assert load(p).export["dtype"] == "float16"  # (export writes it; the recipe refused it)
+
+
+@pytest.mark.parametrize("export,msg", [
+    ("{tp: 3}", "export section: --tp 3: {src}: num_attention_heads {heads} is not divisible by 3"),
+    ("{max_seq_len: 1000000}", "export section: --max-seq-len 1000000: above the model's max_position_embeddings "
+                               "163840"),
+])
+@pytest.mark.parametrize("base", ["tiny.yaml", "r1-wint4-tp8.yaml"])
+def test_a_bad_export_section_is_found_before_the_first_step(tmp_path, capsys, base, export, msg):
+    """The export section against the model's config.json (tensor-parallel split, cache length): export refused it
+    only when its step came, after R1's download and conversion (hours); now the dry run and the run itself refuse
+    it before any step, from the tiny recipe's config or dsx's bundled copy of R1's."""
+    r = tmp_path / "r.yaml"
+    text = (Path("recipes") / base).read_text()
+    r.write_text("\n".join(f"export: {export}" if line.startswith("export:") else line for line in text.splitlines()))
+    tiny = base == "tiny.yaml"
+    want = msg.format(src=f"{r} (model.tiny)" if tiny else "config.json of dsx's bundled metadata of "
+                      "deepseek-ai/DeepSeek-R1", heads=4 if tiny else 128)
+    assert main(["run", str(r), "--dry-run", "--workdir", str(tmp_path / "w")]) == 2
+    err = capsys.readouterr().err
+    assert want in err and len(err.strip().splitlines()) == 1, err
+    assert main(["run", str(r), "--workdir", str(tmp_path / "w")]) == 2  # (no network: it stops before the download)
+    err = capsys.readouterr().err
+    assert "export section: --" in err and len(err.strip().splitlines()) == 1, err
+    assert not [p for p in (tmp_path / "w").rglob("*") if p.is_file() and not p.name.startswith(".")]
 
 
 def test_tiny_recipe_runs_end_to_end_and_resumes(tmp_path, capsys):

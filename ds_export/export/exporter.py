@@ -230,13 +230,27 @@ def _write_ranks_in_processes(src, tmp: Path, tp: int, workers: int, dtype: str,
             recv.close()
 
 
+def check_settings(cfg: ds.DeepseekV3Config, *, tp: int, max_seq_len: int, speculate: bool, source: Path) -> None:
+    """The export settings against the model's config.json (`source`): the tensor-parallel split, the cache length
+    against the rope's, a draft that exists. Export checks them first; dsx run checks them before its first step, so
+    that a recipe's bad export section does not wait for the download and the conversion to be found."""
+    from ds_export.export.tp import check_tp
+
+    check_tp(cfg, tp, str(source))
+    longest = cfg.raw.get("max_position_embeddings")
+    if isinstance(longest, int) and max_seq_len > longest:  # (rope tables of --max-seq-len rows are built)
+        raise UsageError(f"--max-seq-len {max_seq_len}: above the model's max_position_embeddings {longest} "
+                         f"({source}), the longest context its rope is made for", hint=f"give at most {longest}")
+    if speculate and not cfg.num_nextn_predict_layers:
+        raise UsageError(f"{source}: --speculate needs an MTP layer, and num_nextn_predict_layers is 0")
+
+
 def export(src: str | os.PathLike, out: str | os.PathLike, *, dtype: str = "float32", max_seq_len: int = 4096,
            block_size: int = 64, tp: int = 1, speculate: bool = False, draft_tokens: int = 1,
            force: bool = False, workers: int | None = None) -> dict:
     """workers: rank processes at once for tp > 1 (None: default_workers; 1: one rank after another)."""
     quiet_paddle()
 
-    from ds_export.export.tp import check_tp
     from ds_export.export.weights import load_weights
 
     shown = Path(out)  # (the path as given, in messages and the result)
@@ -264,14 +278,7 @@ def export(src: str | os.PathLike, out: str | os.PathLike, *, dtype: str = "floa
         require_finished(src, "dsx export")
         with Checkpoint.open(src) as ck:
             cfg = ds.DeepseekV3Config.from_dict(ck.config, source=str(Path(src) / "config.json"))
-            check_tp(cfg, tp, str(Path(src) / "config.json"))
-            longest = cfg.raw.get("max_position_embeddings")
-            if isinstance(longest, int) and max_seq_len > longest:  # (rope tables of --max-seq-len rows are built)
-                raise UsageError(f"--max-seq-len {max_seq_len}: above the model's max_position_embeddings {longest} "
-                                 f"({Path(src) / 'config.json'}), the longest context its rope is made for",
-                                 hint=f"give at most {longest}")
-            if speculate and not cfg.num_nextn_predict_layers:
-                raise UsageError(f"{src}: --speculate needs an MTP layer, and num_nextn_predict_layers is 0")
+            check_settings(cfg, tp=tp, max_seq_len=max_seq_len, speculate=speculate, source=Path(src) / "config.json")
             weights = load_weights(ck, dtype, include_mtp=speculate, lazy=True)  # shapes now, data when written
             if speculate and not weights.mtp:
                 raise UsageError(f"{src}: --speculate needs the MTP layer's tensors, which are not in the checkpoint")

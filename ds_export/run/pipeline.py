@@ -11,6 +11,7 @@ complete export with the same settings exists), so rerunning the same command co
 from __future__ import annotations
 
 import contextlib
+import json
 import shutil
 import tempfile
 import time
@@ -108,8 +109,44 @@ def _check_inputs(lay: Layout, steps: list[str]) -> None:
                                  hint=f"start from that step: --from-step {producer}")
 
 
+def _check_export_section(dep: Deployment, config: dict, source: str) -> None:
+    """The recipe's export section against the model's config.json (export.check_settings), named as the recipe's."""
+    from ds_export.export.exporter import check_settings
+    from ds_export.models import deepseek_v3 as ds
+
+    e = dep.export
+    try:
+        check_settings(ds.DeepseekV3Config.from_dict(config, source=source), tp=int(e.get("tp", 1)),
+                       max_seq_len=int(e.get("max_seq_len", 4096)), speculate=bool(e.get("speculate")),
+                       source=Path(source))
+    except UsageError as err:
+        raise UsageError(f"{dep.source}: export section: {err}", hint=err.hint) from None
+
+
+def _model_config(dep: Deployment, lay: Layout) -> tuple[dict, str] | None:
+    """The model's config.json before any step runs: the tiny recipe's, the download's, or dsx's bundled copy of
+    the shipped recipes' model; None where none is at hand yet (export checks its settings when it runs)."""
+    from ds_export.run.metadata import BUNDLED
+
+    if dep.tiny:
+        from ds_export.tiny import make_config
+
+        return make_config(_tiny_spec(dep)), f"{dep.source} (model.tiny)"
+    for d in (lay.source, BUNDLED.get(dep.model.get("repo", ""))):
+        if d is not None and (d / "config.json").is_file():
+            try:
+                return json.loads((d / "config.json").read_text(encoding="utf-8")), str(d / "config.json")
+            except (OSError, ValueError):
+                return None  # (the download step reports a damaged config.json as such)
+    return None
+
+
 def _run(dep: Deployment, lay: Layout, steps: list[str], say, progress) -> dict:
     _check_inputs(lay, steps)
+    if "export" in steps:  # (R1's download and conversion take hours: a bad export section is found now)
+        known = _model_config(dep, lay)
+        if known is not None:
+            _check_export_section(dep, *known)
     done: dict = {"recipe": dep.name, "workdir": str(lay.root), "steps": {}, "seconds": {}}
     t_all = time.monotonic()
     for i, step in enumerate(steps, 1):
@@ -313,6 +350,8 @@ def dry_run(dep: Deployment, workdir: Path, *, metadata: Path | None = None) -> 
             raise UsageError(f"dry run of {dep.source}: no local metadata for {dep.model['repo']}",
                              hint="pass --metadata DIR (config.json + model.safetensors.index.json[.gz])")
         with Checkpoint.open(src) as ck:
+            _check_export_section(dep, ck.config, f"{dep.source} (model.tiny)" if dep.tiny
+                                  else f"config.json of {planned_from}")
             p = plan_mod.build(ck, _recipe(dep), selection=_selection(dep))
             src_bytes = ck.total_bytes()
             mtp_src = sum(ck.info(n).nbytes for n in ck.names() if _is_mtp(ck, n))

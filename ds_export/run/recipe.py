@@ -107,8 +107,12 @@ def _check(d: Deployment, obj, source: str) -> None:
             raise _err(source, line("quantize"), f"quantize.{k} {q[k]!r} is not one of {', '.join(builtin_names())}")
     if q.get("group_size", -1) not in GROUP_SIZES:
         raise _err(source, line("quantize"), f"quantize.group_size must be one of {GROUP_SIZES}")
-    if e.get("tp", 1) < 1 or e.get("dtype", "bfloat16") not in ("float32", "bfloat16"):
-        raise _err(source, line("export"), "export.tp must be >= 1 and export.dtype float32 or bfloat16")
+    from ds_export.export.weights import DTYPES  # (what export writes)
+
+    if e.get("tp", 1) < 1 or e.get("dtype", "bfloat16") not in DTYPES:
+        raise _err(source, line("export"), f"export.tp must be >= 1 and export.dtype one of {', '.join(DTYPES)}")
+    if e.get("max_seq_len", 4096) < 2 or e.get("block_size", 64) < 1:  # (export refused them only after quantize)
+        raise _err(source, line("export"), "export.max_seq_len must be >= 2 and export.block_size >= 1")
     if e.get("speculate") and not q.get("mtp_type"):
         raise _err(source, line("export"), "export.speculate needs quantize.mtp_type (the draft's quant type)")
     if not 1 <= e.get("draft_tokens", 1) <= 5:
