@@ -161,6 +161,23 @@ def test_a_bad_export_section_is_found_before_the_first_step(tmp_path, capsys, b
     assert not [p for p in (tmp_path / "w").rglob("*") if p.is_file() and not p.name.startswith(".")]
 
 
+def test_a_damaged_config_in_the_workdir_is_left_to_the_step_that_reads_it(tmp_path, capsys, monkeypatch):
+    """The check before the first step reads WORKDIR/source/config.json when a download left one: a damaged one (a
+    list) was an internal error there; the run goes on to its download step, which reports what it meets."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")  # (nothing listens there)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    (tmp_path / "w" / "source").mkdir(parents=True)
+    (tmp_path / "w" / "source" / "config.json").write_text("[1]")
+    assert main(["run", str(REAL[0]), "--workdir", str(tmp_path / "w")]) == 1
+    err = capsys.readouterr().err
+    assert "cannot reach http://127.0.0.1:" in err and "internal error" not in err, err
+
+
 def test_tiny_recipe_runs_end_to_end_and_resumes(tmp_path, capsys):
     wd = tmp_path / "wd"
     assert main(["run", "recipes/tiny.yaml", "--workdir", str(wd), "--json"]) == 0

@@ -135,9 +135,11 @@ def _model_config(dep: Deployment, lay: Layout) -> tuple[dict, str] | None:
     for d in (lay.source, BUNDLED.get(dep.model.get("repo", ""))):
         if d is not None and (d / "config.json").is_file():
             try:
-                return json.loads((d / "config.json").read_text(encoding="utf-8")), str(d / "config.json")
+                cfg = json.loads((d / "config.json").read_text(encoding="utf-8"))
             except (OSError, ValueError):
-                return None  # (the download step reports a damaged config.json as such)
+                cfg = None
+            # (a damaged one: the step that reads it reports it as such)
+            return (cfg, str(d / "config.json")) if isinstance(cfg, dict) else None
     return None
 
 
