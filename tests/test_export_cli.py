@@ -114,6 +114,10 @@ def test_errors(exported, tiny_fp8, tmp_path, capsys):
     assert main(["export", str(tiny_fp8), "--out", str(exported)]) == 2  # exists, no --force
     assert "exists" in capsys.readouterr().err
     assert main(["export", str(tiny_fp8), "--out", str(tmp_path / "x"), "--tp", "3"]) == 2
+    capsys.readouterr()
+    # (--draft-tokens was ignored without --speculate: the config said 0 draft tokens)
+    assert main(["export", str(tiny_fp8), "--out", str(tmp_path / "x"), "--draft-tokens", "3"]) == 2
+    assert "--draft-tokens 3 without --speculate" in capsys.readouterr().err and not (tmp_path / "x").exists()
     assert main(["generate", str(exported), "--input-ids", "1,x"]) == 2
     assert main(["generate", str(exported), "--input-ids", "0,1", "--max-new-tokens", "500"]) == 2
     assert "max sequence length" in capsys.readouterr().err

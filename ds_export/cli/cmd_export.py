@@ -10,6 +10,7 @@ import typer
 
 from ds_export.cli.options import Force, Json, OutDir, Quiet
 from ds_export.cli.output import Out
+from ds_export.errors import UsageError
 from ds_export.units import human_bytes
 
 
@@ -20,7 +21,7 @@ def export(
     speculate: Annotated[bool, typer.Option("--speculate", help="Also export the MTP draft into OUT/mtp/.")] = False,
     dtype: Annotated[str, typer.Option("--dtype", help="float32, bfloat16 or float16 (16-bit arithmetic is emulated on CPU: float32 math, rounded).")] = "float32",
     max_seq_len: Annotated[int, typer.Option("--max-seq-len", help="Longest sequence the cache holds (at most the model's max_position_embeddings, 163840 for V3/R1).")] = 4096,
-    draft_tokens: Annotated[int, typer.Option("--draft-tokens", help="Draft tokens per step the export is set up for (1..5).")] = 1,
+    draft_tokens: Annotated[int | None, typer.Option("--draft-tokens", help="With --speculate: draft tokens per step the export is set up for (1..5; default 1).", show_default=False)] = None,
     block_size: Annotated[int, typer.Option("--block-size", help="KV-cache page size in tokens.")] = 64,
     workers: Annotated[int | None, typer.Option("--workers", "-j", help="Ranks exported at once for --tp > 1, each by a process of its own (default: as many as the cores and the available memory allow; 1: one after another).", show_default=False)] = None,
     force: Force = False,
@@ -36,8 +37,12 @@ def export(
     from ds_export.export.exporter import export as run_export
 
     o = Out(json, quiet)
+    if draft_tokens is not None and not speculate:  # (it was ignored: the config says 0 draft tokens)
+        raise UsageError(f"--draft-tokens {draft_tokens} without --speculate: an export without the MTP draft runs "
+                         "no draft tokens", hint="add --speculate to export the draft, or leave --draft-tokens out")
     res = run_export(src, out, dtype=dtype, max_seq_len=max_seq_len, block_size=block_size, tp=tp,
-                     speculate=speculate, draft_tokens=draft_tokens, force=force, workers=workers)
+                     speculate=speculate, draft_tokens=1 if draft_tokens is None else draft_tokens, force=force,
+                     workers=workers)
     o.result(res)
     o.print(f"exported {len(res['files'])} files ({human_bytes(res['bytes'])}) to {out}"
             + (" with the MTP draft in mtp/" if speculate else ""))

@@ -115,6 +115,9 @@ def _check(d: Deployment, obj, source: str) -> None:
         raise _err(source, line("export"), "export.max_seq_len must be >= 2 and export.block_size >= 1")
     if e.get("speculate") and not q.get("mtp_type"):
         raise _err(source, line("export"), "export.speculate needs quantize.mtp_type (the draft's quant type)")
+    if "draft_tokens" in e and not e.get("speculate"):  # (it was ignored: the export's config says 0 draft tokens)
+        raise _err(source, line("export"), "export.draft_tokens needs export.speculate: true (without the draft "
+                                           "there are no draft tokens)")
     if not 1 <= e.get("draft_tokens", 1) <= 5:
         raise _err(source, line("export"), "export.draft_tokens must be 1..5 (the seeds' serving limit)")
     if d.verify.get("device", "cpu") not in ("cpu", "cuda"):
