@@ -174,11 +174,37 @@ def test_a_damaged_config_in_the_workdir_is_left_to_the_step_that_reads_it(tmp_p
         port = s.getsockname()[1]
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")  # (nothing listens there)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    from ds_export.io import writer
+
+    monkeypatch.setattr(writer, "free_bytes", lambda p: 1 << 50)  # (R1's pipeline writes 1.2 TiB: past the space check)
     (tmp_path / "w" / "source").mkdir(parents=True)
     (tmp_path / "w" / "source" / "config.json").write_text("[1]")
     assert main(["run", str(REAL[0]), "--workdir", str(tmp_path / "w")]) == 1
     err = capsys.readouterr().err
     assert "cannot reach http://127.0.0.1:" in err and "internal error" not in err, err
+
+
+def test_a_disk_too_small_for_the_whole_pipeline_is_found_before_the_first_step(tmp_path, capsys, monkeypatch):
+    """Each step checked only its own output: on R1 a disk too small for the conversion was found after the
+    download's hours. The run adds up what its steps still write (the dry run's sizes less what their directories
+    hold) and stops before the first one; a rerun after the download counts only what is left."""
+    from ds_export.io import writer
+
+    wd = tmp_path / "w"
+    real = writer.free_bytes
+    monkeypatch.setattr(writer, "free_bytes", lambda p: 1 << 20)
+    assert main(["run", "recipes/tiny.yaml", "--workdir", str(wd)]) == 1
+    err = capsys.readouterr().err
+    assert "the steps still write" in err and "(download " in err and ", quantize " in err and ", export " in err
+    assert "only 1.00 MiB free" in err and "nothing was started" in err and len(err.strip().splitlines()) == 1, err
+    assert not (wd / "source").exists()
+    monkeypatch.setattr(writer, "free_bytes", real)
+    assert main(["run", "recipes/tiny.yaml", "--workdir", str(wd), "--until-step", "download", "-q"]) == 0
+    monkeypatch.setattr(writer, "free_bytes", lambda p: 1 << 20)
+    assert main(["run", "recipes/tiny.yaml", "--workdir", str(wd), "--from-step", "quantize"]) == 1
+    err = capsys.readouterr().err
+    assert "(quantize " in err and "download" not in err, err  # (the source is there: nothing left to fetch)
+    assert main(["run", "recipes/tiny.yaml", "--workdir", str(wd), "--until-step", "download", "-q"]) == 0
 
 
 def test_tiny_recipe_runs_end_to_end_and_resumes(tmp_path, capsys):

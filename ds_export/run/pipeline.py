@@ -143,12 +143,42 @@ def _model_config(dep: Deployment, lay: Layout) -> tuple[dict, str] | None:
     return None
 
 
+def _bytes_under(d: Path) -> int:
+    return sum(p.stat().st_size for p in d.rglob("*") if p.is_file()) if d.is_dir() else 0
+
+
+def _check_space(dep: Deployment, lay: Layout, steps: list[str]) -> None:
+    """The disk holds what the steps to run still write (the dry run's sizes, less what their directories already
+    hold), or the run stops before its first step: each step checked only its own output, so a disk too small for
+    R1's conversion was found after the download's hours. Skipped where no plan is at hand (another model with no
+    download yet)."""
+    from ds_export.io.writer import free_bytes
+    from ds_export.run.metadata import BUNDLED
+    from ds_export.units import human_bytes
+
+    writes = [s for s in ("download", "quantize", "export") if s in steps]
+    if not writes or not (dep.tiny or (lay.source / INDEX_NAME).exists() or dep.model.get("repo") in BUNDLED):
+        return
+    plan = dry_run(dep, lay.root)
+    size = {"download": plan["download_bytes"], "quantize": plan["quantize"]["bytes_out"],
+            "export": sum(plan["export"]["bytes_per_rank"])}
+    where = {"download": lay.source, "quantize": lay.quantized, "export": lay.export}
+    need = {s: max(0, size[s] - _bytes_under(where[s])) for s in writes}
+    free = free_bytes(lay.root)
+    if sum(need.values()) > free:
+        parts = ", ".join(f"{s} {human_bytes(n)}" for s, n in need.items() if n)
+        raise DsxError(f"{lay.root}: the steps still write {human_bytes(sum(need.values()))} ({parts}), only "
+                       f"{human_bytes(free)} free", hint="free space or choose another --workdir; nothing was started "
+                                                         "(--dry-run shows the plan)")
+
+
 def _run(dep: Deployment, lay: Layout, steps: list[str], say, progress) -> dict:
     _check_inputs(lay, steps)
     if "export" in steps:  # (R1's download and conversion take hours: a bad export section is found now)
         known = _model_config(dep, lay)
         if known is not None:
             _check_export_section(dep, *known)
+    _check_space(dep, lay, steps)
     done: dict = {"recipe": dep.name, "workdir": str(lay.root), "steps": {}, "seconds": {}}
     t_all = time.monotonic()
     for i, step in enumerate(steps, 1):
