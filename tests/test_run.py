@@ -207,6 +207,38 @@ def test_a_disk_too_small_for_the_whole_pipeline_is_found_before_the_first_step(
     assert main(["run", "recipes/tiny.yaml", "--workdir", str(wd), "--until-step", "download", "-q"]) == 0
 
 
+def test_an_interrupted_download_is_resumed_past_the_space_check(tmp_path, capsys, monkeypatch):
+    """A download stopped after its index and config (no shards yet): the space check planned from that source and
+    failed "lists model-00001-of-000163.safetensors, which is missing" instead of letting the download resume; it
+    plans from dsx's bundled metadata then."""
+    import gzip
+    import shutil
+    import socket
+
+    from ds_export.io import writer
+    from ds_export.run.metadata import BUNDLED
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")  # (nothing listens there)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    r1 = BUNDLED["deepseek-ai/DeepSeek-R1"]
+    src = tmp_path / "w" / "source"
+    src.mkdir(parents=True)
+    shutil.copy(r1 / "config.json", src / "config.json")
+    (src / "model.safetensors.index.json").write_bytes(gzip.decompress((r1 / "model.safetensors.index.json.gz")
+                                                                       .read_bytes()))
+    monkeypatch.setattr(writer, "free_bytes", lambda p: 1 << 50)
+    assert main(["run", str(REAL[0]), "--workdir", str(tmp_path / "w")]) == 1
+    err = capsys.readouterr().err
+    assert "cannot reach http://127.0.0.1:" in err and "which is missing" not in err, err  # (the download step ran)
+    monkeypatch.setattr(writer, "free_bytes", lambda p: 1 << 30)
+    assert main(["run", str(REAL[0]), "--workdir", str(tmp_path / "w")]) == 1
+    err = capsys.readouterr().err
+    assert "the steps still write" in err and "only 1.00 GiB free" in err, err
+
+
 def test_tiny_recipe_runs_end_to_end_and_resumes(tmp_path, capsys):
     wd = tmp_path / "wd"
     assert main(["run", "recipes/tiny.yaml", "--workdir", str(wd), "--json"]) == 0

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from ds_export.errors import DsxError, UsageError
+from ds_export.errors import CheckpointError, DsxError, UsageError
 from ds_export.io.checkpoint import INDEX_NAME, Checkpoint
 from ds_export.io.dirlock import exclusive
 from ds_export.io.manifest import Manifest
@@ -157,9 +157,15 @@ def _check_space(dep: Deployment, lay: Layout, steps: list[str]) -> None:
     from ds_export.units import human_bytes
 
     writes = [s for s in ("download", "quantize", "export") if s in steps]
-    if not writes or not (dep.tiny or (lay.source / INDEX_NAME).exists() or dep.model.get("repo") in BUNDLED):
+    bundled = BUNDLED.get(dep.model.get("repo", ""))
+    if not writes or not (dep.tiny or (lay.source / INDEX_NAME).exists() or bundled):
         return
-    plan = dry_run(dep, lay.root)
+    try:
+        plan = dry_run(dep, lay.root)
+    except CheckpointError:  # (an interrupted download: its index is there, shards are not; the step resumes it)
+        if bundled is None:
+            return
+        plan = dry_run(dep, lay.root, metadata=bundled)
     size = {"download": plan["download_bytes"], "quantize": plan["quantize"]["bytes_out"],
             "export": sum(plan["export"]["bytes_per_rank"])}
     where = {"download": lay.source, "quantize": lay.quantized, "export": lay.export}
