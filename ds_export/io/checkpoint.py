@@ -16,6 +16,7 @@ import numpy as np
 
 from ds_export.errors import CheckpointError
 from ds_export.io.safetensors_file import SafetensorsFile, TensorInfo
+from ds_export.values import is_int
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
@@ -110,7 +111,7 @@ class Checkpoint:
             if name not in seen:
                 raise CheckpointError(f"{self.root / rel}: index lists tensor {name!r} but the shard does not hold it")
         total = self.index_metadata.get("total_size")
-        if total is not None and (not isinstance(total, int) or isinstance(total, bool)):
+        if total is not None and not is_int(total):
             raise CheckpointError(f"{self.root / INDEX_NAME}: metadata.total_size is {total!r:.40}, not a byte count",
                                   hint="the index is damaged: re-download it")
         if isinstance(total, int) and not self.missing_shards:

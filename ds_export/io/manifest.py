@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ds_export.errors import CheckpointError
 from ds_export.io.writer import atomic_write_json, sha256_file
+from ds_export.values import is_int
 
 MANIFEST_NAME = "dsx-manifest.json"
 MANIFEST_VERSION = 1
@@ -107,7 +108,7 @@ def _malformed(obj) -> str | None:
         if not isinstance(ent, dict):
             return f"the record of {rel} is {ent!r:.40}, expected {{size, sha256}}"
         size, sha = ent.get("size"), ent.get("sha256")
-        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        if not (is_int(size) and size >= 0):
             return f"the size of {rel} is {size!r:.40}, expected a byte count"
         if not isinstance(sha, str) or len(sha) != 64 or not set(sha) <= _HEX:
             return f"the sha256 of {rel} is {sha!r:.40}, expected 64 hex digits"

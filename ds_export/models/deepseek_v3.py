@@ -15,13 +15,13 @@ never hard-coded.
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
 from typing import Iterator
 
 from ds_export.errors import ModelMapError
 from ds_export.io.dtypes import nbytes
+from ds_export.values import is_int, is_number
 
 ARCHITECTURE = "DeepseekV3ForCausalLM"
 MODEL_TYPES = ("deepseek_v3",)
@@ -40,10 +40,6 @@ _OPTIONAL_INTS = ("q_lora_rank", "n_shared_experts", "n_group", "topk_group", "m
                   "num_nextn_predict_layers")
 
 
-def _number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
 def _check_settings(cfg: dict, source: str) -> None:
     """The settings the math reads besides the sizes (rope, norm epsilon, router scaling), when present: numbers
     where numbers go, true/false where flags go, and a YaRN rope_scaling with its factor and original length. A
@@ -53,15 +49,15 @@ def _check_settings(cfg: dict, source: str) -> None:
         raise ModelMapError(f"{source}: {key} {v!r}: expected {want}",
                             hint="fix config.json, or take the model repository's own")
     for k in ("rope_theta", "routed_scaling_factor"):
-        if cfg.get(k) is not None and not (_number(cfg[k]) and cfg[k] > 0):
+        if cfg.get(k) is not None and not (is_number(cfg[k]) and cfg[k] > 0):
             bad(k, cfg[k], "a positive number")
-    if cfg.get("rms_norm_eps") is not None and not (_number(cfg["rms_norm_eps"]) and cfg["rms_norm_eps"] >= 0):
+    if cfg.get("rms_norm_eps") is not None and not (is_number(cfg["rms_norm_eps"]) and cfg["rms_norm_eps"] >= 0):
         bad("rms_norm_eps", cfg["rms_norm_eps"], "a non-negative number")
     for k in ("norm_topk_prob", "tie_word_embeddings"):
         if cfg.get(k) is not None and not isinstance(cfg[k], bool):
             bad(k, cfg[k], "true or false")
     mpe = cfg.get("max_position_embeddings")
-    if mpe is not None and (not isinstance(mpe, int) or isinstance(mpe, bool) or mpe <= 0):
+    if mpe is not None and not (is_int(mpe) and mpe > 0):
         bad("max_position_embeddings", mpe, "a positive integer")
     rs = cfg.get("rope_scaling")
     if rs is None:
@@ -70,10 +66,10 @@ def _check_settings(cfg: dict, source: str) -> None:
         bad("rope_scaling", rs, "a mapping or null")
     if rs.get("type", rs.get("rope_type")) == "yarn":
         for k in ("factor", "original_max_position_embeddings"):
-            if not (_number(rs.get(k)) and rs[k] > 0):
+            if not (is_number(rs.get(k)) and rs[k] > 0):
                 bad(f"rope_scaling.{k}", rs.get(k), "a positive number (YaRN needs it)")
         for k in ("beta_fast", "beta_slow", "mscale", "mscale_all_dim"):
-            if rs.get(k) is not None and not _number(rs[k]):
+            if rs.get(k) is not None and not is_number(rs[k]):
                 bad(f"rope_scaling.{k}", rs[k], "a number")
 
 
@@ -108,13 +104,13 @@ class DeepseekV3Config:
         mt = cfg.get("model_type")
         if mt not in MODEL_TYPES:
             raise ModelMapError(f"{source}: model_type is {mt!r}, dsx supports {', '.join(MODEL_TYPES)}")
-        missing = [k for k in _REQUIRED if not isinstance(cfg.get(k), int) or isinstance(cfg.get(k), bool)]
+        missing = [k for k in _REQUIRED if not is_int(cfg.get(k))]
         if missing:
             raise ModelMapError(f"{source}: missing or non-integer keys {', '.join(missing)}")
         # (optional keys: absent or null take their default; a string such as "1" is refused, not read as 1: the
         # serving stack reads the same config.json, where "1" times an int is a string)
         odd = [f"{k} {cfg[k]!r}" for k in _OPTIONAL_INTS if cfg.get(k) is not None
-               and (not isinstance(cfg[k], int) or isinstance(cfg[k], bool) or cfg[k] < 0)]
+               and not (is_int(cfg[k]) and cfg[k] >= 0)]
         if odd:
             raise ModelMapError(f"{source}: {', '.join(odd)}: expected a non-negative integer or null")
         _check_settings(cfg, source)

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from ds_export.errors import UsageError
 from ds_export.quant.recipe import GROUP_SIZES, builtin_names, load_yaml
+from ds_export.values import is_int
 
 SECTIONS = {
     "model": {"repo": str, "revision": str, "only": str, "tiny": dict},
@@ -124,7 +125,7 @@ def _check(d: Deployment, obj, source: str) -> None:
         raise _err(source, line("verify"), "verify.device must be cpu or cuda")
     for k, least in (("experts", 1), ("samples", 0)):
         v = d.verify.get(k)
-        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < least):
+        if v is not None and not (is_int(v) and v >= least):
             raise _err(source, line("verify"), f"verify.{k} = {v!r}: expected an integer >= {least}"
                        + (" (leave it out to check every expert)" if k == "experts" else ""))
     if m.get("only") == "base" and e.get("speculate"):

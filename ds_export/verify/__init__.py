@@ -16,6 +16,7 @@ from ds_export.errors import DsxError, UsageError
 from ds_export.io.checkpoint import Checkpoint
 from ds_export.io.dirlock import shared
 from ds_export.models import deepseek_v3 as ds
+from ds_export.values import is_number
 from ds_export.verify.integrity import FileChecks, Finding, check_config, check_files, check_tensors
 from ds_export.verify.kernels import check_kernels
 from ds_export.verify.progress import QUIET, Reporter
@@ -38,7 +39,7 @@ def load_gates(path: str | Path) -> dict:
 
     def number(key: str, v) -> float:
         # (a string was an internal error; NaN, which every comparison fails, let everything through the gate)
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+        if not is_number(v):
             raise UsageError(f"{path}: {key} is {v!r}, expected a finite number", hint="see docs/numerics.md")
         return float(v)
 
