@@ -12,6 +12,7 @@ import pytest
 from ds_export.cli.app import main
 from ds_export.export import runtime
 from ds_export.io.checkpoint import Checkpoint
+from ds_export.io.manifest import Manifest
 
 pytest.importorskip("paddle")
 PROMPTS = [[0, 5, 9, 17, 33, 2], [0, 44, 3, 2, 250, 7]]
@@ -193,6 +194,50 @@ def test_force_removes_only_an_export(exported, tiny_fp8, tmp_path, capsys):
     for out in (again, tmp_path / "empty"):
         assert main(["export", str(src), "--out", str(out), "--force", "--max-seq-len", "64", "-q"]) == 0
         assert json.loads((out / "config.json").read_text())["infer_model_max_seq_len"] == 64
+
+
+def test_generate_refuses_an_edit_that_keeps_the_size(exported, tmp_path, capsys):
+    """generate compared only sizes with the manifest: config.json's eos_token_id 1 -> 2, or a flipped byte of a
+    parameter file, ran as if intact. Files up to HASHED_ON_LOAD are hashed before loading (the tiny export's are all
+    small); the untouched copy still runs."""
+    import shutil
+
+    from ds_export.export.exporter import HASHED_ON_LOAD
+
+    for rel in ("config.json", "model.pdiparams", "mtp/model.json"):
+        out = tmp_path / rel.replace("/", "_")
+        shutil.copytree(exported, out)
+        assert (out / rel).stat().st_size <= HASHED_ON_LOAD
+        b = bytearray((out / rel).read_bytes())
+        if rel == "config.json":
+            b = bytearray(bytes(b).replace(b'"eos_token_id": 1,', b'"eos_token_id": 2,', 1))
+            assert b != (exported / rel).read_bytes()
+        else:
+            b[len(b) // 2] ^= 4
+        (out / rel).write_bytes(bytes(b))
+        assert main(["generate", str(out), "--input-ids", "0,5", "--max-new-tokens", "1", "-q"]) == 1
+        err = capsys.readouterr().err
+        assert f"{rel}: sha256 differs from the manifest" in err and "run dsx export again" in err, err
+    assert main(["generate", str(exported), "--input-ids", "0,5", "--max-new-tokens", "1", "-q"]) == 0
+
+
+def test_force_replaces_an_export_whose_manifest_is_damaged(exported, tiny_fp8, tmp_path, capsys):
+    """generate on an export whose dsx-manifest.json is damaged says to export again with --force, and --force
+    refused the directory as "not a dsx export". One that holds nothing but an export's files is replaced; one with
+    a file of the user's beside them is still refused, untouched."""
+    import shutil
+
+    out = tmp_path / "e"
+    shutil.copytree(exported, out)
+    (out / "dsx-manifest.json").write_text("[")
+    assert main(["generate", str(out), "--input-ids", "0,5", "--max-new-tokens", "1", "-q"]) == 1
+    assert "with --force" in capsys.readouterr().err
+    (out / "notes.txt").write_text("mine")
+    assert main(["export", str(tiny_fp8), "--out", str(out), "--force", "--max-seq-len", "64", "-q"]) == 2
+    assert "not a dsx export" in capsys.readouterr().err and (out / "notes.txt").is_file()
+    (out / "notes.txt").unlink()
+    assert main(["export", str(tiny_fp8), "--out", str(out), "--force", "--max-seq-len", "64", "-q"]) == 0
+    assert json.loads((out / "config.json").read_text())["infer_model_max_seq_len"] == 64
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
@@ -420,13 +465,15 @@ def test_max_seq_len_beyond_the_models_context_is_refused(tiny_fp8, tmp_path, ca
 
 
 def test_a_program_damaged_in_place_is_one_line_naming_it(exported, tmp_path, capsys):
-    """dsx generate checks an export's file sizes, not its bytes: a model.json damaged in place (same size) reached
-    the user as "internal error: RuntimeError: std::exception" from Paddle's loader."""
+    """A model.json that Paddle's loader cannot read reached the user as "internal error: RuntimeError:
+    std::exception". (generate now hashes the programs against the manifest, which catches a file damaged after the
+    export; the manifest is rewritten here to match, as for a program written wrong in the first place.)"""
     bad = tmp_path / "bad"
     shutil.copytree(exported, bad)
     text = bytearray((bad / "model.json").read_bytes())
     text[:8] = b"XXXXXXXX"
     (bad / "model.json").write_bytes(bytes(text))
+    Manifest.load(bad).record_file("model.json")
     assert main(["generate", str(bad), "--input-ids", "0,1", "--max-new-tokens", "1", "-q"]) == 1
     err = capsys.readouterr().err
     assert f"{bad / 'model'}.json / .pdiparams: Paddle Inference cannot load this program" in err, err

@@ -276,6 +276,9 @@ _SHA = "ab" * 32
 @pytest.mark.parametrize("patch,msg", [
     ({"files": ["s.safetensors"]}, "files is ['s.safetensors'], expected a mapping"),
     ({"run": [1]}, "run is [1], expected a mapping"),
+    ({"version": []}, "version is [], expected a positive integer"),
+    ({"version": True}, "version is True, expected a positive integer"),
+    ({"version": 0}, "version is 0, expected a positive integer"),
     ({"complete": "yes"}, "complete is 'yes', expected true or false"),
     ({"files": {"s.safetensors": "x"}}, "the record of s.safetensors is 'x'"),
     ({"files": {"s.safetensors": {"size": "16", "sha256": _SHA}}}, "the size of s.safetensors is '16'"),
@@ -295,6 +298,17 @@ def test_a_damaged_manifest_is_one_clear_error(tmp_path, patch, msg):
     obj = json.loads(m.path.read_text())
     m.path.write_text(json.dumps({**obj, **patch}))
     with pytest.raises(CheckpointError, match="damaged manifest: .*" + re.escape(msg)):
+        Manifest.load(tmp_path)
+
+
+def test_a_manifest_of_a_newer_dsx_is_refused(tmp_path):
+    """A later manifest version may record what this dsx cannot judge (a directory it would call finished): say
+    which version, and to upgrade, instead of reading it as version 1."""
+    m = Manifest(tmp_path, run={"tool": "test"}, files={}, complete=True)
+    m.save()
+    obj = json.loads(m.path.read_text())
+    m.path.write_text(json.dumps({**obj, "version": 2}))
+    with pytest.raises(CheckpointError, match=r"written by a newer dsx \(manifest version 2; this dsx reads version 1\)"):
         Manifest.load(tmp_path)
 
 

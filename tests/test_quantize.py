@@ -281,6 +281,22 @@ def test_refuses_other_runs_output_without_force(tiny_fp8, tmp_path):
     assert (tmp_path / "user" / "notes.txt").read_text() == "mine"  # --force removes only dsx's files
 
 
+@pytest.mark.parametrize("manifest", ['{"version": 1, "complete": "yes", "run": {}, "files": {}}', "{", '{"version": 9}'])
+def test_force_replaces_an_output_whose_manifest_is_damaged(tiny_fp8, tmp_path, capsys, manifest):
+    """Every reader of a damaged (or unreadable, or newer) dsx-manifest.json says to rerun with --force, and --force
+    refused it the same way: the directory could only be deleted by hand. Without --force it is still refused; with
+    it dsx's files are replaced and the user's kept."""
+    out = tmp_path / "o"
+    _quantize(tiny_fp8, out, "--type", "weight_only_int8")
+    (out / "notes.txt").write_text("mine")
+    (out / "dsx-manifest.json").write_text(manifest)
+    assert main(["quantize", str(tiny_fp8), "--out", str(out), "--type", "weight_only_int4", "-q"]) == 1
+    assert "dsx-manifest.json" in capsys.readouterr().err
+    _quantize(tiny_fp8, out, "--type", "weight_only_int4", "--force")
+    assert Checkpoint.open(out).config["quantization_config"]["quant_type"] == "weight_only_int4"
+    assert Manifest.load(out).complete and (out / "notes.txt").read_text() == "mine"
+
+
 def test_force_never_deletes_a_source_or_another_checkpoint(tiny_fp8, tmp_path, capsys):
     """dsx quantize SRC --out SRC --force deleted every shard of SRC (they look like the shards dsx writes), and --force
     into another checkpoint's directory deleted its shards: refused, the files untouched."""

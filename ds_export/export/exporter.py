@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import NoReturn
@@ -39,7 +40,7 @@ from ds_export.export.quiet import quiet_paddle
 from ds_export.io.checkpoint import Checkpoint
 from ds_export.interrupt import stop_requested
 from ds_export.io.dirlock import exclusive, shared
-from ds_export.io.manifest import Manifest, export_manifest, require_finished
+from ds_export.io.manifest import MANIFEST_NAME, Manifest, export_manifest, require_finished
 from ds_export.io.writer import atomic_write_json, check_out_apart, free_bytes
 from ds_export.models import deepseek_v3 as ds
 from ds_export.units import human_bytes
@@ -397,8 +398,20 @@ def _clear(d: Path) -> None:
 
 def _replaceable(out: Path) -> bool:
     """What --force may remove whole: an empty directory, or a dsx export (a directory of other files, a quantize
-    output, the user's home given by mistake, is not)."""
-    return out.is_dir() and (not any(out.iterdir()) or export_manifest(out) is not None)
+    output, the user's home given by mistake, is not). An export whose manifest is damaged is one still when it holds
+    nothing but an export's files: readers of it say to export again with --force."""
+    return out.is_dir() and (not any(out.iterdir()) or export_manifest(out) is not None or _export_shaped(out))
+
+
+_EXPORT_ENTRY = re.compile(r"rank_\d+|mtp|model\.json|model\.pdiparams|config\.json|" + MANIFEST_NAME.replace(".", r"\.")
+                           + "|" + "|".join(re.escape(f) for f in SIDE_FILES))
+
+
+def _export_shaped(out: Path) -> bool:
+    """A dsx export's entries only (a manifest, a program, nothing else at the top)."""
+    names = {p.name for p in out.iterdir()}
+    return (MANIFEST_NAME in names and bool(names & {"model.json", "rank_0"})
+            and all(_EXPORT_ENTRY.fullmatch(n) for n in names))
 
 
 def source_digest(src) -> str | None:
@@ -423,8 +436,15 @@ def _manifest(tmp: Path, src, dtype: str, tp: int, speculate: bool) -> Manifest:
     return m
 
 
+# Files of an export up to this size are hashed by every reader (generate, verify --export) before it loads them: an
+# edit of config.json or a program that keeps its size (eos_token_id 1 -> 2, a flipped byte) is caught for
+# milliseconds; parameter files are checked by size (R1's are hundreds of GB: dsx verify --export hashes them).
+HASHED_ON_LOAD = 64 << 20
+
+
 def check_export(path: str | os.PathLike) -> Manifest:
-    """An export directory that is complete and intact, or a clear error."""
+    """An export directory that is complete and intact (every file's size; the sha256 of the small ones), or a clear
+    error."""
     path = Path(path)
     if not path.is_dir():
         raise DsxError(f"{path}: {'not a directory' if path.exists() else 'does not exist'} (expected a dsx export)",
@@ -441,8 +461,8 @@ def check_export(path: str | os.PathLike) -> Manifest:
     if m.run.get("command") != "export":
         raise DsxError(f"{path}: a dsx output of another kind, not an export (its manifest records no export run)",
                        hint="pass a dsx export's directory")
-    for rel in m.files:
-        why = m.verify_file(rel, hash_check=False)
+    for rel, ent in m.files.items():  # (sizes of all; sha256 of what is cheap to hash: configs, programs, tokenizer)
+        why = m.verify_file(rel, hash_check=ent["size"] <= HASHED_ON_LOAD)
         if why:
             raise DsxError(why, hint="the export is damaged: run dsx export again")
     return m

@@ -44,7 +44,12 @@ class Manifest:
             obj = json.loads(p.read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise CheckpointError(f"{p}: unreadable manifest ({e.__class__.__name__})",
-                                  hint="delete it and rerun with --force") from None
+                                  hint="rerun the command that wrote this directory, with --force") from None
+        newer = obj.get("version") if isinstance(obj, dict) else None
+        if is_int(newer) and newer > MANIFEST_VERSION:  # (before the fields: a later layout may differ)
+            raise CheckpointError(f"{p}: written by a newer dsx (manifest version {newer}; this dsx reads version "
+                                  f"{MANIFEST_VERSION})", hint="use the dsx that wrote it or a newer one (its "
+                                                               "run.version says which)")
         problem = _malformed(obj)
         if problem:
             raise CheckpointError(f"{p}: damaged manifest: {problem}",
@@ -98,6 +103,8 @@ def _malformed(obj) -> str | None:
     named "/etc/hostname" or "../x" sent verify to hash files outside the directory."""
     if not isinstance(obj, dict):
         return f"a {type(obj).__name__}, not a mapping"
+    if not (is_int(obj.get("version")) and obj["version"] >= 1):
+        return f"version is {obj.get('version')!r:.40}, expected a positive integer"
     for key, kind in (("run", dict), ("files", dict), ("complete", bool)):
         if not isinstance(obj.get(key), kind):
             return f"{key} is {obj.get(key)!r:.40}, expected {'a mapping' if kind is dict else 'true or false'}"

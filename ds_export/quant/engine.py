@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Callable
 
 from ds_export import __version__
-from ds_export.errors import DsxError, UsageError
+from ds_export.errors import CheckpointError, DsxError, UsageError
 from ds_export.interrupt import Stopped, ignore_sigint, wait_for_workers
 from ds_export.io.checkpoint import INDEX_NAME, Checkpoint
 from ds_export.io.dirlock import exclusive, shared
@@ -128,7 +128,12 @@ def _prepare_out(out: Path, plan: Plan, force: bool, name: str = MANIFEST_NAME) 
     if out.exists() and not out.is_dir():
         raise UsageError(f"{out}: exists and is not a directory")
     out.mkdir(parents=True, exist_ok=True)
-    old = Manifest.load(out, name)
+    try:
+        old, damaged = Manifest.load(out, name), False
+    except CheckpointError:  # (unreadable, damaged, or a newer dsx's: its error says to pass --force)
+        if not force:
+            raise
+        old, damaged = None, True  # (a dsx output whose records cannot be read: replaced, dsx's files by name)
     if old is not None and old.run.get("plan_digest") == digest:
         return old
     main = Manifest.load(out) if name != MANIFEST_NAME else None
@@ -143,7 +148,7 @@ def _prepare_out(out: Path, plan: Plan, force: bool, name: str = MANIFEST_NAME) 
                 what = (f"a conversion of another source ({old.run.get('source')}: its fingerprint differs, other "
                         "weights, or planned by an older dsx)")
             raise OutputHeld(f"{out}: holds {what}", hint="choose another --out, or pass --force to replace it")
-        if old is None:  # (no dsx run wrote here: --force must not take another checkpoint's files for dsx's)
+        if old is None and not damaged:  # (no dsx run wrote here: --force must not take another checkpoint's files)
             theirs = sorted(p.name for p in foreign if p.is_file() and not p.name.startswith("dsx-manifest")
                             and not p.name.endswith(PARTIAL_SUFFIX) and (p.name in (INDEX_NAME, "config.json")
                                                                         or _ours(p)))
