@@ -105,6 +105,9 @@ def test_a_deployment_of_fp8_weights_on_a_gpu_without_fp8_is_refused_by_its_dry_
     assert not (tmp_path / "w").exists()
 
 
+_GEN = "name: x\nmodel: {tiny: {}}\nquantize: {type: bf16}\nexport: {max_seq_len: 64}\ngenerate: "
+
+
 @pytest.mark.parametrize("text,msg", [
     ("name: x\nmodel: {tiny: {}}\nquantize: {type: bf16}\nexport: {tp: 1}\nbogus: 1\n", r":1: unknown key"),
     ("name: x\nmodel: {tiny: {}, repo: a/b}\nquantize: {type: bf16}\nexport: {}\n", "exactly one of repo and tiny"),
@@ -125,12 +128,51 @@ def test_a_deployment_of_fp8_weights_on_a_gpu_without_fp8_is_refused_by_its_dry_
     ("name: x\nmodel: {tiny: {}}\nquantize: {type: bf16}\nexport: {block_size: 0}\n", "export.block_size >= 1"),
     ("name: x\nmodel: {tiny: {}}\nquantize: {type: bf16}\nexport: {dtype: float64}\n",
      "export.dtype one of float32, bfloat16, float16"),
+    # the generate section, as dsx generate checks its options and against the export section: these were found by
+    # the last step, after the download, conversion and export, or passed (0 tokens), or were internal errors
+    (_GEN + "{max_new_tokens: 4}\n", "generate needs exactly one of prompt"),
+    (_GEN + "{prompt: a, input_ids: [0]}\n", "generate needs exactly one of prompt"),
+    (_GEN + "{prompt: a, max_new_tokens: 0}\n", "generate.max_new_tokens must be >= 1"),
+    (_GEN + "{prompt: a, speculate: 6}\n", "generate.speculate 0..5"),
+    (_GEN + "{prompt: a, speculate: -1}\n", "generate.speculate 0..5"),
+    (_GEN + "{prompt: a, speculate: 1}\n", "generate.speculate needs export.speculate: true"),
+    (_GEN + "{input_ids: []}\n", r"generate.input_ids = \[\]: expected a list of token ids"),
+    (_GEN + "{input_ids: [0, -1]}\n", r"generate.input_ids = \[0, -1\]"),
+    (_GEN + "{input_ids: [0, true]}\n", r"generate.input_ids = \[0, True\]"),
+    (_GEN + "{input_ids: [0, 5], max_new_tokens: 62}\n",
+     r"the prompt \(2 tokens\) \+ generate.max_new_tokens \(62\) \+ drafts exceed export.max_seq_len \(64\)"),
+    ("name: x\nmodel: {repo: a/b}\nquantize: {type: bf16}\nexport: {}\ngenerate: {prompt: hello}\n",
+     "generate.prompt is encoded with the tiny model's byte-level tokenizer, not this model's"),
 ])
 def test_recipe_validation(tmp_path, text, msg):
     p = tmp_path / "r.yaml"
     p.write_text(textwrap.dedent(text))
     with pytest.raises(UsageError, match=msg):
         load(p)
+
+
+def test_a_generate_section_at_the_limits_is_accepted(tmp_path):
+    p = tmp_path / "r.yaml"
+    p.write_text(_GEN + "{input_ids: [0, 5], max_new_tokens: 61}\n")  # (2 + 61 + 0 drafts + 1 = 64)
+    assert load(p).generate["input_ids"] == [0, 5]
+    p.write_text("name: x\nmodel: {repo: a/b}\nquantize: {type: bf16, mtp_type: bf16}\nexport: {speculate: true}\n"
+                 "generate: {input_ids: [0, 5], speculate: 5}\n")
+    assert load(p).generate["speculate"] == 5
+
+
+def test_a_generate_prompt_outside_the_vocabulary_is_found_before_the_first_step(tmp_path, capsys):
+    """A tiny recipe whose config.vocab_size is below the byte tokenizer's ids ran download, quantize, export and
+    verify, and failed at generate ("token id 103: outside the model's vocabulary 0..99")."""
+    r = tmp_path / "r.yaml"
+    r.write_text((Path("recipes") / "tiny.yaml").read_text().replace("tiny: {seed: 0, dtype: fp8}",
+                                                                      "tiny: {seed: 0, dtype: fp8, config: {vocab_size: 100}}"))
+    assert "vocab_size: 100" in r.read_text()
+    for dry in (["--dry-run"], []):
+        assert main(["run", str(r), *dry, "--workdir", str(tmp_path / "w")]) == 2
+        err = capsys.readouterr().err
+        assert "generate: token id 114 is outside the model's vocabulary 0..99" in err, err
+        assert "vocab_size to 115 or more" in err and len(err.strip().splitlines()) == 1, err
+    assert not [p for p in (tmp_path / "w").rglob("*") if p.is_file() and not p.name.startswith(".")]
 
 
 def test_float16_exports_are_a_recipe_setting_too(tmp_path):

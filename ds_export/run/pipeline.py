@@ -24,7 +24,8 @@ from ds_export.io.checkpoint import INDEX_NAME, Checkpoint
 from ds_export.io.dirlock import exclusive
 from ds_export.io.manifest import Manifest
 from ds_export.io.writer import PARTIAL_SUFFIX, atomic_write_json
-from ds_export.run.recipe import STEPS, Deployment
+from ds_export.run.recipe import STEPS, Deployment, generate_ids
+from ds_export.values import is_int
 
 # Measured conversion throughput used for time estimates (docs/benchmarks.md: H200 x2 host, 32 cores).
 MEASURED_GBPS = 1.68
@@ -123,6 +124,18 @@ def _check_export_section(dep: Deployment, config: dict, source: str) -> None:
         raise UsageError(f"{dep.source}: export section: {err}", hint=err.hint) from None
 
 
+def _check_generate_vocab(dep: Deployment, config: dict, source: str) -> None:
+    """The generate section's token ids inside the model's vocabulary (a tiny recipe's config.vocab_size below the
+    byte tokenizer's 258 ids failed at the last step)."""
+    vocab = config.get("vocab_size")
+    top = max(generate_ids(dep))
+    if is_int(vocab) and top >= vocab:
+        raise UsageError(f"{dep.source}: generate: token id {top} is outside the model's vocabulary 0..{vocab - 1} "
+                         f"(vocab_size of {source})", hint=f"set model.tiny.config.vocab_size to {top + 1} or more (the byte "
+                                             "tokenizer's ids reach 257)" if "prompt" in dep.generate
+                         else "give token ids below vocab_size")
+
+
 def _model_config(dep: Deployment, lay: Layout) -> tuple[dict, str] | None:
     """The model's config.json before any step runs: the tiny recipe's, the download's, or dsx's bundled copy of
     the shipped recipes' model; None where none is at hand yet (export checks its settings when it runs)."""
@@ -180,10 +193,12 @@ def _check_space(dep: Deployment, lay: Layout, steps: list[str]) -> None:
 
 def _run(dep: Deployment, lay: Layout, steps: list[str], say, progress) -> dict:
     _check_inputs(lay, steps)
-    if "export" in steps:  # (R1's download and conversion take hours: a bad export section is found now)
-        known = _model_config(dep, lay)
-        if known is not None:
-            _check_export_section(dep, *known)
+    # (R1's download and conversion take hours: a bad export or generate section is found now)
+    known = _model_config(dep, lay) if "export" in steps else None
+    if known is not None:
+        _check_export_section(dep, *known)
+        if "generate" in steps and dep.generate:
+            _check_generate_vocab(dep, *known)
     _check_space(dep, lay, steps)
     done: dict = {"recipe": dep.name, "workdir": str(lay.root), "steps": {}, "seconds": {}}
     t_all = time.monotonic()
@@ -342,11 +357,10 @@ def _step_generate(dep: Deployment, lay: Layout, say, reporter=None) -> dict:
         say("  no generate section: skipped")
         return {"skipped": True}
     from ds_export.export.runtime import check_speculative_greedy, generate_any
-    from ds_export.tiny_tokenizer import encode
 
     g = dep.generate
     k = int(g.get("speculate", 0))
-    prompt, n = [encode(g["prompt"])], int(g.get("max_new_tokens", 16))
+    prompt, n = [generate_ids(dep)], int(g.get("max_new_tokens", 16))
     out, _ = generate_any(lay.export, prompt, n, speculate=k)  # in this process, or one per rank (tp > 1)
     plain, _ = generate_any(lay.export, prompt, n)
     ties = check_speculative_greedy(lay.export, prompt, out["tokens"], plain["tokens"]) if k else []
@@ -388,8 +402,10 @@ def dry_run(dep: Deployment, workdir: Path, *, metadata: Path | None = None) -> 
             raise UsageError(f"dry run of {dep.source}: no local metadata for {dep.model['repo']}",
                              hint="pass --metadata DIR (config.json + model.safetensors.index.json[.gz])")
         with Checkpoint.open(src) as ck:
-            _check_export_section(dep, ck.config, f"{dep.source} (model.tiny)" if dep.tiny
-                                  else f"config.json of {planned_from}")
+            known = (ck.config, f"{dep.source} (model.tiny)" if dep.tiny else f"config.json of {planned_from}")
+            _check_export_section(dep, *known)
+            if dep.generate:
+                _check_generate_vocab(dep, *known)
             p = plan_mod.build(ck, _recipe(dep), selection=_selection(dep))
             src_bytes = ck.total_bytes()
             mtp_src = sum(ck.info(n).nbytes for n in ck.names() if _is_mtp(ck, n))

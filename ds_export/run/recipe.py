@@ -10,7 +10,8 @@
     quantize: {type: weight_only_int4, mtp_type: null, arch: 90, group_size: -1, recipe: null}
     export: {tp: 8, speculate: false, draft_tokens: 1, dtype: bfloat16, max_seq_len: 8192, block_size: 64}
     verify: {experts: 8, samples: 4, device: cpu}                   # device: whose kernels (cpu | cuda)
-    generate: {prompt: "...", max_new_tokens: 16, speculate: 1}     # optional smoke test
+    generate: {prompt: "...", max_new_tokens: 16, speculate: 1}     # optional smoke test (tiny: text;
+                                                                    # any model: input_ids: [0, 5, 9])
     serving: {gpus: "8x H800 80 GB", nodes: 1, max_batch: 128, block_size: 64, draft_tokens: 1,
               gpu_memory_gb: 80, notes: "..."}                       # documentation only
 
@@ -32,7 +33,7 @@ SECTIONS = {
     "export": {"tp": int, "speculate": bool, "draft_tokens": int, "dtype": str, "max_seq_len": int,
                "block_size": int},
     "verify": {"experts": (int, type(None)), "samples": int, "device": str},
-    "generate": {"prompt": str, "max_new_tokens": int, "speculate": int},
+    "generate": {"prompt": str, "input_ids": list, "max_new_tokens": int, "speculate": int},
     "serving": {"gpus": str, "nodes": int, "max_batch": int, "block_size": int, "draft_tokens": int,
                 "gpu_memory_gb": int, "notes": str},
 }
@@ -130,6 +131,42 @@ def _check(d: Deployment, obj, source: str) -> None:
                        + (" (leave it out to check every expert)" if k == "experts" else ""))
     if m.get("only") == "base" and e.get("speculate"):
         raise _err(source, line("model"), "model.only: base downloads no MTP layer, but export.speculate needs it")
+    if d.generate is not None:
+        _check_generate(d, source, line("generate"))
+
+
+def _check_generate(d: Deployment, source: str, line: int) -> None:
+    """The generate section, as dsx generate checks its options, and against the export section: each of these was
+    found by the last step, after the download, conversion and export (a prompt longer than the export's
+    max_seq_len), or not at all (max_new_tokens 0 passed having generated nothing, text encoded with the tiny
+    model's byte tokenizer was fed to R1, a missing prompt was an internal error)."""
+    g, e = d.generate, d.export
+    if ("prompt" in g) == ("input_ids" in g):
+        raise _err(source, line, "generate needs exactly one of prompt (text, tiny models) and input_ids (token ids)")
+    if "prompt" in g and not d.tiny:
+        raise _err(source, line, "generate.prompt is encoded with the tiny model's byte-level tokenizer, not this "
+                                 "model's: give generate.input_ids (token ids from the model's own tokenizer)")
+    ids = generate_ids(d)
+    if not ids or not all(is_int(t) and t >= 0 for t in ids):
+        raise _err(source, line, f"generate.input_ids = {g['input_ids']!r:.60}: expected a list of token ids "
+                                 "(integers >= 0), at least one")
+    n, k = g.get("max_new_tokens", 16), g.get("speculate", 0)
+    if n < 1 or not 0 <= k <= 5:
+        raise _err(source, line, "generate.max_new_tokens must be >= 1 and generate.speculate 0..5")
+    if k and not e.get("speculate"):
+        raise _err(source, line, "generate.speculate needs export.speculate: true (the MTP draft drafts the tokens)")
+    if len(ids) + n + k + 1 > e.get("max_seq_len", 4096):
+        raise _err(source, line, f"the prompt ({len(ids)} tokens) + generate.max_new_tokens ({n}) + drafts exceed "
+                                 f"export.max_seq_len ({e.get('max_seq_len', 4096)})")
+
+
+def generate_ids(d: Deployment) -> list:
+    """The generate section's prompt as token ids."""
+    if "input_ids" in d.generate:
+        return list(d.generate["input_ids"])
+    from ds_export.tiny_tokenizer import encode
+
+    return encode(d.generate["prompt"])
 
 
 def load(path: str | Path) -> Deployment:
