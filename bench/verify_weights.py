@@ -29,8 +29,9 @@ from pathlib import Path
 from ds_export.procmem import run_measured
 
 
-def _child(target: str, reference: str, workers: int, skip: str, out: str) -> None:
-    """In the measured process: one check_weights over the target's weights; writes 'seconds weights tensors
+def _child(target: str, reference: str, workers: int, skip: str, out: str, reproduce: str = "0") -> None:
+    """In the measured process: one check_weights over the target's weights (reproduce "1": the stored bytes
+    against a conversion of the reference too, as dsx verify does for a dsx output); writes 'seconds weights tensors
     failed' to `out`."""
     from ds_export.io.checkpoint import Checkpoint
     from ds_export.models import deepseek_v3 as ds
@@ -41,6 +42,8 @@ def _child(target: str, reference: str, workers: int, skip: str, out: str) -> No
             ck.weight_map = {n: f for n, f in ck.weight_map.items() if not re.search(skip, n)}
         cfg = ds.DeepseekV3Config.from_dict(ck.config)
         kw = {"workers": workers} if "workers" in inspect.signature(check_weights).parameters else {}
+        if reproduce == "1":
+            kw["reproduce"] = True
         t0 = time.perf_counter()
         stats = check_weights(ck, ref, cfg, **kw)
         dt = time.perf_counter() - t0
@@ -70,10 +73,12 @@ def main() -> None:
                     help="the target's dsx quantize --type (a8w8_fp8: every Linear an FP8 copy, compared by bytes)")
     ap.add_argument("--skip", default="", help="regex of tensor names to leave out")
     ap.add_argument("--tiny", action="store_true", help="the tiny model's dimensions (a smoke run for the tests)")
-    ap.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
+    ap.add_argument("--reproduce", default="0", help="0, 1 or 0,1: check_weights without / with the byte "
+                    "comparison against a conversion of the reference (dsx verify does it for dsx outputs)")
+    ap.add_argument("--child", nargs=6, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
-        return _child(a.child[0], a.child[1], int(a.child[2]), a.child[3], a.child[4])
+        return _child(a.child[0], a.child[1], int(a.child[2]), a.child[3], a.child[4], a.child[5])
     dims = "tiny" if a.tiny else "real"
     src = a.workdir / f"{dims}-l{a.layers}-e{a.experts}"
     dst = a.workdir / (f"{dims}-l{a.layers}-e{a.experts}-" + a.type.replace("a8w8_", ""))
@@ -90,21 +95,23 @@ def main() -> None:
           f"skip {a.skip or '-'}")
     rows = []
     for w in [int(x) for x in a.workers.split(",")]:
-        t0 = time.perf_counter()
-        subprocess.run(["cat", *files], stdout=subprocess.DEVNULL, check=True)
-        t_cat = time.perf_counter() - t0
-        res = a.workdir / "result.txt"
-        res.unlink(missing_ok=True)
-        r, _, peak = run_measured([sys.executable, __file__, "--child", str(dst), str(src), str(w), a.skip, str(res)])
-        if r.returncode:
-            raise SystemExit(f"check_weights with {w} workers failed (exit {r.returncode})")
-        dt, weights, tensors, bad = res.read_text().split()
-        rows.append((w, float(dt), int(weights), int(tensors), int(bad), t_cat, peak))
-    print(f"\n{'workers':>7} {'verify s':>9} {'M weights/s':>12} {'cat s':>6} {'ratio':>6} {'peak MiB':>9} {'tensors':>8} "
-          f"{'failed':>6}")
-    for w, dt, weights, tensors, bad, t_cat, peak in rows:
-        print(f"{w:7d} {dt:9.2f} {weights / dt / 1e6:12.1f} {t_cat:6.2f} {dt / t_cat:6.1f} {peak / 2**20:9.0f} "
-              f"{tensors:8d} {bad:6d}")
+        for rep in a.reproduce.split(","):
+            t0 = time.perf_counter()
+            subprocess.run(["cat", *files], stdout=subprocess.DEVNULL, check=True)
+            t_cat = time.perf_counter() - t0
+            res = a.workdir / "result.txt"
+            res.unlink(missing_ok=True)
+            r, _, peak = run_measured([sys.executable, __file__, "--child", str(dst), str(src), str(w), a.skip,
+                                       str(res), rep])
+            if r.returncode:
+                raise SystemExit(f"check_weights with {w} workers failed (exit {r.returncode})")
+            dt, weights, tensors, bad = res.read_text().split()
+            rows.append((w, rep, float(dt), int(weights), int(tensors), int(bad), t_cat, peak))
+    print(f"\n{'workers':>7} {'bytes':>5} {'verify s':>9} {'M weights/s':>12} {'cat s':>6} {'ratio':>6} {'peak MiB':>9} "
+          f"{'tensors':>8} {'failed':>6}")
+    for w, rep, dt, weights, tensors, bad, t_cat, peak in rows:
+        print(f"{w:7d} {'yes' if rep == '1' else 'no':>5} {dt:9.2f} {weights / dt / 1e6:12.1f} {t_cat:6.2f} "
+              f"{dt / t_cat:6.1f} {peak / 2**20:9.0f} {tensors:8d} {bad:6d}")
 
 
 if __name__ == "__main__":

@@ -105,6 +105,60 @@ def test_wrong_scale_is_caught(mix_copy, tiny_fp8):
     assert _bad(verify(mix_copy, tiny_fp8)) == [name]
 
 
+def _flip_low_bit(name, at=None):
+    def change(ts):
+        b = ts[name].reshape(-1).view(np.uint8)
+        b[b.size // 2 if at is None else at] ^= 1
+    return change
+
+
+@pytest.mark.parametrize("run,name", [
+    ("mix", EXPERT.format(3)),  # one int4 code's low bit
+    ("mix", EXPERT.format(3) + "_scale"),  # the last mantissa bit of one bf16 scale
+    ("int8g128", "model.layers.2.self_attn.o_proj.weight"),  # one int8 code by 1
+    ("bf16", "model.layers.2.self_attn.o_proj.weight"),  # one bf16 weight converted from FP8, by one ulp
+    ("bf16", "model.layers.1.mlp.gate.weight"),  # the router kept in float32: a copy
+])
+def test_a_change_the_gate_cannot_see_is_caught_by_its_bytes(outputs, tiny_fp8, tmp_path, run, name):
+    """A fault inside the quantization error (a flipped low bit of one code or scale, with the manifest re-hashed: a
+    converter or memory fault, not the disk) passed: the SQNR stays far above its gate. The stored bytes are now
+    compared with dsx's own conversion of the reference, which names the tensor and the first byte that differs."""
+    from ds_export.models import deepseek_v3 as ds
+    from ds_export.verify.weights import check_weights
+
+    target = tmp_path / run
+    shutil.copytree(outputs / run, target)
+    weight = name.removesuffix("_scale")
+    _rewrite_shard(target, name, _flip_low_bit(name))
+    with Checkpoint.open(target) as ck, Checkpoint.open(tiny_fp8) as ref:
+        cfg = ds.DeepseekV3Config.from_dict(ck.config)
+        by_sqnr = {s.name: s for s in check_weights(ck, ref, cfg)}
+        assert by_sqnr[weight].ok and by_sqnr[weight].reproduced is None  # (what verify saw before)
+    rep = verify(target, tiny_fp8, samples=0)
+    assert _bad(rep) == [weight] and not rep["findings"]
+    w = next(w for w in rep["weights"] if w["name"] == weight)
+    assert w["reproduced"] is False and "not the bytes dsx quantize writes from the reference" in w["problem"]
+    assert re.search(rf"first difference: {re.escape(name)} byte \d+", w["problem"]), w["problem"]
+    assert sum(x["reproduced"] is True for x in rep["weights"]) == len(rep["weights"]) - 1
+
+
+def test_bytes_are_compared_only_for_a_dsx_quantize_output_of_the_reference(outputs, tiny_fp8, tmp_path):
+    """Another tool's conversion (no dsx manifest), or a reference that is not the output's source, is judged by its
+    numbers alone: other bytes are no fault there."""
+    plain = tmp_path / "plain"
+    shutil.copytree(outputs / "int8g128", plain)
+    (plain / "dsx-manifest.json").unlink()
+    rep = verify(plain, tiny_fp8, samples=0)
+    assert not _bad(rep) and "bytes" not in rep["checked"] and all(w["reproduced"] is None for w in rep["weights"])
+    other = tmp_path / "other"
+    shutil.copytree(tiny_fp8, other)
+    idx = json.loads((other / "model.safetensors.index.json").read_text())
+    idx["metadata"]["copied_by"] = "someone"  # (the same weights, another index: not the recorded source)
+    (other / "model.safetensors.index.json").write_text(json.dumps(idx))
+    rep = verify(outputs / "int8g128", other, samples=0)
+    assert rep["reference_is_source"] is False and "bytes" not in rep["checked"]
+
+
 def test_wrong_arch_layout_is_caught(mix_copy, tiny_fp8):
     name = EXPERT.format(5)
     src = Checkpoint.open(tiny_fp8)
@@ -166,14 +220,16 @@ def test_the_report_and_the_last_line_say_what_was_checked(outputs, tiny_fp8, ca
     what it checked and the CLI says what was not."""
     target = outputs / "mix"
     assert verify(target)["checked"] == ["files", "tensors", "config"]
-    assert verify(target, tiny_fp8, samples=1)["checked"] == ["files", "tensors", "config", "weights", "kernels"]
-    assert verify(target, tiny_fp8, samples=0)["checked"] == ["files", "tensors", "config", "weights"]
+    assert verify(target, tiny_fp8, samples=1)["checked"] == ["files", "tensors", "config", "weights", "bytes",
+                                                              "kernels"]
+    assert verify(target, tiny_fp8, samples=0)["checked"] == ["files", "tensors", "config", "weights", "bytes"]
     assert main(["verify", str(target)]) == 0
     out = capsys.readouterr().out
     assert "all checks passed (files, tensors, config)" in out and "integrity only" in out and "--reference" in out
     assert main(["verify", str(target), "--reference", str(tiny_fp8), "--samples", "1"]) == 0
     out = capsys.readouterr().out
-    assert "all checks passed (files, tensors, config, weights, kernels)" in out and "integrity only" not in out
+    assert "all checks passed (files, tensors, config, weights, bytes, kernels)" in out, out
+    assert "integrity only" not in out
 
 
 def test_kernel_checks_run_and_pass(outputs, tiny_fp8):
@@ -265,7 +321,7 @@ def test_html_and_json_reports(outputs, tiny_fp8, tmp_path):
                  "-q"]) == 0
     page = h.read_text()
     HTMLParser().feed(page)  # parses
-    assert page.count("<svg") == 2 and "All checks passed (files, tensors, config, weights, kernels)" in page
+    assert page.count("<svg") == 2 and "All checks passed (files, tensors, config, weights, bytes, kernels)" in page
     assert "weight_only_int4 expert_up" in page and "Integrity only" not in page
     assert main(["verify", str(outputs / "mix"), "--html", str(h), "-q"]) == 0  # no reference: says so
     assert "All checks passed (files, tensors, config). Integrity only" in h.read_text()

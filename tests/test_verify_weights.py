@@ -244,11 +244,12 @@ def test_files_are_hashed_on_threads_and_reported_in_order(outs, tmp_path):
 
 def test_bench_runs(tmp_path):
     r = subprocess.run([sys.executable, str(Path(__file__).parents[1] / "bench" / "verify_weights.py"), "--tiny",
-                        "--layers", "2", "--experts", "4", "--workers", "1,2", "--workdir", str(tmp_path)],
-                       capture_output=True, text=True, timeout=600)
+                        "--layers", "2", "--experts", "4", "--workers", "1,2", "--reproduce", "0,1", "--workdir",
+                        str(tmp_path)], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     rows = [ln.split() for ln in r.stdout.splitlines() if ln.strip() and ln.split()[0] in ("1", "2")]
-    assert [row[0] for row in rows] == ["1", "2"] and all(row[-1] == "0" for row in rows)  # no tensor failed
+    assert [row[:2] for row in rows] == [["1", "no"], ["1", "yes"], ["2", "no"], ["2", "yes"]], r.stdout
+    assert all(row[-1] == "0" for row in rows)  # no tensor failed
 
 
 def test_kernel_checks_in_parts_equal_whole_weights(outs, tiny_fp8, monkeypatch):

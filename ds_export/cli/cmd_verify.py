@@ -105,8 +105,9 @@ def _print(o: Out, rep: dict) -> None:
         o.print("[yellow]note[/]: the reference's index and headers differ from those of the source this output was "
                 "converted from (a resharded copy, or another checkpoint); the weights are compared tensor by tensor")
     if rep["by_format"]:
-        t = Table(title="weights vs reference (min SQNR per format and role; `exact` = bit-identical)", show_edge=False)
-        for c in ("format", "role", "n", "SQNR dB", "gate", "min cos", "ok"):
+        t = Table(title="weights vs reference (min SQNR per format and role; `exact` = bit-identical; bytes: the "
+                        "stored bytes against dsx's conversion of the reference)", show_edge=False)
+        for c in ("format", "role", "n", "SQNR dB", "gate", "min cos", "bytes", "ok"):
             t.add_column(c, justify="left" if c in ("format", "role") else "right")
         for g in rep["by_format"].values():
             sq = (f"{g['min_sqnr_db']:.1f}" if g["min_sqnr_db"] is not None
@@ -114,6 +115,7 @@ def _print(o: Out, rep: dict) -> None:
             gate = "exact" if g["gate_db"] == float("inf") else f">={g['gate_db']:.0f}"
             t.add_row(_short(g["format"]), g["role"], str(g["tensors"]), sq, gate,
                       "-" if g["min_cosine"] is None else f"{g['min_cosine']:.4f}",
+                      f"[red]{g['differ']} differ[/]" if g.get("differ") else "same" if g.get("reproduced") else "-",
                       "[green]ok[/]" if not g["failed"] else f"[red]{g['failed']} bad[/]")
         o.print(t)
     if rep["kernels"]:

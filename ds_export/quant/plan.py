@@ -169,21 +169,7 @@ def build(ck: Checkpoint, recipe: Recipe, *, selection: str = "all") -> Plan:
         t = recipe.target(r)
         if t.type == "skip":
             continue
-        src_scale = r.scale_name if info.dtype in ("F8_E4M3", "F8_E5M2") else None
-        if src_scale and src_scale not in infos:  # (listed, in a shard this partial checkpoint lacks)
-            raise CheckpointError(f"{ck.root}: {name} is converted, and its block scale {src_scale} is in "
-                                  f"{ck.absent[src_scale]}, which is absent",
-                                  hint="download that shard too (dsx download, with --include for that file)")
-        if src_scale and info.dtype != "F8_E4M3":
-            raise UsageError(f"{ck.root}: {name} is {info.dtype}; only F8_E4M3 block-scaled sources are supported")
-        if src_scale and t.type == "keep":
-            t = Target("a8w8_fp8", t.group_size, t.arch, t.rule) if block == fp8_block.BLOCK else t
-        outs = _outputs(name, info.shape, info.dtype, t)
-        if src_scale and t.type == "keep":
-            outs += (Entry(src_scale, "F32", infos[src_scale].shape),)
-        bytes_in = info.nbytes + (infos[src_scale].nbytes if src_scale else 0)
-        task = Task(name, info.dtype, info.shape, src_scale, block if src_scale else None, t, r.role, r.layer,
-                    r.mtp, outs, bytes_in)
+        task = task_for(ck, r, t, infos, block)
         rel = ck.weight_map[name]
         by_file.setdefault(rel, OutShard("", [rel])).tasks.append(task)
     _check_fp8_arch([t for s in by_file.values() for t in s.tasks])
@@ -197,6 +183,28 @@ def build(ck: Checkpoint, recipe: Recipe, *, selection: str = "all") -> Plan:
     plan = Plan(str(ck.root), fp, recipe.describe(), selection, shards, {})
     plan.config = output_config(ck.config, plan, recipe)
     return plan
+
+
+def task_for(ck: Checkpoint, r: ds.TensorRole, t: Target, infos: dict, block: tuple[int, int]) -> Task:
+    """What converting source tensor r.name to t takes and writes (infos: the checkpoint's tensor infos by name;
+    block: its FP8 block). The plan's tasks, and dsx verify's conversion of the reference that it compares the
+    stored bytes with."""
+    name, info = r.name, infos[r.name]
+    src_scale = r.scale_name if info.dtype in ("F8_E4M3", "F8_E5M2") else None
+    if src_scale and src_scale not in infos:  # (listed, in a shard this partial checkpoint lacks)
+        raise CheckpointError(f"{ck.root}: {name} is converted, and its block scale {src_scale} is in "
+                              f"{ck.absent[src_scale]}, which is absent",
+                              hint="download that shard too (dsx download, with --include for that file)")
+    if src_scale and info.dtype != "F8_E4M3":
+        raise UsageError(f"{ck.root}: {name} is {info.dtype}; only F8_E4M3 block-scaled sources are supported")
+    if src_scale and t.type == "keep":
+        t = Target("a8w8_fp8", t.group_size, t.arch, t.rule) if block == fp8_block.BLOCK else t
+    outs = _outputs(name, info.shape, info.dtype, t)
+    if src_scale and t.type == "keep":
+        outs += (Entry(src_scale, "F32", infos[src_scale].shape),)
+    bytes_in = info.nbytes + (infos[src_scale].nbytes if src_scale else 0)
+    return Task(name, info.dtype, info.shape, src_scale, block if src_scale else None, t, r.role, r.layer,
+                r.mtp, outs, bytes_in)
 
 
 FP8_MIN_ARCH = 89  # FP8 tensor cores: Ada (sm_89) and Hopper (sm_90); a GPU below cannot serve FP8 weights

@@ -116,9 +116,12 @@ def _verify(target: Path, reference, *, expert_sample, samples, gates, export, d
                 with Checkpoint.open(reference) as ref:
                     report["reference_is_source"] = _is_source(ck, ref)
                     g = gates or {}
+                    # (a dsx quantize output of this reference: its bytes too, not only their numbers)
+                    reproduce = (manifest is not None and "plan_digest" in manifest.run
+                                 and report["reference_is_source"] is not False)
                     stats = check_weights(ck, ref, cfg, expert_sample=expert_sample, gates=g.get("min_sqnr_db"),
                                           workers=workers, progress=progress,
-                                          on_file=files.reading if beside else None)
+                                          on_file=files.reading if beside else None, reproduce=reproduce)
                     if beside:
                         findings = files.finish()
                         if files_alone(findings):
@@ -157,6 +160,7 @@ def _verify(target: Path, reference, *, expert_sample, samples, gates, export, d
                     and (report["e2e"] is None or report["e2e"]["ok"]))
     # (what "ok" covers: without a reference, integrity only)
     report["checked"] = (["files", "tensors", "config"] + (["weights"] if reference is not None else [])
+                         + (["bytes"] if any(s.reproduced is not None for s in stats) else [])
                          + (["kernels"] if kstats else [])
                          + (["export files"] if export is not None and reference is not None else [])
                          + (["end to end"] if report["e2e"] else []))
@@ -201,5 +205,6 @@ def _aggregate(stats) -> dict:
             "max_rel_fro": max(finite(s.rel_fro for s in ss), default=None),
             "min_cosine": min(finite(s.cosine for s in ss), default=None),
             "max_saturated": max(s.saturated for s in ss), "gate_db": ss[0].gate,
+            "reproduced": sum(s.reproduced is True for s in ss), "differ": sum(s.reproduced is False for s in ss),
         }
     return out

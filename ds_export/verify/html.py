@@ -122,11 +122,13 @@ def render(rep: dict) -> str:
                f"{sum(not k['ok'] for k in rep.get('kernels', []))} kernel checks out of range.</p>")
     findings = _table(["check", "where", "problem"], [[f["check"], f["where"], f["problem"]] for f in rep["findings"]]) \
         if rep["findings"] else "<p>No integrity findings: every file, hash, tensor and config key agrees.</p>"
-    summary = _table(["format", "role", "tensors", "bit-identical", "min SQNR dB", "gate dB", "min cosine", "failed"],
+    summary = _table(["format", "role", "tensors", "bit-identical", "min SQNR dB", "gate dB", "min cosine",
+                      "bytes as dsx converts the source", "failed"],
                      [[g["format"], g["role"], g["tensors"], g["exact"],
                        "-" if g["min_sqnr_db"] is None else f"{g['min_sqnr_db']:.1f}",
                        "exact" if g["gate_db"] == float("inf") else g["gate_db"],
-                       "-" if g["min_cosine"] is None else f"{g['min_cosine']:.5f}", g["failed"]]
+                       "-" if g["min_cosine"] is None else f"{g['min_cosine']:.5f}",
+                       f"{g['differ']} differ" if g.get("differ") else g.get("reproduced") or "-", g["failed"]]
                       for g in rep["by_format"].values()])
     kernels = _table(["kernel", "tensor", "error vs float64 on its inputs", "quantization SQNR dB", "ok"],
                      [[k["kernel"], k["tensor"], f"{k['kernel_err']:.2e}",

@@ -56,7 +56,8 @@ class WeightStat:
     saturated: float  # share of elements at the format's largest code
     gate: float  # the minimum SQNR this format must reach (inf: a copy of the source, bit-identical)
     ok: bool
-    problem: str = ""  # why it failed where the SQNR does not say it (a shape, NaN / Inf values)
+    problem: str = ""  # why it failed where the SQNR does not say it (a shape, NaN / Inf values, other bytes)
+    reproduced: bool | None = None  # the stored bytes are dsx's conversion of the reference (None: not compared)
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -295,8 +296,13 @@ def _parts(rows: int, cols: int, align: int) -> list[tuple[int, int]]:
 def check_weights(target: Checkpoint, reference: Checkpoint, cfg: ds.DeepseekV3Config,
                   *, expert_sample: int | None = None, gates: dict | None = None,
                   workers: int | None = None, progress: Reporter = QUIET,
-                  on_file: Callable[[Path], None] | None = None) -> list[WeightStat]:
+                  on_file: Callable[[Path], None] | None = None, reproduce: bool = False) -> list[WeightStat]:
     """Compare every quantizable weight present in both (routed experts: the first `expert_sample` per layer).
+
+    reproduce: also convert each reference weight again as dsx quantize does (the format and group size read from
+    the stored tensors, the arch from the config) and require the stored bytes to be exactly those: a change the
+    SQNR gate cannot see (a flipped bit of one int4 code, one scale's last mantissa bit) fails the tensor. For a dsx
+    quantize output converted from this reference.
 
     workers: threads that decode and reduce the tensors' row parts (default: the cores, at most 16); the result
     does not depend on it beyond float64 summation order. progress: told each tensor's bytes (stored and
@@ -327,6 +333,7 @@ def check_weights(target: Checkpoint, reference: Checkpoint, cfg: ds.DeepseekV3C
         advance(nbytes(item.name))
 
     workers = workers or default_workers()
+    ref_infos = {t.name: t for t in reference.infos()} if reproduce else {}
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dsx-verify")
     try:
         window: deque = deque()  # tensors whose parts are queued or running, oldest first
@@ -355,7 +362,10 @@ def check_weights(target: Checkpoint, reference: Checkpoint, cfg: ds.DeepseekV3C
                 else:
                     futs = [pool.submit(_part_sums, ref_rows, got_rows, r0, r1, cols) for r0, r1 in parts]
                     decode = None
-                window.append(_Item(name, r, fmt, futs, rows * cols, decode))
+                task = _reconversion(reference, target, r, fmt, shape, ref_infos) if reproduce else None
+                if task is not None:
+                    futs.append(pool.submit(_reproduce, reference, target, task))
+                window.append(_Item(name, r, fmt, futs, rows * cols, decode, repro=task is not None))
             while sum(len(w.futs) for w in window) > depth and len(window) > 1:
                 finish(window.popleft())
         while window:
@@ -377,14 +387,28 @@ class _Item(NamedTuple):
     size: int = 0
     decode: tuple | None = None  # (ref_rows, got_rows, parts, cols): a candidate copy, decoded if its bytes are not one
     problem: str = ""  # set: the tensor failed before any part was read (its stored shape)
+    repro: bool = False  # futs' last one is _reproduce's
 
 
 def _finish(item: _Item, reference: Checkpoint, target: Checkpoint, gate_of: dict,
             pool: ThreadPoolExecutor) -> WeightStat:
-    name, r, fmt, futs, size, decode, problem = item
+    name, r, fmt, futs, size, decode, problem, repro = item
     if problem:
         return WeightStat(name, r.role, r.layer, r.mtp, fmt, math.inf, -math.inf, math.inf, 0.0, 0.0, 0.0, False,
                           problem)
+    differs = futs[-1].result() if repro else None  # (None: the same bytes)
+    futs = futs[:-1] if repro else futs
+    stat = _stat(item._replace(futs=futs), reference, target, gate_of, pool)
+    if repro:
+        stat.reproduced = differs is None
+        if differs is not None and stat.ok:  # (a failed SQNR or NaN is the clearer message)
+            stat.ok, stat.problem = False, differs
+    return stat
+
+
+def _stat(item: _Item, reference: Checkpoint, target: Checkpoint, gate_of: dict,
+          pool: ThreadPoolExecutor) -> WeightStat:
+    name, r, fmt, futs, size, decode, _, _ = item
     gate = gate_of.get(fmt, 0.0)
     # A stored tensor of the source's own format must be the source itself (passthrough copies).
     src_dtype = reference.info(name).dtype
@@ -411,6 +435,67 @@ def _finish(item: _Item, reference: Checkpoint, target: Checkpoint, gate_of: dic
     ok = sqnr == math.inf if same and _same_blocks(reference, target, name) else sqnr >= gate
     return WeightStat(name, r.role, r.layer, r.mtp, fmt, rel, sqnr, mx, cos, sat, math.inf if same else gate,
                       ok and not problem, problem)
+
+
+class _Differs(Exception):
+    pass
+
+
+def _reconversion(reference: Checkpoint, target: Checkpoint, r: ds.TensorRole, fmt: str, shape,
+                  ref_infos: dict):
+    """The plan task that converts the reference's r.name into the stored format (read from the stored tensors),
+    or None where the format is not one dsx writes from it."""
+    from ds_export.quant.plan import task_for
+    from ds_export.quant.recipe import Target
+
+    if fmt.startswith("weight_only_int"):
+        bits, group, arch = _wo_params(target, r.name, shape)
+        t = Target(f"weight_only_int{bits}", group, arch)
+    elif fmt in ("a8w8_fp8", "bf16", "float32"):
+        t = Target(fmt)
+    else:
+        return None
+    try:
+        return task_for(reference, r, t, ref_infos, _fp8_block_size(reference))
+    except DsxError:  # (a source dsx quantize refuses: the reference's own checks say why)
+        return None
+
+
+def _reproduce(reference: Checkpoint, target: Checkpoint, task) -> str | None:
+    """None when converting the reference as the task says writes the stored bytes exactly, else where the first
+    difference is. Streams: each piece the conversion writes is compared with the stored bytes at its offset."""
+    from ds_export.quant.backend import CpuBackend
+    from ds_export.quant.transforms import convert
+
+    at: dict[str, int] = {}
+
+    def write(out: str, data: np.ndarray) -> None:
+        b = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+        o = at.get(out, 0)
+        if out not in target:
+            raise _Differs(f"{out} is not stored")
+        got = target.raw(out).reshape(-1)[o:o + b.size]
+        bad = np.flatnonzero(got != b[:got.size])
+        if bad.size:
+            raise _Differs(f"{out} byte {o + int(bad[0])}")
+        if got.size != b.size:
+            raise _Differs(f"{out} ends at byte {o + got.size}, the conversion writes more")
+        at[out] = o + b.size
+
+    try:
+        convert(reference, task, write, chunk_bytes=16 << 20, backend=CpuBackend(threads=1))
+    except _Differs as e:
+        diff = e.args[0]
+    except DsxError:  # (a reference dsx cannot convert, NaN codes: the SQNR check reports its values)
+        return None
+    else:
+        short = next((e.name for e in task.outputs if at.get(e.name, 0) != target.info(e.name).nbytes), None)
+        if short is None:
+            return None
+        diff = f"{short} holds {target.info(short).nbytes} bytes, the conversion {at.get(short, 0)}"
+    return (f"within the {task.target.type} gate, but not the bytes dsx quantize writes from the reference "
+            f"(first difference: {diff}): written wrong (a memory or device fault, an edit with its manifest "
+            "rewritten) or by another tool or dsx version; quantize it again")
 
 
 def _same_blocks(reference: Checkpoint, target: Checkpoint, name: str) -> bool:
