@@ -32,10 +32,34 @@ def _write(tmp_path, text):
     ("name: x\nrules: [\n", "not valid YAML"),
     ("name: x\nmtp:\n  name: y\n  mtp: a8w8_fp8\n", "cannot have an mtp key"),
     ("name: x\ndefaults:\n  linear: float32\n", "defaults.linear 'float32'"),
+    # (internal errors: a number where a string or a list of them goes)
+    ("name: x\nrules:\n  - role: 5\n    type: bf16\n", r"r.yaml:3: role 5 must be a role or a list of roles"),
+    ("name: x\nrules:\n  - name: 5\n    type: bf16\n", r"r.yaml:3: name 5 must be a string"),
+    ("name: x\nrules:\n  - regex: 5\n    type: bf16\n", r"r.yaml:3: regex 5 must be a string"),
+    # (taken: 90.0 == 90, and the float went into the plan and the output's config)
+    ("name: x\narch: 90.0\n", r"r.yaml:1: arch 90.0 is not one of"),
+    ("name: x\ngroup_size: 64.0\n", r"r.yaml:1: group_size 64.0 is not one of"),
+    ("name: x\nrules:\n  - role: q_b\n    type: weight_only_int4\n    group_size: 128.0\n", "group_size 128.0"),
 ])
 def test_strict_validation(tmp_path, text, msg):
     with pytest.raises(UsageError, match=msg):
         rmod.load(_write(tmp_path, text))
+
+
+def test_an_mtp_recipe_file_is_found_beside_the_recipe(tmp_path, monkeypatch):
+    """mtp: sub/m.yaml was read from the working directory: a recipe and its MTP recipe worked only when dsx ran in
+    their directory. It is read beside the recipe (a path only the working directory has still works)."""
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "m.yaml").write_text("name: m\ndefaults: {linear: bf16}\n")
+    p = _write(tmp_path, "name: x\nmtp: sub/m.yaml\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert rmod.load(p).mtp.name == "m"
+    (elsewhere / "cwd.yaml").write_text("name: c\n")
+    assert rmod.load(_write(tmp_path, "name: x\nmtp: cwd.yaml\n")).mtp.name == "c"
+    with pytest.raises(UsageError, match=r"sub/none.yaml: recipe not found"):
+        rmod.load(_write(tmp_path, "name: x\nmtp: sub/none.yaml\n"))
 
 
 def test_builtins_exist_and_load():

@@ -147,7 +147,8 @@ def _err(source: str, line: int, msg: str) -> UsageError:
 
 
 def _choice(source, line, key, value, allowed):
-    if value not in allowed:
+    # (of the same type too: 90.0 == 90 and True == 1 were taken, and a float arch went into the plan and config)
+    if not any(value == a and type(value) is type(a) for a in allowed):
         raise _err(source, line, f"{key} {value!r} is not one of {', '.join(map(str, allowed))}")
     return value
 
@@ -194,9 +195,15 @@ def _parse_rule(r, source: str, parent_line: int) -> Rule:
         raise _err(source, line, "a rule needs a type")
     t = _choice(source, line, "type", r["type"], TARGETS)
     roles = r.get("role", [])
+    if not isinstance(roles, (str, list)):  # (5 was an internal error)
+        raise _err(source, line, f"role {roles!r:.40} must be a role or a list of roles")
     roles = (roles,) if isinstance(roles, str) else tuple(roles)
     for role in roles:
         _choice(source, line, "role", role, tuple(ds.ROLES))
+    for key in ("name", "regex"):  # (a number was an internal error when matched)
+        if key in r and not isinstance(r[key], str):
+            raise _err(source, line, f"{key} {r[key]!r:.40} must be a string (a glob for name, a regular "
+                                     "expression for regex)")
     if not (roles or r.get("name") or r.get("regex") or "mtp" in r):
         raise _err(source, line, "a rule needs role, name, regex or mtp to match on")
     if r.get("regex"):
@@ -219,7 +226,11 @@ def _resolve_mtp(spec, source: str, line: int, arch: int, group: int) -> Recipe:
     if isinstance(spec, str):
         p = Path(spec)
         if p.suffix in (".yaml", ".yml"):
-            return load(p, _depth=1)
+            # (beside the recipe that names it, as a user writes it; it was read from the working directory, so a
+            # recipe and its MTP recipe worked only from their own directory; that reading stays for a path that is
+            # not beside it)
+            beside = Path(source).parent / p
+            return load(beside if not p.is_absolute() and (beside.is_file() or not p.is_file()) else p, _depth=1)
         return builtin(spec, arch=arch, group_size=group, _depth=1)
     return parse(spec, source, _depth=1)
 
