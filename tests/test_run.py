@@ -175,6 +175,21 @@ def test_a_generate_prompt_outside_the_vocabulary_is_found_before_the_first_step
     assert not [p for p in (tmp_path / "w").rglob("*") if p.is_file() and not p.name.startswith(".")]
 
 
+def test_a_quant_recipe_file_is_found_beside_the_deployment_recipe(tmp_path, monkeypatch, capsys):
+    """quantize.recipe: mix.yaml was read from the working directory: `dsx run recipes/x.yaml` from anywhere else
+    said "mix.yaml: recipe not found"."""
+    import json
+
+    (tmp_path / "mix.yaml").write_text("name: my-mix\ndefaults: {linear: weight_only_int8}\n")
+    r = tmp_path / "r.yaml"
+    r.write_text("name: x\nmodel: {tiny: {}}\nquantize: {recipe: mix.yaml}\nexport: {}\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert main(["run", str(r), "--dry-run", "--json", "--workdir", str(tmp_path / "w")]) == 0
+    assert json.loads(capsys.readouterr().out)["quantize"]["type"] == "my-mix"
+
+
 def test_float16_exports_are_a_recipe_setting_too(tmp_path):
     p = tmp_path / "r.yaml"
     p.write_text("name: x\nmodel: {tiny: {}}\nquantize: {type: bf16}\nexport: {dtype: float16}\n")

@@ -226,13 +226,18 @@ def _resolve_mtp(spec, source: str, line: int, arch: int, group: int) -> Recipe:
     if isinstance(spec, str):
         p = Path(spec)
         if p.suffix in (".yaml", ".yml"):
-            # (beside the recipe that names it, as a user writes it; it was read from the working directory, so a
-            # recipe and its MTP recipe worked only from their own directory; that reading stays for a path that is
-            # not beside it)
-            beside = Path(source).parent / p
-            return load(beside if not p.is_absolute() and (beside.is_file() or not p.is_file()) else p, _depth=1)
+            return load(beside(p, source), _depth=1)
         return builtin(spec, arch=arch, group_size=group, _depth=1)
     return parse(spec, source, _depth=1)
+
+
+def beside(path: str | Path, source: str | Path) -> Path:
+    """A file a recipe names, read beside the recipe (source), as its author writes it: it was read from the working
+    directory, so a recipe and the files it names worked only when dsx ran in their directory. A relative path that
+    only the working directory has is still read there."""
+    p = Path(path)
+    near = Path(source).parent / p
+    return near if not p.is_absolute() and (near.is_file() or not p.is_file()) else p
 
 
 def load_yaml(path: str | Path, what: str = "recipe"):

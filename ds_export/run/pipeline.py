@@ -65,10 +65,11 @@ def _steps(from_step: str | None, until_step: str | None) -> list[str]:
 
 def _recipe(dep: Deployment):
     from ds_export.quant.plan import load_recipe
+    from ds_export.quant.recipe import beside
 
     q = dep.quantize
-    return load_recipe(q.get("type"), Path(q["recipe"]) if q.get("recipe") else None, arch=q.get("arch"),
-                       group_size=q.get("group_size"), mtp_type=q.get("mtp_type"))
+    return load_recipe(q.get("type"), beside(q["recipe"], dep.source) if q.get("recipe") else None,
+                       arch=q.get("arch"), group_size=q.get("group_size"), mtp_type=q.get("mtp_type"))
 
 
 def _selection(dep: Deployment) -> str:
