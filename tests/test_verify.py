@@ -142,6 +142,25 @@ def test_a_change_the_gate_cannot_see_is_caught_by_its_bytes(outputs, tiny_fp8, 
     assert sum(x["reproduced"] is True for x in rep["weights"]) == len(rep["weights"]) - 1
 
 
+def test_a_copy_whose_bytes_differ_but_decode_equal_fails(mix_copy, tiny_fp8):
+    """An FP8 weight kept as the source's copy, one +0 code (0x00) made -0 (0x80): the values are equal, so the copy's
+    SQNR is exact and it passed; its bytes are not the source's."""
+    with Checkpoint.open(mix_copy) as ck:
+        name, at = next((n, int(np.flatnonzero(ck.raw(n) == 0)[0])) for n in ck.names()
+                        if ck.info(n).dtype == "F8_E4M3" and np.any(ck.raw(n) == 0))
+
+    def negate_zero(ts):
+        b = ts[name].reshape(-1).view(np.uint8)
+        assert b[at] == 0
+        b[at] = 0x80
+
+    _rewrite_shard(mix_copy, name, negate_zero)
+    rep = verify(mix_copy, tiny_fp8, samples=0)
+    w = next(w for w in rep["weights"] if w["name"] == name)
+    assert _bad(rep) == [name] and w["sqnr_db"] is None  # (exact: infinite, written as null)
+    assert w["reproduced"] is False and "its bytes are the reference's, copied" in w["problem"], w
+
+
 def test_bytes_are_compared_only_for_a_dsx_quantize_output_of_the_reference(outputs, tiny_fp8, tmp_path):
     """Another tool's conversion (no dsx manifest), or a reference that is not the output's source, is judged by its
     numbers alone: other bytes are no fault there."""

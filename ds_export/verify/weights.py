@@ -363,9 +363,10 @@ def check_weights(target: Checkpoint, reference: Checkpoint, cfg: ds.DeepseekV3C
                     futs = [pool.submit(_part_sums, ref_rows, got_rows, r0, r1, cols) for r0, r1 in parts]
                     decode = None
                 task = _reconversion(reference, target, r, fmt, shape, ref_infos) if reproduce else None
-                if task is not None:
+                repro = "" if task is None else "copy" if task.passthrough and copy is not None else "job"
+                if repro == "job":  # (a copy's byte comparison above is its reconversion already)
                     futs.append(pool.submit(_reproduce, reference, target, task))
-                window.append(_Item(name, r, fmt, futs, rows * cols, decode, repro=task is not None))
+                window.append(_Item(name, r, fmt, futs, rows * cols, decode, repro=repro))
             while sum(len(w.futs) for w in window) > depth and len(window) > 1:
                 finish(window.popleft())
         while window:
@@ -387,7 +388,7 @@ class _Item(NamedTuple):
     size: int = 0
     decode: tuple | None = None  # (ref_rows, got_rows, parts, cols): a candidate copy, decoded if its bytes are not one
     problem: str = ""  # set: the tensor failed before any part was read (its stored shape)
-    repro: bool = False  # futs' last one is _reproduce's
+    repro: str = ""  # "job": futs' last one is _reproduce's; "copy": the bytes compared as a copy are the reproduction
 
 
 def _finish(item: _Item, reference: Checkpoint, target: Checkpoint, gate_of: dict,
@@ -396,9 +397,11 @@ def _finish(item: _Item, reference: Checkpoint, target: Checkpoint, gate_of: dic
     if problem:
         return WeightStat(name, r.role, r.layer, r.mtp, fmt, math.inf, -math.inf, math.inf, 0.0, 0.0, 0.0, False,
                           problem)
-    differs = futs[-1].result() if repro else None  # (None: the same bytes)
-    futs = futs[:-1] if repro else futs
-    stat = _stat(item._replace(futs=futs), reference, target, gate_of, pool)
+    differs = futs[-1].result() if repro == "job" else None  # (None: the same bytes)
+    futs = futs[:-1] if repro == "job" else futs
+    stat, copied = _stat(item._replace(futs=futs), reference, target, gate_of, pool)
+    if repro == "copy" and not copied:  # (bytes that differ but decode equal: -0.0 for +0.0)
+        differs = _not_the_bytes(fmt, "its bytes are the reference's, copied")
     if repro:
         stat.reproduced = differs is None
         if differs is not None and stat.ok:  # (a failed SQNR or NaN is the clearer message)
@@ -407,7 +410,8 @@ def _finish(item: _Item, reference: Checkpoint, target: Checkpoint, gate_of: dic
 
 
 def _stat(item: _Item, reference: Checkpoint, target: Checkpoint, gate_of: dict,
-          pool: ThreadPoolExecutor) -> WeightStat:
+          pool: ThreadPoolExecutor) -> tuple[WeightStat, bool]:
+    """The tensor's figures, and whether its bytes were found a finite copy of the reference's."""
     name, r, fmt, futs, size, decode, _, _ = item
     gate = gate_of.get(fmt, 0.0)
     # A stored tensor of the source's own format must be the source itself (passthrough copies).
@@ -418,7 +422,7 @@ def _stat(item: _Item, reference: Checkpoint, target: Checkpoint, gate_of: dict,
         if all(s is not None for s in sats):
             sat = sum(sats) / size if size else 0.0
             return WeightStat(name, r.role, r.layer, r.mtp, fmt, 0.0, math.inf, 0.0, 1.0, sat,
-                              math.inf if same else gate, True)
+                              math.inf if same else gate, True), True
         ref_rows, got_rows, parts, cols = decode
         futs = [pool.submit(_part_sums, ref_rows, got_rows, r0, r1, cols) for r0, r1 in parts]
     sums = np.zeros(6)
@@ -434,7 +438,7 @@ def _stat(item: _Item, reference: Checkpoint, target: Checkpoint, gate_of: dict,
                else "")
     ok = sqnr == math.inf if same and _same_blocks(reference, target, name) else sqnr >= gate
     return WeightStat(name, r.role, r.layer, r.mtp, fmt, rel, sqnr, mx, cos, sat, math.inf if same else gate,
-                      ok and not problem, problem)
+                      ok and not problem, problem), False
 
 
 class _Differs(Exception):
@@ -493,9 +497,13 @@ def _reproduce(reference: Checkpoint, target: Checkpoint, task) -> str | None:
         if short is None:
             return None
         diff = f"{short} holds {target.info(short).nbytes} bytes, the conversion {at.get(short, 0)}"
-    return (f"within the {task.target.type} gate, but not the bytes dsx quantize writes from the reference "
-            f"(first difference: {diff}): written wrong (a memory or device fault, an edit with its manifest "
-            "rewritten) or by another tool or dsx version; quantize it again")
+    return _not_the_bytes(task.target.type, f"first difference: {diff}")
+
+
+def _not_the_bytes(fmt: str, how: str) -> str:
+    return (f"within the {fmt} gate, but not the bytes dsx quantize writes from the reference ({how}): written wrong "
+            "(a memory or device fault, an edit with its manifest rewritten) or by another tool or dsx version; "
+            "quantize it again")
 
 
 def _same_blocks(reference: Checkpoint, target: Checkpoint, name: str) -> bool:
