@@ -297,6 +297,25 @@ def test_force_replaces_an_output_whose_manifest_is_damaged(tiny_fp8, tmp_path, 
     assert Manifest.load(out).complete and (out / "notes.txt").read_text() == "mine"
 
 
+def test_a_block_scale_of_another_dtype_is_refused_before_converting(tiny_fp8, tmp_path, capsys):
+    """A source whose FP8 block scale is declared I32 (the same 4 bytes a value) was converted as integers: a
+    weight_only_int4 output at -243 dB, exit 0; dsx export read it the same way. Both refuse it, naming it."""
+    import shutil
+
+    from headers import set_dtype
+
+    src = tmp_path / "src"
+    shutil.copytree(tiny_fp8, src)
+    scale = "model.layers.1.mlp.experts.3.gate_proj.weight_scale_inv"
+    set_dtype(src, scale, "I32")
+    for cmd in (["inspect", str(src)], ["quantize", str(src), "--out", str(tmp_path / "o"), "--type", "weight_only_int4"],
+                ["export", str(src), "--out", str(tmp_path / "e")]):
+        assert main([*cmd, "-q"]) == 1, cmd
+        err = capsys.readouterr().err
+        assert f"{scale}" in err and "is I32" in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "o").exists() and not (tmp_path / "e").exists()
+
+
 def test_force_never_deletes_a_source_or_another_checkpoint(tiny_fp8, tmp_path, capsys):
     """dsx quantize SRC --out SRC --force deleted every shard of SRC (they look like the shards dsx writes), and --force
     into another checkpoint's directory deleted its shards: refused, the files untouched."""

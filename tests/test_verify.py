@@ -178,6 +178,28 @@ def test_bytes_are_compared_only_for_a_dsx_quantize_output_of_the_reference(outp
     assert rep["reference_is_source"] is False and "bytes" not in rep["checked"]
 
 
+def test_a_scale_of_an_integer_dtype_is_named_not_decoded(outputs, mix_copy, tiny_fp8, tmp_path, capsys):
+    """A block scale declared I32 (the same 4 bytes a value) stopped verify with "dequant_ref: scale_inv must be a 2-D
+    float32 array, got int32", naming neither file nor tensor; in the target it is now that tensor's finding, in the
+    reference a one-line error naming it."""
+    from headers import set_dtype
+
+    name = "model.layers.3.mlp.experts.15.gate_proj.weight"  # (the MTP layer's: FP8 in the mix)
+    set_dtype(mix_copy, name + "_scale_inv", "I32")
+    rep = verify(mix_copy, tiny_fp8, samples=0)
+    assert f"its scale {name}_scale_inv is I32, expected F32" in next(w["problem"] for w in rep["weights"]
+                                                                        if w["name"] == name)
+    assert main(["verify", str(mix_copy), "--reference", str(tiny_fp8), "-q"]) == 1
+    assert f"{name}_scale_inv: is I32 [2, 2], its type a8w8_fp8 implies F32" in capsys.readouterr().err
+    ref = tmp_path / "ref"
+    shutil.copytree(tiny_fp8, ref)
+    set_dtype(ref, name + "_scale_inv", "I32")
+    assert main(["verify", str(outputs / "mix"), "--reference", str(ref), "-q"]) == 1
+    err = capsys.readouterr().err
+    assert f"the reference's {name}: its scale {name}_scale_inv is I32, expected F32" in err, err
+    assert len(err.strip().splitlines()) == 1
+
+
 def test_wrong_arch_layout_is_caught(mix_copy, tiny_fp8):
     name = EXPERT.format(5)
     src = Checkpoint.open(tiny_fp8)

@@ -530,3 +530,6 @@ def check_fp8_partners(roles: dict[str, TensorRole], dtypes: dict[str, str], *, 
         if r.kind == "weight" and dt in ("F8_E4M3", "F8_E5M2") and r.scale_name not in roles:
             raise ModelMapError(f"{source}: FP8 tensor {n} has no {r.scale_name}",
                                 hint="the checkpoint is incomplete or not block-scaled FP8")
+        if r.kind == "scale_inv" and dt != "F32":  # (an I32 one was converted as garbage: -243 dB, exit 0)
+            raise ModelMapError(f"{source}: block scale {n} is {dt}; DeepSeek's FP8 block scales are F32",
+                                hint="the checkpoint is damaged or not in DeepSeek's format: download it again")

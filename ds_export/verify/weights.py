@@ -115,7 +115,15 @@ def default_workers() -> int:
 
 
 class _Shape(Exception):
-    """A stored tensor whose shape does not belong to its reference; args[0]: its format label."""
+    """A stored tensor whose shape does not belong to its reference; args[0]: its format label; args[1], if given,
+    what is wrong instead (a scale's dtype)."""
+
+
+def _scale_dtype(ck: Checkpoint, scale: str, allowed: tuple[str, ...]) -> str | None:
+    """What is wrong with a scale tensor's dtype, or None (an I32 block scale was read as integers, or stopped
+    verify with an error naming neither file nor tensor)."""
+    dt = ck.info(scale).dtype
+    return None if dt in allowed else f"its scale {scale} is {dt}, expected {' or '.join(allowed)}"
 
 
 def _fp8_block_size(ck: Checkpoint) -> tuple[int, int]:
@@ -127,6 +135,10 @@ def _reference_rows(ck: Checkpoint, name: str):
     scale_inv. out: a flat float64 buffer to decode into (a view of it is returned), else a new array."""
     info = ck.info(name)
     if info.dtype == "F8_E4M3":
+        wrong = _scale_dtype(ck, name + ds.SCALE_SUFFIX, ("F32",))
+        if wrong:
+            raise DsxError(f"{ck.root}: the reference's {name}: {wrong}",
+                           hint="the reference checkpoint is damaged or not in DeepSeek's format")
         block = _fp8_block_size(ck)
         q, s, bn = ck.get(name), ck.get(name + ds.SCALE_SUFFIX), int(block[0])
         return tuple(info.shape), bn, lambda r0, r1, out=None: _fp8_f64(q[r0:r1], s[r0 // bn: -(-r1 // bn)], block,
@@ -158,6 +170,9 @@ def _stored_rows(target: Checkpoint, name: str, ref_shape):
     if info.dtype == "F8_E4M3":
         if tuple(info.shape) != tuple(ref_shape):
             raise _Shape("a8w8_fp8")
+        wrong = _scale_dtype(target, name + ds.SCALE_SUFFIX, ("F32",))
+        if wrong:
+            raise _Shape("a8w8_fp8", wrong)
         q, s = target.get(name), target.get(name + ds.SCALE_SUFFIX)
         bn = fp8_block.BLOCK[0]
 
@@ -179,6 +194,9 @@ def _stored_rows(target: Checkpoint, name: str, ref_shape):
         if (tuple(info.shape) != tuple(want["qweight"]["shape"])
                 or tuple(target.info(name + ds.WO_SCALE_SUFFIX).shape) != tuple(want["scale"]["shape"])):
             raise _Shape(label)
+        wrong = _scale_dtype(target, name + ds.WO_SCALE_SUFFIX, ("BF16", "F16", "F32"))
+        if wrong:
+            raise _Shape(label, wrong)
         qw, sc = target.get(name), target.get(name + ds.WO_SCALE_SUFFIX)
 
         def wo_rows(r0, r1, out=None):
@@ -246,10 +264,11 @@ def stored_f64(target: Checkpoint, name: str, ref_shape) -> tuple[np.ndarray, st
     """(decoded weight, format label, saturated share)."""
     try:
         fmt, _, rows = _stored_rows(target, name, ref_shape)
-    except _Shape:
-        raise DsxError(f"{target.info(name).file}: {name} is {target.info(name).dtype} "
-                       f"{list(target.info(name).shape)}, which cannot hold the reference's weight of shape "
-                       f"{list(ref_shape)}; check --reference, or convert the weight again with dsx quantize") from None
+    except _Shape as e:
+        raise DsxError(f"{target.info(name).file}: {name} " + (f"is stored with {e.args[1]}" if len(e.args) > 1 else (
+                       f"is {target.info(name).dtype} {list(target.info(name).shape)}, which cannot hold the "
+                       f"reference's weight of shape {list(ref_shape)}")) + "; check --reference, or convert the "
+                       "weight again with dsx quantize") from None
     w, sat = rows(0, ref_shape[0] if len(ref_shape) else 1)
     return w.reshape(ref_shape), fmt, sat / max(1, w.size)
 
@@ -348,8 +367,9 @@ def check_weights(target: Checkpoint, reference: Checkpoint, cfg: ds.DeepseekV3C
                 fmt, got_align, got_rows = _stored_rows(target, name, shape)
             except _Shape as e:
                 t = target.info(name)
-                window.append(_Item(name, r, e.args[0], problem=f"stored as {t.dtype} {list(t.shape)}, which cannot "
-                                    f"hold the reference's weight of shape {list(shape)}"))
+                window.append(_Item(name, r, e.args[0], problem=e.args[1] if len(e.args) > 1 else (
+                    f"stored as {t.dtype} {list(t.shape)}, which cannot hold the reference's weight of shape "
+                    f"{list(shape)}")))
             else:
                 align = math.lcm(ref_align, got_align)
                 rows = shape[0] if shape else 1

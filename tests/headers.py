@@ -1,0 +1,28 @@
+"""Test helper: change a tensor's declared dtype in its shard's header, bytes untouched (a damaged or foreign
+checkpoint whose sizes still add up)."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+from ds_export.io.manifest import Manifest
+
+
+def set_dtype(root: Path, tensor: str, dtype: str) -> Path:
+    """Declare `tensor` as `dtype` (same item size) in the shard that holds it, and re-record that shard in the
+    directory's dsx manifest if it has one (a converter's fault, not the disk's). Returns the shard."""
+    index = json.loads((root / "model.safetensors.index.json").read_text())
+    shard = root / index["weight_map"][tensor]
+    raw = shard.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n])
+    header[tensor]["dtype"] = dtype
+    body = json.dumps(header).encode()
+    body += b" " * (-len(body) % 8)
+    shard.write_bytes(struct.pack("<Q", len(body)) + body + raw[8 + n:])
+    m = Manifest.load(root)
+    if m is not None and shard.name in m.files:
+        m.record_file(shard.name)
+    return shard
