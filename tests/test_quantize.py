@@ -314,6 +314,12 @@ def test_a_block_scale_of_another_dtype_is_refused_before_converting(tiny_fp8, t
         err = capsys.readouterr().err
         assert f"{scale}" in err and "is I32" in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "o").exists() and not (tmp_path / "e").exists()
+    out = tmp_path / "int4"  # (a weight-only scale declared F16, the same 2 bytes a value, was read as F16)
+    _quantize(tiny_fp8, out, "--type", "weight_only_int4")
+    set_dtype(out, scale.replace("_scale_inv", "_scale"), "F16")
+    assert main(["export", str(out), "--out", str(tmp_path / "e"), "-q"]) == 1
+    err = capsys.readouterr().err
+    assert "gate_proj.weight_scale, the scale of weight-only tensor" in err and "is F16; dsx quantize writes BF16" in err
 
 
 def test_force_never_deletes_a_source_or_another_checkpoint(tiny_fp8, tmp_path, capsys):

@@ -178,10 +178,10 @@ class _Reader:
         if sname not in self.ckpt:
             raise CheckpointError(f"{self.ckpt.root}: {what} tensor {name} has no {sname}",
                                   hint="the checkpoint is incomplete or was not written by dsx quantize / DeepSeek")
-        dt = self.ckpt.info(sname).dtype
-        if dt not in ("F32", "BF16", "F16"):  # (an I32 one was read as integers: an export of garbage, exit 0)
-            raise CheckpointError(f"{self.ckpt.root}: {sname}, the scale of {what} tensor {name}, is {dt}; scales are "
-                                  "float tensors (F32 / BF16)",
+        dt, want = self.ckpt.info(sname).dtype, "F32" if suffix == ds.SCALE_SUFFIX else "BF16"
+        if dt != want:  # (an I32 one was read as integers, an F16 one as other numbers: an export of garbage, exit 0)
+            raise CheckpointError(f"{self.ckpt.root}: {sname}, the scale of {what} tensor {name}, is {dt}; "
+                                  f"{'DeepSeek' if want == 'F32' else 'dsx quantize'} writes {want}",
                                   hint="the checkpoint is damaged or was not written by dsx quantize / DeepSeek")
         return sname
 

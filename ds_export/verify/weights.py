@@ -194,7 +194,7 @@ def _stored_rows(target: Checkpoint, name: str, ref_shape):
         if (tuple(info.shape) != tuple(want["qweight"]["shape"])
                 or tuple(target.info(name + ds.WO_SCALE_SUFFIX).shape) != tuple(want["scale"]["shape"])):
             raise _Shape(label)
-        wrong = _scale_dtype(target, name + ds.WO_SCALE_SUFFIX, ("BF16", "F16", "F32"))
+        wrong = _scale_dtype(target, name + ds.WO_SCALE_SUFFIX, ("BF16",))
         if wrong:
             raise _Shape(label, wrong)
         qw, sc = target.get(name), target.get(name + ds.WO_SCALE_SUFFIX)
