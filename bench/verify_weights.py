@@ -107,8 +107,8 @@ def main() -> None:
                 raise SystemExit(f"check_weights with {w} workers failed (exit {r.returncode})")
             dt, weights, tensors, bad = res.read_text().split()
             rows.append((w, rep, float(dt), int(weights), int(tensors), int(bad), t_cat, peak))
-    print(f"\n{'workers':>7} {'bytes':>5} {'verify s':>9} {'M weights/s':>12} {'cat s':>6} {'ratio':>6} {'peak MiB':>9} "
-          f"{'tensors':>8} {'failed':>6}")
+    print(f"\n{'workers':>7} {'bytes':>5} {'verify s':>9} {'M weights/s':>12} {'cat s':>6} {'ratio':>6} "
+          f"{'peak MiB':>9} {'tensors':>8} {'failed':>6}")
     for w, rep, dt, weights, tensors, bad, t_cat, peak in rows:
         print(f"{w:7d} {'yes' if rep == '1' else 'no':>5} {dt:9.2f} {weights / dt / 1e6:12.1f} {t_cat:6.2f} "
               f"{dt / t_cat:6.1f} {peak / 2**20:9.0f} {tensors:8d} {bad:6d}")

@@ -308,7 +308,8 @@ def test_a_manifest_of_a_newer_dsx_is_refused(tmp_path):
     m.save()
     obj = json.loads(m.path.read_text())
     m.path.write_text(json.dumps({**obj, "version": 2}))
-    with pytest.raises(CheckpointError, match=r"written by a newer dsx \(manifest version 2; this dsx reads version 1\)"):
+    with pytest.raises(CheckpointError, match=r"written by a newer dsx \(manifest version 2; this dsx reads version "
+                                              r"1\)"):
         Manifest.load(tmp_path)
 
 

@@ -281,7 +281,8 @@ def test_refuses_other_runs_output_without_force(tiny_fp8, tmp_path):
     assert (tmp_path / "user" / "notes.txt").read_text() == "mine"  # --force removes only dsx's files
 
 
-@pytest.mark.parametrize("manifest", ['{"version": 1, "complete": "yes", "run": {}, "files": {}}', "{", '{"version": 9}'])
+@pytest.mark.parametrize("manifest", ['{"version": 1, "complete": "yes", "run": {}, "files": {}}', "{",
+                                      '{"version": 9}'])
 def test_force_replaces_an_output_whose_manifest_is_damaged(tiny_fp8, tmp_path, capsys, manifest):
     """Every reader of a damaged (or unreadable, or newer) dsx-manifest.json says to rerun with --force, and --force
     refused it the same way: the directory could only be deleted by hand. Without --force it is still refused; with
@@ -308,7 +309,8 @@ def test_a_block_scale_of_another_dtype_is_refused_before_converting(tiny_fp8, t
     shutil.copytree(tiny_fp8, src)
     scale = "model.layers.1.mlp.experts.3.gate_proj.weight_scale_inv"
     set_dtype(src, scale, "I32")
-    for cmd in (["inspect", str(src)], ["quantize", str(src), "--out", str(tmp_path / "o"), "--type", "weight_only_int4"],
+    for cmd in (["inspect", str(src)],
+                ["quantize", str(src), "--out", str(tmp_path / "o"), "--type", "weight_only_int4"],
                 ["export", str(src), "--out", str(tmp_path / "e")]):
         assert main([*cmd, "-q"]) == 1, cmd
         err = capsys.readouterr().err
@@ -319,7 +321,8 @@ def test_a_block_scale_of_another_dtype_is_refused_before_converting(tiny_fp8, t
     set_dtype(out, scale.replace("_scale_inv", "_scale"), "F16")
     assert main(["export", str(out), "--out", str(tmp_path / "e"), "-q"]) == 1
     err = capsys.readouterr().err
-    assert "gate_proj.weight_scale, the scale of weight-only tensor" in err and "is F16; dsx quantize writes BF16" in err
+    assert "gate_proj.weight_scale, the scale of weight-only tensor" in err, err
+    assert "is F16; dsx quantize writes BF16" in err
 
 
 def test_force_never_deletes_a_source_or_another_checkpoint(tiny_fp8, tmp_path, capsys):

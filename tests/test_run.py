@@ -164,8 +164,8 @@ def test_a_generate_prompt_outside_the_vocabulary_is_found_before_the_first_step
     """A tiny recipe whose config.vocab_size is below the byte tokenizer's ids ran download, quantize, export and
     verify, and failed at generate ("token id 103: outside the model's vocabulary 0..99")."""
     r = tmp_path / "r.yaml"
-    r.write_text((Path("recipes") / "tiny.yaml").read_text().replace("tiny: {seed: 0, dtype: fp8}",
-                                                                      "tiny: {seed: 0, dtype: fp8, config: {vocab_size: 100}}"))
+    r.write_text((Path("recipes") / "tiny.yaml").read_text().replace(
+        "tiny: {seed: 0, dtype: fp8}", "tiny: {seed: 0, dtype: fp8, config: {vocab_size: 100}}"))
     assert "vocab_size: 100" in r.read_text()
     for dry in (["--dry-run"], []):
         assert main(["run", str(r), *dry, "--workdir", str(tmp_path / "w")]) == 2

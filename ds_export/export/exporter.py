@@ -403,8 +403,8 @@ def _replaceable(out: Path) -> bool:
     return out.is_dir() and (not any(out.iterdir()) or export_manifest(out) is not None or _export_shaped(out))
 
 
-_EXPORT_ENTRY = re.compile(r"rank_\d+|mtp|model\.json|model\.pdiparams|config\.json|" + MANIFEST_NAME.replace(".", r"\.")
-                           + "|" + "|".join(re.escape(f) for f in SIDE_FILES))
+_EXPORT_ENTRY = re.compile("|".join([r"rank_\d+", "mtp", *map(re.escape, ("model.json", "model.pdiparams", "config.json",
+                                                                          MANIFEST_NAME, *SIDE_FILES))]))
 
 
 def _export_shaped(out: Path) -> bool:

@@ -131,10 +131,10 @@ def _check_generate_vocab(dep: Deployment, config: dict, source: str) -> None:
     vocab = config.get("vocab_size")
     top = max(generate_ids(dep))
     if is_int(vocab) and top >= vocab:
+        hint = (f"set model.tiny.config.vocab_size to {top + 1} or more (the byte tokenizer's ids reach 257)"
+                if "prompt" in dep.generate else "give token ids below vocab_size")
         raise UsageError(f"{dep.source}: generate: token id {top} is outside the model's vocabulary 0..{vocab - 1} "
-                         f"(vocab_size of {source})", hint=f"set model.tiny.config.vocab_size to {top + 1} or more (the byte "
-                                             "tokenizer's ids reach 257)" if "prompt" in dep.generate
-                         else "give token ids below vocab_size")
+                         f"(vocab_size of {source})", hint=hint)
 
 
 def _model_config(dep: Deployment, lay: Layout) -> tuple[dict, str] | None:
