@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # GPU machine: build the kernels once, run every GPU test, then every GPU benchmark (tables printed last).
 #   tests/gpu/run_all.sh [OUTDIR] [--quick]     (default OUTDIR: $OUT, else out/gpu)
+#   SHARD=I/N TESTS="tests/gpu/test_x.py ..." NO_BENCH=1 JOBS=14 tests/gpu/run_all.sh OUTDIR
+#       the I-th of N fixed parts of those tests only (tests/gpu/shard.py: N calls run them all, each under the
+#       device's 10 minutes), on JOBS pytest-xdist workers (its wheel in .whl/), no benchmarks
 # A libdsx_cuda.so carried in .cutlass/dsx-cache is reused when its source hash matches
 # (ds_export/native/build_cuda.py keys it); otherwise it is rebuilt here, with the CUTLASS headers from
 # .cutlass/nvidia_cutlass-4.2.0.0-*.whl or the installed package. PyYAML for dsx quantize's tests may come
@@ -29,8 +32,13 @@ $PY -m ds_export.native.build > "$OUTDIR/build.log" 2>&1 || { echo "CPU build fa
 $PY -m ds_export.native.build_cuda >> "$OUTDIR/build.log" 2>&1 || { echo "CUDA build failed"; tail -40 "$OUTDIR/build.log"; exit 1; }
 echo "build: $(( $(date +%s) - t0 )) s"
 
-$PY -m pytest -q -p no:cacheprovider --noconftest tests/gpu/ 2>&1 | tee "$OUTDIR/tests.log" | tail -25
+args=(-q -p no:cacheprovider --noconftest)
+[ -n "${SHARD:-}" ] && args+=(-p shard --shard "$SHARD") && export PYTHONPATH=$PWD/tests/gpu:$PYTHONPATH
+[ -n "${JOBS:-}" ] && args+=(-n "$JOBS")
+# shellcheck disable=SC2086  # (TESTS: a list of paths)
+$PY -m pytest "${args[@]}" ${TESTS:-tests/gpu/} 2>&1 | tee "$OUTDIR/tests${SHARD:+-${SHARD/\//-of-}}.log" | tail -25
 test_rc=${PIPESTATUS[0]}
+if [ -n "${NO_BENCH:-}" ]; then echo "tests rc=$test_rc (no benchmarks)"; exit $(( test_rc != 0 )); fi
 
 bench_rc=0
 for b in bench/gpu_kernels.py bench/gpu_gemm_weight_only.py bench/gpu_mla_decode.py bench/gpu_quant.py; do
