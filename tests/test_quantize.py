@@ -443,6 +443,28 @@ def test_a_nan_code_copied_or_cast_as_it_is_is_refused_naming_it(tiny_fp8, tmp_p
     assert not (tmp_path / "o" / "model.safetensors.index.json").exists()
 
 
+@pytest.mark.parametrize("pick,qtype,value", [
+    ("input_layernorm", "bf16", b"\xc0\x7f"),  # a bf16 norm weight copied: NaN
+    ("embed_tokens", "a8w8_fp8", b"\x80\x7f"),  # the bf16 embedding kept: +Inf
+    ("mlp.gate.weight", "a8w8_fp8", b"\x80\xff"),  # the bf16 router cast to float32: -Inf
+])
+def test_a_non_finite_bf16_value_copied_or_cast_is_refused_naming_it(tiny_bf16, tmp_path, capsys, pick, qtype, value):
+    """A NaN / Inf in a bf16 source weight that dsx copies (norms, the embedding) or casts (the router to float32)
+    went into the output, exit 0, as an FP8 NaN code no longer does. Refused, naming the shard, tensor and element."""
+    import shutil
+
+    shutil.copytree(tiny_bf16, tmp_path / "src")
+    shard, name = _plant(tmp_path / "src", lambda k, v: pick in k and v["dtype"] == "BF16", value, at=2 * 70)
+    with Checkpoint.open(tiny_bf16) as ck:
+        shape = ck.info(name).shape
+    assert main(["quantize", str(tmp_path / "src"), "--out", str(tmp_path / "o"), "--type", qtype, "-q"]) == 1
+    err = capsys.readouterr().err
+    at = f"[{70 // shape[1]}, {70 % shape[1]}]" if len(shape) > 1 else "[70]"
+    assert err.count("\n") == 1 and shard in err and repr(name) in err, err
+    assert f"1 NaN or Inf value(s) in its BF16 weight, the first at {at}" in err, err
+    assert not (tmp_path / "o" / "model.safetensors.index.json").exists()
+
+
 def test_a_nan_code_in_a_weight_only_conversion_names_the_tensor(tiny_fp8, tmp_path, capsys):
     """An e4m3 NaN code (0x7F) met by the weight-only quantizer: the error names the tensor and its shard (it named
     only the rows)."""

@@ -39,6 +39,7 @@ def _src_rows(ck: Checkpoint, task: Task, r0: int, r1: int, dtype: str, be: CpuB
     a = ck.get(task.src)
     if a.ndim:
         a = a[r0:r1]
+    _refuse_non_finite(ck, task, a, r0 * (int(np.prod(task.shape[1:])) if task.shape else 1))
     if dtype == "bfloat16":
         if a.dtype == ST_TO_NP["BF16"]:
             return a
@@ -47,15 +48,39 @@ def _src_rows(ck: Checkpoint, task: Task, r0: int, r1: int, dtype: str, be: CpuB
 
 
 def _copy_raw(ck: Checkpoint, name: str, out_name: str, write: Write, chunk_bytes: int, progress: Progress,
-              fp8_of: Task | None = None) -> None:
-    """The tensor's bytes as they are; fp8_of: they are that task's e4m3 weight, whose NaN codes are refused."""
+              values_of: Task | None = None) -> None:
+    """The tensor's bytes as they are; values_of: they are that task's weight (e4m3, bf16, float32), whose NaN /
+    Inf values are refused."""
     raw = ck.raw(name)
+    if values_of is not None and values_of.src_dtype != "F8_E4M3":
+        item = ST_TO_NP[values_of.src_dtype].itemsize
+        chunk_bytes = max(item, chunk_bytes // item * item)  # (whole values a chunk)
     for a in range(0, max(raw.size, 1), chunk_bytes):
         part = raw[a:a + chunk_bytes]
-        if fp8_of is not None:
-            _refuse_nan_codes(ck, fp8_of, part, a)
+        if values_of is not None and values_of.src_dtype == "F8_E4M3":
+            _refuse_nan_codes(ck, values_of, part, a)
+        elif values_of is not None:
+            _refuse_non_finite(ck, values_of, part.view(ST_TO_NP[values_of.src_dtype]), a // item)
         write(out_name, part)
         progress(part.size)
+
+
+def _refuse_non_finite(ck: Checkpoint, task: Task, values: np.ndarray, at: int) -> None:
+    """A bf16 / float32 source weight copied or cast must hold no NaN or Inf, as an FP8 one no NaN code: it poisons
+    every output it reaches (a bf16 copy of a NaN norm weight went out, exit 0; the weight-only and FP8 paths refuse
+    them in their own kernels). `at`: the flat index of values[0] in the weight."""
+    if values.dtype.kind != "f" and values.dtype != ST_TO_NP["BF16"]:
+        return
+    bad = ~np.isfinite(values.reshape(-1))
+    if not bad.any():
+        return
+    k = int(np.prod(task.shape[1:])) if len(task.shape) > 1 else 1
+    first = divmod(at + int(np.argmax(bad)), k)
+    where = f"[{first[0]}, {first[1]}]" if len(task.shape) > 1 else f"[{first[0]}]"
+    raise CheckpointError(
+        f"{ck.shard_of(task.src).path}: tensor {task.src!r}: {int(bad.sum())} NaN or Inf value(s) in its "
+        f"{task.src_dtype} weight, the first at {where}; it cannot be converted",
+        hint="the source checkpoint is corrupt: download it again, dsx download checks every file's sha256")
 
 
 def _refuse_nan_codes(ck: Checkpoint, task: Task, codes: np.ndarray, at: int) -> None:
@@ -97,7 +122,7 @@ def convert(ck: Checkpoint, task: Task, write: Write, *, chunk_bytes: int = 64 <
             _check_scales(ck, task)
         if task.passthrough:
             _copy_raw(ck, task.src, outs[0].name, write, chunk_bytes, progress,
-                      task if task.src_dtype == "F8_E4M3" else None)
+                      task if task.src_dtype in ("F8_E4M3", "BF16", "F32", "F16") else None)
             if task.src_scale:
                 _copy_raw(ck, task.src_scale, outs[1].name, write, chunk_bytes, progress)
         elif t in ("bf16", "float32"):
