@@ -221,6 +221,38 @@ def test_generate_refuses_an_edit_that_keeps_the_size(exported, tmp_path, capsys
     assert main(["generate", str(exported), "--input-ids", "0,5", "--max-new-tokens", "1", "-q"]) == 0
 
 
+@pytest.mark.parametrize("tensor,value", [
+    ("model.layers.1.self_attn.q_a_proj.weight", b"\x7f"),  # an e4m3 NaN code: dequantized (original source)
+    ("model.layers.2.input_layernorm.weight", b"\x80\x7f"),  # a bf16 +Inf norm weight
+])
+def test_a_non_finite_weight_is_refused_naming_it(tiny_fp8, tmp_path, capsys, tensor, value):
+    """A NaN / Inf weight (an e4m3 NaN code, a bf16 Inf) in an export's source went into the programs, whose logits
+    were then NaN, exit 0. Refused, naming the shard and the tensor; nothing is published."""
+    from headers import set_bytes
+
+    src = tmp_path / "src"
+    shutil.copytree(tiny_fp8, src)
+    shard = set_bytes(src, tensor, 100, value)
+    assert main(["export", str(src), "--out", str(tmp_path / "e"), "--max-seq-len", "64", "-q"]) == 1
+    err = capsys.readouterr().err
+    assert f"{shard}: tensor {tensor!r}: 1 NaN or Inf value(s)" in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "e").exists()
+
+
+def test_a_nan_code_in_a_kept_fp8_weight_is_refused(tiny_fp8, tmp_path, capsys):
+    """A dsx quantize output's FP8 weight is exported as it is (the FP8 op's operand, never decoded): a NaN code there
+    (manifest re-hashed: written wrong, not the disk) went into the program."""
+    from headers import set_bytes
+
+    q = tmp_path / "q"
+    assert main(["quantize", str(tiny_fp8), "--out", str(q), "--type", "a8w8_fp8", "-q"]) == 0
+    tensor = "model.layers.1.self_attn.o_proj.weight"
+    set_bytes(q, tensor, 10, b"\xff")
+    assert main(["export", str(q), "--out", str(tmp_path / "e"), "--max-seq-len", "64", "-q"]) == 1
+    err = capsys.readouterr().err
+    assert f"tensor {tensor!r}: 1 NaN or Inf value(s) (the first at flat index 10)" in err, err
+
+
 def test_force_replaces_an_export_whose_manifest_is_damaged(exported, tiny_fp8, tmp_path, capsys):
     """generate on an export whose dsx-manifest.json is damaged says to export again with --force, and --force
     refused the directory as "not a dsx export". One that holds nothing but an export's files is replaced; one with

@@ -219,11 +219,28 @@ class _Reader:
                                   f"{want['scale']['shape']})", hint="types_by_role disagrees with the tensors")
         ck = self.ckpt
         return {"qweight": self.defer(q.shape, np.int8, lambda: np.ascontiguousarray(ck.get(name).view(np.int8))),
-                "scale": self.defer(s.shape, ml_dtypes.bfloat16, lambda: np.ascontiguousarray(
-                    np.asarray(ck.get(sname)).astype(ml_dtypes.bfloat16))),
+                "scale": self.defer(s.shape, ml_dtypes.bfloat16, lambda: self.finite(sname, np.ascontiguousarray(
+                    np.asarray(ck.get(sname)).astype(ml_dtypes.bfloat16)))),
                 "bits": bits, "group": group, "arch": arch}
 
+    def finite(self, name: str, a: np.ndarray) -> np.ndarray:
+        """a, the values of tensor `name` (float, bf16 or e4m3 codes), when it holds no NaN / Inf: an export of one
+        gave programs whose logits are NaN, exit 0 (dsx quantize refuses them in its sources)."""
+        if a.dtype == ml_dtypes.float8_e4m3fn:
+            bad, first = fp8_block.count_nan_native(a)
+        else:
+            flat = ~np.isfinite(a.reshape(-1))
+            bad, first = int(flat.sum()), int(np.argmax(flat))
+        if bad:
+            raise CheckpointError(f"{self.ckpt.shard_of(name).path}: tensor {name!r}: {bad} NaN or Inf value(s) "
+                                  f"(the first at flat index {first}); it cannot be exported",
+                                  hint="the checkpoint is corrupt: download or quantize it again")
+        return a
+
     def float32(self, name: str, role: str = "", mtp: bool = False) -> np.ndarray:
+        return self.finite(name, self._float32(name, role, mtp))
+
+    def _float32(self, name: str, role: str = "", mtp: bool = False) -> np.ndarray:
         info = self.ckpt.info(name)
         if info.dtype == "F8_E4M3":
             sinv = self._companion(name, ds.SCALE_SUFFIX, "FP8")
@@ -253,9 +270,10 @@ class _Reader:
                 raise DsxError(f"{self.ckpt.root}: {name}: FP8 block {list(self.block)}; the FP8 op takes 128x128 "
                                "blocks", hint="requantize with dsx quantize --type a8w8_fp8, or export it dense")
             fp8_block.check_scale_shape(wi.shape, si.shape, (128, 128), name)
-            w = self.defer(wi.shape, ml_dtypes.float8_e4m3fn,
-                           lambda: np.ascontiguousarray(np.asarray(ck.get(name)).view(ml_dtypes.float8_e4m3fn)))
-            sinv = self.defer(si.shape, np.float32, lambda: np.ascontiguousarray(np.asarray(ck.get(sname), np.float32)))
+            w = self.defer(wi.shape, ml_dtypes.float8_e4m3fn, lambda: self.finite(name, np.ascontiguousarray(
+                np.asarray(ck.get(name)).view(ml_dtypes.float8_e4m3fn))))
+            sinv = self.defer(si.shape, np.float32, lambda: self.finite(sname, np.ascontiguousarray(
+                np.asarray(ck.get(sname), np.float32))))
             return LinearWeights("fp8", {"weight": w, "scale_inv": sinv})
         shape = self.logical_shape(name)
         if role in FLOAT32_ROLES:
