@@ -201,10 +201,11 @@ def dequant_ref(w_fp8, scale_inv, block=BLOCK, out: np.ndarray | None = None) ->
     # each row's scales (n x kb, small); the whole column blocks scaled in place, then a last, narrower one if any
     rows = np.repeat(s, bn, axis=0)[:n]
     whole = k // bk
-    if whole:
-        column_blocks(v, bk)[...] *= rows[:, :whole, None]
-    if k % bk:
-        v[:, whole * bk:] *= rows[:, whole:]
+    with np.errstate(over="ignore", invalid="ignore"):  # (an overflowing product is Inf, as in C++: callers judge it)
+        if whole:
+            column_blocks(v, bk)[...] *= rows[:, :whole, None]
+        if k % bk:
+            v[:, whole * bk:] *= rows[:, whole:]
     return v
 
 

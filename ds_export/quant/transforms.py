@@ -97,17 +97,22 @@ def _refuse_nan_codes(ck: Checkpoint, task: Task, codes: np.ndarray, at: int) ->
             hint="the source checkpoint is corrupt: download it again, dsx download checks every file's sha256")
 
 
+# The largest block scale whose product with e4m3's largest value (448) stays a finite float32.
+MAX_BLOCK_SCALE = float(np.finfo(np.float32).max) / 448
+
+
 def _check_scales(ck: Checkpoint, task: Task) -> None:
-    """An FP8 source's block scales must be finite: a NaN or Inf scale turns its whole block into NaN / Inf in every
-    output (copied as it is, or decoded into bf16 and weight-only values), which nothing downstream would notice."""
+    """An FP8 source's block scales must be finite and keep 448 x scale a finite float32: a NaN or Inf scale turns
+    its whole block into NaN / Inf in every output (copied as it is, or decoded into bf16 and weight-only values),
+    which nothing downstream would notice, and so does one that large (1e37 was cast into bf16 Inf, exit 0)."""
     s = np.asarray(ck.get(task.src_scale))
-    bad = ~np.isfinite(s)
+    bad = ~(np.abs(s) <= MAX_BLOCK_SCALE)  # (NaN compares False)
     if bad.any():
         first = tuple(int(i) for i in np.argwhere(bad)[0])
         raise CheckpointError(
             f"{ck.shard_of(task.src_scale).path}: tensor {task.src_scale!r}: {int(bad.sum())} of {s.size} block "
-            f"scales are NaN or Inf (the first at block {list(first)}: {float(s[first])}); the weight {task.src!r} "
-            "it scales cannot be converted",
+            f"scales are NaN, Inf or above {MAX_BLOCK_SCALE:.3g}, where 448 x scale overflows float32 (the first at "
+            f"block {list(first)}: {float(s[first])}); the weight {task.src!r} it scales cannot be converted",
             hint="the source checkpoint is corrupt: download it again, dsx download checks every file's sha256")
 
 
