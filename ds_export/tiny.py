@@ -57,7 +57,8 @@ TINY = dict(hidden_size=256, intermediate_size=320, moe_intermediate_size=192, n
             kv_lora_rank=128, qk_nope_head_dim=64, qk_rope_head_dim=64, v_head_dim=64, vocab_size=512,
             n_routed_experts=16, n_group=4, topk_group=2, num_experts_per_tok=4, n_shared_experts=1)
 # DeepSeek-V3's real per-tensor dimensions with few layers and experts (benchmarks).
-REAL_DIMS = dict(num_hidden_layers=2, first_k_dense_replace=1, n_routed_experts=8, n_group=8, topk_group=4,
+# (groups of two experts at least: DeepSeek's router ranks a group by its two best)
+REAL_DIMS = dict(num_hidden_layers=2, first_k_dense_replace=1, n_routed_experts=8, n_group=4, topk_group=4,
                  num_experts_per_tok=8)
 
 
@@ -82,12 +83,14 @@ def make_config(spec: TinySpec) -> dict:
         cfg["num_hidden_layers"] = spec.layers
         cfg["first_k_dense_replace"] = min(cfg["first_k_dense_replace"], spec.layers - 1) if spec.layers > 1 else 1
     if spec.experts is not None:
-        if spec.experts < 1:
-            raise UsageError("--experts must be at least 1")
+        if spec.experts < 2:  # (one expert is no noaux_tc group: the export's router, as DeepSeek's, needs two)
+            raise UsageError("--experts must be at least 2 (DeepSeek's router ranks each group of experts by its two "
+                             "best)")
         cfg["n_routed_experts"] = spec.experts
-        cfg["n_group"] = next(g for g in (cfg["n_group"], 4, 2, 1) if spec.experts % g == 0 and g <= spec.experts)
+        cfg["n_group"] = next(g for g in (cfg["n_group"], 4, 2, 1) if spec.experts % g == 0 and spec.experts // g >= 2)
         cfg["topk_group"] = max(1, min(cfg["topk_group"], cfg["n_group"] // 2 or 1))
-        cfg["num_experts_per_tok"] = min(cfg["num_experts_per_tok"], spec.experts)
+        eligible = cfg["topk_group"] * (spec.experts // cfg["n_group"])  # (the experts of the groups picked)
+        cfg["num_experts_per_tok"] = min(cfg["num_experts_per_tok"], eligible)
     if spec.dtype == "bf16":
         del cfg["quantization_config"]
     elif spec.dtype != "fp8":

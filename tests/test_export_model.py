@@ -351,3 +351,27 @@ def test_jit_save_runs_under_paddle_inference(tmp_path, w32, seqs, hf_out):
     errs.append(rel(mlg, ref))
     print("paddle.inference rel (decode, prefill vs transformers; MTP vs dygraph):", ["%.2e" % e for e in errs])
     assert max(errs) < TOL32
+
+
+@pytest.mark.parametrize("patch,msg", [
+    ({"n_group": 256}, "n_routed_experts 256 in n_group 256 groups is 1 expert a group"),
+    ({"topk_group": 1, "num_experts_per_tok": 40}, r"num_experts_per_tok 40 is more than the topk_group 1 groups it "
+                                                    r"picks from hold \(1 x 32\)"),
+    ({"qk_rope_head_dim": 63}, "qk_rope_head_dim 63 is odd"),
+])
+def test_routing_and_rope_settings_the_programs_cannot_run_are_refused(patch, msg):
+    """Each was an internal error from Paddle's ops (topk of 2 in a group of 1; a rope over an odd width) in the
+    export, or the programs picked experts outside the chosen groups; now export's settings check (and dsx run's,
+    before its first step) names the key."""
+    from pathlib import Path
+
+    from ds_export.errors import UsageError
+    from ds_export.export.exporter import check_settings
+    from ds_export.models import deepseek_v3 as ds
+    from ds_export.tiny import REAL_CONFIG
+
+    ok = ds.DeepseekV3Config.from_dict(dict(REAL_CONFIG))
+    check_settings(ok, tp=8, max_seq_len=4096, speculate=True, source=Path("config.json"))
+    cfg = ds.DeepseekV3Config.from_dict(dict(REAL_CONFIG, **patch))
+    with pytest.raises(UsageError, match=msg):
+        check_settings(cfg, tp=1, max_seq_len=4096, speculate=False, source=Path("config.json"))

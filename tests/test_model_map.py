@@ -96,6 +96,13 @@ def test_mtp_layers_follow_config():
     ({"n_shared_experts": "1"}, "n_shared_experts '1': expected a non-negative integer or null"),
     ({"q_lora_rank": 1536.0}, "q_lora_rank 1536.0"),
     ({"num_nextn_predict_layers": -1}, "num_nextn_predict_layers -1"),
+    # (a size of 0 or less was an internal error in dsx tiny and export; 0 where counting starts at 1 was read as 1)
+    ({"num_attention_heads": -2}, "num_attention_heads -2: sizes and counts are at least 1"),
+    ({"qk_rope_head_dim": 0}, "qk_rope_head_dim 0: sizes and counts are at least 1"),
+    ({"first_k_dense_replace": -1}, "first_k_dense_replace -1"),
+    ({"topk_group": 0}, "topk_group 0: expected a non-negative integer or null .* at least 1"),
+    ({"n_group": 0}, "n_group 0"),
+    ({"q_lora_rank": 0}, "q_lora_rank 0"),
     ({"moe_layer_freq": False}, "moe_layer_freq False"),
     ({"rope_theta": "x"}, "rope_theta 'x': expected a positive number"),
     ({"routed_scaling_factor": "2.5"}, "routed_scaling_factor '2.5'"),

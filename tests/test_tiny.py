@@ -115,7 +115,7 @@ def test_refuses_non_empty_dir(tmp_path):
 
 @pytest.mark.parametrize("spec,want", [(TinySpec(seed=-5), "--seed -5: expected a non-negative integer"),
                                        (TinySpec(shard_mb=-1), "--shard-mb -1: expected a size above 0"),
-                                       (TinySpec(experts=0), "--experts must be at least 1")])
+                                       (TinySpec(experts=1), "--experts must be at least 2")])
 def test_a_bad_spec_is_refused_before_the_directory_is_made(tmp_path, spec, want):
     """--seed -5 was an internal error (numpy seeds are non-negative), --shard-mb -1 wrote one tensor a shard, and a
     refused spec still left its empty OUT behind."""

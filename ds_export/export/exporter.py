@@ -231,6 +231,24 @@ def _write_ranks_in_processes(src, tmp: Path, tp: int, workers: int, dtype: str,
             recv.close()
 
 
+def check_routing(cfg: ds.DeepseekV3Config, source: Path) -> None:
+    """What the programs' router and rope need of config.json (each was an internal error from Paddle's ops in the
+    export, or the first generate): DeepSeek's noaux_tc router ranks each group of experts by its two best, so a
+    group needs two; the chosen groups must hold num_experts_per_tok experts; the rope turns pairs of dims."""
+    per_group = cfg.n_routed_experts // cfg.n_group
+    if per_group < 2:
+        raise UsageError(f"{source}: n_routed_experts {cfg.n_routed_experts} in n_group {cfg.n_group} groups is "
+                         f"{per_group} expert a group; DeepSeek's router ranks each group by its two best experts",
+                         hint="give n_group at most n_routed_experts / 2")
+    if cfg.num_experts_per_tok > cfg.topk_group * per_group:
+        raise UsageError(f"{source}: num_experts_per_tok {cfg.num_experts_per_tok} is more than the topk_group "
+                         f"{cfg.topk_group} groups it picks from hold ({cfg.topk_group} x {per_group})",
+                         hint="raise topk_group or lower num_experts_per_tok")
+    if cfg.qk_rope_head_dim % 2:
+        raise UsageError(f"{source}: qk_rope_head_dim {cfg.qk_rope_head_dim} is odd; the rope turns pairs of dims",
+                         hint="fix config.json, or take the model repository's own")
+
+
 def check_settings(cfg: ds.DeepseekV3Config, *, tp: int, max_seq_len: int, speculate: bool, source: Path) -> None:
     """The export settings against the model's config.json (`source`): the tensor-parallel split, the cache length
     against the rope's, a draft that exists. Export checks them first; dsx run checks them before its first step, so
@@ -238,6 +256,7 @@ def check_settings(cfg: ds.DeepseekV3Config, *, tp: int, max_seq_len: int, specu
     from ds_export.export.tp import check_tp
 
     check_tp(cfg, tp, str(source))
+    check_routing(cfg, source)
     longest = cfg.raw.get("max_position_embeddings")
     if isinstance(longest, int) and max_seq_len > longest:  # (rope tables of --max-seq-len rows are built)
         raise UsageError(f"--max-seq-len {max_seq_len}: above the model's max_position_embeddings {longest} "

@@ -38,6 +38,7 @@ _REQUIRED = (
 )
 _OPTIONAL_INTS = ("q_lora_rank", "n_shared_experts", "n_group", "topk_group", "moe_layer_freq",
                   "num_nextn_predict_layers")
+_MAY_BE_ZERO = ("first_k_dense_replace", "n_shared_experts", "num_nextn_predict_layers")  # (the rest count from 1)
 
 
 def _check_settings(cfg: dict, source: str) -> None:
@@ -107,12 +108,19 @@ class DeepseekV3Config:
         missing = [k for k in _REQUIRED if not is_int(cfg.get(k))]
         if missing:
             raise ModelMapError(f"{source}: missing or non-integer keys {', '.join(missing)}")
+        # (a size of 0 or less: num_attention_heads -2 was an internal error in dsx tiny and export)
+        small = [f"{k} {cfg[k]}" for k in _REQUIRED if cfg[k] < (0 if k in _MAY_BE_ZERO else 1)]
+        if small:
+            raise ModelMapError(f"{source}: {', '.join(small)}: sizes and counts are at least 1 ("
+                                f"{', '.join(_MAY_BE_ZERO)}: at least 0)")
         # (optional keys: absent or null take their default; a string such as "1" is refused, not read as 1: the
-        # serving stack reads the same config.json, where "1" times an int is a string)
+        # serving stack reads the same config.json, where "1" times an int is a string; and 0 where counting starts
+        # at 1 is refused, not read as the default: topk_group 0 was read as 1)
         odd = [f"{k} {cfg[k]!r}" for k in _OPTIONAL_INTS if cfg.get(k) is not None
-               and not (is_int(cfg[k]) and cfg[k] >= 0)]
+               and not (is_int(cfg[k]) and cfg[k] >= (0 if k in _MAY_BE_ZERO else 1))]
         if odd:
-            raise ModelMapError(f"{source}: {', '.join(odd)}: expected a non-negative integer or null")
+            raise ModelMapError(f"{source}: {', '.join(odd)}: expected a non-negative integer or null "
+                                f"({', '.join(k for k in _OPTIONAL_INTS if k not in _MAY_BE_ZERO)}: at least 1)")
         _check_settings(cfg, source)
         qc = cfg.get("quantization_config") or {}
         block = None
