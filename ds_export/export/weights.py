@@ -50,6 +50,7 @@ import numpy as np
 
 from ds_export.errors import CheckpointError, DsxError
 from ds_export.formats import fp8_block, weight_only
+from ds_export.formats._arrays import count_non_finite
 from ds_export.io.checkpoint import Checkpoint
 from ds_export.export.params import Lazy, derive, load
 from ds_export.models import deepseek_v3 as ds
@@ -178,7 +179,7 @@ class _Reader:
         if sname not in self.ckpt:
             raise CheckpointError(f"{self.ckpt.root}: {what} tensor {name} has no {sname}",
                                   hint="the checkpoint is incomplete or was not written by dsx quantize / DeepSeek")
-        dt, want = self.ckpt.info(sname).dtype, "F32" if suffix == ds.SCALE_SUFFIX else "BF16"
+        dt, want = self.ckpt.info(sname).dtype, ds.SCALE_DTYPES[suffix]
         if dt != want:  # (an I32 one was read as integers, an F16 one as other numbers: an export of garbage, exit 0)
             raise CheckpointError(f"{self.ckpt.root}: {sname}, the scale of {what} tensor {name}, is {dt}; "
                                   f"{'DeepSeek' if want == 'F32' else 'dsx quantize'} writes {want}",
@@ -229,8 +230,7 @@ class _Reader:
         if a.dtype == ml_dtypes.float8_e4m3fn:
             bad, first = fp8_block.count_nan_native(a)
         else:
-            flat = ~np.isfinite(a.reshape(-1))
-            bad, first = int(flat.sum()), int(np.argmax(flat))
+            bad, first = count_non_finite(a)
         if bad:
             raise CheckpointError(f"{self.ckpt.shard_of(name).path}: tensor {name!r}: {bad} NaN or Inf value(s) "
                                   f"(the first at flat index {first}); it cannot be exported",

@@ -5,6 +5,13 @@ from __future__ import annotations
 import numpy as np
 
 
+def count_non_finite(values: np.ndarray) -> tuple[int, int]:
+    """(how many NaN / Inf values, the flat index of the first) of a float or bf16 array."""
+    bad = ~np.isfinite(values.reshape(-1))
+    n = int(np.count_nonzero(bad))
+    return n, (int(np.argmax(bad)) if n else -1)
+
+
 def column_blocks(a: np.ndarray, size: int) -> np.ndarray:
     """The whole `size`-wide column blocks of the 2-D array `a` as a view [rows, blocks, size], to scale in place.
     (Setting `.shape`, which refuses to copy, is deprecated from NumPy 2.5; reshape may copy, which would drop the

@@ -27,6 +27,9 @@ ARCHITECTURE = "DeepseekV3ForCausalLM"
 MODEL_TYPES = ("deepseek_v3",)
 SCALE_SUFFIX = "_scale_inv"  # official FP8 companion: <name>.weight_scale_inv
 WO_SCALE_SUFFIX = "_scale"  # Paddle weight-only companion (dsx quantize output): <name>.weight_scale
+# The companions' dtypes as DeepSeek and dsx quantize write them (another is a damaged or foreign checkpoint: an I32
+# block scale, the same 4 bytes a value, was read as integers)
+SCALE_DTYPES = {SCALE_SUFFIX: "F32", WO_SCALE_SUFFIX: "BF16"}
 FP8_BLOCK = (128, 128)
 
 # ---------------------------------------------------------------- config ----
@@ -538,6 +541,6 @@ def check_fp8_partners(roles: dict[str, TensorRole], dtypes: dict[str, str], *, 
         if r.kind == "weight" and dt in ("F8_E4M3", "F8_E5M2") and r.scale_name not in roles:
             raise ModelMapError(f"{source}: FP8 tensor {n} has no {r.scale_name}",
                                 hint="the checkpoint is incomplete or not block-scaled FP8")
-        if r.kind == "scale_inv" and dt != "F32":  # (an I32 one was converted as garbage: -243 dB, exit 0)
+        if r.kind == "scale_inv" and dt != SCALE_DTYPES[SCALE_SUFFIX]:  # (I32 was converted as garbage: -243 dB)
             raise ModelMapError(f"{source}: block scale {n} is {dt}; DeepSeek's FP8 block scales are F32",
                                 hint="the checkpoint is damaged or not in DeepSeek's format: download it again")

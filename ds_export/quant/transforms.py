@@ -15,6 +15,7 @@ import numpy as np
 from ds_export.errors import CheckpointError, DsxError
 from ds_export.formats import bf16 as bf16_fmt
 from ds_export.formats import fp8_block, weight_only
+from ds_export.formats._arrays import count_non_finite
 from ds_export.io.checkpoint import Checkpoint
 from ds_export.io.dtypes import ST_TO_NP
 from ds_export import formats
@@ -39,7 +40,6 @@ def _src_rows(ck: Checkpoint, task: Task, r0: int, r1: int, dtype: str, be: CpuB
     a = ck.get(task.src)
     if a.ndim:
         a = a[r0:r1]
-    _refuse_non_finite(ck, task, a, r0 * (int(np.prod(task.shape[1:])) if task.shape else 1))
     if dtype == "bfloat16":
         if a.dtype == ST_TO_NP["BF16"]:
             return a
@@ -71,14 +71,14 @@ def _refuse_non_finite(ck: Checkpoint, task: Task, values: np.ndarray, at: int) 
     them in their own kernels). `at`: the flat index of values[0] in the weight."""
     if values.dtype.kind != "f" and values.dtype != ST_TO_NP["BF16"]:
         return
-    bad = ~np.isfinite(values.reshape(-1))
-    if not bad.any():
+    n, first = count_non_finite(values)
+    if not n:
         return
     k = int(np.prod(task.shape[1:])) if len(task.shape) > 1 else 1
-    first = divmod(at + int(np.argmax(bad)), k)
+    first = divmod(at + first, k)
     where = f"[{first[0]}, {first[1]}]" if len(task.shape) > 1 else f"[{first[0]}]"
     raise CheckpointError(
-        f"{ck.shard_of(task.src).path}: tensor {task.src!r}: {int(bad.sum())} NaN or Inf value(s) in its "
+        f"{ck.shard_of(task.src).path}: tensor {task.src!r}: {n} NaN or Inf value(s) in its "
         f"{task.src_dtype} weight, the first at {where}; it cannot be converted",
         hint="the source checkpoint is corrupt: download it again, dsx download checks every file's sha256")
 
@@ -155,15 +155,22 @@ def _row_bytes(task: Task) -> int:
 
 def _cast(ck, task, write, chunk_bytes, progress, dtype, be):
     name = task.outputs[0].name
+
+    def rows(r0: int, r1: int) -> np.ndarray:
+        if not task.src_scale:  # (no kernel between a bf16 / float32 source and its cast: its values checked here)
+            a = ck.get(task.src)
+            _refuse_non_finite(ck, task, a[r0:r1] if a.ndim else a, r0 * int(np.prod(task.shape[1:])))
+        return np.ascontiguousarray(_src_rows(ck, task, r0, r1, dtype, be))
+
     if len(task.shape) < 2:
-        write(name, np.ascontiguousarray(_src_rows(ck, task, 0, task.shape[0] if task.shape else 0, dtype, be)))
+        write(name, rows(0, task.shape[0] if task.shape else 0))
         progress(task.bytes_in)
         return
     n = task.shape[0]
     step = _chunk_rows(task, chunk_bytes, 128)
     for r0 in range(0, n, step):
         r1 = min(n, r0 + step)
-        write(name, np.ascontiguousarray(_src_rows(ck, task, r0, r1, dtype, be)))
+        write(name, rows(r0, r1))
         progress((r1 - r0) * _row_bytes(task))
     _scale_progress(task, progress)
 

@@ -119,11 +119,11 @@ class _Shape(Exception):
     what is wrong instead (a scale's dtype)."""
 
 
-def _scale_dtype(ck: Checkpoint, scale: str, allowed: tuple[str, ...]) -> str | None:
-    """What is wrong with a scale tensor's dtype, or None (an I32 block scale was read as integers, or stopped
-    verify with an error naming neither file nor tensor)."""
-    dt = ck.info(scale).dtype
-    return None if dt in allowed else f"its scale {scale} is {dt}, expected {' or '.join(allowed)}"
+def _scale_dtype(ck: Checkpoint, name: str, suffix: str) -> str | None:
+    """What is wrong with the dtype of weight `name`'s scale (ds.SCALE_DTYPES), or None (an I32 block scale was read
+    as integers, or stopped verify with an error naming neither file nor tensor)."""
+    dt, want = ck.info(name + suffix).dtype, ds.SCALE_DTYPES[suffix]
+    return None if dt == want else f"its scale {name + suffix} is {dt}, expected {want}"
 
 
 def _fp8_block_size(ck: Checkpoint) -> tuple[int, int]:
@@ -135,7 +135,7 @@ def _reference_rows(ck: Checkpoint, name: str):
     scale_inv. out: a flat float64 buffer to decode into (a view of it is returned), else a new array."""
     info = ck.info(name)
     if info.dtype == "F8_E4M3":
-        wrong = _scale_dtype(ck, name + ds.SCALE_SUFFIX, ("F32",))
+        wrong = _scale_dtype(ck, name, ds.SCALE_SUFFIX)
         if wrong:
             raise DsxError(f"{ck.root}: the reference's {name}: {wrong}",
                            hint="the reference checkpoint is damaged or not in DeepSeek's format")
@@ -170,7 +170,7 @@ def _stored_rows(target: Checkpoint, name: str, ref_shape):
     if info.dtype == "F8_E4M3":
         if tuple(info.shape) != tuple(ref_shape):
             raise _Shape("a8w8_fp8")
-        wrong = _scale_dtype(target, name + ds.SCALE_SUFFIX, ("F32",))
+        wrong = _scale_dtype(target, name, ds.SCALE_SUFFIX)
         if wrong:
             raise _Shape("a8w8_fp8", wrong)
         q, s = target.get(name), target.get(name + ds.SCALE_SUFFIX)
@@ -194,7 +194,7 @@ def _stored_rows(target: Checkpoint, name: str, ref_shape):
         if (tuple(info.shape) != tuple(want["qweight"]["shape"])
                 or tuple(target.info(name + ds.WO_SCALE_SUFFIX).shape) != tuple(want["scale"]["shape"])):
             raise _Shape(label)
-        wrong = _scale_dtype(target, name + ds.WO_SCALE_SUFFIX, ("BF16",))
+        wrong = _scale_dtype(target, name, ds.WO_SCALE_SUFFIX)
         if wrong:
             raise _Shape(label, wrong)
         qw, sc = target.get(name), target.get(name + ds.WO_SCALE_SUFFIX)
