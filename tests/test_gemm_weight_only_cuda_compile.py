@@ -530,7 +530,7 @@ static bool same(int rows, const WsTuned& t, int word) { return same(plan(rows, 
 static int count(int* n, bool print) {
   int bad = 0;
   *n = 0;
-  for (const WsTuned& t : kWsTuned) {
+  for (const WsTuned& t : TABLE) {
     if (!t.bits) break;
     for (int rows : {t.rows_lo, t.rows_hi}) {
       ++*n;
@@ -553,7 +553,7 @@ int main() {
   int n = 0;
   const int bad = count(&n, true);
   // planted: the first entry against its word with another split must differ
-  const WsTuned& t = kWsTuned[0];
+  const WsTuned& t = TABLE[0];
   const int other = (t.word & ~0xF0) | (((t.word >> 4) & 15) == 1 ? 2 : 1) << 4;
   std::printf("planted %s\n", same(t.rows_lo, t, other) ? "missed" : "caught");
   std::printf("%d checked, %d differ\n", n, bad);
@@ -580,16 +580,23 @@ WIDE_UNFIT = [(4, 64, 7168, 18432, 49, 64, TS | 2 << 16 | 2 << 20 | 8 << 4 | 8),
               (4, 64, 7168, 16384, 49, 64, TS | 2 << 16 | 2 << 20 | 8 << 4 | 8)]  # (used where the table has none)
 
 
+# each card's table: (its file, its array in the unit)
+CARD_TABLES = {"h200": ("gemm_weight_only_tuned.inc", "kWsTuned"), "h100": ("gemm_weight_only_tuned_h100.inc",
+                                                                           "kWsTunedH100")}
+
+
 @needs_nvcc
-def test_tuned_table_is_the_automatic_choice_host_side(tmp_path):
-    """Every entry of gemm_weight_only_tuned.inc, at both ends of its row range, is what the automatic choice
-    resolves to for a 132-SM GPU (plan_launch, host code only: a word that did not fit would fall back to the
-    rules silently); tests/gpu checks the same on an H200, with data. Run on a copy of the sources whose table also
+@pytest.mark.parametrize("card", sorted(CARD_TABLES))
+def test_tuned_table_is_the_automatic_choice_host_side(tmp_path, card):
+    """Every entry of each card's table (gemm_weight_only_tuned.inc: the H200's, ..._h100.inc), at both ends of its
+    row range, is what the automatic choice resolves to for a 132-SM GPU of that card (plan_launch, host code only:
+    a word that did not fit would fall back to the rules silently; DSX_TUNED_CARD names the card, the harness has no
+    device to judge); tests/gpu checks the same on a GPU, with data. Run on a copy of the sources whose table also
     has entries at 33..64 rows planted (WIDE_FIT: the automatic choice takes them, one launch of all the rows;
     WIDE_UNFIT: the rules)."""
     cuda_dir = tmp_path / "cuda"
     shutil.copytree(UNIT.parent, cuda_dir)
-    table = cuda_dir / "gemm_weight_only_tuned.inc"
+    table = cuda_dir / CARD_TABLES[card][0]
     shipped = [line for line in table.read_text().splitlines() if line.startswith("{")]
     wide = {tuple(int(v) for v in line[1:].split(",")[:4]) for line in shipped
             if int(line.split(",")[5]) > 32}
@@ -604,14 +611,16 @@ def test_tuned_table_is_the_automatic_choice_host_side(tmp_path):
         [line for line in lines if line.startswith("{")] + planted,
         key=lambda line: tuple(int(v) for v in line[1:].split(",")[:6]))))
     src = tmp_path / "harness.cu"
-    src.write_text(HARNESS.replace("UNIT", str(cuda_dir / UNIT.name)))
+    src.write_text(HARNESS.replace("UNIT", str(cuda_dir / UNIT.name)).replace("TABLE", CARD_TABLES[card][1]))
     exe = tmp_path / "harness"
     # (PTX only: the device code is the unit's, compiled to SASS by the fixture above; this needs its host code)
     cmd = [NVCC, "-std=c++17", "-O1", "-gencode=arch=compute_90a,code=compute_90a", f"-I{CSRC / 'include'}",
            f"-I{cuda_dir}", str(src), "-o", str(exe)]
     res = subprocess.run(cmd, capture_output=True, text=True)
     assert res.returncode == 0, f"nvcc failed:\n{(res.stdout + res.stderr)[-4000:]}"
-    run = subprocess.run([str(exe)], capture_output=True, text=True)
+    # (the H200's: as a device-less harness judges a 132-SM GPU; the H100's: named)
+    env = {**os.environ, "DSX_TUNED_CARD": card} if card != "h200" else os.environ
+    run = subprocess.run([str(exe)], capture_output=True, text=True, env=env)
     entries = len(shipped) + len(fit) + len(unfit)
     unfit_ends = {f"differs: {b}/{g} {n}x{k} rows {r} word {w:#x}: the rules" for b, g, n, k, lo, hi, w in unfit
                   for r in (lo, hi)}
@@ -622,7 +631,7 @@ def test_tuned_table_is_the_automatic_choice_host_side(tmp_path):
     # than the rules' choice at its ends on the H200, so there every end resolves to another configuration
     # (tests/gpu checks all of them); host-side, where the rules' occupancy queries get no answer, a few come
     # out as the word (9 of 384 ends on 2026-12-01: 7168x14336 int4, 12288x1536 int8)
-    off = subprocess.run([str(exe)], capture_output=True, text=True, env={**os.environ, "DSX_TUNED_TABLES": "0"})
+    off = subprocess.run([str(exe)], capture_output=True, text=True, env={**env, "DSX_TUNED_TABLES": "0"})
     differ = int(re.search(r"(\d+) checked, (\d+) differ", off.stdout).group(2))
     assert differ >= 0.95 * 2 * entries, off.stdout[-3000:]
     planted_off = {f"differs: {b}/{g} {n}x{k} rows {r} word {w:#x}: the rules" for b, g, n, k, lo, hi, w in fit
@@ -633,3 +642,18 @@ def test_tuned_table_is_the_automatic_choice_host_side(tmp_path):
     on = len(unfit_ends)
     assert f"switch: was 1, off {differ} differ, then 0, on {on} differ, bad argument -1" in run.stdout, run.stdout[-500:]
     assert f"switch: was 0, off {differ} differ, then 0, on {on} differ, bad argument -1" in off.stdout, off.stdout[-500:]
+    # the other card's table in effect: this table's entries where the two tables' words differ are not auto's
+    # (the H100's group-64 rows 1..8), all others are
+    other = "h100" if card == "h200" else "h200"
+    cross = subprocess.run([str(exe)], capture_output=True, text=True, env={**os.environ, "DSX_TUNED_CARD": other})
+    theirs = {tuple(int(v) for v in line[1:].split(",")[:4]) + (r,): int(line.split(",")[6].split("}")[0], 16)
+              for line in (cuda_dir / CARD_TABLES[other][0]).read_text().splitlines() if line.startswith("{")
+              for r in range(int(line.split(",")[4]), int(line.split(",")[5]) + 1)}
+    mine = {tuple(int(v) for v in line[1:].split(",")[:4]) + (r,): int(line.split(",")[6].split("}")[0], 16)
+            for line in shipped for r in (int(line.split(",")[4]), int(line.split(",")[5]))}
+    moved = {e for e, w in mine.items() if theirs.get(e) != w}
+    differs = {tuple(int(v) for v in (m[0], m[1], m[2], m[3], m[4])) for m in
+               re.findall(r"^differs: (-?\d+)/(-?\d+) (\d+)x(\d+) rows (\d+) ", cross.stdout, re.M)}
+    planted_ends = {e[:4] + (r,) for e in fit + unfit for r in (e[4], e[5])}
+    assert len(moved) >= 20 and differs - planted_ends <= moved, cross.stdout[-2000:]
+    assert len(differs) >= 0.5 * len(moved), cross.stdout[-2000:]

@@ -23,6 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import tune_auto  # noqa: E402
 
 WS, TILES = 1 << 28, 3 << 29
+CUDA_DIR = Path(__file__).resolve().parents[1] / "csrc" / "cuda"
+NVCC = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None)
+GXX = shutil.which("g++")
 
 
 def shapes_at_tp():
@@ -83,8 +86,9 @@ def overlaps(seen: dict[tuple, list[tuple[int, int]]], what: str) -> list[str]:
     return out
 
 
-def test_table_entries_are_valid():
-    rows = tune_auto.read_table()
+@pytest.mark.parametrize("card", ["h200", "h100"])
+def test_table_entries_are_valid(card):
+    rows = tune_auto.read_table(tune_auto.CARD_TABLES["wo", card])
     assert len(rows) >= 50, "the table lost its entries"
     assert problems(rows) == []
 
@@ -229,13 +233,25 @@ def test_emit_keeps_an_earlier_word_a_later_sweep_still_finds_faster(tmp_path):
     assert "M=5 31.0 -> 30.0" in out.getvalue() and "M=10 31.0 -> 29.0" in out.getvalue()
 
 
-@pytest.mark.parametrize("kernel", ["wo", "fp8"])
-def test_a_shipped_table_re_emits_itself_byte_for_byte(kernel):
+@pytest.mark.parametrize("kernel,card", sorted(tune_auto.CARD_TABLES))
+def test_a_shipped_table_re_emits_itself_byte_for_byte(kernel, card):
     """A table stands for the tune logs it was emitted from (they are not kept): read back whole, words,
-    ranges, times and dates, it is emitted again unchanged."""
+    ranges, times and dates, it is emitted again unchanged, naming its card."""
     out = io.StringIO()
-    tune_auto.emit_table([str(tune_auto.TABLES[kernel])], kernel, out=out)
-    assert out.getvalue() == tune_auto.TABLES[kernel].read_text()
+    tune_auto.emit_table([str(tune_auto.CARD_TABLES[kernel, card])], kernel, out=out, card=card)
+    assert out.getvalue() == tune_auto.CARD_TABLES[kernel, card].read_text()
+    assert f"shapes, {tune_auto.CARDS[card]}, 2026-" in out.getvalue()
+
+
+def test_the_cards_tables_differ_where_the_h100_was_swept():
+    """The H100 SXM's weight-only table is the H200's but where the fifty-second session's sweep on an H100 decided
+    (int4 group 64, rows 1..8): there its words differ at more than 50 rows, nowhere else."""
+    def words(card):
+        return {e[:4] + (r,): e[6] for e in tune_auto.read_table(tune_auto.CARD_TABLES["wo", card])
+                for r in range(e[4], e[5] + 1)}
+    h200, h100 = words("h200"), words("h100")
+    moved = {row for row in set(h200) | set(h100) if h200.get(row) != h100.get(row)}
+    assert len(moved) > 50 and all(row[:2] == (4, 64) and row[4] <= 8 for row in moved)
 
 
 def test_emit_a_table_then_a_sweep_of_other_rows(tmp_path):
@@ -446,6 +462,78 @@ def test_tuned_tables_switch_and_rules_only(monkeypatch):
         cuda.tuned_tables()
 
 
+def test_tuned_card_front_end(monkeypatch):
+    """native.cuda.tuned_card: "" asks (-1), a card forces it (its code), None gives the choice back to the device (0);
+    the setting before comes back by name; a card that is none of the tables' is refused before the library is
+    asked; as_card puts the setting back after a block, also when it raises."""
+    from ds_export.errors import DsxError
+    from ds_export.native import cuda
+
+    state, calls = [0], []
+
+    def switch(card):
+        calls.append(card)
+        if card < -1 or card > 2:
+            return -1
+        before = state[0]
+        if card >= 0:
+            state[0] = card
+        return before
+
+    monkeypatch.setattr(cuda, "_fn", lambda name, *types: switch)
+    assert cuda.tuned_card() is None and calls == [-1]
+    assert cuda.tuned_card("h100") is None and state == [2]
+    with pytest.raises(RuntimeError):
+        with cuda.as_card("h200"):
+            assert cuda.tuned_card() == "h200"
+            raise RuntimeError("a failing test inside")
+    assert cuda.tuned_card(None) == "h100" and state == [0]
+    with pytest.raises(DsxError, match="'a100' is none of h200, h100"):
+        cuda.tuned_card("a100")
+    assert calls == [-1, 2, 1, -1, 2, 0]
+
+
+CARD_PROGRAM = r"""
+#include "tuned_card.cuh"
+#include <cstdio>
+int main(int argc, char** argv) {
+  using namespace dsx_cuda;
+  // (SMs, GB/s): H200, H100 SXM, H100 NVL 3.9 TB/s, GH200 HBM3 4.0 and HBM3e 4.9 TB/s, unknown bandwidth, other SMs
+  const int q[][2] = {{132, 4915}, {132, 3352}, {132, 3938}, {132, 4000}, {132, 4900}, {132, 0}, {114, 2039},
+                      {78, 4000}};
+  for (const auto& x : q) std::printf("%d ", card_of(x[0], x[1]));
+  std::printf("\nforced %d\n", tuned_card_switch(-1));
+  const int was = tuned_card_switch(kCardH100);
+  const int forced = tuned_card(132);
+  const int back = tuned_card_switch(kCardByDevice);
+  const int judged = tuned_card(132);
+  std::printf("switch %d %d %d %d %d\n", was, forced, back, judged, tuned_card_switch(7));
+  return 0;
+}
+"""
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
+def test_a_device_is_the_card_of_its_sm_count_and_nearest_bandwidth(tmp_path):
+    """tuned_card.cuh: a 132-SM device is the H200 or the H100 SXM by the ratio of its memory bandwidth to theirs
+    (an H100 NVL or a 4.0 TB/s GH200 the H100's, a 4.9 TB/s GH200 the H200's; unknown bandwidth the H200's), a card
+    of another SM count none; DSX_TUNED_CARD forces one (h200 / h100; anything else judges by the device) and the
+    switch sets it at any time, 7 refused. (Host code; without a device the judging falls back to the SM count.)"""
+    (tmp_path / "c.cu").write_text(CARD_PROGRAM)
+    res = subprocess.run([NVCC, "-std=c++17", "-O1", f"-I{CUDA_DIR}", str(tmp_path / "c.cu"), "-o",
+                          str(tmp_path / "c")], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-3000:]
+
+    def run(card=None):
+        env = {k: v for k, v in os.environ.items() if k != "DSX_TUNED_CARD"}
+        return subprocess.run([str(tmp_path / "c")], capture_output=True, text=True, check=True,
+                              env={**env, **({"DSX_TUNED_CARD": card} if card is not None else {})}).stdout
+    assert run().splitlines() == ["1 2 2 2 1 1 3 3 ", "forced 0", "switch 0 2 2 1 -1"]
+    assert run("h100").splitlines()[1:] == ["forced 2", "switch 2 2 2 1 -1"]
+    assert run("h200").splitlines()[1] == "forced 1"
+    assert run("H100").splitlines()[1] == "forced 0"  # (the words are lower case: any other judges by the device)
+
+
 class _FakeWoBench:
     """bench/gpu_gemm_weight_only.py's part that tune_auto's wo sweep uses (Problem, ab_row, torch), without a GPU:
     a timing model in which one word is 20% faster than the rules but refused below 36 rows (as a word that does not
@@ -505,16 +593,13 @@ def test_a_33_to_64_row_sweep_runs_end_to_end_without_a_gpu(tmp_path, monkeypatc
 
 # ------------------------------------------------- the order the units' binary search needs
 
-CUDA_DIR = Path(__file__).resolve().parents[1] / "csrc" / "cuda"
-NVCC = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None)
-GXX = shutil.which("g++")
 
 
-@pytest.mark.parametrize("kernel", ["wo", "fp8"])
-def test_shipped_tables_are_in_search_order(kernel):
+@pytest.mark.parametrize("kernel,card", sorted(tune_auto.CARD_TABLES))
+def test_shipped_tables_are_in_search_order(kernel, card):
     """tuned_tables.cuh's tuned_find bisects a table by (key, first row): each shipped table is sorted so, and the
     emitter writes it so (the units also static_assert it)."""
-    rows = tune_auto.read_table(tune_auto.TABLES[kernel])
+    rows = tune_auto.read_table(tune_auto.CARD_TABLES[kernel, card])
     assert rows == sorted(rows)
     assert all(a[-2] < b[-3] for a, b in zip(rows, rows[1:]) if a[:-3] == b[:-3])  # (ranges of a key apart)
 
@@ -583,6 +668,7 @@ def test_binary_search_finds_what_a_scan_finds(tmp_path):
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
 @pytest.mark.parametrize("unit,table", [("gemm_weight_only.cu", "gemm_weight_only_tuned.inc"),
+                                        ("gemm_weight_only.cu", "gemm_weight_only_tuned_h100.inc"),
                                         ("gemm_fp8_api.cu", "gemm_fp8_tuned.inc")])
 def test_a_unit_refuses_a_table_out_of_order(tmp_path, unit, table):
     """A table hand-edited out of order would make the binary search miss entries silently: the unit's static_assert

@@ -56,6 +56,7 @@
 #include "gemm_weight_only.cuh"
 #include "launch_attrs.cuh"
 #include "sm90_ptx.cuh"
+#include "tuned_card.cuh"
 #include "tuned_tables.cuh"
 
 namespace cg = cooperative_groups;
@@ -668,6 +669,19 @@ extern "C" int dsx_wo_gemm_launch_cuda(int64_t m, int64_t n, int64_t k, int bits
 extern "C" int dsx_tuned_tables_cuda(int on) {
   if (on < -1 || on > 1) return DSX_EINVAL;
   return dsx_cuda::tuned_tables_switch(on);
+}
+
+extern "C" int dsx_tuned_card_cuda(int card) {
+  const int before = dsx_cuda::tuned_card_switch(card);
+  return before < 0 ? DSX_EINVAL : before;
+}
+
+extern "C" int dsx_device_card_cuda(int* card) {
+  int sms = 0;
+  if (!card) return DSX_EINVAL;
+  if (device_sms(&sms) != DSX_OK) return DSX_ECUDA;
+  *card = dsx_cuda::tuned_card(sms);
+  return DSX_OK;
 }
 
 extern "C" int dsx_wo_gemm_bf16_nt_cuda(const void* x, const void* qweight, const void* scale,

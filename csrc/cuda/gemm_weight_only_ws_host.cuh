@@ -440,8 +440,8 @@ bool ws_auto_rule(int rows, int64_t n, int64_t k, int bits, int group, int algo,
 // auto 32.17 us, one tile a warp at 4 splits 25.00). So the automatic choice first looks the launch up
 // in a table measured by bench/tune_auto.py (every weight GEMM shape of DeepSeek-V3 at tp 1, 2, 4, 8;
 // each word confirmed faster than the rules at both ends of its row range, interleaved in one process),
-// on GPUs with the SM count it was measured on (and unless DSX_TUNED_TABLES=0: tuned_tables.cuh);
-// elsewhere, and for every launch it does not list, the rules decide. Rows 1..16 measured at every row
+// in the table of the card the launch runs on (tuned_card.cuh; unless DSX_TUNED_TABLES=0: tuned_tables.cuh);
+// on other cards, and for every launch it does not list, the rules decide. Rows 1..16 measured at every row
 // (twenty-second session), 17..32 at 17, 20, 24, 28, 32 against the four-token-tile rule (twenty-third:
 // e.g. int4 per channel 24576 x 1536 M = 17 / 32 25.18 / 27.34 -> 17.77 / 19.63 us, torch 22.0-22.4). Rows
 // 33..64 may be listed since the forty-fifth session (plan_launch consults the table for one launch of all of them).
@@ -457,16 +457,31 @@ constexpr WsTuned kWsTuned[] = {
 #include "gemm_weight_only_tuned.inc"
     {0, 0, 0, 0, 0, 0, 0},  // (end)
 };
+// The H100 SXM's (fifty-second session's sweep of int4 group 64 at rows 1..8 on one, over the H200's table: 79 rows
+// of 24 shapes changed, -3.3% summed there; on an H200 the same words were +3.3%): tuned_card.cuh's cards.
+constexpr WsTuned kWsTunedH100[] = {
+#include "gemm_weight_only_tuned_h100.inc"
+    {0, 0, 0, 0, 0, 0, 0},  // (end)
+};
 constexpr size_t kWsTunedLen = sizeof(kWsTuned) / sizeof(kWsTuned[0]) - 1;  // (without the end)
+constexpr size_t kWsTunedH100Len = sizeof(kWsTunedH100) / sizeof(kWsTunedH100[0]) - 1;
 static_assert(dsx_cuda::tuned_sorted(kWsTuned, kWsTunedLen),
               "gemm_weight_only_tuned.inc must be sorted by (bits, group, N, K, first row), each range of rows "
               "non-empty and apart from the next of its key: write it with bench/tune_auto.py --emit");
-constexpr int kWsTunedSms = 132;  // H200 (and H100 SXM): the table's machine
+static_assert(dsx_cuda::tuned_sorted(kWsTunedH100, kWsTunedH100Len),
+              "gemm_weight_only_tuned_h100.inc must be sorted by (bits, group, N, K, first row), each range of rows "
+              "non-empty and apart from the next of its key: write it with bench/tune_auto.py --emit --card h100");
+constexpr int kWsTunedSms = 132;  // the SM count of the tables' cards (tuned_card.cuh: H200, H100 SXM)
 
-// The table's word for this launch, or 0 (a binary search: tuned_tables.cuh).
+// The table's word for this launch, or 0 (a binary search: tuned_tables.cuh), from the table of the card the
+// launch runs on (none on a card of another SM count).
 int ws_tuned_word(int rows, int64_t n, int64_t k, int bits, int group, int sms) {
-  if (sms != kWsTunedSms || !dsx_cuda::tuned_tables_on()) return 0;
-  const WsTuned* t = dsx_cuda::tuned_find(kWsTuned, kWsTunedLen, std::make_tuple(bits, group, n, k), rows);
+  if (!dsx_cuda::tuned_tables_on()) return 0;
+  const int card = dsx_cuda::tuned_card(sms);
+  if (card != dsx_cuda::kCardH200 && card != dsx_cuda::kCardH100) return 0;
+  const bool h100 = card == dsx_cuda::kCardH100;
+  const WsTuned* t = dsx_cuda::tuned_find(h100 ? kWsTunedH100 : kWsTuned, h100 ? kWsTunedH100Len : kWsTunedLen,
+                                          std::make_tuple(bits, group, n, k), rows);
   return t ? t->word : 0;
 }
 

@@ -32,6 +32,16 @@ int dsx_abi_version(void);
  * on = -1 only asks. Returns the state before the call (0 or 1), or DSX_EINVAL. */
 int dsx_tuned_tables_cuda(int on);
 
+/* CUDA (libdsx_cuda): the card whose measured tables the automatic choices use. A table is measured on one card
+ * (codes: 1 H200, 2 H100 SXM; 3 none); a launch uses the table of the card it runs on, the card of its SM count
+ * whose peak memory bandwidth is nearest to the device's (else none: the rules alone; a kernel with no table of
+ * that card uses its H200 table). card = 1 or 2 makes every device that card for the process from now on, 0 goes
+ * back to judging by the device (DSX_TUNED_CARD=h200 / h100 in the environment starts it forced); card = -1 only
+ * asks. Returns the setting before the call (0, 1 or 2), or DSX_EINVAL. dsx_device_card_cuda: the card the current
+ * device counts as now (forced or judged), or DSX_ECUDA. */
+int dsx_tuned_card_cuda(int card);
+int dsx_device_card_cuda(int* card);
+
 /* CPU (libdsx_cpu): whether the CPU kernels take their SIMD paths (AVX2 where the build has it) or their scalar
  * ones; both give the same numbers (tests compare them bit for bit). on = 0 or 1 switches for the process from now
  * on (DSX_CPU_SIMD=0 in the environment starts it at 0); on = -1 only asks. Returns the state before the call (0 or

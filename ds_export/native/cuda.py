@@ -15,6 +15,7 @@ Loads the CUDA runtime (libcudart) and libdsx_cuda.so through ctypes. Offers:
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import functools
@@ -252,6 +253,42 @@ def tuned_tables(on: bool | None = None) -> bool:
 def rules_only():
     """The measured tables off inside a with-block (the hand-written rules alone decide), as before after."""
     return switched(tuned_tables, False)
+
+
+# the cards the measured tables are measured on (dsx.h: dsx_tuned_card_cuda's codes)
+CARDS = {"h200": 1, "h100": 2}
+_CARD_NAMES = {0: None, **{v: k for k, v in CARDS.items()}, 3: "none"}
+
+
+def tuned_card(card: str | None = "") -> str | None:
+    """The card whose measured tables the automatic choices use, forced for the process ("h200" / "h100"; None:
+    judged by each device again; "": only ask, the default). Returns the setting before the call (None: judged by
+    the device): dsx_tuned_card_cuda."""
+    if card not in ("", None, *CARDS):
+        raise DsxError(f"tuned tables card: {card!r} is none of {', '.join(CARDS)}")
+    code = -1 if card == "" else CARDS.get(card, 0)
+    rc = _fn("dsx_tuned_card_cuda", I32)(code)
+    if rc < 0:
+        check(rc, "tuned tables card")
+    return _CARD_NAMES[rc]
+
+
+def device_card() -> str:
+    """The card the current device counts as for the measured tables now ("h200", "h100", or "none": its SM count
+    is no table's), forced by tuned_card or judged by its SM count and memory bandwidth: dsx_device_card_cuda."""
+    out = I32(0)
+    check(_fn("dsx_device_card_cuda", P)(ctypes.byref(out)), "device card")
+    return _CARD_NAMES[out.value]
+
+
+@contextlib.contextmanager
+def as_card(card: str):
+    """tuned_card(card) inside a with-block, the setting before after it."""
+    before = tuned_card(card)
+    try:
+        yield
+    finally:
+        tuned_card(before)
 
 
 def gemm_fp8_resolve(m: int, n: int, k: int, algo: int = 0) -> int:

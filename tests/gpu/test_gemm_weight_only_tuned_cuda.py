@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from ds_export.errors import DsxError
 from ds_export.native import cuda
 from ds_export.native import gemm_weight_only as G
 
@@ -30,16 +31,52 @@ import tune_auto  # noqa: E402
 pytestmark = pytest.mark.skipif(not cuda.available(), reason="no CUDA device")
 
 TABLE = tune_auto.read_table()
+# the H100 SXM's table where it is not the H200's (its other entries are the same words, checked above)
+H100 = sorted(set(tune_auto.read_table(tune_auto.CARD_TABLES["wo", "h100"])) - set(TABLE))
 
 
-@pytest.mark.parametrize("entry", TABLE, ids=lambda e: f"{e[0]}/{e[1]}-{e[2]}x{e[3]}-m{e[4]}..{e[5]}")
-def test_table_entry_is_the_automatic_choice(entry):
+def _entry_id(e):
+    return f"{e[0]}/{e[1]}-{e[2]}x{e[3]}-m{e[4]}..{e[5]}"
+
+
+@pytest.mark.parametrize("card,entry", [("h200", e) for e in TABLE] + [("h100", e) for e in H100],
+                         ids=lambda v: v if isinstance(v, str) else _entry_id(v))
+def test_table_entry_is_the_automatic_choice(card, entry):
+    """On any 132-SM card, made the table's card (cuda.as_card: the tables of the card a launch runs on)."""
     bits, group, n, k, lo, hi, w = entry
     skip_unless_h200()
-    for m in sorted({lo, hi}):  # (and the rows its first launch takes: all of them, also at 33..64 rows)
-        want = tuple(f(m, n, k, bits, group, w) for f in (G.cuda_config, G.cuda_path, G.cuda_launch))
-        assert tuple(f(m, n, k, bits, group) for f in (G.cuda_config, G.cuda_path, G.cuda_launch)) == want, f"m {m}"
-        assert want[2]["rows"] == m, f"m {m}"
+    with cuda.as_card(card):
+        for m in sorted({lo, hi}):  # (and the rows its first launch takes: all of them, also at 33..64 rows)
+            want = tuple(f(m, n, k, bits, group, w) for f in (G.cuda_config, G.cuda_path, G.cuda_launch))
+            assert tuple(f(m, n, k, bits, group) for f in (G.cuda_config, G.cuda_path, G.cuda_launch)) == want, \
+                f"m {m}"
+            assert want[2]["rows"] == m, f"m {m}"
+
+
+def test_the_card_is_judged_by_the_device_and_can_be_forced():
+    """The device counts as the card its name says (torch's name; an H100 SXM, an H200), and cuda.tuned_card forces
+    another for the process until it is given back; a card that is none of them is refused."""
+    skip_unless_h200()
+    torch = pytest.importorskip("torch")
+    name = torch.cuda.get_device_name(0)
+    want = "h200" if "H200" in name else "h100" if "H100" in name and "HBM3" in name else None
+    if want is None:
+        pytest.skip(f"{name}: neither an H200 nor an H100 SXM")
+    with cuda.as_card(None):  # (judged by the device; skip_unless_h200 made it the H200's)
+        assert cuda.tuned_card() is None and cuda.device_card() == want
+        other = "h100" if want == "h200" else "h200"
+        with cuda.as_card(other):
+            assert cuda.tuned_card() == other and cuda.device_card() == other
+        assert cuda.tuned_card() is None and cuda.device_card() == want
+    with pytest.raises(DsxError, match="none of h200, h100"):
+        cuda.tuned_card("a100")
+    # a group-64 launch whose word differs between the tables follows the card
+    bits, group, n, k, lo, hi, w = H100[0]
+    with cuda.as_card("h100"):
+        h100 = G.cuda_config(lo, n, k, bits, group)
+    with cuda.as_card("h200"):
+        h200 = G.cuda_config(lo, n, k, bits, group)
+    assert h100 == G.cuda_config(lo, n, k, bits, group, w) and h100 != h200
 
 
 # (shapes up to 16M weights: the float64 reference of the larger ones takes minutes of host numpy; their
@@ -47,18 +84,24 @@ def test_table_entry_is_the_automatic_choice(entry):
 SHAPES = sorted({e[:4] for e in TABLE if e[2] * e[3] <= 16 * 2**20})
 
 
-@pytest.mark.parametrize("key", SHAPES, ids=lambda s: f"{s[0]}/{s[1]}-{s[2]}x{s[3]}")
-def test_table_shapes_right_against_float64(key):
+H100_SHAPES = sorted({e[:4] for e in H100 if e[2] * e[3] <= 16 * 2**20})
+
+
+@pytest.mark.parametrize("card,key", [("h200", s) for s in SHAPES] + [("h100", s) for s in H100_SHAPES],
+                         ids=lambda v: v if isinstance(v, str) else "{}/{}-{}x{}".format(*v))
+def test_table_shapes_right_against_float64(card, key):
     bits, group, n, k = key
     skip_unless_h200()
-    x, q, s, wd = make(max(e[5] for e in TABLE if e[:4] == key), n, k, bits, group, seed=41)
-    for _, _, _, _, lo, hi, w in (e for e in TABLE if e[:4] == key):
-        for m in sorted({lo, hi}):
-            xm = np.ascontiguousarray(x[:m])
-            a = run_raw(xm, q, s, bits, group, 0)
-            check_bound(a, xm, wd, f"auto {bits}/{group} {n}x{k} m {m} (word {w:#x})")
-            assert same(a, run_raw(xm, q, s, bits, group, w)), "bits differ from the entry's word"
-            assert same(a, run_raw(xm, q, s, bits, group, 0)), "not reproducible"
+    entries = [e for e in (TABLE if card == "h200" else H100) if e[:4] == key]
+    x, q, s, wd = make(max(e[5] for e in entries), n, k, bits, group, seed=41)
+    with cuda.as_card(card):
+        for _, _, _, _, lo, hi, w in entries:
+            for m in sorted({lo, hi}):
+                xm = np.ascontiguousarray(x[:m])
+                a = run_raw(xm, q, s, bits, group, 0)
+                check_bound(a, xm, wd, f"auto {bits}/{group} {n}x{k} m {m} (word {w:#x}, {card})")
+                assert same(a, run_raw(xm, q, s, bits, group, w)), "bits differ from the entry's word"
+                assert same(a, run_raw(xm, q, s, bits, group, 0)), "not reproducible"
 
 
 def test_tables_off_leaves_auto_to_the_rules():
@@ -76,7 +119,8 @@ def test_tables_off_leaves_auto_to_the_rules():
     same = [(e, f"{w:#x}") for e, w, o in zip(ends, words, off)
             if o == [G.cuda_config(*e, w), G.cuda_path(*e, w)]]
     assert same == [], f"{len(same)} of {len(ends)} ends: the rules' own choice"
-    assert all([G.cuda_config(*e), G.cuda_path(*e)] == [G.cuda_config(*e, w), G.cuda_path(*e, w)]
-               for e, w in zip(ends, words))  # (this process: the table)
+    with cuda.as_card("h200"):  # (this process: the table; on an H100 too)
+        assert all([G.cuda_config(*e), G.cuda_path(*e)] == [G.cuda_config(*e, w), G.cuda_path(*e, w)]
+                   for e, w in zip(ends, words))
     with cuda.rules_only():  # (the switch at run time, dsx_tuned_tables_cuda: the same as the environment's)
         assert [[G.cuda_config(*e), G.cuda_path(*e)] for e in ends] == off

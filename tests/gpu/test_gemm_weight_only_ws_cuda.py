@@ -688,10 +688,12 @@ AUTO_H200 = {
 
 
 def skip_unless_h200():
-    """The automatic rules count blocks against SMs: their expected choices are the H200's (132 SMs)."""
+    """The automatic rules count blocks against SMs: their expected choices are the H200's (132 SMs), with the H200's
+    measured table, which this makes the process's (an H100 SXM, 132 SMs too, has its own: cuda.tuned_card)."""
     sms = ctypes.c_int()  # (cudaDevAttrMultiProcessorCount = 16, device 0)
     if cuda.cudart().cudaDeviceGetAttribute(ctypes.byref(sms), 16, 0) != 0 or sms.value != 132:
         pytest.skip("the expected choices are the H200's (132 SMs)")
+    cuda.tuned_card("h200")
 
 
 @pytest.mark.parametrize("case", sorted(AUTO_H200))
