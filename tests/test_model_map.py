@@ -110,6 +110,11 @@ def test_mtp_layers_follow_config():
     ({"norm_topk_prob": "yes"}, "norm_topk_prob 'yes': expected true or false"),
     ({"tie_word_embeddings": "false"}, "tie_word_embeddings 'false'"),  # (was read as True)
     ({"max_position_embeddings": "4096"}, "max_position_embeddings '4096': expected a positive integer"),
+    ({"eos_token_id": 129280}, r"eos_token_id 129280: expected a token id in 0..129279 \(vocab_size 129280\)"),
+    ({"eos_token_id": -1}, "eos_token_id -1"),
+    ({"eos_token_id": [1, 200000]}, r"eos_token_id \[1, 200000\]"),
+    ({"eos_token_id": []}, r"eos_token_id \[\]"),
+    ({"bos_token_id": "0"}, "bos_token_id '0'"),
     ({"rope_scaling": 5}, "rope_scaling 5: expected a mapping or null"),
     ({"rope_scaling": {"type": "yarn"}}, "rope_scaling.factor None: expected a positive number"),
     ({"rope_scaling": {**REAL_CONFIG["rope_scaling"], "factor": "40"}}, r"rope_scaling.factor '40'"),
@@ -128,6 +133,7 @@ def test_optional_settings_may_be_null_or_absent():
     assert (c.n_shared_experts, c.num_nextn_predict_layers) == (0, 0)
     ds.DeepseekV3Config.from_dict({k: v for k, v in REAL_CONFIG.items() if k not in (
         "rope_scaling", "rope_theta", "rms_norm_eps", "routed_scaling_factor", "max_position_embeddings")})
+    ds.DeepseekV3Config.from_dict(dict(REAL_CONFIG, eos_token_id=[1, 129279], bos_token_id=None))
     ds.DeepseekV3Config.from_dict(dict(REAL_CONFIG, rope_scaling={"type": "yarn", "factor": 40.0,
                                                                   "original_max_position_embeddings": 4096}))
 

@@ -63,6 +63,13 @@ def _check_settings(cfg: dict, source: str) -> None:
     mpe = cfg.get("max_position_embeddings")
     if mpe is not None and not (is_int(mpe) and mpe > 0):
         bad("max_position_embeddings", mpe, "a positive integer")
+    # (the serving stack stops a sequence at eos_token_id and starts one with bos_token_id: an id past the vocabulary
+    # is a token the model never emits, so generation would run to max length; a list of ids as transformers allows)
+    for k in ("bos_token_id", "eos_token_id"):
+        ids = cfg.get(k)
+        if ids is not None and not all(is_int(i) and 0 <= i < cfg["vocab_size"] for i in (
+                ids if isinstance(ids, list) and ids else [ids])):
+            bad(k, ids, f"a token id in 0..{cfg['vocab_size'] - 1} (vocab_size {cfg['vocab_size']}), or a list of them")
     rs = cfg.get("rope_scaling")
     if rs is None:
         return
