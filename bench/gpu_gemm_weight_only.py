@@ -343,7 +343,8 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
     copy_tbps = copy_bandwidth_tbps()
-    print(json.dumps({"copy_TBps_read_plus_write": copy_tbps}))
+    tables = cuda.device_card() if cuda.tuned_tables() else "off"  # (whose measured table "auto" consults)
+    print(json.dumps({"copy_TBps_read_plus_write": copy_tbps, "tables": tables}))
     shapes = SHAPES
     if args.shapes:
         shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
@@ -395,7 +396,7 @@ def main() -> int:
                     torch.cuda.empty_cache()
     text = table(rows, copy_tbps)
     (out / "bench_gemm_weight_only.txt").write_text(text + "\n")
-    print(f"\ncopy bandwidth (read + write): {copy_tbps and round(copy_tbps, 2)} TB/s")
+    print(f"\ncopy bandwidth (read + write): {copy_tbps and round(copy_tbps, 2)} TB/s; auto's measured table: {tables}")
     print(text)
     return failed
 
