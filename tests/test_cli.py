@@ -120,6 +120,17 @@ def test_help_describes_every_command(cmd, capsys):
     assert "Examples" in capsys.readouterr().out
 
 
+def test_the_command_list_runs_each_summary_on(capsys):
+    """`dsx --help` lists each command with its docstring's first paragraph, wrapped to the terminal, not broken
+    where the source lines end (verify's was cut after "kernels," on an 80-column terminal)."""
+    res = dsx("--help", env={"COLUMNS": "400"})
+    assert res.returncode == 0
+    lines = {line.split()[1]: line for line in res.stdout.splitlines() if line.startswith("│ ") and len(line.split()) > 2}
+    assert set(COMMANDS) <= set(lines), res.stdout
+    assert "numerically sound (weights, kernels, logits). Exit code 0 only when every gate passes." in lines["verify"]
+    assert "one base step verifies them all" in lines["generate"]
+
+
 def test_errors_are_one_line_without_traceback(tiny_fp8, tmp_path):
     import shutil
 

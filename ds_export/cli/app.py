@@ -32,7 +32,8 @@ app = typer.Typer(
 
 for fn in (cmd_download.download, cmd_quantize.quantize, cmd_export.export, cmd_verify.verify,
            cmd_generate.generate, cmd_run.run, cmd_inspect.inspect, cmd_tiny.tiny):
-    app.command(name=fn.__name__)(fn)
+    # (the command list shows the docstring's first paragraph: as one line, not broken where the source wraps it)
+    app.command(name=fn.__name__, short_help=" ".join((fn.__doc__ or "").split("\n\n")[0].split()))(fn)
 
 
 def _version(value: bool) -> None:
