@@ -20,6 +20,7 @@ Unknown keys and bad values are errors naming the line.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,6 +39,7 @@ SECTIONS = {
                 "gpu_memory_gb": int, "notes": str},
 }
 STEPS = ("download", "quantize", "export", "verify", "generate")
+NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
 
 
 @dataclass
@@ -71,6 +73,12 @@ def parse(obj, source: str) -> Deployment:
     for req in ("name", "model", "quantize", "export"):
         if req not in obj:
             raise _err(source, line, f"{req} is required")
+    # (the name is the work directory's under dsx-work/: "/home/me" or "../x" put it anywhere, "" was dsx-work itself)
+    if not (isinstance(obj["name"], str) and NAME.fullmatch(obj["name"])):
+        raise _err(source, line, f"name {obj['name']!r}: expected a plain name (letters, digits, '.', '_', '-'; "
+                                 "starting with a letter, digit or '_'), the work directory's under dsx-work/")
+    if not isinstance(obj.get("description", ""), str):
+        raise _err(source, line, f"description {obj['description']!r}: expected text")
     sec = {}
     for name, keys in SECTIONS.items():
         val = obj.get(name) or {}
@@ -83,7 +91,7 @@ def parse(obj, source: str) -> Deployment:
             if not isinstance(v, keys[k]) or (keys[k] is int and isinstance(v, bool)):
                 raise _err(source, vline, f"{name}.{k} = {v!r} has the wrong type")
         sec[name] = dict(val)
-    d = Deployment(str(obj["name"]), str(obj.get("description", "")), sec["model"], sec["quantize"], sec["export"],
+    d = Deployment(obj["name"], obj.get("description", ""), sec["model"], sec["quantize"], sec["export"],
                    sec["verify"], sec["generate"] if obj.get("generate") else None, sec["serving"], source)
     _check(d, obj, source)
     return d
@@ -100,6 +108,9 @@ def _check(d: Deployment, obj, source: str) -> None:
             if k not in tiny_keys or not isinstance(v, tiny_keys[k]) or isinstance(v, bool):
                 raise _err(source, line("model"), f"model.tiny.{k} = {v!r}: expected seed (int), dtype (fp8 | bf16) "
                            "or config (a mapping of config.json values)")
+    if "tiny" in m and {"revision", "only"} & set(m):  # (they were ignored: the tiny checkpoint is written, not fetched)
+        raise _err(source, line("model"), "model.revision and model.only are for model.repo: a tiny checkpoint is "
+                                          "written locally, whole")
     if m.get("only", "all") not in ("all", "base"):
         raise _err(source, line("model"), "model.only must be all or base")
     if ("type" in q) == bool(q.get("recipe")):
@@ -129,6 +140,10 @@ def _check(d: Deployment, obj, source: str) -> None:
         if v is not None and not (is_int(v) and v >= least):
             raise _err(source, line("verify"), f"verify.{k} = {v!r}: expected an integer >= {least}"
                        + (" (leave it out to check every expert)" if k == "experts" else ""))
+    bad = [f"{k} = {v!r}" for k, v in d.serving.items() if is_int(v) and not v >= (0 if k == "draft_tokens" else 1)]
+    if bad:  # (documentation only, but printed by dsx run and in its summary as the deployment's serving plan)
+        raise _err(source, line("serving"), f"serving.{', serving.'.join(bad)}: expected counts and sizes >= 1 "
+                                            "(draft_tokens >= 0)")
     if m.get("only") == "base" and e.get("speculate"):
         raise _err(source, line("model"), "model.only: base downloads no MTP layer, but export.speculate needs it")
     if d.generate is not None:
