@@ -588,6 +588,7 @@ def test_weight_only_refuses_bad_shapes(tmp_path):
 
 @pytest.mark.parametrize("args,msg", [
     (["--type", "int3"], "unknown quant type"),
+    (["--type", "../quant/bf16"], "unknown quant type '../quant/bf16'"),  # (a name, not a path to a recipe file)
     ([], "exactly one of --type and --recipe"),
     (["--type", "bf16", "--mtp-only", "--no-mtp"], "exclude each other"),
     (["--type", "weight_only_int4", "--group-size", "32"], "--group-size 32: expected one of -1, 64, 128"),

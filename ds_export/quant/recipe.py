@@ -265,7 +265,7 @@ def builtin_names() -> list[str]:
 
 def builtin(name: str, *, arch: int | None = None, group_size: int | None = None, _depth: int = 0) -> Recipe:
     p = BUILTIN_DIR / f"{name}.yaml"
-    if not p.exists():
+    if name not in builtin_names():  # (not a path: --type ../x read x.yaml from beside the built-in recipes)
         raise UsageError(f"unknown quant type {name!r}", hint=f"choose one of {', '.join(builtin_names())} "
                                                               "or pass --recipe FILE")
     rec = load(p, _depth=_depth)
