@@ -639,3 +639,15 @@ def test_experts_and_samples_below_their_range_are_refused(outputs, tiny_fp8, ca
     and the report said ok; --samples -2 ran no kernel check without a word."""
     assert main(["verify", str(outputs / "mix"), "--reference", str(tiny_fp8), *args, "-q"]) == 2
     assert want in capsys.readouterr().err
+
+
+def test_a_reference_that_is_the_target_itself_is_refused(outputs, tmp_path, capsys):
+    """Every weight is bit-identical to itself: verify PATH --reference PATH passed whatever PATH held. Refused, also
+    through another spelling of the same directory (a symlink)."""
+    mix = outputs / "mix"
+    assert main(["verify", str(mix), "--reference", str(mix), "-q"]) == 2
+    err = capsys.readouterr().err
+    assert f"--reference {mix}: is {mix} itself" in err and len(err.strip().splitlines()) == 1
+    (tmp_path / "link").symlink_to(mix)
+    assert main(["verify", str(mix), "--reference", str(tmp_path / "link"), "-q"]) == 2
+    assert "itself" in capsys.readouterr().err

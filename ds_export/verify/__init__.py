@@ -62,12 +62,22 @@ def verify(target: str | Path, reference: str | Path | None = None, *, expert_sa
     if samples < 0:
         raise UsageError(f"--samples {samples}: expected 0 (no kernel checks) or more sampled layers")
     _refuse_an_export(target)
+    if reference is not None and _same_dir(target, Path(reference)):  # (every weight "exact" against itself: a pass)
+        raise UsageError(f"--reference {reference}: is {target} itself; give the checkpoint {target} was converted from",
+                         hint="for the files' integrity alone, leave --reference out")
     with contextlib.ExitStack() as held:  # (none of them written by a dsx process while they are read)
         for d in (target, reference, export):
             if d is not None:
                 held.enter_context(shared(d, "dsx verify"))
         return _verify(target, reference, expert_sample=expert_sample, samples=samples, gates=gates, export=export,
                        device=device, workers=workers, progress=progress)
+
+
+def _same_dir(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve() or a.samefile(b)
+    except OSError:  # (one of them missing: the checks below say which)
+        return False
 
 
 def _verify(target: Path, reference, *, expert_sample, samples, gates, export, device, workers, progress) -> dict:
