@@ -20,6 +20,8 @@ def summarize(path: str | Path) -> dict:
         roles = ds.map_tensors(list(infos) + list(ck.absent), cfg, source=str(path))
         ds.check_fp8_partners(roles, {n: t.dtype for n, t in infos.items()}, source=str(path))
         ds.check_shapes({n: t.shape for n, t in infos.items() if t.dtype != "I8"}, cfg, source=str(path))  # (I8: packed)
+        ds.check_block_scales(roles, {n: (t.dtype, tuple(t.shape)) for n, t in infos.items()},
+                              cfg.fp8_block or ds.FP8_BLOCK, source=str(path))
         by_role: dict[tuple[bool, str], dict] = {}
         order = {r: i for i, r in enumerate(ds.ROLES)}
         for n, t in infos.items():

@@ -325,6 +325,62 @@ def test_a_block_scale_of_another_dtype_is_refused_before_converting(tiny_fp8, t
     assert "is F16; dsx quantize writes BF16" in err
 
 
+def test_a_source_of_another_dtype_or_a_quantized_output_is_refused(tiny_fp8, tmp_path, capsys):
+    """An FP8 weight declared I8 (the same byte a value) was converted from its bytes read as integers (-61 dB against
+    the original, exit 0, both types); a weight-only output given as a source was refused as a shape that is not a
+    multiple of 64. Both are refused before any work, naming the tensor and its dtype."""
+    import shutil
+
+    from headers import set_dtype
+
+    src = tmp_path / "src"
+    shutil.copytree(tiny_fp8, src)
+    weight = "model.layers.0.self_attn.q_a_proj.weight"
+    set_dtype(src, weight, "I8")
+    for t in ("weight_only_int4", "a8w8_fp8"):
+        assert main(["quantize", str(src), "--out", str(tmp_path / t), "--type", t, "-q"]) == 1
+        err = capsys.readouterr().err
+        assert f"{weight} (a weight) is I8; a source checkpoint holds F8_E4M3 block-scaled weights" in err, err
+        assert len(err.strip().splitlines()) == 1 and not (tmp_path / t).exists()
+    int4 = tmp_path / "int4"
+    _quantize(tiny_fp8, int4, "--type", "weight_only_int4")
+    assert main(["quantize", str(int4), "--out", str(tmp_path / "again"), "--type", "weight_only_int8", "-q"]) == 1
+    err = capsys.readouterr().err
+    assert "(a weight) is I8" in err and "a quantized output is not converted again" in err, err
+
+
+def test_a_block_scale_of_the_wrong_shape_is_refused(tiny_fp8, tmp_path, capsys):
+    """A block scale declared [2, 4] for a [512, 192] weight (blocks of 128: [4, 2]) was copied by a8w8_fp8 under the
+    output's [4, 2], its values in the wrong order, exit 0; export stopped at it with an internal message naming no
+    tensor. inspect, quantize and export refuse it, naming the scale, the weight and the shape its blocks make."""
+    import json
+    import shutil
+    import struct
+
+    src = tmp_path / "src"
+    shutil.copytree(tiny_fp8, src)
+    index = json.loads((src / "model.safetensors.index.json").read_text())["weight_map"]
+    raw = None
+    for scale, rel in index.items():
+        raw = (src / rel).read_bytes()
+        (n,) = struct.unpack("<Q", raw[:8])
+        header = json.loads(raw[8:8 + n])
+        if scale.endswith("_scale_inv") and header[scale]["shape"][0] != header[scale]["shape"][1]:
+            break
+    shape = header[scale]["shape"]
+    header[scale]["shape"] = shape[::-1]
+    body = json.dumps(header).encode()
+    body += b" " * (-len(body) % 8)
+    (src / rel).write_bytes(struct.pack("<Q", len(body)) + body + raw[8 + n:])
+    for cmd in (["inspect", str(src)], ["quantize", str(src), "--out", str(tmp_path / "o"), "--type", "a8w8_fp8"],
+                ["export", str(src), "--out", str(tmp_path / "e")]):
+        assert main([*cmd, "-q"]) == 1, cmd
+        err = capsys.readouterr().err
+        assert f"block scale {scale} is {shape[::-1]}; {scale[:-len('_scale_inv')]} " in err, err
+        assert f"has {shape}" in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "o").exists() and not (tmp_path / "e").exists()
+
+
 def test_force_never_deletes_a_source_or_another_checkpoint(tiny_fp8, tmp_path, capsys):
     """dsx quantize SRC --out SRC --force deleted every shard of SRC (they look like the shards dsx writes), and --force
     into another checkpoint's directory deleted its shards: refused, the files untouched."""

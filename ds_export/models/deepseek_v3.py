@@ -540,6 +540,47 @@ def check_shapes(shapes: dict[str, tuple[int, ...]], cfg: DeepseekV3Config, *, s
                             hint="config.json does not describe these weights: use the config.json that came with them")
 
 
+# What a source checkpoint's tensors are (dsx quantize's input): FP8 e4m3 weights with F32 block scales (DeepSeek's), or
+# floating-point values (a bf16 / f16 / f32 conversion). A weight-only output's I8 weights and BF16 scales are dsx's
+# or Paddle's output, not a source: an FP8 weight declared I8 was converted from its bytes read as integers (-61 dB,
+# exit 0), and a wint4 output given to quantize was refused as a shape that is not a multiple of 64.
+SOURCE_DTYPES = ("F8_E4M3", "BF16", "F16", "F32")
+
+
+def check_source(roles: dict[str, TensorRole], infos: dict[str, tuple[str, tuple[int, ...]]],
+                 block: tuple[int, int], *, source: str = "checkpoint") -> None:
+    """The present tensors of a source checkpoint (infos: name -> (dtype, shape)) are of a source's dtypes, and their
+    block scales have the shapes their weights' blocks make (check_block_scales)."""
+    for n, (dt, _) in infos.items():
+        r = roles[n]
+        if r.kind == "scale_inv":
+            continue  # (F32: check_fp8_partners)
+        if r.kind == "scale" or dt not in SOURCE_DTYPES or (dt == "F8_E4M3" and r.kind != "weight"):
+            what = "a weight-only scale" if r.kind == "scale" else "a weight" if r.kind == "weight" else "a vector"
+            raise ModelMapError(f"{source}: {n} ({what}) is {dt}; a source checkpoint holds F8_E4M3 block-scaled "
+                                "weights or BF16 / F16 / F32 values",
+                                hint="quantize from the original checkpoint (a quantized output is not converted "
+                                     "again), or download it again if this is one")
+    check_block_scales(roles, infos, block, source=source)
+
+
+def check_block_scales(roles: dict[str, TensorRole], infos: dict[str, tuple[str, tuple[int, ...]]],
+                       block: tuple[int, int], *, source: str = "checkpoint") -> None:
+    """Each present FP8 weight's block scale, where present, has the shape its blocks make: a scale declared [2, 4]
+    for a [512, 192] weight in blocks of 128 was copied by quantize under the [4, 2] the output needs, its values taken
+    in the wrong order without a word (export stopped at it with an internal message)."""
+    for n, (dt, shape) in infos.items():
+        r = roles[n]
+        if r.kind != "weight" or dt != "F8_E4M3" or r.scale_name not in infos:
+            continue
+        want = [-(-shape[0] // block[0]), -(-shape[1] // block[1])] if len(shape) == 2 else None
+        got = list(infos[r.scale_name][1])
+        if got != want:
+            raise ModelMapError(f"{source}: block scale {r.scale_name} is {got}; {n} {list(shape)} in blocks of "
+                                f"{list(block)} has {want}",
+                                hint="the checkpoint is damaged or not in DeepSeek's format: download it again")
+
+
 def check_fp8_partners(roles: dict[str, TensorRole], dtypes: dict[str, str], *, source: str = "checkpoint") -> None:
     """Every FP8 weight of `dtypes` (the tensors present) has its block scale among `roles` (which may also hold the
     tensors of a partial checkpoint's absent shards)."""

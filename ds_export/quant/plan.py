@@ -153,14 +153,15 @@ def build(ck: Checkpoint, recipe: Recipe, *, selection: str = "all") -> Plan:
     # (a partial checkpoint, e.g. `dsx download --only mtp`: a present tensor's partner may sit in an absent shard)
     roles = ds.map_tensors(list(infos) + list(ck.absent), cfg, source=str(ck.root))
     ds.check_fp8_partners(roles, {n: t.dtype for n, t in infos.items()}, source=str(ck.root))
-    ds.check_shapes({n: t.shape for n, t in infos.items() if t.dtype != "I8"}, cfg, source=str(ck.root))
+    block = cfg.fp8_block or fp8_block.BLOCK
+    ds.check_source(roles, {n: (t.dtype, tuple(t.shape)) for n, t in infos.items()}, block, source=str(ck.root))
+    ds.check_shapes({n: t.shape for n, t in infos.items()}, cfg, source=str(ck.root))
     if selection == "mtp" and not cfg.num_nextn_predict_layers:
         raise UsageError(f"{ck.root}: the checkpoint has no MTP layer (num_nextn_predict_layers is 0)")
     unused = recipe.unused_rules([roles[n] for n in infos if roles[n].kind != "scale_inv"])
     if unused:
         raise UsageError(f"{recipe.source}:{unused[0].line}: rule matches no tensor of {ck.root}",
                          hint="fix the role/name/regex or remove the rule")
-    block = cfg.fp8_block or fp8_block.BLOCK
     by_file: dict[str, OutShard] = {}
     for name, info in infos.items():
         r = roles[name]
