@@ -182,6 +182,15 @@ def test_duplicate_across_shards(tmp_path):
         Checkpoint.open(tmp_path)
 
 
+def test_a_shard_that_is_a_symlink_loop_is_one_clear_error(tmp_path):
+    """A shard that is a link to itself was an internal error (pathlib's RuntimeError) in every command."""
+    _ck(tmp_path, {"a": "s1.safetensors"}, {"s1.safetensors": A})
+    (tmp_path / "s1.safetensors").unlink()
+    (tmp_path / "s1.safetensors").symlink_to(tmp_path / "s1.safetensors")
+    with pytest.raises(CheckpointError, match=r"s1.safetensors: cannot be resolved \(.*\); expected a .safetensors file"):
+        Checkpoint.open(tmp_path)
+
+
 def test_single_file_checkpoint(tmp_path):
     write_file(tmp_path / "model.safetensors", A)
     (tmp_path / "config.json").write_text("{}")

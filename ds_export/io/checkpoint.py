@@ -38,7 +38,11 @@ def _load_json(path: Path, what: str) -> dict:
 def _safe_shard_path(root: Path, rel: str, index: Path) -> Path:
     if not isinstance(rel, str) or not rel or os.path.isabs(rel):
         raise CheckpointError(f"{index}: weight_map entry {rel!r} is not a relative file name")
-    p = (root / rel).resolve()
+    try:
+        p = (root / rel).resolve()
+    except (RuntimeError, OSError) as e:  # (Python 3.11 raises RuntimeError for a symlink loop)
+        raise CheckpointError(f"{root / rel}: cannot be resolved ({e}); expected a .safetensors file",
+                              hint="replace the link with the file") from None
     if root.resolve() not in p.parents:
         raise CheckpointError(f"{index}: weight_map entry {rel!r} points outside the checkpoint directory")
     return p
