@@ -131,6 +131,18 @@ def test_the_command_list_runs_each_summary_on(capsys):
     assert "one base step verifies them all" in lines["generate"]
 
 
+def test_a_path_that_is_a_symlink_loop_is_one_line(tiny_fp8, tmp_path, capsys):
+    """--out naming a link to itself was an internal error (pathlib's RuntimeError before Python 3.13) in quantize,
+    export and tiny."""
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    for cmd in (["quantize", str(tiny_fp8), "--out", str(loop), "--type", "bf16"], ["tiny", str(loop)]):
+        assert main([*cmd, "-q"]) == 1, cmd
+        err = capsys.readouterr().err
+        assert f"{loop}: a symbolic link that points back at itself" in err and "internal" not in err, err
+        assert len(err.strip().splitlines()) == 1
+
+
 def test_errors_are_one_line_without_traceback(tiny_fp8, tmp_path):
     import shutil
 

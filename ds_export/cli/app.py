@@ -91,6 +91,9 @@ def main(argv: list[str] | None = None) -> int:
             ctx = getattr(e, "ctx", None)
             hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
             return _finish(argv, _fail(e.format_message().replace("\n", " ") + hint, 2))
+        if isinstance(e, RuntimeError) and str(e).startswith("Symlink loop from "):  # (pathlib before 3.13: ELOOP)
+            return _finish(argv, _fail(f"{str(e)[len('Symlink loop from '):].strip(chr(39))}: a symbolic link that "
+                                       "points back at itself (check the path: replace the link)", 1))
         code = _fail(f"internal error: {e.__class__.__name__}: {e} (set DSX_DEBUG=1 for the traceback, "
                      "and please report it)", 1)
     return _finish(argv, code)
