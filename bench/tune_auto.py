@@ -250,7 +250,7 @@ def measure(args) -> int:
 
 ROOT = Path(__file__).resolve().parents[1]
 TABLES = {"wo": ROOT / "csrc" / "cuda" / "gemm_weight_only_tuned.inc", "fp8": ROOT / "csrc" / "cuda" / "gemm_fp8_tuned.inc"}
-# the cards a table is measured on (csrc/cuda/tuned_tables.cuh's kCards): the H200's tables above, and the other
+# the cards a table is measured on (csrc/cuda/tuned_card.cuh's kCards): the H200's tables above, and the other
 # cards' tables each kernel has (a launch on a card without its own table uses the H200's)
 CARDS = {"h200": "H200 (132 SMs)", "h100": "H100 SXM (132 SMs)"}
 CARD_TABLES = {("wo", "h200"): TABLES["wo"], ("fp8", "h200"): TABLES["fp8"],
