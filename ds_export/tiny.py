@@ -11,6 +11,7 @@ Tensor values depend only on (seed, tensor name), never on the write order.
 from __future__ import annotations
 
 import copy
+import difflib
 import os
 import zlib
 from dataclasses import dataclass
@@ -76,6 +77,12 @@ class TinySpec:
 def make_config(spec: TinySpec) -> dict:
     cfg = copy.deepcopy(REAL_CONFIG)
     cfg.update(TINY if spec.preset == "tiny" else REAL_DIMS)
+    unknown = [k for k, _ in spec.overrides if k not in cfg]
+    if unknown:  # (a misspelt key was added to config.json and changed nothing: the checkpoint kept its sizes)
+        near = difflib.get_close_matches(unknown[0], cfg, n=1)
+        raise UsageError(f"tiny config: {unknown[0]!r} is not a key of DeepSeek-V3's config.json",
+                         hint=f"did you mean {near[0]!r}?" if near else "see the keys of ds_export/data/deepseek-r1/"
+                                                                       "config.json")
     cfg.update(dict(spec.overrides))
     if spec.layers is not None:
         if spec.layers < 1:

@@ -186,6 +186,21 @@ def test_a_generate_prompt_outside_the_vocabulary_is_found_before_the_first_step
     assert not [p for p in (tmp_path / "w").rglob("*") if p.is_file() and not p.name.startswith(".")]
 
 
+def test_a_misspelt_tiny_config_key_is_refused_before_the_first_step(tmp_path, capsys):
+    """model.tiny.config: {intermediate_szie: 256} was written into config.json beside the real key and changed
+    nothing: the run went through with the default widths. Refused, with the key it likely meant."""
+    r = tmp_path / "r.yaml"
+    r.write_text((Path("recipes") / "tiny.yaml").read_text().replace(
+        "tiny: {seed: 0, dtype: fp8}", "tiny: {seed: 0, dtype: fp8, config: {intermediate_szie: 256}}"))
+    assert "intermediate_szie" in r.read_text()
+    for dry in (["--dry-run"], []):
+        assert main(["run", str(r), *dry, "--workdir", str(tmp_path / "w")]) == 2
+        err = capsys.readouterr().err
+        assert "tiny config: 'intermediate_szie' is not a key of DeepSeek-V3's config.json" in err, err
+        assert "did you mean 'intermediate_size'?" in err and len(err.strip().splitlines()) == 1, err
+    assert not [p for p in (tmp_path / "w").rglob("*") if p.is_file() and not p.name.startswith(".")]
+
+
 def test_a_quant_recipe_file_is_found_beside_the_deployment_recipe(tmp_path, monkeypatch, capsys):
     """quantize.recipe: mix.yaml was read from the working directory: `dsx run recipes/x.yaml` from anywhere else
     said "mix.yaml: recipe not found"."""
