@@ -40,6 +40,7 @@ from ptx_entries import ptx_entries
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import wo_sass_counts  # noqa: E402
+import tune_auto  # noqa: E402
 
 BF16 = ml_dtypes.bfloat16
 NVCC = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None)
@@ -646,11 +647,9 @@ def test_tuned_table_is_the_automatic_choice_host_side(tmp_path, card):
     # (the H100's group-64 rows 1..8), all others are
     other = "h100" if card == "h200" else "h200"
     cross = subprocess.run([str(exe)], capture_output=True, text=True, env={**os.environ, "DSX_TUNED_CARD": other})
-    theirs = {tuple(int(v) for v in line[1:].split(",")[:4]) + (r,): int(line.split(",")[6].split("}")[0], 16)
-              for line in (cuda_dir / CARD_TABLES[other][0]).read_text().splitlines() if line.startswith("{")
-              for r in range(int(line.split(",")[4]), int(line.split(",")[5]) + 1)}
-    mine = {tuple(int(v) for v in line[1:].split(",")[:4]) + (r,): int(line.split(",")[6].split("}")[0], 16)
-            for line in shipped for r in (int(line.split(",")[4]), int(line.split(",")[5]))}
+    theirs = {e[:4] + (r,): e[6] for e in tune_auto.read_table(cuda_dir / CARD_TABLES[other][0])
+              for r in range(e[4], e[5] + 1)}
+    mine = {e[:4] + (r,): e[6] for e in tune_auto.read_table(UNIT.parent / CARD_TABLES[card][0]) for r in e[4:6]}
     moved = {e for e, w in mine.items() if theirs.get(e) != w}
     differs = {tuple(int(v) for v in (m[0], m[1], m[2], m[3], m[4])) for m in
                re.findall(r"^differs: (-?\d+)/(-?\d+) (\d+)x(\d+) rows (\d+) ", cross.stdout, re.M)}

@@ -171,34 +171,34 @@ def test_a_generate_section_at_the_limits_is_accepted(tmp_path):
     assert load(p).generate["speculate"] == 5
 
 
-def test_a_generate_prompt_outside_the_vocabulary_is_found_before_the_first_step(tmp_path, capsys):
-    """A tiny recipe whose config.vocab_size is below the byte tokenizer's ids ran download, quantize, export and
-    verify, and failed at generate ("token id 103: outside the model's vocabulary 0..99")."""
+def _refused_before_the_first_step(tmp_path, capsys, config: str, *wants: str) -> None:
+    """dsx run (dry and not) of the tiny recipe with model.tiny.config {config}: exit 2, one line holding each of
+    wants, and nothing written into the work directory."""
     r = tmp_path / "r.yaml"
     r.write_text((Path("recipes") / "tiny.yaml").read_text().replace(
-        "tiny: {seed: 0, dtype: fp8}", "tiny: {seed: 0, dtype: fp8, config: {vocab_size: 100}}"))
-    assert "vocab_size: 100" in r.read_text()
+        "tiny: {seed: 0, dtype: fp8}", f"tiny: {{seed: 0, dtype: fp8, config: {{{config}}}}}"))
+    assert config in r.read_text()
     for dry in (["--dry-run"], []):
         assert main(["run", str(r), *dry, "--workdir", str(tmp_path / "w")]) == 2
         err = capsys.readouterr().err
-        assert "generate: token id 114 is outside the model's vocabulary 0..99" in err, err
-        assert "vocab_size to 115 or more" in err and len(err.strip().splitlines()) == 1, err
+        assert all(w in err for w in wants) and len(err.strip().splitlines()) == 1, err
     assert not [p for p in (tmp_path / "w").rglob("*") if p.is_file() and not p.name.startswith(".")]
+
+
+def test_a_generate_prompt_outside_the_vocabulary_is_found_before_the_first_step(tmp_path, capsys):
+    """A tiny recipe whose config.vocab_size is below the byte tokenizer's ids ran download, quantize, export and
+    verify, and failed at generate ("token id 103: outside the model's vocabulary 0..99")."""
+    _refused_before_the_first_step(tmp_path, capsys, "vocab_size: 100",
+                                   "generate: token id 114 is outside the model's vocabulary 0..99",
+                                   "vocab_size to 115 or more")
 
 
 def test_a_misspelt_tiny_config_key_is_refused_before_the_first_step(tmp_path, capsys):
     """model.tiny.config: {intermediate_szie: 256} was written into config.json beside the real key and changed
     nothing: the run went through with the default widths. Refused, with the key it likely meant."""
-    r = tmp_path / "r.yaml"
-    r.write_text((Path("recipes") / "tiny.yaml").read_text().replace(
-        "tiny: {seed: 0, dtype: fp8}", "tiny: {seed: 0, dtype: fp8, config: {intermediate_szie: 256}}"))
-    assert "intermediate_szie" in r.read_text()
-    for dry in (["--dry-run"], []):
-        assert main(["run", str(r), *dry, "--workdir", str(tmp_path / "w")]) == 2
-        err = capsys.readouterr().err
-        assert "tiny config: 'intermediate_szie' is not a key of DeepSeek-V3's config.json" in err, err
-        assert "did you mean 'intermediate_size'?" in err and len(err.strip().splitlines()) == 1, err
-    assert not [p for p in (tmp_path / "w").rglob("*") if p.is_file() and not p.name.startswith(".")]
+    _refused_before_the_first_step(tmp_path, capsys, "intermediate_szie: 256",
+                                   "tiny config: 'intermediate_szie' is not a key of DeepSeek-V3's config.json",
+                                   "did you mean 'intermediate_size'?")
 
 
 def test_a_quant_recipe_file_is_found_beside_the_deployment_recipe(tmp_path, monkeypatch, capsys):

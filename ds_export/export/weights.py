@@ -369,8 +369,8 @@ def load_weights(src: Checkpoint | str | os.PathLike, dtype: str = "float32", *,
                  reference=dequantize, lazy=lazy)
     ds.check_shapes({n: rd.logical_shape(n) for names in (top_names, *layer_names.values()) for n in names}, cfg,
                     source=str(ckpt.root))
-    infos = {t.name: (t.dtype, tuple(t.shape)) for t in ckpt.infos()}
-    ds.check_block_scales({n: ds.classify(n, cfg) for n in infos}, infos, rd.block, source=str(ckpt.root))
+    ds.check_block_scales({**top_names, **{n: r for names in layer_names.values() for n, r in names.items()}},
+                          {t.name: (t.dtype, tuple(t.shape)) for t in ckpt.infos()}, rd.block, source=str(ckpt.root))
     top = {r.role: rd.tensor(n, r.role) for n, r in top_names.items()}
     if "lm_head" not in top:  # tie_word_embeddings
         e = top["embed"]

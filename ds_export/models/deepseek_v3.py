@@ -569,10 +569,10 @@ def check_block_scales(roles: dict[str, TensorRole], infos: dict[str, tuple[str,
     """Each present FP8 weight's block scale, where present, has the shape its blocks make: a scale declared [2, 4]
     for a [512, 192] weight in blocks of 128 was copied by quantize under the [4, 2] the output needs, its values taken
     in the wrong order without a word (export stopped at it with an internal message)."""
-    for n, (dt, shape) in infos.items():
-        r = roles[n]
-        if r.kind != "weight" or dt != "F8_E4M3" or r.scale_name not in infos:
+    for n, r in roles.items():  # (roles: at least the present weights'; a partial checkpoint's absent ones skipped)
+        if r.kind != "weight" or n not in infos or infos[n][0] != "F8_E4M3" or r.scale_name not in infos:
             continue
+        shape = infos[n][1]
         want = [-(-shape[0] // block[0]), -(-shape[1] // block[1])] if len(shape) == 2 else None
         got = list(infos[r.scale_name][1])
         if got != want:

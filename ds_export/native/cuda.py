@@ -15,7 +15,6 @@ Loads the CUDA runtime (libcudart) and libdsx_cuda.so through ctypes. Offers:
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import ctypes.util
 import functools
@@ -281,14 +280,9 @@ def device_card() -> str:
     return _CARD_NAMES[out.value]
 
 
-@contextlib.contextmanager
-def as_card(card: str):
-    """tuned_card(card) inside a with-block, the setting before after it."""
-    before = tuned_card(card)
-    try:
-        yield
-    finally:
-        tuned_card(before)
+def as_card(card: str | None):
+    """tuned_card(card) inside a with-block, the setting before after it (also when the block raises)."""
+    return switched(tuned_card, card)
 
 
 def gemm_fp8_resolve(m: int, n: int, k: int, algo: int = 0) -> int:
