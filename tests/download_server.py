@@ -22,6 +22,7 @@ import json
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
 
@@ -238,11 +239,10 @@ def _make_handler(hub: FakeHub):
 
 # ------------------------------------------------------------------ olah ----
 
-def git_mirror(mirrors: "Path", repo_id: str, files: dict[str, bytes], plain: tuple[str, ...] = ()) -> str:
+def git_mirror(mirrors: Path, repo_id: str, files: dict[str, bytes], plain: tuple[str, ...] = ()) -> str:
     """A git repo for olah's `mirrors-path`: *.safetensors as LFS pointers with blobs under .git/lfs/objects
     (except `plain`), everything else committed as is. Returns the commit sha."""
     import subprocess
-    from pathlib import Path
 
     repo = Path(mirrors) / "models" / repo_id
     repo.mkdir(parents=True)

@@ -121,7 +121,7 @@ def _warps_ok(warps: int, splits: int, tiles_bits: int) -> bool:
 
 def check_algo(algo: int) -> None:
     """Raise DsxError unless `algo` is 0 or a well-formed tuning word (see algo_word)."""
-    warps, splits, stages, box = algo & 15, (algo >> 4) & 15, (algo >> 16) & 15, (algo >> 20) & 15
+    warps, splits, box = algo & 15, (algo >> 4) & 15, (algo >> 20) & 15
     tiles = (algo >> 29) & 3  # (bits 29..30: 1 or 2, only with bit 28)
     if algo < 0 or algo >> 31 or tiles == 3 or (tiles and not (algo >> 28) & 1) or not _warps_ok(warps, splits, tiles) or not 0 <= splits <= 8 or box > 8:
         raise DsxError(f"algo: expected 0 (automatic) or a word from algo_word(), got {algo:#x}")

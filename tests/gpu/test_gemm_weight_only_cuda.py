@@ -50,7 +50,7 @@ def make(m, n, k, bits, group, seed=0):
 
 def check_bound(out, x, wd, what, exact_frac=0.9, pre=None):
     """pre: (ref, mag) = reference(x, wd), when many outputs are checked against the same inputs."""
-    x64, got = x.astype(np.float64), out.astype(np.float64)
+    got = out.astype(np.float64)
     ref, mag = pre if pre is not None else reference(x, wd)
     assert np.isfinite(got).all(), f"{what}: unwritten (NaN-poisoned) or non-finite outputs"
     e = (x.shape[1] / 8 + 16) * 2.0**-22 * mag
