@@ -89,3 +89,59 @@ def test_run_draws_the_commands_own_bars():
     assert type(progress("verify")) is VerifyBar
     assert progress("export") is None and progress("generate") is None
     assert all(issubclass(c, ProgressBar) for c in (DownloadBar, QuantizeBar, VerifyBar))
+
+
+def _clocked(bar: ProgressBar, now: list[float]) -> ProgressBar:
+    bar._clock = lambda: now[0]  # (the bar's and rich's clock: its rate and time left too)
+    bar._logged = now[0]
+    return bar
+
+
+def test_a_log_gets_a_line_a_minute_instead_of_a_bar():
+    """stderr not a terminal (nohup, a batch job's output file, a pipe): no bar is drawn (rich wrote one garbled bar at
+    the end, after hours of nothing), but the bar's state as one plain line at most every LOG_EVERY_S seconds: what,
+    how far, the rate over the last seconds and the time left."""
+    from ds_export.cli import progress
+
+    out, err = io.StringIO(), io.StringIO()
+    o, now = _out(out, err, False, False), [0.0]
+    with _clocked(QuantizeBar(o), now) as bar:
+        bar.start(10 << 30, 5, 1)
+        bar.tensor("model.layers.3.mlp.experts.7.up_proj.weight")
+        for _ in range(10):  # 1 GiB every 20 s: a line at 60, 120, 180 s
+            now[0] += 20
+            bar.advance(1 << 30)
+    lines = err.getvalue().splitlines()
+    assert len(lines) == 3 and progress.LOG_EVERY_S == 60, lines
+    assert lines[0] == ("quantize model.layers.3.mlp.experts.7.up_proj.weight: 3.00 GiB of 10.00 GiB (30%), "
+                        "51.20 MiB/s, 2 min 20 s left")
+    assert lines[2].endswith("9.00 GiB of 10.00 GiB (90%), 51.20 MiB/s, 20 s left")
+    assert "━" not in err.getvalue() and out.getvalue() == ""
+
+
+def test_a_log_of_a_short_job_gets_no_line_and_every_bar_logs():
+    """A job shorter than a minute writes no progress line to a log (the demo's output stays its steps); download
+    and verify's phases log as quantize does (verify's checks counted, not bytes); --json and --quiet nothing."""
+    out, err = io.StringIO(), io.StringIO()
+    o, now = _out(out, err, False, False), [0.0]
+    with _clocked(DownloadBar(o), now) as bar:
+        bar.start(4 << 30, 0, 3, 0)
+        now[0] += 59
+        bar.advance(1 << 30)
+        assert err.getvalue() == ""
+        now[0] += 1
+        bar.advance(1 << 30)
+    assert err.getvalue().startswith("download 0/3 files: 2.00 GiB of 4.00 GiB (50%)")
+    err.truncate(0), err.seek(0)
+    with _clocked(VerifyBar(o), now) as bar:
+        checks = bar.phase("kernels (cpu)", 45, "checks")
+        now[0] += 61
+        checks(9)
+    assert err.getvalue().startswith("kernels (cpu): 9 of 45 checks (20%)"), err.getvalue()
+    for kw in ({"json": True}, {"quiet": True}):
+        quiet = io.StringIO()
+        with _clocked(QuantizeBar(_out(io.StringIO(), quiet, False, False, **kw)), now) as bar:
+            bar.start(1 << 30, 1, 0)
+            now[0] += 120
+            bar.advance(1 << 29)
+        assert quiet.getvalue() == ""

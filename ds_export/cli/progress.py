@@ -1,23 +1,58 @@
 """The commands' progress bars: one rich Progress on stderr each, drawing the reporter a library entry point takes
 (download.Reporter, the quantize engine's Reporter, verify.progress.Reporter). dsx download, quantize and verify draw
-theirs, and dsx run draws the same ones for those steps."""
+theirs, and dsx run draws the same ones for those steps. Where stderr is not a terminal (a log, a pipe, a batch job's
+output file) a bar is not drawn: its state is written as one plain line every LOG_EVERY_S seconds instead (none for a
+job shorter than that), so that an hours-long conversion's log says how far it got."""
 
 from __future__ import annotations
+
+import time
 
 from ds_export.cli.output import Out
 from ds_export.units import human_bytes
 
+LOG_EVERY_S = 60.0
+
+
+def human_seconds(s: float) -> str:
+    """95 -> '1 min 35 s', 7260 -> '2 h 1 min'."""
+    s = int(round(s))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60} s"
+    return f"{s // 3600} h {s % 3600 // 60} min"
+
 
 class ProgressBar:
     """A rich Progress on stderr as a context manager, which the commands' reporters build on: silent in --json /
-    --quiet, and where terminal_only also when stderr is not a terminal."""
+    --quiet; on a terminal the bar, elsewhere a line of each advancing task every LOG_EVERY_S seconds."""
 
-    def __init__(self, o: Out, *columns, terminal_only: bool = False):
+    def __init__(self, o: Out, *columns):
         from rich.progress import Progress
 
         self.o = o
-        self.p = Progress(*columns, console=o.err, disable=not o.human or (terminal_only and not o.err.is_terminal))
+        terminal = o.err.is_terminal
+        self._clock = time.monotonic
+        self.p = Progress(*columns, console=o.err, disable=not o.human or not terminal, get_time=lambda: self._clock())
+        self.logs = o.human and not terminal
+        self._logged = self._clock()
         self.task = None
+
+    def _advanced(self, task) -> None:
+        """After `task` advanced: in a log, its state as one line once LOG_EVERY_S passed since the last line."""
+        if not self.logs or self._clock() - self._logged < LOG_EVERY_S:
+            return
+        self._logged = self._clock()
+        t = next(t for t in self.p.tasks if t.id == task)
+        if t.fields.get("unit", "bytes") == "bytes":
+            done = f"{human_bytes(t.completed)} of {human_bytes(t.total or 0)}"
+            rate = f", {human_bytes(t.speed)}/s" if t.speed else ""
+        else:
+            done, rate = f"{t.completed:.0f} of {t.total or 0:.0f} {t.fields['unit']}", ""
+        pct = f" ({100 * t.completed / t.total:.0f}%)" if t.total else ""
+        left = f", {human_seconds(t.time_remaining)} left" if t.time_remaining is not None else ""
+        self.o.err.print(f"{t.description}: {done}{pct}{rate}{left}", markup=False, highlight=False)
 
     def __enter__(self):
         self.p.__enter__()
@@ -51,6 +86,7 @@ class DownloadBar(ProgressBar):
     def advance(self, n):
         if self.task is not None:
             self.p.advance(self.task, n)
+            self._advanced(self.task)
 
     def file_done(self, path):
         if self.task is not None:
@@ -86,6 +122,7 @@ class QuantizeBar(ProgressBar):
 
     def advance(self, n):
         self.p.advance(self.task, n)
+        self._advanced(self.task)
 
     def shard_done(self, file):
         pass
@@ -96,8 +133,7 @@ class QuantizeBar(ProgressBar):
 
 class VerifyBar(ProgressBar):
     """verify.progress.Reporter as a rich bar on stderr, one line a phase (bytes and their rate, or checks done, and
-    the time left); only on a terminal (a log or a pipe gets the report and a failure's one line, as before), silent
-    in --json / --quiet."""
+    the time left); silent in --json / --quiet."""
 
     def __init__(self, o: Out):
         from rich.progress import BarColumn, ProgressColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -112,8 +148,12 @@ class VerifyBar(ProgressBar):
                             + (f" {human_bytes(speed)}/s" if speed else ""))
 
         super().__init__(o, TextColumn("{task.description}", style="dim"), BarColumn(bar_width=24), Amount(),
-                         TimeElapsedColumn(), TimeRemainingColumn(), terminal_only=True)
+                         TimeElapsedColumn(), TimeRemainingColumn())
 
     def phase(self, what: str, total: int, unit: str = "bytes"):
         task = self.p.add_task(what, total=max(total, 1), unit=unit)  # (phases may overlap: a bar each)
-        return lambda n: self.p.advance(task, n)
+
+        def advance(n):
+            self.p.advance(task, n)
+            self._advanced(task)
+        return advance
