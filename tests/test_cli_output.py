@@ -9,7 +9,7 @@ import pytest
 from rich.console import Console
 
 from ds_export.cli.output import Out
-from ds_export.cli.progress import DownloadBar, ProgressBar, QuantizeBar, VerifyBar
+from ds_export.cli.progress import DownloadBar, ExportBar, ProgressBar, QuantizeBar, VerifyBar
 
 SGR = re.compile(r"\x1b\[[0-9;]*m")  # colours and styles, which do not move the cursor
 
@@ -81,14 +81,14 @@ def test_nested_bars_restore_the_outer_one():
 
 
 def test_run_draws_the_commands_own_bars():
-    """dsx run's steps get the bars dsx download, quantize and verify draw, and no bar for the other steps."""
+    """dsx run's steps get the bars dsx download, quantize, export and verify draw, and no bar for the others."""
     from ds_export.cli.cmd_run import _reporters
 
     progress = _reporters(Out())
     assert type(progress("download")) is DownloadBar and type(progress("quantize")) is QuantizeBar
     assert type(progress("verify")) is VerifyBar
-    assert progress("export") is None and progress("generate") is None
-    assert all(issubclass(c, ProgressBar) for c in (DownloadBar, QuantizeBar, VerifyBar))
+    assert type(progress("export")) is ExportBar and progress("generate") is None
+    assert all(issubclass(c, ProgressBar) for c in (DownloadBar, QuantizeBar, ExportBar, VerifyBar))
 
 
 def _clocked(bar: ProgressBar, now: list[float]) -> ProgressBar:
@@ -145,3 +145,25 @@ def test_a_log_of_a_short_job_gets_no_line_and_every_bar_logs():
             now[0] += 120
             bar.advance(1 << 29)
         assert quiet.getvalue() == ""
+
+
+def test_a_phase_without_a_total_shows_what_is_done():
+    """dsx export's parameters written (their total is known only once every program is built): the bar and a log's
+    line show the bytes so far and the rate, no share and no time left."""
+    shown, log = io.StringIO(), io.StringIO()
+    now = [0.0]
+    with ExportBar(_out(io.StringIO(), shown, False, True)) as bar:
+        bar.phase("parameters written", None)(3 << 20)
+        bar.p.refresh()
+    assert "parameters written" in shown.getvalue() and "3.00 MiB" in shown.getvalue()
+    assert "3.00 MiB/" not in shown.getvalue()
+    with _clocked(ExportBar(_out(io.StringIO(), log, False, False)), now) as bar:
+        written, built = bar.phase("parameters written", None), bar.phase("programs (2 ranks)", 2, "programs")
+        for _ in range(3):
+            now[0] += 30
+            written(60 << 20)
+        built(1)
+        now[0] += 60
+        built(1)
+    assert log.getvalue().splitlines() == ["parameters written: 120.00 MiB, 2.00 MiB/s",
+                                           "programs (2 ranks): 2 of 2 programs (100%)"]

@@ -152,6 +152,39 @@ def test_rank_processes_write_the_bytes_of_one_process(aligned, tmp_path):
         assert (one / f).read_bytes() == (par / f).read_bytes(), f
 
 
+class _Recorder:
+    """A ds_export.progress.Reporter that keeps each phase's total, unit and count."""
+
+    def __init__(self):
+        self.phases = {}
+
+    def phase(self, what, total, unit="bytes"):
+        rec = self.phases[what] = {"total": total, "unit": unit, "done": 0}
+
+        def advance(n):
+            rec["done"] += n
+        return advance
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_export_reports_its_programs_parameters_and_hashes(aligned, tmp_path, tp):
+    """What dsx export tells its progress bar: each program saved (every rank's and its draft's; at tp 2 counted here
+    as the rank processes send them), every parameter byte written (the .pdiparams files' tensors, read back), and
+    every byte hashed into the manifest."""
+    from ds_export.export.exporter import export
+    from ds_export.export.pdiparams import read_params
+
+    rec, out = _Recorder(), tmp_path / "e"
+    export(aligned / "src", out, tp=tp, speculate=True, max_seq_len=64, workers=tp, progress=rec)
+    (programs,) = [v for k, v in rec.phases.items() if k.startswith("programs")]
+    assert programs == {"total": 2 * tp, "unit": "programs", "done": 2 * tp}
+    params = sum(a.nbytes for p in out.rglob("*.pdiparams") for a in read_params(p))
+    assert rec.phases["parameters written"] == {"total": None, "unit": "bytes", "done": params} and params > 0
+    files = [p for p in out.rglob("*") if p.is_file() and p.name != "dsx-manifest.json"]
+    hashed = rec.phases[f"sha256 ({len(files)} files)"]
+    assert hashed["total"] == hashed["done"] == sum(p.stat().st_size for p in files)
+
+
 def test_default_workers_is_bounded_by_ranks_cores_and_memory():
     from ds_export.export.exporter import RANK_MEMORY_BASE, RANK_MEMORY_PER_LAYER, default_workers
 

@@ -466,7 +466,7 @@ def test_end_to_end_logits_of_an_export(outputs, tiny_fp8, tmp_path, capsys):
 
 
 class _Recorder:
-    """A verify.progress.Reporter that keeps what it is told (advance comes from worker threads too)."""
+    """A ds_export.progress.Reporter that keeps what it is told (advance comes from worker threads too)."""
 
     def __init__(self):
         import threading

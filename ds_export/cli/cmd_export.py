@@ -10,6 +10,7 @@ import typer
 
 from ds_export.cli.options import Force, Json, OutDir, Quiet
 from ds_export.cli.output import Out
+from ds_export.cli.progress import ExportBar
 from ds_export.errors import UsageError
 from ds_export.units import human_bytes
 
@@ -40,9 +41,10 @@ def export(
     if draft_tokens is not None and not speculate:  # (it was ignored: the config says 0 draft tokens)
         raise UsageError(f"--draft-tokens {draft_tokens} without --speculate: an export without the MTP draft runs "
                          "no draft tokens", hint="add --speculate to export the draft, or leave --draft-tokens out")
-    res = run_export(src, out, dtype=dtype, max_seq_len=max_seq_len, block_size=block_size, tp=tp,
-                     speculate=speculate, draft_tokens=1 if draft_tokens is None else draft_tokens, force=force,
-                     workers=workers)
+    with ExportBar(o) as progress:
+        res = run_export(src, out, dtype=dtype, max_seq_len=max_seq_len, block_size=block_size, tp=tp,
+                         speculate=speculate, draft_tokens=1 if draft_tokens is None else draft_tokens, force=force,
+                         workers=workers, progress=progress)
     o.result(res)
     o.print(f"exported {len(res['files'])} files ({human_bytes(res['bytes'])}) to {out}"
             + (" with the MTP draft in mtp/" if speculate else ""))

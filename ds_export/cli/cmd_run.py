@@ -51,10 +51,10 @@ def run(
 
 
 def _reporters(o: Out):
-    """The progress bars of the steps that have one: those of dsx download, quantize and verify."""
-    from ds_export.cli.progress import DownloadBar, QuantizeBar, VerifyBar
+    """The progress bars of the steps that have one: those of dsx download, quantize, export and verify."""
+    from ds_export.cli.progress import DownloadBar, ExportBar, QuantizeBar, VerifyBar
 
-    bars = {"download": DownloadBar, "quantize": QuantizeBar, "verify": VerifyBar}
+    bars = {"download": DownloadBar, "quantize": QuantizeBar, "export": ExportBar, "verify": VerifyBar}
 
     def progress(step: str):
         return bars[step](o) if step in bars else None

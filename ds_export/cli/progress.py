@@ -1,6 +1,6 @@
 """The commands' progress bars: one rich Progress on stderr each, drawing the reporter a library entry point takes
-(download.Reporter, the quantize engine's Reporter, verify.progress.Reporter). dsx download, quantize and verify draw
-theirs, and dsx run draws the same ones for those steps. Where stderr is not a terminal (a log, a pipe, a batch job's
+(download.Reporter, the quantize engine's Reporter, ds_export.progress.Reporter). dsx download, quantize, export and
+verify draw theirs, and dsx run draws the same ones for those steps. Where stderr is not a terminal (a log, a pipe, a batch job's
 output file) a bar is not drawn: its state is written as one plain line every LOG_EVERY_S seconds instead (none for a
 job shorter than that), so that an hours-long conversion's log says how far it got."""
 
@@ -45,13 +45,14 @@ class ProgressBar:
             return
         self._logged = self._clock()
         t = next(t for t in self.p.tasks if t.id == task)
+        of = t.total is not None
         if t.fields.get("unit", "bytes") == "bytes":
-            done = f"{human_bytes(t.completed)} of {human_bytes(t.total or 0)}"
+            done = human_bytes(t.completed) + (f" of {human_bytes(t.total)}" if of else "")
             rate = f", {human_bytes(t.speed)}/s" if t.speed else ""
         else:
-            done, rate = f"{t.completed:.0f} of {t.total or 0:.0f} {t.fields['unit']}", ""
+            done, rate = f"{t.completed:.0f}" + (f" of {t.total:.0f}" if of else "") + f" {t.fields['unit']}", ""
         pct = f" ({100 * t.completed / t.total:.0f}%)" if t.total else ""
-        left = f", {human_seconds(t.time_remaining)} left" if t.time_remaining is not None else ""
+        left = f", {human_seconds(t.time_remaining)} left" if t.time_remaining is not None and not t.finished else ""
         self.o.err.print(f"{t.description}: {done}{pct}{rate}{left}", markup=False, highlight=False)
 
     def __enter__(self):
@@ -131,9 +132,9 @@ class QuantizeBar(ProgressBar):
         self.p.update(self.task, description=f"quantize {name}")
 
 
-class VerifyBar(ProgressBar):
-    """verify.progress.Reporter as a rich bar on stderr, one line a phase (bytes and their rate, or checks done, and
-    the time left); silent in --json / --quiet."""
+class PhaseBar(ProgressBar):
+    """ds_export.progress.Reporter as a rich bar on stderr, one line a phase (bytes and their rate, or the phase's
+    units done, and the time left; a total not known ahead: what is done so far); silent in --json / --quiet."""
 
     def __init__(self, o: Out):
         from rich.progress import BarColumn, ProgressColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -141,19 +142,29 @@ class VerifyBar(ProgressBar):
 
         class Amount(ProgressColumn):
             def render(self, task):
+                of = task.total is not None
                 if task.fields.get("unit") != "bytes":
-                    return Text(f"{task.completed:.0f}/{task.total:.0f} checks")
+                    return Text(f"{task.completed:.0f}" + (f"/{task.total:.0f}" if of else "")
+                                + f" {task.fields.get('unit')}")
                 speed = task.finished_speed or task.speed
-                return Text(f"{human_bytes(task.completed)}/{human_bytes(task.total or 0)}"
+                return Text(human_bytes(task.completed) + (f"/{human_bytes(task.total)}" if of else "")
                             + (f" {human_bytes(speed)}/s" if speed else ""))
 
         super().__init__(o, TextColumn("{task.description}", style="dim"), BarColumn(bar_width=24), Amount(),
                          TimeElapsedColumn(), TimeRemainingColumn())
 
-    def phase(self, what: str, total: int, unit: str = "bytes"):
-        task = self.p.add_task(what, total=max(total, 1), unit=unit)  # (phases may overlap: a bar each)
+    def phase(self, what: str, total: int | None, unit: str = "bytes"):
+        task = self.p.add_task(what, total=None if total is None else max(total, 1), unit=unit)  # (a bar each)
 
         def advance(n):
             self.p.advance(task, n)
             self._advanced(task)
         return advance
+
+
+class VerifyBar(PhaseBar):
+    """dsx verify's checks (hashes, weights, kernels), a bar each."""
+
+
+class ExportBar(PhaseBar):
+    """dsx export's programs built and parameters written (every rank's), then the files hashed."""

@@ -43,6 +43,7 @@ from ds_export.io.dirlock import exclusive, shared
 from ds_export.io.manifest import MANIFEST_NAME, Manifest, export_manifest, require_finished
 from ds_export.io.writer import atomic_write_json, check_out_apart, free_bytes
 from ds_export.models import deepseek_v3 as ds
+from ds_export.progress import QUIET, Reporter, nothing
 from ds_export.units import human_bytes
 
 # Peak memory of one rank's export process: Paddle + dsx imported with slack, plus the program,
@@ -120,8 +121,10 @@ def default_workers(tp: int, layers: int, *, cores: int | None = None, available
     return max(1, min(tp, cores, by_memory))
 
 
-def _write_rank(weights, tmp: Path, r: int, tp: int, max_seq_len: int, speculate: bool) -> None:
-    """Rank r's base program (and draft) under tmp (tp = 1: tmp itself)."""
+def _write_rank(weights, tmp: Path, r: int, tp: int, max_seq_len: int, speculate: bool, built=nothing,
+                written=nothing) -> None:
+    """Rank r's base program (and draft) under tmp (tp = 1: tmp itself); built(1) after each program is saved,
+    written(n): each parameter's bytes once they are written."""
     from ds_export.export.modeling import DeepseekV3ForInference
     from ds_export.export.mtp import MTPDraft
     from ds_export.export.params import deferred, save_streamed
@@ -132,22 +135,25 @@ def _write_rank(weights, tmp: Path, r: int, tp: int, max_seq_len: int, speculate
     with deferred() as values:
         base = DeepseekV3ForInference(part, max_seq_len)
     (tmp / rank).mkdir(parents=True, exist_ok=True)
-    save_streamed(base, tmp / rank / "model", base.input_spec(), values)
+    save_streamed(base, tmp / rank / "model", base.input_spec(), values, written)
+    built(1)
     if speculate:
         with deferred() as values:
             draft = MTPDraft(part, max_seq_len)
         (tmp / "mtp" / rank).mkdir(parents=True, exist_ok=True)
-        save_streamed(draft, tmp / "mtp" / rank / "model", draft.input_spec(), values)
+        save_streamed(draft, tmp / "mtp" / rank / "model", draft.input_spec(), values, written)
+        built(1)
 
 
-def _rank_process(src: str, tmp: str, r: int, tp: int, dtype: str, max_seq_len: int, speculate: bool) -> None:
+def _rank_process(src: str, tmp: str, r: int, tp: int, dtype: str, max_seq_len: int, speculate: bool,
+                  built=nothing, written=nothing) -> None:
     """A rank process's job: open the source itself and write rank r."""
     from ds_export.export.weights import load_weights
 
     quiet_paddle()
     with Checkpoint.open(src) as ck:
         _write_rank(load_weights(ck, dtype, include_mtp=speculate, lazy=True), Path(tmp), r, tp, max_seq_len,
-                    speculate)
+                    speculate, built, written)
 
 
 class _RankTraceback(Exception):
@@ -155,8 +161,9 @@ class _RankTraceback(Exception):
 
 
 def _rank_main(args: tuple, conn) -> None:
-    """Entry of a spawned rank process: sends None, or (the exception, its traceback text). Ctrl-C is the main
-    process's to handle (it kills the ranks): a rank starts with it blocked and ignores it."""
+    """Entry of a spawned rank process: sends its progress as it goes, ("built", 1) after each program and
+    ("written", n) after each parameter, then ("done", None) or ("done", (the exception, its traceback text)).
+    Ctrl-C is the main process's to handle (it kills the ranks): a rank starts with it blocked and ignores it."""
     import traceback
 
     from ds_export.interrupt import ignore_sigint
@@ -164,27 +171,28 @@ def _rank_main(args: tuple, conn) -> None:
     ignore_sigint()
     try:
         try:
-            _rank_process(*args)
+            _rank_process(*args, built=lambda n: conn.send(("built", n)), written=lambda n: conn.send(("written", n)))
             result = None
         except BaseException as e:  # noqa: BLE001 - handed to the parent, which raises it
             result = (e, traceback.format_exc())
         try:
-            conn.send(result)
+            conn.send(("done", result))
         except BrokenPipeError:  # the parent is gone (interrupted, or failed on another rank): nobody to tell
             pass
         except Exception:  # noqa: BLE001 - an exception that does not pickle
             if result is None:
                 raise
             e, text = result
-            conn.send((RuntimeError(f"{e.__class__.__name__}: {e}"), text))
+            conn.send(("done", (RuntimeError(f"{e.__class__.__name__}: {e}"), text)))
     finally:
         conn.close()
 
 
 def _write_ranks_in_processes(src, tmp: Path, tp: int, workers: int, dtype: str, max_seq_len: int,
-                              speculate: bool) -> None:
-    """Every rank, each by a fresh spawned process, `workers` at once. The first failure stops the
-    others (the output is discarded anyway) and is raised here as the rank's own exception."""
+                              speculate: bool, built=nothing, written=nothing) -> None:
+    """Every rank, each by a fresh spawned process, `workers` at once, their progress counted here (built, written:
+    _write_rank's). The first failure stops the others (the output is discarded anyway) and is raised here as the
+    rank's own exception."""
     import multiprocessing as mp
     from multiprocessing.connection import wait
 
@@ -209,9 +217,13 @@ def _write_ranks_in_processes(src, tmp: Path, tp: int, workers: int, dtype: str,
                 if recv not in ready and proc.sentinel not in ready:
                     continue
                 try:
-                    res, died = recv.recv(), False
+                    kind, res = recv.recv()
+                    died = False
                 except EOFError:  # it ended without a word: killed (out of memory?)
-                    res, died = None, True
+                    kind, res, died = "done", None, True
+                if kind != "done":  # (its progress: the rank goes on)
+                    (built if kind == "built" else written)(res)
+                    continue
                 proc.join()
                 recv.close()
                 del running[r]
@@ -267,8 +279,9 @@ def check_settings(cfg: ds.DeepseekV3Config, *, tp: int, max_seq_len: int, specu
 
 def export(src: str | os.PathLike, out: str | os.PathLike, *, dtype: str = "float32", max_seq_len: int = 4096,
            block_size: int = 64, tp: int = 1, speculate: bool = False, draft_tokens: int = 1,
-           force: bool = False, workers: int | None = None) -> dict:
-    """workers: rank processes at once for tp > 1 (None: default_workers; 1: one rank after another)."""
+           force: bool = False, workers: int | None = None, progress: Reporter = QUIET) -> dict:
+    """workers: rank processes at once for tp > 1 (None: default_workers; 1: one rank after another). progress: told
+    the programs built, the parameters' bytes written and the files hashed, as they are (ds_export.progress)."""
     quiet_paddle()
 
     from ds_export.export.weights import load_weights
@@ -314,9 +327,9 @@ def export(src: str | os.PathLike, out: str | os.PathLike, *, dtype: str = "floa
                     aside = _clear_aside(out)  # (before the work: a refusal here costs nothing)
                     _write_staged(ck, cfg, weights, src, tmp, dtype=dtype, max_seq_len=max_seq_len,
                                   block_size=block_size, tp=tp, speculate=speculate, draft_tokens=draft_tokens,
-                                  workers=workers)
+                                  workers=workers, progress=progress)
                     del weights
-                    m = _manifest(tmp, src, dtype, tp, speculate)
+                    m = _manifest(tmp, src, dtype, tp, speculate, progress)
                     _publish(tmp, out, aside)
                 except BaseException as e:
                     # Ctrl-C or a failure (rank processes, if any, are stopped by now): an export starts over, so its
@@ -350,7 +363,7 @@ def _disk_full(e: OSError, shown: Path, out: Path, tmp: Path) -> NoReturn:
 
 
 def _write_staged(ck: Checkpoint, cfg, weights, src, tmp: Path, *, dtype: str, max_seq_len: int, block_size: int,
-                  tp: int, speculate: bool, draft_tokens: int, workers: int) -> None:
+                  tp: int, speculate: bool, draft_tokens: int, workers: int, progress: Reporter = QUIET) -> None:
     """The export's files written into the staging directory tmp (its lock held by the caller): programs, configs,
     side files; the manifest comes next."""
     _clear(tmp)  # (what an export stopped before it finished left)
@@ -361,10 +374,14 @@ def _write_staged(ck: Checkpoint, cfg, weights, src, tmp: Path, *, dtype: str, m
                            " (--force keeps the export there until the new one is complete)" if tmp.with_name(
                                tmp.name.removesuffix(".partial")).exists() else ""))
     sq = _source_quant(ck)
+    programs = tp * (2 if speculate else 1)
+    built = progress.phase(f"programs ({tp} rank{'s' if tp > 1 else ''}{', each with its draft' if speculate else ''})",
+                           programs, "programs")
+    written = progress.phase("parameters written", None)  # (their bytes: known once each program is built)
     if tp > 1:  # one program per rank, each built in a fresh process, `workers` at once
-        _write_ranks_in_processes(src, tmp, tp, workers, dtype, max_seq_len, speculate)
+        _write_ranks_in_processes(src, tmp, tp, workers, dtype, max_seq_len, speculate, built, written)
     else:  # OUT/ itself
-        _write_rank(weights, tmp, 0, 1, max_seq_len, speculate)
+        _write_rank(weights, tmp, 0, 1, max_seq_len, speculate, built, written)
     icfg = inference_config(ck.config, dtype=dtype, max_seq_len=max_seq_len, block_size=block_size, tp=tp,
                             speculate=speculate, draft_tokens=draft_tokens, source_quant=sq,
                             custom_ops=_uses_ops(weights.top, weights.layers))
@@ -441,15 +458,16 @@ def source_digest(src) -> str | None:
     return m.content_digest() if m is not None else None
 
 
-def _manifest(tmp: Path, src, dtype: str, tp: int, speculate: bool) -> Manifest:
+def _manifest(tmp: Path, src, dtype: str, tp: int, speculate: bool, progress: Reporter = QUIET) -> Manifest:
     """The complete manifest of the export written in tmp (every file's size and hash)."""
     m = Manifest(tmp, run={"tool": "dsx", "version": __version__, "command": "export", "source": str(src),
                            "source_digest": source_digest(src), "dtype": dtype, "tp": tp, "speculate": speculate})
     for p in sorted(tmp.rglob("*")):
         if p.is_file() and p.name != m.name:
             m.files[str(p.relative_to(tmp))] = {}
+    hashed = progress.phase(f"sha256 ({len(m.files)} files)", sum((tmp / rel).stat().st_size for rel in m.files))
     for rel in list(m.files):
-        m.record_file(rel)
+        m.record_file(rel, hashed)
     m.complete = True
     m.save()
     return m

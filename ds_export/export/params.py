@@ -146,9 +146,11 @@ def _no_stack(f=None, limit=None):
     return traceback.StackSummary()
 
 
-def save_streamed(layer, prefix: str | Path, input_spec: list, values: dict) -> int:
+def save_streamed(layer, prefix: str | Path, input_spec: list, values: dict,
+                  written: Callable[[int], None] | None = None) -> int:
     """paddle.jit.save(layer, prefix) for a layer built under deferred(): PREFIX.json from Paddle,
-    PREFIX.pdiparams written here tensor by tensor in Paddle's order. Returns the parameter bytes."""
+    PREFIX.pdiparams written here tensor by tensor in Paddle's order (written(n): each one's bytes). Returns the
+    parameter bytes."""
     import paddle
 
     from ds_export.export.pdiparams import write_params
@@ -182,4 +184,5 @@ def save_streamed(layer, prefix: str | Path, input_spec: list, values: dict) -> 
     if missing:
         raise DsxError(f"internal: program parameters {missing[:3]} were not made by make_param")
     return write_params(str(prefix) + ".pdiparams",
-                        ((n, (lambda v=values[n]: load(v)), values[n].shape, values[n].dtype) for n in names))
+                        ((n, (lambda v=values[n]: load(v)), values[n].shape, values[n].dtype) for n in names),
+                        written=written)

@@ -55,11 +55,11 @@ def header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
 
 
 def write_params(path: str | os.PathLike, tensors: Iterable[tuple[str, Callable[[], np.ndarray], tuple, np.dtype]],
-                 *, chunk: int = 64 << 20) -> int:
+                 *, chunk: int = 64 << 20, written: Callable[[int], None] | None = None) -> int:
     """Write (name, thunk, shape, dtype) in the given order (Paddle's: sorted by name); returns bytes.
 
     Each thunk is called once, its array checked against the declared shape and dtype, written,
-    and dropped before the next one.
+    and dropped before the next one; written(n): told each tensor's bytes once they are written.
     """
     with open(path, "wb") as f:
         for name, thunk, shape, dtype in tensors:
@@ -71,6 +71,8 @@ def write_params(path: str | os.PathLike, tensors: Iterable[tuple[str, Callable[
             flat = arr.reshape(-1).view(np.uint8)
             for i in range(0, flat.size, chunk):
                 f.write(memoryview(flat[i:i + chunk]))
+            if written is not None:
+                written(flat.size)
             del arr, flat
         total = f.tell()
     return total

@@ -72,8 +72,9 @@ class Manifest:
         self.files[rel] = {"size": int(size), "sha256": sha256}
         self.save()
 
-    def record_file(self, rel: str) -> str:
-        sha = sha256_file(self.root / rel)
+    def record_file(self, rel: str, progress=None) -> str:
+        """Hash the file and record it. progress: sha256_file's."""
+        sha = sha256_file(self.root / rel, progress=progress)
         self.record(rel, sha)
         return sha
 

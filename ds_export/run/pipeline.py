@@ -79,7 +79,8 @@ def _selection(dep: Deployment) -> str:
 def run(dep: Deployment, workdir: Path, *, from_step=None, until_step=None,
         say: Callable[[str], None] = print, progress: Callable[[str], Any] | None = None) -> dict:
     """progress(step): a context manager giving the step's reporter (download.Reporter, quant engine.Reporter,
-    verify.progress.Reporter for "download", "quantize", "verify"; None for the others), which the CLI draws."""
+    ds_export.progress.Reporter for "download", "quantize", "export" and "verify"; None for the others), which the
+    CLI draws."""
     lay = Layout(Path(workdir))
     steps = _steps(from_step, until_step)
     # (one dsx run in a workdir at a time: two would write its tiny source, reports and steps over each other)
@@ -322,7 +323,8 @@ def _step_export(dep: Deployment, lay: Layout, say, reporter=None) -> dict:
     e = dep.export
     res = export(lay.quantized, lay.export, dtype=want["dtype"], max_seq_len=int(e.get("max_seq_len", 4096)),
                  block_size=int(e.get("block_size", 64)), tp=want["tp"], speculate=want["speculate"],
-                 draft_tokens=int(e.get("draft_tokens", 1)), force=True)
+                 draft_tokens=int(e.get("draft_tokens", 1)), force=True,
+                 **({"progress": reporter} if reporter is not None else {}))
     say(f"  {lay.export}: {len(res['files'])} files")
     return {"files": len(res["files"]), "bytes": res["bytes"]}
 

@@ -19,7 +19,7 @@ from ds_export.models import deepseek_v3 as ds
 from ds_export.values import is_number
 from ds_export.verify.integrity import FileChecks, Finding, check_config, check_files, check_tensors
 from ds_export.verify.kernels import check_kernels
-from ds_export.verify.progress import QUIET, Reporter
+from ds_export.progress import QUIET, Reporter
 from ds_export.verify.weights import check_weights
 
 
@@ -54,7 +54,7 @@ def verify(target: str | Path, reference: str | Path | None = None, *, expert_sa
            device: str = "cpu", workers: int | None = None, progress: Reporter = QUIET) -> dict:
     """device: whose kernels the kernel checks run ("cpu": csrc/cpu, "cuda": csrc/cuda on the current GPU);
     workers: threads hashing the files and comparing the weights (default: one per core, at most 16);
-    progress: told each check's phase and its bytes or checks as they are done (verify.progress)."""
+    progress: told each check's phase and its bytes or checks as they are done (ds_export.progress)."""
     target = Path(target)
     if expert_sample is not None and expert_sample < 1:  # (0 or -1 skipped every routed expert: 97% of R1, "ok")
         raise UsageError(f"--experts {expert_sample}: expected at least 1 routed expert a layer",

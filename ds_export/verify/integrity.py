@@ -15,7 +15,7 @@ from ds_export import formats
 from ds_export.io.checkpoint import INDEX_NAME, Checkpoint
 from ds_export.io.manifest import Manifest
 from ds_export.models import deepseek_v3 as ds
-from ds_export.verify.progress import QUIET, Reporter
+from ds_export.progress import QUIET, Reporter
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from ds_export.formats import fp8_block
 from ds_export.io.checkpoint import Checkpoint
 from ds_export.models import deepseek_v3 as ds
 from ds_export.verify import weights as W
-from ds_export.verify.progress import QUIET, Reporter
+from ds_export.progress import QUIET, Reporter
 from ds_export.verify.weights import compare, reference_f64
 
 KERNEL_GATE = 8e-3  # max |kernel - float64| / max |float64|: bf16 output rounding is 2^-9 relative

@@ -27,7 +27,7 @@ from ds_export.errors import DsxError
 from ds_export.formats import fp8_block, weight_only
 from ds_export.io.checkpoint import Checkpoint
 from ds_export.models import deepseek_v3 as ds
-from ds_export.verify.progress import QUIET, Reporter
+from ds_export.progress import QUIET, Reporter
 
 # Minimum SQNR (dB) per stored format, on DeepSeek-like weights (docs/numerics.md gives the reasoning).
 # "exact" formats must reproduce the reference bit for bit (copies).
