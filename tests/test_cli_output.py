@@ -93,7 +93,7 @@ def test_run_draws_the_commands_own_bars():
 
 def _clocked(bar: ProgressBar, now: list[float]) -> ProgressBar:
     bar._clock = lambda: now[0]  # (the bar's and rich's clock: its rate and time left too)
-    bar._logged = now[0]
+    bar._since = now[0]
     return bar
 
 
@@ -165,5 +165,7 @@ def test_a_phase_without_a_total_shows_what_is_done():
         built(1)
         now[0] += 60
         built(1)
+    # (each phase its own line a minute: the programs' first count, at 90 s, is a minute past the start)
     assert log.getvalue().splitlines() == ["parameters written: 120.00 MiB, 2.00 MiB/s",
+                                           "programs (2 ranks): 1 of 2 programs (50%)",
                                            "programs (2 ranks): 2 of 2 programs (100%)"]

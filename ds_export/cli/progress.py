@@ -36,14 +36,14 @@ class ProgressBar:
         self._clock = time.monotonic
         self.p = Progress(*columns, console=o.err, disable=not o.human or not terminal, get_time=lambda: self._clock())
         self.logs = o.human and not terminal
-        self._logged = self._clock()
+        self._since, self._logged = self._clock(), {}  # (each task's last line: phases may overlap)
         self.task = None
 
     def _advanced(self, task) -> None:
-        """After `task` advanced: in a log, its state as one line once LOG_EVERY_S passed since the last line."""
-        if not self.logs or self._clock() - self._logged < LOG_EVERY_S:
+        """After `task` advanced: in a log, its state as one line once LOG_EVERY_S passed since its last line."""
+        if not self.logs or self._clock() - self._logged.get(task, self._since) < LOG_EVERY_S:
             return
-        self._logged = self._clock()
+        self._logged[task] = self._clock()
         t = next(t for t in self.p.tasks if t.id == task)
         of = t.total is not None
         if t.fields.get("unit", "bytes") == "bytes":
