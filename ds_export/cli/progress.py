@@ -1,8 +1,8 @@
 """The commands' progress bars: one rich Progress on stderr each, drawing the reporter a library entry point takes
 (download.Reporter, the quantize engine's Reporter, ds_export.progress.Reporter). dsx download, quantize, export and
-verify draw theirs, and dsx run draws the same ones for those steps. Where stderr is not a terminal (a log, a pipe, a batch job's
-output file) a bar is not drawn: its state is written as one plain line every LOG_EVERY_S seconds instead (none for a
-job shorter than that), so that an hours-long conversion's log says how far it got."""
+verify draw theirs, and dsx run draws the same ones for those steps. Where stderr is not a terminal (a log, a pipe, a
+batch job's output file) a bar is not drawn: its state is written as one plain line every LOG_EVERY_S seconds instead
+(none for a job shorter than that), so that an hours-long conversion's log says how far it got."""
 
 from __future__ import annotations
 
