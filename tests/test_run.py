@@ -130,6 +130,15 @@ _GEN = "name: x\nmodel: {tiny: {}}\nquantize: {type: bf16}\nexport: {max_seq_len
     ("name: x\nmodel: {tiny: {}, only: base}\nquantize: {type: bf16}\nexport: {}\n", "model.revision and model.only are for"),
     ("name: x\nmodel: {tiny: {}}\nquantize: {type: bf16}\nexport: {}\nserving: {nodes: -1, max_batch: 0}\n",
      r"serving.nodes = -1, serving.max_batch = 0: expected counts and sizes >= 1"),
+    # (the serving plan against what the export writes into config.json, which the server reads)
+    ("name: x\nmodel: {tiny: {}}\nquantize: {type: bf16}\nexport: {block_size: 64}\nserving: {block_size: 32}\n",
+     r"serving.block_size 32 but export.block_size 64: the server reads the export's config.json"),
+    ("name: x\nmodel: {tiny: {}}\nquantize: {type: bf16}\nexport: {}\nserving: {block_size: 128}\n",
+     r"serving.block_size 128 but export.block_size 64"),
+    ("name: x\nmodel: {tiny: {}}\nquantize: {type: bf16, mtp_type: bf16}\nexport: {speculate: true, draft_tokens: 2}\n"
+     "serving: {draft_tokens: 1}\n", r"serving.draft_tokens 1 but export.draft_tokens 2"),
+    ("name: x\nmodel: {tiny: {}}\nquantize: {type: bf16}\nexport: {}\nserving: {draft_tokens: 1}\n",
+     r"serving.draft_tokens 1 but export.draft_tokens 0 \(no draft: export.speculate is off\)"),
     ("name: x\nmodel: {tiny: {colour: 1}}\nquantize: {type: bf16}\nexport: {}\n", "model.tiny.colour"),
     ("name: x\nmodel: {tiny: {config: 3}}\nquantize: {type: bf16}\nexport: {}\n", "model.tiny.config = 3"),
     ("name: x\nmodel: {tiny: {}}\nquantize: {type: bf16}\nexport: {}\nverify: {device: tpu}\n", "verify.device"),

@@ -144,6 +144,15 @@ def _check(d: Deployment, obj, source: str) -> None:
     if bad:  # (documentation only, but printed by dsx run and in its summary as the deployment's serving plan)
         raise _err(source, line("serving"), f"serving.{', serving.'.join(bad)}: expected counts and sizes >= 1 "
                                             "(draft_tokens >= 0)")
+    # (the server reads the export's config.json: a serving plan that says otherwise describes another deployment)
+    exported = {"block_size": e.get("block_size", 64),
+                "draft_tokens": e.get("draft_tokens", 1) if e.get("speculate") else 0}
+    differ = [f"serving.{k} {d.serving[k]!r} but export.{k} {v!r}" + ("" if k != "draft_tokens" or e.get("speculate")
+                                                                     else " (no draft: export.speculate is off)")
+              for k, v in exported.items() if k in d.serving and d.serving[k] != v]
+    if differ:
+        raise _err(source, line("serving"), f"{'; '.join(differ)}: the server reads the export's config.json, so "
+                                            "the serving plan must say what the export writes (give one value)")
     if m.get("only") == "base" and e.get("speculate"):
         raise _err(source, line("model"), "model.only: base downloads no MTP layer, but export.speculate needs it")
     if d.generate is not None:
