@@ -243,8 +243,10 @@ def test_a_bad_export_section_is_found_before_the_first_step(tmp_path, capsys, b
     it before any step, from the tiny recipe's config or dsx's bundled copy of R1's."""
     r = tmp_path / "r.yaml"
     text = (Path("recipes") / base).read_text()
-    r.write_text("\n".join(f"export: {export}" if line.startswith("export:") else line for line in text.splitlines()
-                           if not line.startswith("generate:")))  # (its speculate needs the export's)
+    # (its generate section's speculate needs the export's, and its serving plan's draft token a draft: out)
+    r.write_text("\n".join(f"export: {export}" if line.startswith("export:") else
+                           line.replace(", draft_tokens: 1}", "}") for line in text.splitlines()
+                           if not line.startswith("generate:")))
     tiny = base == "tiny.yaml"
     want = msg.format(src=f"{r} (model.tiny)" if tiny else "config.json of dsx's bundled metadata of "
                       "deepseek-ai/DeepSeek-R1", heads=4 if tiny else 128)
