@@ -38,13 +38,15 @@ def save_program(part, out: Path, stock_tagging: bool) -> tuple[float, int, int]
 
     counted = []
 
-    def count_only(path, tensors):
+    def count_only(path, tensors, *, written=None, **_):
         n = 0
         for _name, _load, shape, dtype in tensors:
             size = 1
             for d in shape:
                 size *= int(d)
             n += size * dtype.itemsize
+            if written is not None:
+                written(size * dtype.itemsize)
         counted.append(n)
         return n
 
