@@ -25,6 +25,9 @@ P, I64, I32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 
 
 def main() -> int:
+    if len(sys.argv) < 5 or sys.argv[1] in ("-h", "--help"):
+        print(__doc__)
+        return 0 if sys.argv[1:2] in (["-h"], ["--help"]) else 2
     cuda.cudart()  # the shared CUDA runtime first (RTLD_GLOBAL), then both builds, each RTLD_LOCAL
     libs = {name: ctypes.CDLL(path) for name, path in (("old", sys.argv[1]), ("new", sys.argv[2]))}
     for lib in libs.values():

@@ -16,6 +16,9 @@ from ds_export.native import cuda  # noqa: E402
 
 
 def main() -> int:
+    if len(sys.argv) < 4 or sys.argv[1] in ("-h", "--help"):
+        print(__doc__)
+        return 0 if sys.argv[1:2] in (["-h"], ["--help"]) else 2
     m, n, k, *algos = (int(v) for v in sys.argv[1:])
     rng = np.random.default_rng(0)
     kb, nb = (k + 127) // 128, (n + 127) // 128

@@ -25,9 +25,9 @@ def use(path: str) -> None:
 
 
 def main() -> int:
-    if len(sys.argv) < 3:
+    if len(sys.argv) < 3 or sys.argv[1] in ("-h", "--help"):
         print(__doc__)
-        return 2
+        return 0 if sys.argv[1:2] in (["-h"], ["--help"]) else 2
     use(sys.argv[1])
     args = sys.argv[2:]
     if args[0] == "pytest":

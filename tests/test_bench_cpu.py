@@ -65,3 +65,30 @@ def test_export_program_bench_builds_one_r1_layer(tmp_path):
     assert m, out
     # rank 0 of tp 8: the embedding's and the head's slices (2 x 16160 x 7168 bf16, 0.43 GiB) and dense layer 0
     assert float(m.group(2)) > 0 and 0.45 < float(m.group(3)) < 1.0, out
+
+
+BENCH_PY = sorted((REPO / "bench").glob("*.py"))
+SCRIPTS = [p.name for p in BENCH_PY if '__name__ == "__main__"' in p.read_text()]
+MODULES = [p.stem for p in BENCH_PY if p.name not in SCRIPTS]  # gpu_timing, the pytest plugin
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_every_bench_script_imports_and_answers_help(script):
+    """The GPU benches cannot run here, but each must still import against today's ds_export and say how it is
+    run (a renamed function or module fails here, not on the GPU machine's clock)."""
+    out = run_bench(script, "--help", timeout=120)
+    assert "usage" in out.lower() or "python" in out, out
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_every_bench_module_imports(module):
+    env = dict(os.environ, PYTHONPATH=f"{REPO}:{REPO / 'bench'}")
+    proc = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True, env=env,
+                          cwd=REPO, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in (REPO / "bench").glob("*.sh")))
+def test_every_bench_shell_script_parses(script):
+    proc = subprocess.run(["bash", "-n", str(REPO / "bench" / script)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
