@@ -88,7 +88,10 @@ def test_every_bench_module_imports(module):
     assert proc.returncode == 0, proc.stderr
 
 
-@pytest.mark.parametrize("script", sorted(p.name for p in (REPO / "bench").glob("*.sh")))
+SHELL = sorted(str(p.relative_to(REPO)) for p in [*(REPO / "bench").glob("*.sh"), REPO / "tests/gpu/run_all.sh"])
+
+
+@pytest.mark.parametrize("script", SHELL)
 def test_every_bench_shell_script_parses(script):
-    proc = subprocess.run(["bash", "-n", str(REPO / "bench" / script)], capture_output=True, text=True)
+    proc = subprocess.run(["bash", "-n", str(REPO / script)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
