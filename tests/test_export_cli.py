@@ -109,6 +109,32 @@ def test_a_perfect_draft_is_fully_accepted(exported):
     res = runtime.generate(sess, PROMPTS, 12, speculate=k)
     assert res.tokens == [t[:12] for t in plain.tokens]
     assert res.accepted == res.drafted and res.base_steps == 3  # 1 token from the prefill + 3 x (K + 1)
+    assert res.to_json()["tokens_per_base_step"] == k + 1
+
+
+def test_a_draft_that_is_always_wrong_yields_one_token_a_step(exported):
+    """None accepted: each verification step commits the base model's own token only, so 1.0 tokens a base step
+    (the prefill's token is not a step's: counting it read 12 / 11 = 1.09)."""
+    sess = runtime.Session(exported, speculate=True)
+    plain = runtime.generate(sess, PROMPTS, 16)
+    full = [p + t for p, t in zip(PROMPTS, plain.tokens)]
+    real_mtp = sess.mtp
+
+    def wrong(ids, hidden, cache_lens, cache):
+        lg, h, cache = real_mtp(ids, hidden, cache_lens, cache)
+        lg = np.full_like(lg, -1e9)
+        for b in range(ids.shape[0]):
+            for i in range(ids.shape[1]):
+                pos = int(cache_lens[b]) + i + 2
+                lg[b, i, (full[b][pos] + 1) % lg.shape[-1]] = 0  # never the greedy token
+        return lg, h, cache
+
+    sess.mtp = wrong
+    res = runtime.generate(sess, PROMPTS, 12, speculate=2)
+    assert res.tokens == [t[:12] for t in plain.tokens]
+    assert res.accepted == 0 and res.base_steps == 11
+    rep = res.to_json()
+    assert rep["acceptance_rate"] == 0 and rep["tokens_per_base_step"] == 1.0
 
 
 def test_errors(exported, tiny_fp8, tmp_path, capsys):
