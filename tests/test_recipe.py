@@ -62,6 +62,21 @@ def test_an_mtp_recipe_file_is_found_beside_the_recipe(tmp_path, monkeypatch):
         rmod.load(_write(tmp_path, "name: x\nmtp: sub/none.yaml\n"))
 
 
+def test_a_directory_or_a_binary_file_given_as_a_recipe_is_one_line(tmp_path, capsys):
+    """`dsx run recipes/quant` printed "Is a directory: recipes/quant", and a binary file an internal error
+    (UnicodeDecodeError) that asked to be reported."""
+    (tmp_path / "recipes").mkdir()
+    (tmp_path / "recipes" / "a.yaml").write_text("name: a\n")
+    (tmp_path / "blob.yaml").write_bytes(b"name: \xff\xfe\x00\x01")
+    for target, want in ((tmp_path / "recipes", f"recipes: a directory, not a recipe file (give one of its files, "
+                                                f"e.g. {tmp_path / 'recipes' / 'a.yaml'})"),
+                         (tmp_path, "a directory, not a recipe file"),
+                         (tmp_path / "blob.yaml", "blob.yaml: not a text file (byte 6 is not UTF-8), so not a recipe")):
+        assert main(["run", str(target), "--dry-run"]) == 2
+        err = capsys.readouterr().err
+        assert want in err and "internal error" not in err and len(err.strip().splitlines()) == 1, err
+
+
 def test_builtins_exist_and_load():
     names = rmod.builtin_names()
     assert {"bf16", "weight_only_int8", "weight_only_int4", "a8w8_fp8", "a8w8_fp8_wint4"} <= set(names)
