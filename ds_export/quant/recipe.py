@@ -252,10 +252,10 @@ def load_yaml(path: str | Path, what: str = "recipe"):
         files = sorted(p.name for p in path.glob("*.y*ml"))
         raise UsageError(f"{path}: a directory, not a {what} file",
                          hint=f"give one of its files, e.g. {path / files[0]}" if files else
-                         f"give the path of a {what}'s YAML file") from None
+                         f"give a {what}: a YAML file") from None
     except UnicodeDecodeError as e:
         raise UsageError(f"{path}: not a text file (byte {e.start} is not UTF-8), so not a {what}",
-                         hint=f"give the path of a {what}'s YAML file") from None
+                         hint=f"give a {what}: a YAML file") from None
     try:
         return yaml.load(text, Loader=_LineLoader)  # noqa: S506 - SafeLoader subclass
     except yaml.YAMLError as e:
