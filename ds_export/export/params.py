@@ -11,9 +11,11 @@ largest tensor, not for the model (the real DeepSeek-V3 rank of TP8 holds ~80 GB
 The saved files are byte-identical to `paddle.jit.save` of the same model built eagerly
 (tests/test_export_stream.py), except that ops carry no `struct_name` (an AutoParallel debug tag whose
 recording is quadratic in the program's size); the Python stack Paddle records for each new op (for
-error messages, not saved) is skipped unless DSX_DEBUG is set. Three Paddle 3.3.1 internals are bypassed for the
-program-only save (`pir_io.save_vars_pir`, `DenseTensor._share_data_with`, `layers.name_struct`); all are
-looked up and checked first, so a Paddle that moved them gives a clear error instead of a wrong file.
+error messages, not saved) is skipped unless DSX_DEBUG is set, and each parameter is made with a startup program of
+its own (Paddle copies the startup program's whole parameter table into the main program at every new parameter:
+quadratic in their count). Paddle 3.3.1 internals bypassed for the program-only save (`pir_io.save_vars_pir`,
+`DenseTensor._share_data_with`, `layers.name_struct`, `pir.core.create_parameter`'s startup program) are looked up and
+checked first, so a Paddle that moved them gives a clear error instead of a wrong file.
 """
 
 from __future__ import annotations
@@ -125,17 +127,20 @@ def make_param(layer, value):
 def _internals():
     """The Paddle internals a program-only jit.save needs, checked."""
     import paddle.nn.layer.layers as layers
+    import paddle.pir.core as pcore
     import paddle.static.pir_io as pio
     from paddle.base import core
 
     if (not callable(getattr(pio, "save_vars_pir", None)) or not hasattr(core.DenseTensor, "_share_data_with")
-            or not callable(getattr(layers, "name_struct", None))):
+            or not callable(getattr(layers, "name_struct", None))
+            or not all(callable(getattr(pcore, f, None)) for f in ("create_parameter", "switch_startup_program"))):
         import paddle
 
         raise DsxError(f"Paddle {paddle.__version__}: streamed export needs paddle.static.pir_io.save_vars_pir, "
-                       "DenseTensor._share_data_with and paddle.nn.layer.layers.name_struct (Paddle 3.3.1 has them)",
+                       "DenseTensor._share_data_with, paddle.nn.layer.layers.name_struct and paddle.pir.core's "
+                       "create_parameter and switch_startup_program (Paddle 3.3.1 has them)",
                        hint="install paddlepaddle==3.3.1 (pyproject pins it)")
-    return pio, core, layers
+    return pio, core, layers, pcore
 
 
 def _no_name_struct(prefix=None):
@@ -144,6 +149,24 @@ def _no_name_struct(prefix=None):
 
 def _no_stack(f=None, limit=None):
     return traceback.StackSummary()
+
+
+def _own_startup(pcore, create_parameter):
+    """create_parameter, each parameter made in a startup program of its own. Paddle's makes it in the default
+    startup program, then replaces the main program's parameter table with a copy of that program's whole table
+    (`set_parameters_from`), only so that the main program's builtin.parameter op can read the new one's type: a copy
+    per parameter of every parameter so far, quadratic (R1's rank 0 has ~43,000: minutes). With a startup program of
+    its own the copy is the one entry the op reads. The table is not saved: `pir_io` lists a program's parameters by
+    its ops (the saved bytes are the same, tests/test_export_stream.py)."""
+
+    def create(*args, **kwargs):
+        prev = pcore.switch_startup_program(pcore.Program())
+        try:
+            return create_parameter(*args, **kwargs)
+        finally:
+            pcore.switch_startup_program(prev)
+
+    return create
 
 
 def save_streamed(layer, prefix: str | Path, input_spec: list, values: dict,
@@ -155,7 +178,7 @@ def save_streamed(layer, prefix: str | Path, input_spec: list, values: dict,
 
     from ds_export.export.pdiparams import write_params
 
-    pio, core, layers = _internals()
+    pio, core, layers, pcore = _internals()
     seen: list[tuple[str, tuple, str]] = []
 
     def program_only(dirname=None, main_program=None, vars=None, filename=None):  # noqa: A002
@@ -163,8 +186,9 @@ def save_streamed(layer, prefix: str | Path, input_spec: list, values: dict,
         seen.extend((v.name, tuple(v.shape), str(v.dtype)) for v in params + opt if v.persistable)
 
     real_save, real_share, real_struct = pio.save_vars_pir, core.DenseTensor._share_data_with, layers.name_struct
-    real_stack = traceback.extract_stack
+    real_stack, real_create = traceback.extract_stack, pcore.create_parameter
     pio.save_vars_pir = program_only
+    pcore.create_parameter = _own_startup(pcore, real_create)
     core.DenseTensor._share_data_with = lambda self, src: None  # no data to share: nothing is initialized
     # Layer.__call__ tags each new op with its layer path ("struct_name", for AutoParallel) by listing
     # every op of the program before and after the call: quadratic in the program's size (R1's 256
@@ -179,6 +203,7 @@ def save_streamed(layer, prefix: str | Path, input_spec: list, values: dict,
     finally:
         pio.save_vars_pir, core.DenseTensor._share_data_with = real_save, real_share
         layers.name_struct, traceback.extract_stack = real_struct, real_stack
+        pcore.create_parameter = real_create
     names = sorted({n for n, _, _ in seen})  # save_combine's order
     missing = [n for n in names if n not in values]
     if missing:
