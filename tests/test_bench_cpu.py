@@ -68,6 +68,18 @@ def test_export_program_bench_builds_one_r1_layer(tmp_path):
 
 
 BENCH_PY = sorted((REPO / "bench").glob("*.py"))
+@pytest.mark.paddle
+def test_export_vs_cp_bench_on_the_tiny_model(tmp_path):
+    pytest.importorskip("paddle")
+    out = run_bench("export_vs_cp.py", "--small", "--layers", "2", "--experts", "4", "--sources",
+                    "orig,a8w8_fp8_wint4", "--workdir", str(tmp_path), "--speculate")
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith(("orig ", "a8w8_fp8_wint4 "))}
+    assert set(rows) == {"orig", "a8w8_fp8_wint4"}, out
+    for row in rows.values():
+        gb_in, dsx_s, cp_s, ratio, gb_out = map(float, row[1:6])
+        assert gb_in > 0 and dsx_s > 0 and cp_s > 0 and gb_out > 0 and ratio > 0, out
+
+
 SCRIPTS = [p.name for p in BENCH_PY if '__name__ == "__main__"' in p.read_text()]
 MODULES = [p.stem for p in BENCH_PY if p.name not in SCRIPTS]  # gpu_timing, the pytest plugin
 
