@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from pathlib import Path
@@ -92,6 +93,30 @@ def test_each_parameter_is_made_without_the_ones_before(mixed, tmp_path, monkeyp
     assert main(["export", str(mixed / "q"), "--out", str(tmp_path / "s"), "--max-seq-len", "64", "-q"]) == 0
     assert len(seen) > 50 and max(seen) == 0, seen[:10]
     assert pcore.create_parameter is watch  # put back after the save
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_parameter_files_are_hashed_as_written_not_read_again(mixed, tmp_path, monkeypatch, tp):
+    """The manifest's sha256 of each parameter file (most of an export's bytes: R1's are hundreds of GB) comes from
+    the bytes as they were written; the export read them all back to hash them. Each recorded hash is checked here
+    against the file on disk, by hashlib."""
+    import hashlib
+
+    from ds_export.io import manifest as mmod
+
+    read_back = []
+    real = mmod.sha256_file
+    monkeypatch.setattr(mmod, "sha256_file", lambda p, *a, **k: read_back.append(Path(p).name) or real(p, *a, **k))
+    out = tmp_path / "s"
+    assert main(["export", str(mixed / "q"), "--out", str(out), "--tp", str(tp), "--speculate", "--max-seq-len", "64",
+                 "-q"]) == 0
+    files = json.loads((out / "dsx-manifest.json").read_text())["files"]
+    params = [rel for rel in files if rel.endswith(".pdiparams")]
+    assert len(params) == 2 * tp, files
+    assert read_back and "model.pdiparams" not in read_back, read_back  # (the configs and programs are read)
+    for rel, ent in files.items():
+        assert hashlib.sha256((out / rel).read_bytes()).hexdigest() == ent["sha256"], rel
+        assert (out / rel).stat().st_size == ent["size"], rel
 
 
 def test_pdiparams_round_trip_and_dtypes(tmp_path):

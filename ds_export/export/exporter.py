@@ -122,9 +122,10 @@ def default_workers(tp: int, layers: int, *, cores: int | None = None, available
 
 
 def _write_rank(weights, tmp: Path, r: int, tp: int, max_seq_len: int, speculate: bool, built=nothing,
-                written=nothing) -> None:
+                written=nothing, hashed=None) -> None:
     """Rank r's base program (and draft) under tmp (tp = 1: tmp itself); built(1) after each program is saved,
-    written(n): each parameter's bytes once they are written."""
+    written(n): each parameter's bytes once they are written, hashed((path under tmp, sha256)): each parameter
+    file's hash as it was written."""
     from ds_export.export.modeling import DeepseekV3ForInference
     from ds_export.export.mtp import MTPDraft
     from ds_export.export.params import deferred, save_streamed
@@ -135,25 +136,32 @@ def _write_rank(weights, tmp: Path, r: int, tp: int, max_seq_len: int, speculate
     with deferred() as values:
         base = DeepseekV3ForInference(part, max_seq_len)
     (tmp / rank).mkdir(parents=True, exist_ok=True)
-    save_streamed(base, tmp / rank / "model", base.input_spec(), values, written)
+    save_streamed(base, tmp / rank / "model", base.input_spec(), values, written, _tell(hashed, rank, "model"))
     built(1)
     if speculate:
         with deferred() as values:
             draft = MTPDraft(part, max_seq_len)
         (tmp / "mtp" / rank).mkdir(parents=True, exist_ok=True)
-        save_streamed(draft, tmp / "mtp" / rank / "model", draft.input_spec(), values, written)
+        save_streamed(draft, tmp / "mtp" / rank / "model", draft.input_spec(), values, written,
+                      _tell(hashed, "mtp", rank, "model"))
         built(1)
 
 
+def _tell(hashed, *parts: str):
+    """hashed((the parameter file's path under the staging directory, its sha256)), for save_streamed."""
+    rel = str(Path(*[p for p in parts if p])) + ".pdiparams"
+    return None if hashed is None else (lambda sha: hashed((rel, sha)))
+
+
 def _rank_process(src: str, tmp: str, r: int, tp: int, dtype: str, max_seq_len: int, speculate: bool,
-                  built=nothing, written=nothing) -> None:
+                  built=nothing, written=nothing, hashed=None) -> None:
     """A rank process's job: open the source itself and write rank r."""
     from ds_export.export.weights import load_weights
 
     quiet_paddle()
     with Checkpoint.open(src) as ck:
         _write_rank(load_weights(ck, dtype, include_mtp=speculate, lazy=True), Path(tmp), r, tp, max_seq_len,
-                    speculate, built, written)
+                    speculate, built, written, hashed)
 
 
 class _RankTraceback(Exception):
@@ -161,8 +169,9 @@ class _RankTraceback(Exception):
 
 
 def _rank_main(args: tuple, conn) -> None:
-    """Entry of a spawned rank process: sends its progress as it goes, ("built", 1) after each program and
-    ("written", n) after each parameter, then ("done", None) or ("done", (the exception, its traceback text)).
+    """Entry of a spawned rank process: sends its progress as it goes, ("built", 1) after each program,
+    ("written", n) after each parameter and ("hashed", (path, sha256)) after each parameter file, then ("done", None)
+    or ("done", (the exception, its traceback text)).
     Ctrl-C is the main process's to handle (it kills the ranks): a rank starts with it blocked and ignores it."""
     import traceback
 
@@ -171,7 +180,8 @@ def _rank_main(args: tuple, conn) -> None:
     ignore_sigint()
     try:
         try:
-            _rank_process(*args, built=lambda n: conn.send(("built", n)), written=lambda n: conn.send(("written", n)))
+            _rank_process(*args, built=lambda n: conn.send(("built", n)), written=lambda n: conn.send(("written", n)),
+                          hashed=lambda h: conn.send(("hashed", h)))
             result = None
         except BaseException as e:  # noqa: BLE001 - handed to the parent, which raises it
             result = (e, traceback.format_exc())
@@ -189,10 +199,10 @@ def _rank_main(args: tuple, conn) -> None:
 
 
 def _write_ranks_in_processes(src, tmp: Path, tp: int, workers: int, dtype: str, max_seq_len: int,
-                              speculate: bool, built=nothing, written=nothing) -> None:
-    """Every rank, each by a fresh spawned process, `workers` at once, their progress counted here (built, written:
-    _write_rank's). The first failure stops the others (the output is discarded anyway) and is raised here as the
-    rank's own exception."""
+                              speculate: bool, built=nothing, written=nothing, hashed=None) -> None:
+    """Every rank, each by a fresh spawned process, `workers` at once, their progress counted here (built, written,
+    hashed: _write_rank's). The first failure stops the others (the output is discarded anyway) and is raised here as
+    the rank's own exception."""
     import multiprocessing as mp
     from multiprocessing.connection import wait
 
@@ -221,6 +231,10 @@ def _write_ranks_in_processes(src, tmp: Path, tp: int, workers: int, dtype: str,
                     died = False
                 except EOFError:  # it ended without a word: killed (out of memory?)
                     kind, res, died = "done", None, True
+                if kind == "hashed":
+                    if hashed is not None:
+                        hashed(tuple(res))
+                    continue
                 if kind != "done":  # (its progress: the rank goes on)
                     (built if kind == "built" else written)(res)
                     continue
@@ -325,11 +339,12 @@ def export(src: str | os.PathLike, out: str | os.PathLike, *, dtype: str = "floa
                     if out.exists() and not force:  # (written by another export since the check above)
                         raise UsageError(f"{shown}: exists", hint="choose a new --out or pass --force to replace it")
                     aside = _clear_aside(out)  # (before the work: a refusal here costs nothing)
+                    digests: dict[str, str] = {}  # parameter file -> its sha256 as written
                     _write_staged(ck, cfg, weights, src, tmp, dtype=dtype, max_seq_len=max_seq_len,
                                   block_size=block_size, tp=tp, speculate=speculate, draft_tokens=draft_tokens,
-                                  workers=workers, progress=progress)
+                                  workers=workers, progress=progress, hashed=lambda h: digests.__setitem__(*h))
                     del weights
-                    m = _manifest(tmp, src, dtype, tp, speculate, progress)
+                    m = _manifest(tmp, src, dtype, tp, speculate, progress, digests)
                     _publish(tmp, out, aside)
                 except BaseException as e:
                     # Ctrl-C or a failure (rank processes, if any, are stopped by now): an export starts over, so its
@@ -363,9 +378,10 @@ def _disk_full(e: OSError, shown: Path, out: Path, tmp: Path) -> NoReturn:
 
 
 def _write_staged(ck: Checkpoint, cfg, weights, src, tmp: Path, *, dtype: str, max_seq_len: int, block_size: int,
-                  tp: int, speculate: bool, draft_tokens: int, workers: int, progress: Reporter = QUIET) -> None:
+                  tp: int, speculate: bool, draft_tokens: int, workers: int, progress: Reporter = QUIET,
+                  hashed=None) -> None:
     """The export's files written into the staging directory tmp (its lock held by the caller): programs, configs,
-    side files; the manifest comes next."""
+    side files; the manifest comes next. hashed((path, sha256)): each parameter file's hash as it was written."""
     _clear(tmp)  # (what an export stopped before it finished left)
     need, free = weights.nbytes(), free_bytes(tmp)
     if need > free:  # (before hours of writing: the weights alone, a lower bound of the export, do not fit)
@@ -379,9 +395,9 @@ def _write_staged(ck: Checkpoint, cfg, weights, src, tmp: Path, *, dtype: str, m
                            programs, "programs")
     written = progress.phase("parameters written", None)  # (their bytes: known once each program is built)
     if tp > 1:  # one program per rank, each built in a fresh process, `workers` at once
-        _write_ranks_in_processes(src, tmp, tp, workers, dtype, max_seq_len, speculate, built, written)
+        _write_ranks_in_processes(src, tmp, tp, workers, dtype, max_seq_len, speculate, built, written, hashed)
     else:  # OUT/ itself
-        _write_rank(weights, tmp, 0, 1, max_seq_len, speculate, built, written)
+        _write_rank(weights, tmp, 0, 1, max_seq_len, speculate, built, written, hashed)
     icfg = inference_config(ck.config, dtype=dtype, max_seq_len=max_seq_len, block_size=block_size, tp=tp,
                             speculate=speculate, draft_tokens=draft_tokens, source_quant=sq,
                             custom_ops=_uses_ops(weights.top, weights.layers))
@@ -458,16 +474,23 @@ def source_digest(src) -> str | None:
     return m.content_digest() if m is not None else None
 
 
-def _manifest(tmp: Path, src, dtype: str, tp: int, speculate: bool, progress: Reporter = QUIET) -> Manifest:
-    """The complete manifest of the export written in tmp (every file's size and hash)."""
+def _manifest(tmp: Path, src, dtype: str, tp: int, speculate: bool, progress: Reporter = QUIET,
+              known: dict[str, str] | None = None) -> Manifest:
+    """The complete manifest of the export written in tmp (every file's size and hash). known: sha256 of files
+    hashed as they were written (the parameter files, most of the bytes: not read again); the rest are read."""
     m = Manifest(tmp, run={"tool": "dsx", "version": __version__, "command": "export", "source": str(src),
                            "source_digest": source_digest(src), "dtype": dtype, "tp": tp, "speculate": speculate})
     for p in sorted(tmp.rglob("*")):
         if p.is_file() and p.name != m.name:
             m.files[str(p.relative_to(tmp))] = {}
-    hashed = progress.phase(f"sha256 ({len(m.files)} files)", sum((tmp / rel).stat().st_size for rel in m.files))
+    known = {rel: sha for rel, sha in (known or {}).items() if rel in m.files}
+    todo = [rel for rel in m.files if rel not in known]
+    hashed = progress.phase(f"sha256 ({len(todo)} files)", sum((tmp / rel).stat().st_size for rel in todo))
     for rel in list(m.files):
-        m.record_file(rel, hashed)
+        if rel in known:
+            m.record(rel, known[rel])
+        else:
+            m.record_file(rel, hashed)
     m.complete = True
     m.save()
     return m

@@ -170,10 +170,10 @@ def _own_startup(pcore, create_parameter):
 
 
 def save_streamed(layer, prefix: str | Path, input_spec: list, values: dict,
-                  written: Callable[[int], None] | None = None) -> int:
+                  written: Callable[[int], None] | None = None, hashed: Callable[[str], None] | None = None) -> int:
     """paddle.jit.save(layer, prefix) for a layer built under deferred(): PREFIX.json from Paddle,
-    PREFIX.pdiparams written here tensor by tensor in Paddle's order (written(n): each one's bytes). Returns the
-    parameter bytes."""
+    PREFIX.pdiparams written here tensor by tensor in Paddle's order (written(n): each one's bytes; hashed(hex): the
+    parameter file's sha256 as written). Returns the parameter bytes."""
     import paddle
 
     from ds_export.export.pdiparams import write_params
@@ -210,4 +210,4 @@ def save_streamed(layer, prefix: str | Path, input_spec: list, values: dict,
         raise DsxError(f"internal: program parameters {missing[:3]} were not made by make_param")
     return write_params(str(prefix) + ".pdiparams",
                         ((n, (lambda v=values[n]: load(v)), values[n].shape, values[n].dtype) for n in names),
-                        written=written)
+                        written=written, hashed=hashed)

@@ -18,6 +18,7 @@ parses a file back (tests compare both with Paddle's own output bit for bit).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import struct
 from collections.abc import Callable, Iterable
@@ -55,26 +56,35 @@ def header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
 
 
 def write_params(path: str | os.PathLike, tensors: Iterable[tuple[str, Callable[[], np.ndarray], tuple, np.dtype]],
-                 *, chunk: int = 64 << 20, written: Callable[[int], None] | None = None) -> int:
+                 *, chunk: int = 64 << 20, written: Callable[[int], None] | None = None,
+                 hashed: Callable[[str], None] | None = None) -> int:
     """Write (name, thunk, shape, dtype) in the given order (Paddle's: sorted by name); returns bytes.
 
     Each thunk is called once, its array checked against the declared shape and dtype, written,
-    and dropped before the next one; written(n): told each tensor's bytes once they are written.
+    and dropped before the next one; written(n): told each tensor's bytes once they are written; hashed(hex): the
+    file's sha256, of the bytes as they were written (the manifest records it without reading the file again).
     """
+    sha = hashlib.sha256()
     with open(path, "wb") as f:
         for name, thunk, shape, dtype in tensors:
             arr = np.ascontiguousarray(thunk())
             if tuple(arr.shape) != tuple(shape) or arr.dtype != np.dtype(dtype):
                 raise DsxError(f"pdiparams: {name} produced {arr.dtype} {list(arr.shape)}, the program declares "
                                f"{np.dtype(dtype)} {list(shape)}")
-            f.write(header(arr.dtype, arr.shape))
+            head = header(arr.dtype, arr.shape)
+            f.write(head)
+            sha.update(head)
             flat = arr.reshape(-1).view(np.uint8)
             for i in range(0, flat.size, chunk):
-                f.write(memoryview(flat[i:i + chunk]))
+                piece = memoryview(flat[i:i + chunk])
+                f.write(piece)
+                sha.update(piece)
             if written is not None:
                 written(flat.size)
             del arr, flat
         total = f.tell()
+    if hashed is not None:
+        hashed(sha.hexdigest())
     return total
 
 
