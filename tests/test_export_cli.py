@@ -247,11 +247,13 @@ def test_generate_refuses_an_edit_that_keeps_the_size(exported, tmp_path, capsys
     assert main(["generate", str(exported), "--input-ids", "0,5", "--max-new-tokens", "1", "-q"]) == 0
 
 
-@pytest.mark.parametrize("tensor,value", [
-    ("model.layers.1.self_attn.q_a_proj.weight", b"\x7f"),  # an e4m3 NaN code: dequantized (original source)
-    ("model.layers.2.input_layernorm.weight", b"\x80\x7f"),  # a bf16 +Inf norm weight
+@pytest.mark.parametrize("tensor,value,dtype", [
+    ("model.layers.1.self_attn.q_a_proj.weight", b"\x7f", "float32"),  # an e4m3 NaN code: dequantized
+    ("model.layers.2.input_layernorm.weight", b"\x80\x7f", "float32"),  # a bf16 +Inf norm weight
+    ("model.layers.2.input_layernorm.weight", b"\x80\x7f", "bfloat16"),  # the same, written as it is stored
+    ("lm_head.weight", b"\xc0\xff", "bfloat16"),  # a bf16 NaN in the head, transposed as it is written
 ])
-def test_a_non_finite_weight_is_refused_naming_it(tiny_fp8, tmp_path, capsys, tensor, value):
+def test_a_non_finite_weight_is_refused_naming_it(tiny_fp8, tmp_path, capsys, tensor, value, dtype):
     """A NaN / Inf weight (an e4m3 NaN code, a bf16 Inf) in an export's source went into the programs, whose logits
     were then NaN, exit 0. Refused, naming the shard and the tensor; nothing is published."""
     from headers import set_bytes
@@ -259,10 +261,46 @@ def test_a_non_finite_weight_is_refused_naming_it(tiny_fp8, tmp_path, capsys, te
     src = tmp_path / "src"
     shutil.copytree(tiny_fp8, src)
     shard = set_bytes(src, tensor, 100, value)
-    assert main(["export", str(src), "--out", str(tmp_path / "e"), "--max-seq-len", "64", "-q"]) == 1
+    assert main(["export", str(src), "--out", str(tmp_path / "e"), "--max-seq-len", "64", "--dtype", dtype,
+                 "-q"]) == 1
     err = capsys.readouterr().err
     assert f"{shard}: tensor {tensor!r}: 1 NaN or Inf value(s)" in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "e").exists()
+
+
+def test_a_value_beyond_float16_is_refused_not_written_as_inf(tiny_fp8, tmp_path, capsys):
+    """A bf16 weight of 65536 exported with --dtype float16 (largest 65504) was cast to Inf and written: programs whose
+    logits are NaN, exit 0."""
+    from headers import set_bytes
+
+    src = tmp_path / "src"
+    shutil.copytree(tiny_fp8, src)
+    tensor = "model.layers.2.post_attention_layernorm.weight"
+    shard = set_bytes(src, tensor, 6, b"\x80\x47")  # bf16 65536, element 3
+    assert main(["export", str(src), "--out", str(tmp_path / "e"), "--max-seq-len", "64", "--dtype", "float16",
+                 "-q"]) == 1
+    err = capsys.readouterr().err
+    assert (f"{shard}: tensor {tensor!r}: 1 value(s) beyond float16's range (the first at flat index 3, 65536) "
+            "(export with --dtype bfloat16 or float32)") in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "e").exists()
+    assert main(["export", str(src), "--out", str(tmp_path / "b"), "--max-seq-len", "64", "--dtype", "bfloat16",
+                 "-q"]) == 0
+
+
+def test_a_16bit_export_writes_the_source_bits_of_same_dtype_tensors(tiny_fp8, tmp_path):
+    """A bf16 tensor exported as bfloat16 is written as it is stored (no float32 round trip), a Linear's transposed
+    to Paddle's [in, out]: the embedding and the head, bit for bit against the source read by numpy."""
+    from ds_export.export.pdiparams import read_params
+
+    ck = Checkpoint.open(tiny_fp8)
+    embed = np.asarray(ck.get("model.embed_tokens.weight")).view(np.uint16)
+    head = np.asarray(ck.get("lm_head.weight")).view(np.uint16)
+    assert main(["export", str(tiny_fp8), "--out", str(tmp_path / "e"), "--max-seq-len", "64", "--dtype", "bfloat16",
+                 "-q"]) == 0
+    written = [a.view(np.uint16) for a in read_params(tmp_path / "e" / "model.pdiparams") if a.dtype.itemsize == 2]
+    assert any(a.shape == embed.shape and np.array_equal(a, embed) for a in written)
+    assert any(a.shape == head.T.shape and np.array_equal(a, head.T) for a in written)
+    assert not any(a.shape == head.shape and np.array_equal(a, head) for a in written)  # (not left untransposed)
 
 
 def test_a_nan_code_in_a_kept_fp8_weight_is_refused(tiny_fp8, tmp_path, capsys):

@@ -50,8 +50,9 @@ import numpy as np
 
 from ds_export.errors import CheckpointError, DsxError
 from ds_export.formats import fp8_block, weight_only
-from ds_export.formats._arrays import count_non_finite
+from ds_export.formats._arrays import count_non_finite, transposed
 from ds_export.io.checkpoint import Checkpoint
+from ds_export.io.dtypes import ST_TO_NP
 from ds_export.export.params import Lazy, derive, load
 from ds_export.models import deepseek_v3 as ds
 
@@ -259,6 +260,25 @@ class _Reader:
     def cast(self, a: np.ndarray) -> np.ndarray:
         return np.ascontiguousarray(a.astype(self.dt))
 
+    def plain(self, name: str, role: str, mtp: bool, transpose: bool = False) -> np.ndarray:
+        """A float tensor in the export dtype (transposed: a Linear's [out, in] as Paddle's [in, out]), NaN / Inf
+        refused. Stored in that dtype already: its values as they are (no float32 round trip, exact either way);
+        otherwise through float32, a narrowing cast checked for values beyond the export dtype's range."""
+        stored = self.ckpt.info(name).dtype
+        if ST_TO_NP.get(stored) == self.dt:
+            a = self.finite(name, np.asarray(self.ckpt.get(name)))
+        else:
+            with np.errstate(over="ignore"):  # (counted below, in the message)
+                a = self.float32(name, role, mtp).astype(self.dt, copy=False)
+            if self.dt.itemsize < 4:
+                bad, first = count_non_finite(a)
+                if bad:
+                    raise DsxError(f"{self.ckpt.shard_of(name).path}: tensor {name!r}: {bad} value(s) beyond "
+                                   f"{self.dt.name}'s range (the first at flat index {first}, "
+                                   f"{self.float32(name, role, mtp).reshape(-1)[first]:g})",
+                                   hint="export with --dtype bfloat16 or float32")
+        return transposed(a) if transpose else np.ascontiguousarray(a)
+
     def tensor(self, name: str, role: str, mtp: bool = False):
         ck, stored = self.ckpt, self.ckpt.info(name).dtype
         if role in LINEAR_ROLES and stored == "I8" and self.keep_wo:
@@ -282,9 +302,9 @@ class _Reader:
                 self.float32(name, role, mtp).T if t else self.float32(name, role, mtp)))
         if role in LINEAR_ROLES:
             return LinearWeights("dense", {"weight": self.defer(shape[::-1], self.dt,
-                                                                lambda: self.cast(self.float32(name, role, mtp).T))})
+                                                                lambda: self.plain(name, role, mtp, transpose=True))})
         if role in NORM_ROLES or role in EMBED_ROLES:
-            return self.defer(shape, self.dt, lambda: self.cast(self.float32(name, role, mtp)))
+            return self.defer(shape, self.dt, lambda: self.plain(name, role, mtp))
         raise DsxError(f"tensor {name}: role {role} has no export rule")
 
 

@@ -1,0 +1,34 @@
+"""formats/_arrays.py: the non-finite count on 16-bit floats' bits and the row-blocked transposed copy, against
+numpy's own isfinite (through float32) and .T."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from ds_export.formats._arrays import count_non_finite, transposed
+
+
+@pytest.mark.parametrize("dtype", [ml_dtypes.bfloat16, np.float16, np.float32])
+def test_count_non_finite_matches_isfinite(dtype):
+    rng = np.random.default_rng(0)
+    a = (rng.standard_normal((37, 129)) * 100).astype(dtype)
+    assert count_non_finite(a) == (0, -1)
+    flat = a.reshape(-1)
+    for i, v in ((5, np.inf), (700, -np.inf), (4000, np.nan), (4001, -np.nan)):
+        flat[i] = v
+    ref = ~np.isfinite(a.astype(np.float32).reshape(-1))
+    assert count_non_finite(a) == (int(ref.sum()), int(np.argmax(ref))) == (4, 5)
+    # every 16-bit pattern: the bits test against isfinite through float32
+    if a.dtype.itemsize == 2:
+        every = np.arange(1 << 16, dtype=np.uint16).view(a.dtype)
+        assert count_non_finite(every)[0] == int((~np.isfinite(every.astype(np.float32))).sum())
+
+
+@pytest.mark.parametrize("shape,rows", [((1, 1), 32), ((33, 7), 32), ((64, 129), 32), ((100, 3), 7), ((5, 40), 64)])
+def test_transposed_is_a_contiguous_T(shape, rows):
+    a = np.arange(np.prod(shape), dtype=np.uint16).reshape(shape).view(ml_dtypes.bfloat16)
+    t = transposed(a, rows)
+    assert t.flags.c_contiguous and t.dtype == a.dtype and t.shape == shape[::-1]
+    assert np.array_equal(t.view(np.uint16), a.view(np.uint16).T)
