@@ -79,7 +79,7 @@ def test_streamed_tp_rank_is_paddles_jit_save(mixed, tmp_path):
 
 def test_each_parameter_is_made_without_the_ones_before(mixed, tmp_path, monkeypatch):
     """Paddle's create_parameter copies the default startup program's whole parameter table into the main program
-    (quadratic: R1's rank 0 spent ~2 of its ~5.5 minutes there). The export makes each in a startup program of its
+    (quadratic: R1's rank 0 spent ~4 of its ~5.5 minutes there). The export makes each in a startup program of its
     own: every parameter finds that program empty (the saved bytes are Paddle's, test above)."""
     import paddle.pir.core as pcore
 

@@ -13,7 +13,7 @@ _EXPONENT_16 = {np.dtype(ml_dtypes.bfloat16): 0x7F80, np.dtype(np.float16): 0x7C
 def count_non_finite(values: np.ndarray) -> tuple[int, int]:
     """(how many NaN / Inf values, the flat index of the first) of a float or bf16 array."""
     mask = _EXPONENT_16.get(values.dtype)
-    if mask is not None:  # (on the bits: np.isfinite on ml_dtypes' bfloat16 goes through float32 a value)
+    if mask is not None:  # (on the bits: np.isfinite on ml_dtypes' bfloat16 converts each value to float32)
         bad = (values.reshape(-1).view(np.uint16) & mask) == mask
     else:
         bad = ~np.isfinite(values.reshape(-1))
