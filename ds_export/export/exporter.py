@@ -122,7 +122,7 @@ def default_workers(tp: int, layers: int, *, cores: int | None = None, available
 
 
 def _write_rank(weights, tmp: Path, r: int, tp: int, max_seq_len: int, speculate: bool, built=nothing,
-                written=nothing, hashed=None) -> None:
+                written=nothing, hashed=nothing) -> None:
     """Rank r's base program (and draft) under tmp (tp = 1: tmp itself); built(1) after each program is saved,
     written(n): each parameter's bytes once they are written, hashed((path under tmp, sha256)): each parameter
     file's hash as it was written."""
@@ -150,11 +150,11 @@ def _write_rank(weights, tmp: Path, r: int, tp: int, max_seq_len: int, speculate
 def _tell(hashed, *parts: str):
     """hashed((the parameter file's path under the staging directory, its sha256)), for save_streamed."""
     rel = str(Path(*[p for p in parts if p])) + ".pdiparams"
-    return None if hashed is None else (lambda sha: hashed((rel, sha)))
+    return lambda sha: hashed((rel, sha))
 
 
 def _rank_process(src: str, tmp: str, r: int, tp: int, dtype: str, max_seq_len: int, speculate: bool,
-                  built=nothing, written=nothing, hashed=None) -> None:
+                  built=nothing, written=nothing, hashed=nothing) -> None:
     """A rank process's job: open the source itself and write rank r."""
     from ds_export.export.weights import load_weights
 
@@ -199,7 +199,7 @@ def _rank_main(args: tuple, conn) -> None:
 
 
 def _write_ranks_in_processes(src, tmp: Path, tp: int, workers: int, dtype: str, max_seq_len: int,
-                              speculate: bool, built=nothing, written=nothing, hashed=None) -> None:
+                              speculate: bool, built=nothing, written=nothing, hashed=nothing) -> None:
     """Every rank, each by a fresh spawned process, `workers` at once, their progress counted here (built, written,
     hashed: _write_rank's). The first failure stops the others (the output is discarded anyway) and is raised here as
     the rank's own exception."""
@@ -231,12 +231,8 @@ def _write_ranks_in_processes(src, tmp: Path, tp: int, workers: int, dtype: str,
                     died = False
                 except EOFError:  # it ended without a word: killed (out of memory?)
                     kind, res, died = "done", None, True
-                if kind == "hashed":
-                    if hashed is not None:
-                        hashed(tuple(res))
-                    continue
                 if kind != "done":  # (its progress: the rank goes on)
-                    (built if kind == "built" else written)(res)
+                    {"built": built, "written": written, "hashed": hashed}[kind](res)
                     continue
                 proc.join()
                 recv.close()
@@ -379,7 +375,7 @@ def _disk_full(e: OSError, shown: Path, out: Path, tmp: Path) -> NoReturn:
 
 def _write_staged(ck: Checkpoint, cfg, weights, src, tmp: Path, *, dtype: str, max_seq_len: int, block_size: int,
                   tp: int, speculate: bool, draft_tokens: int, workers: int, progress: Reporter = QUIET,
-                  hashed=None) -> None:
+                  hashed=nothing) -> None:
     """The export's files written into the staging directory tmp (its lock held by the caller): programs, configs,
     side files; the manifest comes next. hashed((path, sha256)): each parameter file's hash as it was written."""
     _clear(tmp)  # (what an export stopped before it finished left)
