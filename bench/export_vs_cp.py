@@ -102,7 +102,7 @@ def main() -> int:
     print(f"{'source':16} {'GB in':>6} {'dsx s':>7} {'cp s':>7} {'ratio':>6} {'GB/s in':>8} {'GB out':>7} "
           f"{'peak MiB':>9} {'dsx cpu s':>9}")
     for kind, size, t_cp, t, peak, out, cpu in rows:
-        print(f"{kind:16} {size / 1e9:6.3f} {t:7.2f} {t_cp:7.2f} {t / t_cp:6.2f} {size / t / 1e9:8.3f} "
+        print(f"{kind:16} {size / 1e9:6.3f} {t:7.3f} {t_cp:7.3f} {t / t_cp:6.2f} {size / t / 1e9:8.3f} "
               f"{out / 1e9:7.3f} {peak / 2**20:9.0f} {cpu:9.2f}")
     return 0
 
