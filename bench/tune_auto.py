@@ -254,7 +254,8 @@ TABLES = {"wo": ROOT / "csrc" / "cuda" / "gemm_weight_only_tuned.inc", "fp8": RO
 # cards' tables each kernel has (a launch on a card without its own table uses the H200's)
 CARDS = {"h200": "H200 (132 SMs)", "h100": "H100 SXM (132 SMs)"}
 CARD_TABLES = {("wo", "h200"): TABLES["wo"], ("fp8", "h200"): TABLES["fp8"],
-               ("wo", "h100"): ROOT / "csrc" / "cuda" / "gemm_weight_only_tuned_h100.inc"}
+               ("wo", "h100"): ROOT / "csrc" / "cuda" / "gemm_weight_only_tuned_h100.inc",
+               ("fp8", "h100"): ROOT / "csrc" / "cuda" / "gemm_fp8_tuned_h100.inc"}
 COLUMNS = {"wo": "{bits, group, N, K, first row, last row, algo word}", "fp8": "{N, K, first M, last M, algo word}"}
 WHAT = {"wo": "the weight-only GEMM's", "fp8": "the block FP8 GEMM's"}
 

@@ -49,9 +49,8 @@ static int linear_fp8(int64_t m, int64_t n, int64_t k) {
   }
   return 0;
 }
-static int binary_fp8(int64_t m, int64_t n, int64_t k) {
-  const dsx_cuda::Fp8Tuned* t =
-      dsx_cuda::tuned_find(dsx_cuda::kFp8Tuned, dsx_cuda::kFp8TunedLen, std::make_tuple(n, k), m);
+static int binary_fp8(int64_t m, int64_t n, int64_t k) {  // (as gemm_fp8_api.cu's tuned(): the card's table)
+  const dsx_cuda::Fp8Tuned* t = dsx_cuda::fp8_tuned_find(dsx_cuda::tuned_card(132), n, k, m);
   return t ? t->algo : 0;
 }
 
@@ -137,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         if res.returncode:
             print(f"error: nvcc failed on the lookup program:\n{(res.stdout + res.stderr)[-3000:]}", file=sys.stderr)
             return 1
-        # (the weight-only lookup first asks which card's table applies, tuned_card.cuh: named here, as no device is
+        # (each lookup first asks which card's table applies, tuned_card.cuh: named here, as no device is
         # asked on a machine without one; on a GPU the judged card costs a cudaGetDevice and a cached load besides)
         run = subprocess.run([str(exe), str(a.iters)], capture_output=True, text=True,
                              env={**os.environ, "DSX_TUNED_CARD": "h200"})

@@ -254,6 +254,18 @@ def test_the_cards_tables_differ_where_the_h100_was_swept():
     assert len(moved) > 50 and all(row[:2] == (4, 64) and row[4] <= 8 for row in moved)
 
 
+def test_the_fp8_cards_tables_differ_where_the_h100_ran_other_words():
+    """The H100 SXM's block FP8 table is the H200's with the rows of the fifty-eighth session's sweep on an H100 (every
+    shape at M = 16, 32, 64, 128): their words differ at many rows, among them M = 128 at 7168x18432, where the
+    H200's word (the cooperative CUTLASS kernel) was 12% slower than the rules on the H100."""
+    def words(card):
+        return {e[:2] + (r,): e[4] for e in tune_auto.read_table(tune_auto.CARD_TABLES["fp8", card])
+                for r in range(e[2], e[3] + 1)}
+    h200, h100 = words("h200"), words("h100")
+    moved = {row for row in set(h200) | set(h100) if h200.get(row) != h100.get(row)}
+    assert len(moved) > 50 and (7168, 18432, 128) in moved
+
+
 def test_emit_a_table_then_a_sweep_of_other_rows(tmp_path):
     """`--emit TABLE.inc new.jsonl`: the new file decides the rows it swept (17..32 here); the table's
     other rows stay, and an entry of a swept row stays only where that sweep still times its word faster, or where
@@ -370,8 +382,9 @@ def fp8_problems(rows) -> list[str]:
     return out + overlaps(seen, "M")
 
 
-def test_fp8_table_entries_are_valid():
-    rows = tune_auto.read_table(tune_auto.TABLES["fp8"])
+@pytest.mark.parametrize("card", ["h200", "h100"])
+def test_fp8_table_entries_are_valid(card):
+    rows = tune_auto.read_table(tune_auto.CARD_TABLES["fp8", card])
     assert len(rows) >= 10, "the table lost its entries"
     assert fp8_problems(rows) == []
 
@@ -625,9 +638,9 @@ int main() {
 """
 
 
-@pytest.mark.skipif(GXX is None, reason="g++ not installed")
+@pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
 def test_binary_search_finds_what_a_scan_finds(tmp_path):
-    """tuned_find (host C++, compiled with g++) against a linear scan in Python on random sorted tables: every row
+    """tuned_find (host C++, compiled with nvcc) against a linear scan in Python on random sorted tables: every row
     around every entry's ends and shapes missing from the table; tuned_sorted refuses out-of-order pairs, overlapping
     or empty ranges and rows below 1 (the planted faults a hand edit of a table would bring)."""
     rng = random.Random(46)
@@ -653,8 +666,8 @@ def test_binary_search_finds_what_a_scan_finds(tmp_path):
            .replace("QUERIES", ", ".join(f"{{{n}, {k}, {r}}}" for n, k, r in queries))
            .replace("BAD", ", ".join("{" + ", ".join("{" + ", ".join(map(str, e)) + ", 1}" for e in pair) + "}"
                                      for pair in bad)))
-    (tmp_path / "s.cc").write_text(src)
-    res = subprocess.run([GXX, "-std=c++17", "-O1", f"-I{CUDA_DIR}", str(tmp_path / "s.cc"), "-o",
+    (tmp_path / "s.cu").write_text(src)
+    res = subprocess.run([NVCC, "-std=c++17", "-O1", f"-I{CUDA_DIR}", str(tmp_path / "s.cu"), "-o",
                           str(tmp_path / "s")], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-3000:]
     out = subprocess.run([str(tmp_path / "s")], capture_output=True, text=True, check=True).stdout.split("\n")
@@ -669,7 +682,8 @@ def test_binary_search_finds_what_a_scan_finds(tmp_path):
 @pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
 @pytest.mark.parametrize("unit,table", [("gemm_weight_only.cu", "gemm_weight_only_tuned.inc"),
                                         ("gemm_weight_only.cu", "gemm_weight_only_tuned_h100.inc"),
-                                        ("gemm_fp8_api.cu", "gemm_fp8_tuned.inc")])
+                                        ("gemm_fp8_api.cu", "gemm_fp8_tuned.inc"),
+                                        ("gemm_fp8_api.cu", "gemm_fp8_tuned_h100.inc")])
 def test_a_unit_refuses_a_table_out_of_order(tmp_path, unit, table):
     """A table hand-edited out of order would make the binary search miss entries silently: the unit's static_assert
     stops the build in nvcc's front end (-cuda: about a second), with that error alone (the unit as shipped builds:
@@ -690,3 +704,46 @@ def test_a_unit_refuses_a_table_out_of_order(tmp_path, unit, table):
     res = front_end()
     log = res.stdout + res.stderr
     assert res.returncode != 0 and f"{table} must be sorted" in log and "1 error detected" in log, log[-3000:]
+
+
+FP8_CARD_PROGRAM = r"""
+#include "gemm_fp8_tuned_table.cuh"
+#include <cstdio>
+int main() {
+  using namespace dsx_cuda;
+  const int64_t q[][3] = {QUERIES};
+  for (const int card : {kCardH200, kCardH100, kCardNone, kCardByDevice}) {
+    std::printf("card %d:", card);
+    for (const auto& x : q) {
+      const Fp8Tuned* t = fp8_tuned_find(card, x[0], x[1], x[2]);
+      std::printf(" %d", t ? t->algo : 0);
+    }
+    std::printf("\n");
+  }
+  return 0;
+}
+"""
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
+def test_an_fp8_launch_looks_in_its_cards_table(tmp_path):
+    """gemm_fp8_tuned_table.cuh's fp8_tuned_find (what gemm_fp8_api.cu's automatic choice asks with the card the launch
+    runs on, tuned_card.cuh): every row either card's table lists (and the row past it) gives the H200's table's
+    word for the H200, the H100 SXM's for the H100, nothing for a card of another SM count (kCardNone) nor for the
+    undecided code 0. tests/gpu checks the library's choice with the card forced, with data."""
+    def words(card):
+        return {e[:2] + (r,): e[4] for e in tune_auto.read_table(tune_auto.CARD_TABLES["fp8", card])
+                for r in range(e[2], e[3] + 1)}
+    tables = {"h200": words("h200"), "h100": words("h100")}
+    queries = sorted({(n, k, r + d) for t in tables.values() for n, k, r in t for d in (0, 1)} | {(7168, 2050, 16)})
+    (tmp_path / "f.cu").write_text(FP8_CARD_PROGRAM.replace("QUERIES", ", ".join(
+        "{" + ", ".join(map(str, x)) + "}" for x in queries)))
+    res = subprocess.run([NVCC, "-std=c++17", "-O1", f"-I{CUDA_DIR}", str(tmp_path / "f.cu"), "-o",
+                          str(tmp_path / "f")], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = subprocess.run([str(tmp_path / "f")], capture_output=True, text=True, check=True).stdout.splitlines()
+    got = {line.split(":")[0]: [int(v) for v in line.split(":")[1].split()] for line in out}
+    assert got["card 1"] == [tables["h200"].get(x, 0) for x in queries]
+    assert got["card 2"] == [tables["h100"].get(x, 0) for x in queries]
+    assert got["card 3"] == got["card 0"] == [0] * len(queries)
+    assert sum(a != b for a, b in zip(got["card 1"], got["card 2"])) >= 20  # (the card decides at those rows)

@@ -153,17 +153,17 @@ bool use_large(const GemmNt& g, Algo* a) {
 // against 41.63 for the large-M kernel's 128x192 tiles). So algo 0 (alone or with the PDL bit) first
 // looks the launch up in a table measured by bench/tune_auto.py --kernel fp8 (every weight GEMM shape of
 // DeepSeek-V3 at tp 1, 2, 4, 8 and M ranges up to 128; each word confirmed faster than the rules at both
-// ends of its range, interleaved in one process), on GPUs with the SM count it was measured on (and unless
-// DSX_TUNED_TABLES=0: tuned_tables.cuh); elsewhere, for launches it does not list, and where its word
-// cannot take the launch, the rules decide (the table: gemm_fp8_tuned_table.cuh).
+// ends of its range, interleaved in one process), in the table of the card the launch runs on (tuned_card.cuh:
+// the H200's or the H100 SXM's; unless DSX_TUNED_TABLES=0: tuned_tables.cuh); on cards of another SM count,
+// for launches it does not list, and where its word cannot take the launch, the rules decide (the tables:
+// gemm_fp8_tuned_table.cuh).
 
 // The table's word for an automatic launch (the PDL bit kept where the word is the small-M kernel, the
 // only one that takes it), else algo itself.
 int tuned(int64_t m, int64_t n, int64_t k, int algo) {
   if ((algo & ~(1 << kPdlBit)) != 0 || m < 1 || !dsx_cuda::tuned_tables_on()) return algo;
-  const dsx_cuda::Fp8Tuned* t =
-      dsx_cuda::tuned_find(dsx_cuda::kFp8Tuned, dsx_cuda::kFp8TunedLen, std::make_tuple(n, k), m);
-  if (!t || dsx_cuda::sm_count() != dsx_cuda::kFp8TunedSms) return algo;
+  const dsx_cuda::Fp8Tuned* t = dsx_cuda::fp8_tuned_find(dsx_cuda::tuned_card(dsx_cuda::sm_count()), n, k, m);
+  if (!t) return algo;
   return (t->algo & 15) == kSmall ? t->algo | (algo & (1 << kPdlBit)) : t->algo;
 }
 

@@ -1,5 +1,6 @@
-"""CUDA block FP8 GEMM: the measured table of the automatic choice (csrc/cuda/gemm_fp8_tuned.inc,
-bench/tune_auto.py --kernel fp8) on an H200.
+"""CUDA block FP8 GEMM: the measured tables of the automatic choice (csrc/cuda/gemm_fp8_tuned.inc, the H200's, and
+gemm_fp8_tuned_h100.inc, the H100 SXM's; bench/tune_auto.py --kernel fp8), on any 132-SM card made each table's card
+(cuda.as_card).
 
 Every entry must be what algo 0 runs at both ends of its M range (dsx_gemm_fp8_nt_resolve_cuda, and the
 same output bits as the entry's word: a word that could not take the launch would silently run the rules'
@@ -28,30 +29,48 @@ import tune_auto  # noqa: E402
 pytestmark = pytest.mark.skipif(not cuda.available(), reason="no CUDA device")
 
 TABLE = tune_auto.read_table(tune_auto.TABLES["fp8"])
+# the H100 SXM's table where it is not the H200's (its other entries are the same words, checked with the H200's)
+H100 = sorted(set(tune_auto.read_table(tune_auto.CARD_TABLES["fp8", "h100"])) - set(TABLE))
 PDL, SMALL = 1 << 28, 6
 
 
-@pytest.mark.parametrize("entry", TABLE, ids=lambda e: f"{e[0]}x{e[1]}-m{e[2]}..{e[3]}")
-def test_table_entry_is_what_auto_runs(entry):
+@pytest.mark.parametrize("card,entry", [("h200", e) for e in TABLE] + [("h100", e) for e in H100],
+                         ids=lambda v: v if isinstance(v, str) else f"{v[0]}x{v[1]}-m{v[2]}..{v[3]}")
+def test_table_entry_is_what_auto_runs(card, entry):
     n, k, lo, hi, w = entry
     skip_unless_h200()
     # (float64 only up to 16M weights: the larger references take minutes of host numpy; the same kernels)
     check = n * k <= 16 * 2**20
-    for m in sorted({lo, hi}):
-        assert cuda.gemm_fp8_resolve(m, n, k) == w, f"m {m}"
-        assert cuda.gemm_fp8_resolve(m, n, k, PDL) == (w | PDL if (w & 15) == SMALL else w), f"m {m} with PDL"
-        assert cuda.gemm_fp8_resolve(m, n, k, w) == w  # (an explicit word is left as it is)
-        a, sa, b, sb = make_gemm(np.random.default_rng([m, n, k]), m, n, k)
-        auto = cuda.gemm_fp8_nt(a, sa, b, sb)
-        assert np.array_equal(auto.view(np.uint16), cuda.gemm_fp8_nt(a, sa, b, sb, algo=w).view(np.uint16)), f"m {m}"
-        if check:
-            assert_gemm_close(auto, a, sa, b, sb, f"auto {(m, n, k)} = {w:#x}")
+    with cuda.as_card(card):
+        for m in sorted({lo, hi}):
+            assert cuda.gemm_fp8_resolve(m, n, k) == w, f"m {m}"
+            assert cuda.gemm_fp8_resolve(m, n, k, PDL) == (w | PDL if (w & 15) == SMALL else w), f"m {m} with PDL"
+            assert cuda.gemm_fp8_resolve(m, n, k, w) == w  # (an explicit word is left as it is)
+            a, sa, b, sb = make_gemm(np.random.default_rng([m, n, k]), m, n, k)
+            auto = cuda.gemm_fp8_nt(a, sa, b, sb)
+            same = cuda.gemm_fp8_nt(a, sa, b, sb, algo=w)
+            assert np.array_equal(auto.view(np.uint16), same.view(np.uint16)), f"m {m}"
+            if check:
+                assert_gemm_close(auto, a, sa, b, sb, f"auto {(m, n, k)} = {w:#x} ({card})")
+
+
+def test_a_launch_follows_the_card():
+    """Where the two tables' words differ, algo 0 resolves to the word of the card the process is made (and to the
+    rules' choice, 0, where that card's table lists nothing)."""
+    skip_unless_h200()
+    words = {card: {(m, n, k): w for n, k, lo, hi, w in tune_auto.read_table(tune_auto.CARD_TABLES["fp8", card])
+                    for m in range(lo, hi + 1)} for card in ("h200", "h100")}
+    moved = sorted(e for e in set(words["h200"]) | set(words["h100"]) if words["h200"].get(e) != words["h100"].get(e))
+    assert len(moved) > 50
+    for card in ("h200", "h100", "h200"):
+        with cuda.as_card(card):
+            assert [cuda.gemm_fp8_resolve(*e) for e in moved] == [words[card].get(e, 0) for e in moved], card
 
 
 def test_tables_off_leaves_auto_to_the_rules():
     """DSX_TUNED_TABLES=0 (bench/tune_auto.py's measuring runs): algo 0 resolves to itself at every entry."""
     skip_unless_h200()
-    ends = [(m, n, k) for n, k, lo, hi, _ in TABLE for m in sorted({lo, hi})]
+    ends = [(m, n, k) for n, k, lo, hi, _ in TABLE + H100 for m in sorted({lo, hi})]
     code = ("import sys; from ds_export.native import cuda; "
             f"print([cuda.gemm_fp8_resolve(*e) for e in {ends!r}])")
     env = {**os.environ, "DSX_TUNED_TABLES": "0"}
