@@ -272,7 +272,10 @@ def emit_table(paths: list[str], kernel: str = "wo", out=sys.stdout, card: str =
     A later file decides the rows it measured: its confirmed words replace what the files before it said of
     those rows, and an earlier entry of a row it swept stays only if that sweep still timed the entry's word
     more than the later run's --keep faster than the rules (a later run confirms only winners over --gain,
-    so an earlier 2.5-4% word would otherwise be lost to a sweep that found it again). Rows a file did not
+    so an earlier 2.5-4% word would otherwise be lost to a sweep that found it again); a confirmed word replaces
+    such an entry only where the sweep timed it --keep faster than the entry's word too (fifty-eighth session: the
+    H100's sweep over the H200's table swapped words the sweep timed within 1% of each other, and the H100 ran
+    16x36864x7168 2% slower for it). Rows a file did not
     sweep keep what earlier files said, and so does a row a file's sweep stands for without timing it (a row
     between two of its --ms) where the earlier entry was timed at that very row (forty-eighth session: a sweep
     at 1, 2, 4, 6, 8 rows took group 64's row 5 at 7168x18432 back to the rules, 27.7 -> 44.1 us)."""
@@ -293,6 +296,7 @@ def emit_table(paths: list[str], kernel: str = "wo", out=sys.stdout, card: str =
         keep, first = run.get("keep", 0.025), run.get("rows_from", 1)
         meta += [r for r in rows if r.get("meta")]
         swept: dict[tuple, dict[int, dict]] = {}
+        at_row: dict[tuple, dict] = {}  # (key..., row) -> the sweep that stands for the row
         for r in rows:
             if r.get("kind") == "sweep":
                 swept.setdefault(_row_key(r), {})[int(r["M"])] = r
@@ -302,6 +306,7 @@ def emit_table(paths: list[str], kernel: str = "wo", out=sys.stdout, card: str =
             span = ranges(sorted(at_m), first)
             for m, sw in at_m.items():
                 for row in range(span[m][0], span[m][1] + 1):
+                    at_row[key + (row,)] = sw
                     if row != m and str(row) in (taken.get(key + (row,)) or (0, 0, {}))[2]:
                         continue  # timed at this very row before, and not by this sweep: that word stays
                     old = taken.pop(key + (row,), None)
@@ -309,6 +314,13 @@ def emit_table(paths: list[str], kernel: str = "wo", out=sys.stdout, card: str =
                     if t is not None and sw.get("us_auto") and t < (1 - keep) * sw["us_auto"]:
                         taken[key + (row,)] = (old[0], old[1], {str(m): {"us_auto": sw["us_auto"], f"us_{old[1]}": t}}
                                                if row == m else {})
+        def take(full: tuple, r: dict) -> None:
+            old, sw = taken.get(full), at_row.get(full, {})
+            t_old, t_new = (sw.get(f"us_{old[1]}"), sw.get(f"us_{r['word']}")) if old else (None, None)
+            if t_old is not None and t_new is not None and t_new >= (1 - keep) * t_old:
+                return  # an earlier word the sweep timed about as fast stays (a switch needs evidence)
+            taken[full] = (r["value"], r["word"], {k: v for k, v in r["at"].items() if int(k) == full[-1]})
+
         for r in rows:
             if r.get("kind") != "confirm":
                 continue
@@ -316,13 +328,13 @@ def emit_table(paths: list[str], kernel: str = "wo", out=sys.stdout, card: str =
             lo, hi = r["rows"]
             if r["taken"]:
                 for row in range(lo, hi + 1):
-                    taken[key + (row,)] = (r["value"], r["word"], {k: v for k, v in r["at"].items() if int(k) == row})
+                    take(key + (row,), r)
                 continue
             # not confirmed over its range: an end where the word held by itself is an entry of that row
             # alone (the rules' cliffs: int8 group 128 7168x9216 at 7..8 rows, auto 23.67 / 34.06 us)
             for row, v in r["at"].items():
                 if v.get(f"us_{r['word']}", float("inf")) < (1 - keep) * v["us_auto"]:
-                    taken[key + (int(row),)] = (r["value"], r["word"], {row: v})
+                    take(key + (int(row),), r)
     # adjacent rows of one key with the same word become one entry
     entries = []
     for full in sorted(taken):

@@ -233,6 +233,31 @@ def test_emit_keeps_an_earlier_word_a_later_sweep_still_finds_faster(tmp_path):
     assert "M=5 31.0 -> 30.0" in out.getvalue() and "M=10 31.0 -> 29.0" in out.getvalue()
 
 
+def test_emit_a_new_word_replaces_an_earlier_one_only_where_the_sweep_timed_it_faster(tmp_path):
+    """A later run's confirmed word (over a range, or at one end alone) replaces an earlier entry that stays only
+    where its sweep timed the new word --keep faster than the entry's word too; where the sweep did not time the
+    entry's word, the confirmation decides (fifty-eighth session: words within 1% of each other swapped on the H100)."""
+    key, w1, w2 = (4, -1, 7168, 18432), "w8s8d2b2+50000000", "w8s4d2b1+30000000"
+    first, second = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    first.write_text("".join(json.dumps(r) + "\n" for r in [
+        {"meta": True, "date": "2026-12-01", "keep": 0.025},
+        _confirm(*key, (1, 8), w1, 0x50220088, True)]))
+    second.write_text("".join(json.dumps(r) + "\n" for r in [
+        {"meta": True, "date": "2026-12-02", "keep": 0.025},
+        _sweep(key, 2, 31.0, **{w1: 29.0, w2: 28.8}),  # 0.7% apart: the earlier word stays at 1..2
+        _sweep(key, 4, 31.0, **{w1: 29.0, w2: 28.0}),  # 3.4% faster: the new word at 3..4
+        _sweep(key, 6, 31.0, **{w1: 29.0}),  # the new word not timed: its confirmation decides at 5..6
+        _sweep(key, 8, 31.0, **{w1: 29.0, w2: 28.9}),
+        _confirm(*key, (1, 6), w2, 0x30120048, True, us=(31.0, 28.5)),
+        {**_confirm(*key, (7, 8), w2, 0x30120048, False, us=(31.0, 28.5)),  # one end held: 8 alone, about as fast
+         "at": {"7": {"us_auto": 31.0, f"us_{w2}": 30.9}, "8": {"us_auto": 31.0, f"us_{w2}": 28.5}}}]))
+    out = io.StringIO()
+    tune_auto.emit_table([str(first), str(second)], "wo", out=out)
+    table = tmp_path / "t.inc"
+    table.write_text(out.getvalue())
+    assert tune_auto.read_table(table) == [key + (1, 2, 0x50220088), key + (3, 6, 0x30120048), key + (7, 8, 0x50220088)]
+
+
 @pytest.mark.parametrize("kernel,card", sorted(tune_auto.CARD_TABLES))
 def test_a_shipped_table_re_emits_itself_byte_for_byte(kernel, card):
     """A table stands for the tune logs it was emitted from (they are not kept): read back whole, words,
