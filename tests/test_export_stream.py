@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import sys
@@ -132,6 +133,52 @@ def test_pdiparams_round_trip_and_dtypes(tmp_path):
         assert a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
     with pytest.raises(DsxError, match="declares float32 \\[3, 5\\]"):
         pdiparams.write_params(tmp_path / "bad", [("t", lambda: arrays[1], (3, 5), np.float32)])
+
+
+def test_pdiparams_write_behind_makes_the_next_tensor_while_one_is_written(tmp_path):
+    """write_params hashes and writes a tensor in its writer thread while the caller's thread makes the next one: the
+    next thunk runs before the tensor before it is reported written; pairs over `behind` bytes take turns (the
+    order of a synchronous writer; by default pairs up to the largest tensor, at least 64 MiB, overlap); the bytes and
+    the hash are the same either way."""
+    arrays = [np.full((256, 256), i, np.float32) for i in range(4)]  # 256 KiB each
+    overlapped = ["make 0", "make 1", "written 0", "make 2", "written 1", "make 3", "written 2", "written 3"]
+    in_turns = ["make 0", "written 0", "make 1", "written 1", "make 2", "written 2", "make 3", "written 3"]
+    for behind, want in [(1 << 20, overlapped), (300 << 10, in_turns), (0, in_turns), (None, overlapped)]:
+        events, digest = [], []
+
+        def make(i):
+            events.append(f"make {i}")
+            return arrays[i]
+
+        def written(n):
+            events.append(f"written {sum(e.startswith('written') for e in events)}")
+            assert n == arrays[0].nbytes
+        f = tmp_path / f"p{behind}.pdiparams"
+        pdiparams.write_params(f, [(f"t{i}", (lambda i=i: make(i)), (256, 256), np.float32) for i in range(4)],
+                               written=written, hashed=digest.append, behind=behind)
+        assert events == want, behind
+        assert digest == [hashlib.sha256(f.read_bytes()).hexdigest()]
+        assert [a.tobytes() for a in pdiparams.read_params(f)] == [a.tobytes() for a in arrays]
+
+
+def test_pdiparams_write_behind_failures_surface(tmp_path):
+    """A write that fails in the writer thread (a full disk: /dev/full) is raised by write_params, as is a thunk that
+    fails while a write is in flight; no writer thread is left behind."""
+    import threading
+
+    arrays = [np.ones((512, 512), np.float32)] * 3
+    if Path("/dev/full").exists():
+        with pytest.raises(OSError) as err:
+            pdiparams.write_params("/dev/full", [(f"t{i}", (lambda: arrays[0]), (512, 512), np.float32)
+                                                 for i in range(3)])
+        assert err.value.errno == 28  # ENOSPC
+
+    def boom():
+        raise DsxError("the second tensor failed")
+    with pytest.raises(DsxError, match="second tensor failed"):
+        pdiparams.write_params(tmp_path / "p", [("a", lambda: arrays[0], (512, 512), np.float32),
+                                                ("b", boom, (512, 512), np.float32)])
+    assert not [t for t in threading.enumerate() if t.name.startswith("dsx-pdiparams")]
 
 
 def test_streamed_export_memory_is_bounded(tmp_path):

@@ -352,3 +352,43 @@ def test_atomic_open_leaves_the_old_file_or_the_whole_new_one(tmp_path):
         with pytest.raises(UsageError, match="is a directory; expected a file path"):
             with atomic_open(d) as f:
                 f.write("x")
+
+
+def test_write_behind_writes_in_order_and_hands_the_first_failure_back():
+    """io.writer.WriteBehind (dsx quantize's chunks, dsx export's tensors): the sink runs in its own thread in put
+    order; flush returns once every item is written; the sink's first failure is raised at the next put / flush /
+    drain, the items after it are dropped; drain ends the thread."""
+    import threading
+
+    from ds_export.io.writer import WriteBehind
+
+    got, gate = [], threading.Event()
+
+    def sink(i, data):
+        gate.wait(5)
+        got.append((i, data))
+    wb = WriteBehind(sink, depth=2, name="dsx-test-wb")
+    wb.put(0, "a")
+    assert got == []  # (the sink waits on the gate: put returned before the write)
+    gate.set()
+    wb.put(1, "b")
+    wb.flush()
+    assert got == [(0, "a"), (1, "b")]
+    wb.drain()
+    assert not wb.t.is_alive()
+
+    def failing(i):
+        if i == 1:
+            raise OSError(28, "No space left on device")
+        got.append(i)
+    got.clear()
+    wb = WriteBehind(failing, depth=1)
+    wb.put(0)
+    wb.put(1)
+    with pytest.raises(OSError, match="No space"):
+        wb.flush()
+    with pytest.raises(OSError, match="No space"):
+        wb.put(2)
+    with pytest.raises(OSError, match="No space"):
+        wb.drain()
+    assert got == [0] and not wb.t.is_alive()

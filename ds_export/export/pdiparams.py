@@ -28,6 +28,7 @@ import ml_dtypes
 import numpy as np
 
 from ds_export.errors import DsxError
+from ds_export.io.writer import WriteBehind
 
 # VarType.Type values (paddle/fluid/framework/framework.proto)
 DTYPES = {np.dtype(np.bool_): 0, np.dtype(np.int16): 1, np.dtype(np.int32): 2, np.dtype(np.int64): 3,
@@ -57,31 +58,62 @@ def header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
 
 def write_params(path: str | os.PathLike, tensors: Iterable[tuple[str, Callable[[], np.ndarray], tuple, np.dtype]],
                  *, chunk: int = 64 << 20, written: Callable[[int], None] | None = None,
-                 hashed: Callable[[str], None] | None = None) -> int:
+                 hashed: Callable[[str], None] | None = None, behind: int | None = None) -> int:
     """Write (name, thunk, shape, dtype) in the given order (Paddle's: sorted by name); returns bytes.
 
     Each thunk is called once, its array checked against the declared shape and dtype, written,
-    and dropped before the next one; written(n): told each tensor's bytes once they are written; hashed(hex): the
-    file's sha256, of the bytes as they were written (the manifest records it without reading the file again).
+    and dropped; written(n): told each tensor's bytes once they are written (in the caller's thread); hashed(hex):
+    the file's sha256, of the bytes as they were written (the manifest records it without reading the file again).
+
+    Write-behind: one writer thread hashes and writes a tensor while the caller's thread makes the next one (both
+    release the GIL: hashlib and file writes on large buffers, numpy's casts and the native kernels), so an export
+    costs about the larger of the two instead of their sum. At most two tensors are alive, and two only while their
+    bytes together stay within `behind` (default: the largest declared tensor's bytes, at least 64 MiB, so the peak
+    stays about the synchronous writer's; larger pairs take turns; 0: never overlap). The first failure of either side
+    stops the file; a failed write surfaces at the next tensor.
     """
+    tensors = list(tensors)  # (the thunks stay lazy)
+    if behind is None:
+        behind = max([64 << 20] + [int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+                                   for _, _, shape, dtype in tensors])
     sha = hashlib.sha256()
+
+    def put(arr: np.ndarray) -> None:
+        head = header(arr.dtype, arr.shape)
+        f.write(head)
+        sha.update(head)
+        flat = arr.reshape(-1).view(np.uint8)
+        for i in range(0, flat.size, chunk):
+            piece = memoryview(flat[i:i + chunk])
+            f.write(piece)
+            sha.update(piece)
+
     with open(path, "wb") as f:
-        for name, thunk, shape, dtype in tensors:
-            arr = np.ascontiguousarray(thunk())
-            if tuple(arr.shape) != tuple(shape) or arr.dtype != np.dtype(dtype):
-                raise DsxError(f"pdiparams: {name} produced {arr.dtype} {list(arr.shape)}, the program declares "
-                               f"{np.dtype(dtype)} {list(shape)}")
-            head = header(arr.dtype, arr.shape)
-            f.write(head)
-            sha.update(head)
-            flat = arr.reshape(-1).view(np.uint8)
-            for i in range(0, flat.size, chunk):
-                piece = memoryview(flat[i:i + chunk])
-                f.write(piece)
-                sha.update(piece)
-            if written is not None:
-                written(flat.size)
-            del arr, flat
+        writer = WriteBehind(put, depth=1, name="dsx-pdiparams")
+        pending = None  # (the bytes of the tensor in the writer's hands)
+
+        def settle() -> None:
+            nonlocal pending
+            writer.flush()
+            if pending is not None and written is not None:
+                written(pending)
+            pending = None
+
+        try:
+            for name, thunk, shape, dtype in tensors:
+                if (pending or 0) + int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize > behind:
+                    settle()  # (the pair would not fit: the previous tensor first)
+                arr = np.ascontiguousarray(thunk())
+                if tuple(arr.shape) != tuple(shape) or arr.dtype != np.dtype(dtype):
+                    raise DsxError(f"pdiparams: {name} produced {arr.dtype} {list(arr.shape)}, the program declares "
+                                   f"{np.dtype(dtype)} {list(shape)}")
+                settle()
+                writer.put(arr)
+                pending = arr.nbytes
+                del arr
+            settle()
+        finally:
+            writer.drain()
         total = f.tell()
     if hashed is not None:
         hashed(sha.hexdigest())

@@ -15,8 +15,10 @@ import hashlib
 import json
 import math
 import os
+import queue
 import shutil
 import struct
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -169,6 +171,54 @@ class ShardWriter:
             self.abort()
         elif not self._f.closed:
             self.close()
+
+
+class WriteBehind:
+    """Runs sink(*item) for each put() item in a thread of its own, in order, so that writes overlap the caller's
+    next piece of work (dsx quantize's shard chunks, dsx export's parameter tensors).
+
+    At most `depth` items wait (they count against the caller's memory budget); flush() returns once every item put
+    is written, drain() also ends the thread. The first failure of the sink is raised to the caller at its next
+    put, flush or drain; the items after it are dropped unwritten.
+    """
+
+    def __init__(self, sink, depth: int = 2, name: str = "dsx-write-behind"):
+        self.sink = sink
+        self.q: queue.Queue = queue.Queue(maxsize=depth)
+        self.error: BaseException | None = None
+        self.t = threading.Thread(target=self._run, name=name, daemon=True)
+        self.t.start()
+
+    def _run(self):
+        while True:
+            item = self.q.get()
+            try:
+                if item is None:
+                    return
+                if self.error is None:
+                    try:
+                        self.sink(*item)
+                    except BaseException as e:  # noqa: BLE001 - handed to the caller
+                        self.error = e
+            finally:
+                self.q.task_done()
+
+    def _raise(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def put(self, *item) -> None:
+        self._raise()
+        self.q.put(item)
+
+    def flush(self) -> None:
+        self.q.join()
+        self._raise()
+
+    def drain(self) -> None:
+        self.q.put(None)
+        self.t.join()
+        self._raise()
 
 
 def write_file(path: str | os.PathLike, tensors: dict[str, np.ndarray], metadata: dict[str, str] | None = None) -> str:

@@ -39,8 +39,8 @@ from ds_export.interrupt import Stopped, ignore_sigint, wait_for_workers
 from ds_export.io.checkpoint import INDEX_NAME, Checkpoint
 from ds_export.io.dirlock import exclusive, shared
 from ds_export.io.manifest import MANIFEST_NAME, Manifest
-from ds_export.io.writer import (PARTIAL_SUFFIX, ShardWriter, atomic_write_json, check_out_apart, free_bytes,
-                                  write_index)
+from ds_export.io.writer import (PARTIAL_SUFFIX, ShardWriter, WriteBehind, atomic_write_json, check_out_apart,
+                                  free_bytes, write_index)
 from ds_export.quant.backend import CpuBackend, CudaBackend
 from ds_export.quant.plan import OutShard, Plan
 from ds_export.quant.transforms import convert
@@ -180,42 +180,6 @@ def _check_space(out: Path, need: int) -> None:
                        hint="free space or choose another --out")
 
 
-class _WriteBehind:
-    """Writes chunks in a thread of its own, so disk writes overlap the next chunk's conversion.
-
-    At most `depth` chunks wait in the queue (they count against the memory budget).
-    """
-
-    def __init__(self, w: ShardWriter, depth: int = 2):
-        self.w = w
-        self.q: queue.Queue = queue.Queue(maxsize=depth)
-        self.error: BaseException | None = None
-        self.t = threading.Thread(target=self._run, daemon=True)
-        self.t.start()
-
-    def _run(self):
-        while True:
-            item = self.q.get()
-            if item is None:
-                return
-            if self.error is None:
-                try:
-                    self.w.write(*item)
-                except BaseException as e:  # noqa: BLE001 - handed to the producer
-                    self.error = e
-
-    def write(self, name, data) -> None:
-        if self.error is not None:
-            raise self.error
-        self.q.put((name, data))
-
-    def drain(self) -> None:
-        self.q.put(None)
-        self.t.join()
-        if self.error is not None:
-            raise self.error
-
-
 _local = threading.local()  # a GPU worker process: its checkpoint, backend, progress queue and stop event
 
 
@@ -275,13 +239,13 @@ def _write_shard(ck: Checkpoint, out: Path, shard: OutShard, chunk_bytes: int, t
             raise Stopped(shard.file)  # (ShardWriter removes the partial file)
 
     with ShardWriter(path, shard.entries(), {"format": "pt"}) as w:
-        wb = _WriteBehind(w)
+        wb = WriteBehind(w.write)
         try:
             for task in shard.tasks:
                 if stop.is_set():
                     raise Stopped(shard.file)
                 reporter.tensor(task.src)
-                convert(ck, task, wb.write, chunk_bytes=chunk_bytes, backend=backend, progress=progress)
+                convert(ck, task, wb.put, chunk_bytes=chunk_bytes, backend=backend, progress=progress)
         finally:
             wb.drain()
         sha = w.close()
