@@ -10,20 +10,25 @@ import pytest
 from ds_export.formats._arrays import count_non_finite, transposed
 
 
+@pytest.mark.parametrize("piece", [1 << 18, 64, 7])  # (the values are checked a piece at a time)
 @pytest.mark.parametrize("dtype", [ml_dtypes.bfloat16, np.float16, np.float32])
-def test_count_non_finite_matches_isfinite(dtype):
+def test_count_non_finite_matches_isfinite(dtype, piece):
     rng = np.random.default_rng(0)
     a = (rng.standard_normal((37, 129)) * 100).astype(dtype)
-    assert count_non_finite(a) == (0, -1)
+    assert count_non_finite(a, piece) == (0, -1)
     flat = a.reshape(-1)
     for i, v in ((5, np.inf), (700, -np.inf), (4000, np.nan), (4001, -np.nan)):
         flat[i] = v
     ref = ~np.isfinite(a.astype(np.float32).reshape(-1))
-    assert count_non_finite(a) == (int(ref.sum()), int(np.argmax(ref))) == (4, 5)
+    assert count_non_finite(a, piece) == (int(ref.sum()), int(np.argmax(ref))) == (4, 5)
+    flat[5] = 1
+    assert count_non_finite(a, piece) == (3, 700)  # (the first in a later piece)
+    assert count_non_finite(a[:, ::2], piece) == (1, 31 * 65 + 1)  # (a strided view: row-major order; 4001 kept)
+    assert count_non_finite(np.zeros((0, 3), dtype), piece) == (0, -1)
     # every 16-bit pattern: the bits test against isfinite through float32
     if a.dtype.itemsize == 2:
         every = np.arange(1 << 16, dtype=np.uint16).view(a.dtype)
-        assert count_non_finite(every)[0] == int((~np.isfinite(every.astype(np.float32))).sum())
+        assert count_non_finite(every, piece)[0] == int((~np.isfinite(every.astype(np.float32))).sum())
 
 
 @pytest.mark.parametrize("shape,rows", [((1, 1), 32), ((33, 7), 32), ((64, 129), 32), ((100, 3), 7), ((5, 40), 64)])
