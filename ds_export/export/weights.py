@@ -267,17 +267,27 @@ class _Reader:
         stored = self.ckpt.info(name).dtype
         if ST_TO_NP.get(stored) == self.dt:
             a = self.finite(name, np.asarray(self.ckpt.get(name)))
+        elif self.dt.itemsize < 4:
+            a = self._narrowed(name, role, mtp)
+            bad, first = count_non_finite(a)  # (one check of the narrowed values; which fault, only on a fault)
+            if bad:
+                wide = self.float32(name, role, mtp)  # (NaN / Inf stored: the corrupt tensor's error, here)
+                raise DsxError(f"{self.ckpt.shard_of(name).path}: tensor {name!r}: {bad} value(s) beyond "
+                               f"{self.dt.name}'s range (the first at flat index {first}, {wide.reshape(-1)[first]:g})",
+                               hint="export with --dtype bfloat16 or float32")
         else:
-            with np.errstate(over="ignore"):  # (counted below, in the message)
-                a = self.float32(name, role, mtp).astype(self.dt, copy=False)
-            if self.dt.itemsize < 4:
-                bad, first = count_non_finite(a)
-                if bad:
-                    raise DsxError(f"{self.ckpt.shard_of(name).path}: tensor {name!r}: {bad} value(s) beyond "
-                                   f"{self.dt.name}'s range (the first at flat index {first}, "
-                                   f"{self.float32(name, role, mtp).reshape(-1)[first]:g})",
-                                   hint="export with --dtype bfloat16 or float32")
+            a = self.float32(name, role, mtp)
         return transposed(a) if transpose else np.ascontiguousarray(a)
+
+    def _narrowed(self, name: str, role: str, mtp: bool) -> np.ndarray:
+        """A tensor in the 16-bit export dtype, not checked: block FP8 straight to bfloat16 by the native dequant
+        (its float32 products rounded to nearest even, as the cast of the float32 dequant rounds them: the same bits,
+        without a float32 copy of the tensor), else through float32."""
+        if self.ckpt.info(name).dtype == "F8_E4M3" and self.dt == ml_dtypes.bfloat16 and not self.reference:
+            sinv = self._companion(name, ds.SCALE_SUFFIX, "FP8")
+            return fp8_block.dequant_native(self.ckpt.get(name), sinv, self.block, "bfloat16")
+        with np.errstate(over="ignore"):  # (counted by the caller)
+            return self._float32(name, role, mtp).astype(self.dt, copy=False)
 
     def tensor(self, name: str, role: str, mtp: bool = False):
         ck, stored = self.ckpt, self.ckpt.info(name).dtype
