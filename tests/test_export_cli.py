@@ -249,6 +249,8 @@ def test_generate_refuses_an_edit_that_keeps_the_size(exported, tmp_path, capsys
 
 @pytest.mark.parametrize("tensor,value,dtype", [
     ("model.layers.1.self_attn.q_a_proj.weight", b"\x7f", "float32"),  # an e4m3 NaN code: dequantized
+    ("model.layers.1.self_attn.q_a_proj.weight", b"\x7f", "bfloat16"),  # the same, dequantized straight to bf16
+    ("model.layers.1.self_attn.q_a_proj.weight", b"\xff", "float16"),  # (-NaN) through float32, then cast
     ("model.layers.2.input_layernorm.weight", b"\x80\x7f", "float32"),  # a bf16 +Inf norm weight
     ("model.layers.2.input_layernorm.weight", b"\x80\x7f", "bfloat16"),  # the same, written as it is stored
     ("lm_head.weight", b"\xc0\xff", "bfloat16"),  # a bf16 NaN in the head, transposed as it is written
