@@ -7,7 +7,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from ds_export.formats._arrays import count_non_finite, transposed
+from ds_export.formats._arrays import _transpose_fn, count_non_finite, transposed, transposed_ref
 
 
 @pytest.mark.parametrize("piece", [1 << 18, 64, 7])  # (the values are checked a piece at a time)
@@ -32,8 +32,37 @@ def test_count_non_finite_matches_isfinite(dtype, piece):
 
 
 @pytest.mark.parametrize("shape,rows", [((1, 1), 32), ((33, 7), 32), ((64, 129), 32), ((100, 3), 7), ((5, 40), 64)])
-def test_transposed_is_a_contiguous_T(shape, rows):
+def test_transposed_ref_is_a_contiguous_T(shape, rows):
     a = np.arange(np.prod(shape), dtype=np.uint16).reshape(shape).view(ml_dtypes.bfloat16)
-    t = transposed(a, rows)
+    t = transposed_ref(a, rows)
     assert t.flags.c_contiguous and t.dtype == a.dtype and t.shape == shape[::-1]
     assert np.array_equal(t.view(np.uint16), a.view(np.uint16).T)
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, ml_dtypes.float8_e4m3fn, ml_dtypes.bfloat16, np.float16, np.float32,
+                                   np.int32, np.float64, "S3"])
+@pytest.mark.parametrize("shape", [(1, 1), (0, 5), (5, 0), (15, 17), (16, 16), (33, 7), (517, 1029)])
+def test_transposed_native_matches_the_reference_bit_for_bit(dtype, shape):
+    """csrc's blocked transpose (1, 2, 4, 8-byte elements, tiles of 16 and ragged edges) against transposed_ref on
+    random bits; another element size (3 bytes) takes the reference; a strided input is copied first."""
+    rng = np.random.default_rng(list(shape))
+    dt = np.dtype(dtype)
+    a = rng.integers(0, 256, (*shape, dt.itemsize), dtype=np.uint8).view(dt).reshape(shape)
+    t = transposed(a)
+    assert t.flags.c_contiguous and t.dtype == dt and t.shape == shape[::-1]
+    assert t.tobytes() == transposed_ref(a).tobytes() == np.ascontiguousarray(a.T).tobytes()
+    if shape[1] > 2:
+        view = a[:, 1::2]
+        assert transposed(view).tobytes() == np.ascontiguousarray(view.T).tobytes()
+
+
+def test_transpose_kernel_refuses_what_it_cannot_move():
+    from ds_export.native import ptr
+
+    a, out = np.zeros((4, 6), np.uint8), np.zeros((6, 4), np.uint8)
+    fn = _transpose_fn()
+    assert fn(ptr(a), 4, 6, 1, ptr(out)) == 0
+    assert fn(ptr(a), 4, 2, 3, ptr(out)) == -1  # (3-byte elements)
+    assert fn(ptr(a), -1, 6, 1, ptr(out)) == -1
+    assert fn(None, 4, 6, 1, ptr(out)) == -1
+    assert fn(None, 0, 6, 1, None) == 0  # (nothing to move)

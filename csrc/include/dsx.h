@@ -59,5 +59,6 @@ int dsx_cpu_simd(int on);
 #include "dsx/gemm_weight_only.h"
 #include "dsx/quant_cuda.h"
 #include "dsx/mla_decode.h"
+#include "dsx/layout.h"
 
 #endif /* DSX_H_ */
