@@ -314,6 +314,7 @@ def emit_table(paths: list[str], kernel: str = "wo", out=sys.stdout, card: str =
                     if t is not None and sw.get("us_auto") and t < (1 - keep) * sw["us_auto"]:
                         taken[key + (row,)] = (old[0], old[1], {str(m): {"us_auto": sw["us_auto"], f"us_{old[1]}": t}}
                                                if row == m else {})
+
         def take(full: tuple, r: dict) -> None:
             old, sw = taken.get(full), at_row.get(full, {})
             t_old, t_new = (sw.get(f"us_{old[1]}"), sw.get(f"us_{r['word']}")) if old else (None, None)

@@ -77,18 +77,17 @@ def write_params(path: str | os.PathLike, tensors: Iterable[tuple[str, Callable[
         behind = max([64 << 20] + [int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
                                    for _, _, shape, dtype in tensors])
     sha = hashlib.sha256()
-
-    def put(arr: np.ndarray) -> None:
-        head = header(arr.dtype, arr.shape)
-        f.write(head)
-        sha.update(head)
-        flat = arr.reshape(-1).view(np.uint8)
-        for i in range(0, flat.size, chunk):
-            piece = memoryview(flat[i:i + chunk])
-            f.write(piece)
-            sha.update(piece)
-
     with open(path, "wb") as f:
+        def put(arr: np.ndarray) -> None:  # (the writer thread's part)
+            head = header(arr.dtype, arr.shape)
+            f.write(head)
+            sha.update(head)
+            flat = arr.reshape(-1).view(np.uint8)
+            for i in range(0, flat.size, chunk):
+                piece = memoryview(flat[i:i + chunk])
+                f.write(piece)
+                sha.update(piece)
+
         writer = WriteBehind(put, depth=1, name="dsx-pdiparams")
         pending = None  # (the bytes of the tensor in the writer's hands)
 
