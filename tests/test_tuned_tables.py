@@ -279,14 +279,17 @@ def test_the_cards_tables_differ_where_the_h100_was_swept():
     assert len(moved) > 50 and all(row[:2] == (4, 64) and row[4] <= 8 for row in moved)
 
 
+def fp8_words_by_row(card: str) -> dict[tuple[int, int, int], int]:
+    """{(N, K, M): word} of every row the card's block FP8 table lists."""
+    return {e[:2] + (r,): e[4] for e in tune_auto.read_table(tune_auto.CARD_TABLES["fp8", card])
+            for r in range(e[2], e[3] + 1)}
+
+
 def test_the_fp8_cards_tables_differ_where_the_h100_ran_other_words():
     """The H100 SXM's block FP8 table is the H200's with the rows of the fifty-eighth session's sweep on an H100 (every
     shape at M = 16, 32, 64, 128): their words differ at many rows, among them M = 128 at 7168x18432, where the
     H200's word (the cooperative CUTLASS kernel) was 12% slower than the rules on the H100."""
-    def words(card):
-        return {e[:2] + (r,): e[4] for e in tune_auto.read_table(tune_auto.CARD_TABLES["fp8", card])
-                for r in range(e[2], e[3] + 1)}
-    h200, h100 = words("h200"), words("h100")
+    h200, h100 = fp8_words_by_row("h200"), fp8_words_by_row("h100")
     moved = {row for row in set(h200) | set(h100) if h200.get(row) != h100.get(row)}
     assert len(moved) > 50 and (7168, 18432, 128) in moved
 
@@ -756,10 +759,7 @@ def test_an_fp8_launch_looks_in_its_cards_table(tmp_path):
     runs on, tuned_card.cuh): every row either card's table lists (and the row past it) gives the H200's table's
     word for the H200, the H100 SXM's for the H100, nothing for a card of another SM count (kCardNone) nor for the
     undecided code 0. tests/gpu checks the library's choice with the card forced, with data."""
-    def words(card):
-        return {e[:2] + (r,): e[4] for e in tune_auto.read_table(tune_auto.CARD_TABLES["fp8", card])
-                for r in range(e[2], e[3] + 1)}
-    tables = {"h200": words("h200"), "h100": words("h100")}
+    tables = {"h200": fp8_words_by_row("h200"), "h100": fp8_words_by_row("h100")}
     queries = sorted({(n, k, r + d) for t in tables.values() for n, k, r in t for d in (0, 1)} | {(7168, 2050, 16)})
     (tmp_path / "f.cu").write_text(FP8_CARD_PROGRAM.replace("QUERIES", ", ".join(
         "{" + ", ".join(map(str, x)) + "}" for x in queries)))

@@ -73,9 +73,9 @@ def write_params(path: str | os.PathLike, tensors: Iterable[tuple[str, Callable[
     stops the file; a failed write surfaces at the next tensor.
     """
     tensors = list(tensors)  # (the thunks stay lazy)
+    sizes = [int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize for _, _, shape, dtype in tensors]
     if behind is None:
-        behind = max([64 << 20] + [int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-                                   for _, _, shape, dtype in tensors])
+        behind = max([64 << 20] + sizes)
     sha = hashlib.sha256()
     with open(path, "wb") as f:
         def put(arr: np.ndarray) -> None:  # (the writer thread's part)
@@ -99,8 +99,8 @@ def write_params(path: str | os.PathLike, tensors: Iterable[tuple[str, Callable[
             pending = None
 
         try:
-            for name, thunk, shape, dtype in tensors:
-                if (pending or 0) + int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize > behind:
+            for (name, thunk, shape, dtype), size in zip(tensors, sizes):
+                if (pending or 0) + size > behind:
                     settle()  # (the pair would not fit: the previous tensor first)
                 arr = np.ascontiguousarray(thunk())
                 if tuple(arr.shape) != tuple(shape) or arr.dtype != np.dtype(dtype):
