@@ -17,6 +17,8 @@ automatic choice consults first on GPUs with the SM count it was measured on:
 
     python bench/tune_auto.py --kernel wo|fp8 --out DIR [--tp 1,2,4,8] [--ms ...] [--layouts 4,-1/8,128]
     python bench/tune_auto.py --kernel wo|fp8 --emit DIR/tune.jsonl [...] [--card h100] > csrc/cuda/<its table>
+    python bench/tune_auto.py --kernel wo --emit TABLE.inc DIR/tune.jsonl ... --slower DIR/ab.log ... (rows an A/B
+                  of TABLE against the new words timed slower keep TABLE's word)
     python bench/tune_auto.py --kernel wo|fp8 --changed OLD.inc NEW.inc      (the rows an A/B of the two must time)
 
 The first form measures (DIR/tune.jsonl: every sweep and confirmation row); the second, anywhere, turns
@@ -266,7 +268,23 @@ def _row_key(r: dict) -> tuple:
     return tuple(r.get(f) for f in ("bits", "group", "N", "K"))  # (rows written before "key")
 
 
-def emit_table(paths: list[str], kernel: str = "wo", out=sys.stdout, card: str = "h200") -> int:
+# a line of bench/wo_ab.sh's output: layout, shape, row, the new build's and the old build's median us
+_AB_LINE = re.compile(r"^(\d+)/(-?\d+) (\d+)x(\d+) M=\s*(\d+) new\s+([\d.]+) old\s+([\d.]+)")
+
+
+def ab_slower_rows(path: str, margin: float = 0.02) -> set[tuple[int, ...]]:
+    """The rows (bits, group, N, K, M) that an A/B of two weight-only builds (bench/wo_ab.sh's lines, as
+    bench/wo_retune.sh's ab.log keeps them) timed more than `margin` slower with the new build than with the old."""
+    rows = set()
+    for line in Path(path).read_text().splitlines():
+        m = _AB_LINE.match(line)
+        if m and float(m[6]) > (1 + margin) * float(m[7]):
+            rows.add(tuple(int(v) for v in m.groups()[:5]))
+    return rows
+
+
+def emit_table(paths: list[str], kernel: str = "wo", out=sys.stdout, card: str = "h200",
+               slower: list[str] = ()) -> int:
     """The confirmed words of `kernel` in the given tune.jsonl files as its table for `card` (to `out`).
 
     A later file decides the rows it measured: its confirmed words replace what the files before it said of
@@ -278,8 +296,13 @@ def emit_table(paths: list[str], kernel: str = "wo", out=sys.stdout, card: str =
     16x36864x7168 2% slower for it). Rows a file did not
     sweep keep what earlier files said, and so does a row a file's sweep stands for without timing it (a row
     between two of its --ms) where the earlier entry was timed at that very row (forty-eighth session: a sweep
-    at 1, 2, 4, 6, 8 rows took group 64's row 5 at 7168x18432 back to the rules, 27.7 -> 44.1 us)."""
+    at 1, 2, 4, 6, 8 rows took group 64's row 5 at 7168x18432 back to the rules, 27.7 -> 44.1 us).
+    `slower`: A/B logs of the first file (a table) against a build of what the files decide (bench/wo_retune.sh's
+    ab.log); a row they timed over 2% slower keeps the first table's word (the rules where it has none): the
+    sweep and the A/B measure apart, and where they disagree the table a deployment runs stays (fifty-ninth
+    session: 13 of 115 rows of the H100's int4 per-channel re-sweep, 7168x256 M = 8 4.47 -> 4.72 us)."""
     taken, meta = {}, []  # (key..., row) -> (value, word, {row: times} where measured)
+    first_table: dict | None = None  # the first file's rows, where it is a table
     for p in paths:
         if p.endswith(".inc"):  # a table written before: its entries, as if confirmed by a file before the next
             dates, entries = read_table_entries(Path(p))
@@ -289,7 +312,11 @@ def emit_table(paths: list[str], kernel: str = "wo", out=sys.stdout, card: str =
                     raise ValueError(f"{p}: an entry without its word: {key + (lo, hi)}")
                 for row in range(lo, hi + 1):
                     taken[key + (row,)] = (value, word, {k: v for k, v in at.items() if int(k) == row})
+            if first_table is None:
+                first_table = dict(taken)
             continue
+        if first_table is None:
+            first_table = {}
         with open(p) as fh:
             rows = [r for r in map(json.loads, fh) if r.get("kernel", "wo") == kernel]
         run = next((r for r in rows if r.get("meta")), {})
@@ -336,6 +363,13 @@ def emit_table(paths: list[str], kernel: str = "wo", out=sys.stdout, card: str =
             for row, v in r["at"].items():
                 if v.get(f"us_{r['word']}", float("inf")) < (1 - keep) * v["us_auto"]:
                     take(key + (int(row),), r)
+    if slower and not paths[0].endswith(".inc"):
+        raise ValueError("--slower: the A/B's old table must come first among the --emit files")
+    for full in set().union(*(ab_slower_rows(p) for p in slower)):
+        if full in first_table:
+            taken[full] = first_table[full]
+        else:
+            taken.pop(full, None)
     # adjacent rows of one key with the same word become one entry
     entries = []
     for full in sorted(taken):
@@ -443,12 +477,14 @@ def main() -> int:
     ap.add_argument("--emit", nargs="+", metavar="TUNE_JSONL", help="write the table from these measurements instead (a .inc table may come first)")
     ap.add_argument("--card", choices=sorted(CARDS), default="h200",
                     help="--emit: the card the measurements were made on (its table: CARD_TABLES)")
+    ap.add_argument("--slower", nargs="+", default=[], metavar="AB_LOG",
+                    help="--emit: rows these A/B logs timed over 2%% slower keep the first (.inc) file's word")
     ap.add_argument("--changed", nargs=2, metavar=("OLD_INC", "NEW_INC"), help="print the rows where two tables' words differ")
     args = ap.parse_args()
     if args.changed:
         return print_changed(*args.changed, args.kernel)
     if args.emit:
-        return emit_table(args.emit, args.kernel, card=args.card)
+        return emit_table(args.emit, args.kernel, card=args.card, slower=args.slower)
     args.ms = args.ms or ("1,4,8,16" if args.kernel == "wo" else "16,32,64,128")
     if args.kernel == "wo":  # (refused before any GPU work)
         band_candidates([int(m) for m in args.ms.split(",")], args.rows_from)

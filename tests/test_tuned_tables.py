@@ -319,6 +319,42 @@ def test_emit_a_table_then_a_sweep_of_other_rows(tmp_path):
     assert "M=9 31.0 -> 30.0, M=16 33.5 -> 31" in out.getvalue() and "2026-12-01, 2026-12-02" in out.getvalue()
 
 
+def test_emit_keeps_the_first_tables_word_where_an_ab_timed_the_new_one_slower(tmp_path):
+    """`--emit TABLE.inc new.jsonl --slower ab.log`: a row the A/B (bench/wo_ab.sh's lines) timed over 2% slower with
+    the new word keeps TABLE's word there, or goes back to the rules where TABLE had none; rows within 2% or faster
+    take the new word; the log's other lines are ignored."""
+    key, w1, w2 = (4, -1, 7168, 256), "w8s8d2b2+50000000", "w8s4d2b1+30000000"
+    base = tmp_path / "base.inc"
+    base.write_text("// automatic choice at DeepSeek-V3's tensor-parallel shapes, H100 SXM (132 SMs), 2026-12-01.\n"
+                    f"{{4, -1, 7168, 256, 1, 4, 0x50220088}},  // {w1}: M=1 5.0 -> 4.5, M=4 5.0 -> 4.6\n")
+    new = tmp_path / "b.jsonl"
+    new.write_text("".join(json.dumps(r) + "\n" for r in [
+        {"meta": True, "date": "2026-12-06", "keep": 0.025, "rows_from": 1},
+        *[_sweep(key, m, 5.0, **{w1: 4.8, w2: 4.3}) for m in range(1, 9)],
+        _confirm(*key, (1, 8), w2, 0x30120048, True, us=(5.0, 4.3))]))
+    ab = tmp_path / "ab.log"
+    ab.write_text("== A/B\n"
+                  "4/-1 7168x256 M= 2 new    4.59 old    4.47 torch    4.33 x0.943 (old x0.968)  cfg (8, 1, 2, 2, 1)\n"
+                  "4/-1 7168x256 M= 3 new    4.55 old    4.47 torch    4.33 x0.952 (old x0.968)  cfg (8, 1, 2, 2, 1)\n"
+                  "4/-1 7168x256 M= 7 new    4.63 old    4.44 torch    4.33 x0.935 (old x0.975)  cfg (8, 1, 2, 2, 1)\n"
+                  "4/128 7168x256 M= 8 new    9.00 old    4.00 torch    4.33\n"  # another layout: not this key
+                  "A/B: 4 rows, old 17.38 -> new 22.77 us summed (+31.0%)\n")
+    rows = {}
+    for slower in ([], [str(ab)]):
+        out = io.StringIO()
+        tune_auto.emit_table([str(base), str(new)], "wo", out=out, slower=slower)
+        table = tmp_path / "t.inc"
+        table.write_text(out.getvalue())
+        rows[bool(slower)] = tune_auto.read_table(table)
+    assert rows[False] == [key + (1, 8, 0x30120048)]
+    # 2 (2.7% slower) keeps the table's word, 3 (1.8%) does not; 7 had no entry: the rules
+    assert rows[True] == [key + (1, 1, 0x30120048), key + (2, 2, 0x50220088), key + (3, 6, 0x30120048),
+                          key + (8, 8, 0x30120048)]
+    assert tune_auto.ab_slower_rows(str(ab)) == {(4, -1, 7168, 256, 2), (4, -1, 7168, 256, 7), (4, 128, 7168, 256, 8)}
+    with pytest.raises(ValueError, match="old table must come first"):
+        tune_auto.emit_table([str(new)], "wo", out=io.StringIO(), slower=[str(ab)])
+
+
 def test_emit_a_sweep_of_33_to_64_rows_over_the_shipped_table(tmp_path):
     """A 33..64-row sweep (--ms 40,48,56,64 --rows-from 33) emitted over the shipped table: the table's entries stay
     as they were, the confirmed words become entries of their ranges from row 33, and the result is a valid table."""
