@@ -595,14 +595,15 @@ def test_a_device_is_the_card_of_its_sm_count_and_nearest_bandwidth(tmp_path):
     """tuned_card.cuh: a 132-SM device is the H200 or the H100 SXM by the ratio of its memory bandwidth to theirs
     (an H100 NVL or a 4.0 TB/s GH200 the H100's, a 4.9 TB/s GH200 the H200's; unknown bandwidth the H200's), a card
     of another SM count none; DSX_TUNED_CARD forces one (h200 / h100; anything else judges by the device) and the
-    switch sets it at any time, 7 refused. (Host code; without a device the judging falls back to the SM count.)"""
+    switch sets it at any time, 7 refused. (Host code, run with no device visible, so that the judging falls back
+    to the SM count on a GPU machine too: there an H100 judged itself the H100, fifty-ninth session.)"""
     (tmp_path / "c.cu").write_text(CARD_PROGRAM)
     res = subprocess.run([NVCC, "-std=c++17", "-O1", f"-I{CUDA_DIR}", str(tmp_path / "c.cu"), "-o",
                           str(tmp_path / "c")], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-3000:]
 
     def run(card=None):
-        env = {k: v for k, v in os.environ.items() if k != "DSX_TUNED_CARD"}
+        env = {k: v for k, v in os.environ.items() if k != "DSX_TUNED_CARD"} | {"CUDA_VISIBLE_DEVICES": ""}
         return subprocess.run([str(tmp_path / "c")], capture_output=True, text=True, check=True,
                               env={**env, **({"DSX_TUNED_CARD": card} if card is not None else {})}).stdout
     assert run().splitlines() == ["1 2 2 2 1 1 3 3 ", "forced 0", "switch 0 2 2 1 -1"]
