@@ -457,8 +457,10 @@ constexpr WsTuned kWsTuned[] = {
 #include "gemm_weight_only_tuned.inc"
     {0, 0, 0, 0, 0, 0, 0},  // (end)
 };
-// The H100 SXM's (fifty-second session's sweep of int4 group 64 at rows 1..8 on one, over the H200's table: 79 rows
-// of 24 shapes changed, -3.3% summed there; on an H200 the same words were +3.3%): tuned_card.cuh's cards.
+// The H100 SXM's: the H200's table re-swept on an H100 (bench/wo_retune.sh CARD=h100) for int4 group 64 at rows 1..8
+// (fifty-second session: 79 rows changed, -3.3% summed there; on an H200 the same words were +3.3%), then int4 per
+// channel, group 128 and group 64 and int8 per channel at rows 1..16 (fifty-ninth: 300 rows, -3.1% summed in their
+// A/Bs); int8 group 128 and rows above 16 are the H200's words. tuned_card.cuh's cards.
 constexpr WsTuned kWsTunedH100[] = {
 #include "gemm_weight_only_tuned_h100.inc"
     {0, 0, 0, 0, 0, 0, 0},  // (end)

@@ -1,5 +1,5 @@
-"""CUDA weight-only GEMM: the measured table of the automatic choice (csrc/cuda/gemm_weight_only_tuned.inc,
-bench/tune_auto.py) on an H200.
+"""CUDA weight-only GEMM: the measured tables of the automatic choice (csrc/cuda/gemm_weight_only_tuned.inc for
+the H200, gemm_weight_only_tuned_h100.inc for the H100 SXM; bench/tune_auto.py), on either card.
 
 Every entry must be what auto takes at both ends of its row range (the same launch configuration and
 path as the entry's word; a word that did not fit would silently fall back to the rules), and auto's
@@ -105,22 +105,24 @@ def test_table_shapes_right_against_float64(card, key):
                 assert same(a, run_raw(xm, q, s, bits, group, 0)), "not reproducible"
 
 
-def test_tables_off_leaves_auto_to_the_rules():
-    """DSX_TUNED_TABLES=0 (bench/tune_auto.py's measuring runs): the rules alone. Every entry was confirmed
-    faster than the rules' choice at both ends of its range, so with the table off auto must resolve to
-    another configuration or path than the entry's word at every end."""
+@pytest.mark.parametrize("card", ["h200", "h100"])
+def test_tables_off_leaves_auto_to_the_rules(card):
+    """DSX_TUNED_TABLES=0 (bench/tune_auto.py's measuring runs): the rules alone. Every entry of either card's table
+    was confirmed faster than the rules' choice at both ends of its range (on that card), so with the tables off auto
+    must resolve to another configuration or path than the entry's word at every end."""
     skip_unless_h200()
-    ends = [(m, n, k, bits, group) for bits, group, n, k, lo, hi, _ in TABLE for m in sorted({lo, hi})]
+    table = tune_auto.read_table(tune_auto.CARD_TABLES["wo", card])
+    ends = [(m, n, k, bits, group) for bits, group, n, k, lo, hi, _ in table for m in sorted({lo, hi})]
     code = ("import json; from ds_export.native import gemm_weight_only as G; "
             f"print(json.dumps([[G.cuda_config(*e), G.cuda_path(*e)] for e in {ends!r}]))")
     env = {**os.environ, "DSX_TUNED_TABLES": "0"}
     off = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                                     check=True).stdout)
-    words = [w for *_, lo, hi, w in TABLE for _ in sorted({lo, hi})]
+    words = [w for *_, lo, hi, w in table for _ in sorted({lo, hi})]
     same = [(e, f"{w:#x}") for e, w, o in zip(ends, words, off)
             if o == [G.cuda_config(*e, w), G.cuda_path(*e, w)]]
     assert same == [], f"{len(same)} of {len(ends)} ends: the rules' own choice"
-    with cuda.as_card("h200"):  # (this process: the table; on an H100 too)
+    with cuda.as_card(card):  # (this process: the card's table, on either card)
         assert all([G.cuda_config(*e), G.cuda_path(*e)] == [G.cuda_config(*e, w), G.cuda_path(*e, w)]
                    for e, w in zip(ends, words))
     with cuda.rules_only():  # (the switch at run time, dsx_tuned_tables_cuda: the same as the environment's)
