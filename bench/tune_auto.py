@@ -363,6 +363,8 @@ def emit_table(paths: list[str], kernel: str = "wo", out=sys.stdout, card: str =
             for row, v in r["at"].items():
                 if v.get(f"us_{r['word']}", float("inf")) < (1 - keep) * v["us_auto"]:
                     take(key + (int(row),), r)
+    if slower and kernel != "wo":
+        raise ValueError("--slower reads bench/wo_ab.sh's lines: --kernel wo only")
     if slower and not paths[0].endswith(".inc"):
         raise ValueError("--slower: the A/B's old table must come first among the --emit files")
     for full in set().union(*(ab_slower_rows(p) for p in slower)):
@@ -484,7 +486,10 @@ def main() -> int:
     if args.changed:
         return print_changed(*args.changed, args.kernel)
     if args.emit:
-        return emit_table(args.emit, args.kernel, card=args.card, slower=args.slower)
+        try:
+            return emit_table(args.emit, args.kernel, card=args.card, slower=args.slower)
+        except ValueError as e:  # (a file that is not what --emit reads: one line, no table written)
+            sys.exit(f"tune_auto --emit: {e}")
     args.ms = args.ms or ("1,4,8,16" if args.kernel == "wo" else "16,32,64,128")
     if args.kernel == "wo":  # (refused before any GPU work)
         band_candidates([int(m) for m in args.ms.split(",")], args.rows_from)

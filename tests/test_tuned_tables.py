@@ -356,6 +356,13 @@ def test_emit_keeps_the_first_tables_word_where_an_ab_timed_the_new_one_slower(t
     assert tune_auto.ab_slower_rows(str(ab)) == {(4, -1, 7168, 256, 2), (4, -1, 7168, 256, 7), (4, 128, 7168, 256, 8)}
     with pytest.raises(ValueError, match="old table must come first"):
         tune_auto.emit_table([str(new)], "wo", out=io.StringIO(), slower=[str(ab)])
+    with pytest.raises(ValueError, match="--kernel wo only"):
+        tune_auto.emit_table([str(base), str(new)], "fp8", out=io.StringIO(), slower=[str(ab)])
+    res = subprocess.run([sys.executable, str(Path(tune_auto.__file__)), "--kernel", "wo", "--emit", str(new),
+                          "--slower", str(ab)], capture_output=True, text=True)
+    assert res.returncode == 1 and res.stdout == "" and "Traceback" not in res.stderr
+    assert res.stderr.strip() == ("tune_auto --emit: --slower: the A/B's old table must come first among the "
+                                  "--emit files")
 
 
 def test_emit_a_sweep_of_33_to_64_rows_over_the_shipped_table(tmp_path):
