@@ -392,3 +392,50 @@ def test_write_behind_writes_in_order_and_hands_the_first_failure_back():
     with pytest.raises(OSError, match="No space"):
         wb.drain()
     assert got == [0] and not wb.t.is_alive()
+
+
+def test_write_hashed_hashes_beside_the_writes_and_waits_for_both(tmp_path):
+    """io.writer.write_hashed (ShardWriter's bytes, dsx export's parameter files): the bytes are written in pieces of
+    at most `chunk` and hashed whole; from `beside` bytes up the hash runs in a thread of its own while the writes go
+    on (a write here waits until the hash has started), smaller buffers are hashed in the caller's thread; it returns
+    once both are done, also when a write fails."""
+    import hashlib
+    import threading
+
+    from ds_export.io.writer import write_hashed
+
+    data = np.random.default_rng(3).integers(0, 256, 3 << 20, dtype=np.uint8)
+    for n, chunk in [(0, 7), (5, 2), ((1 << 20) - 1, 1 << 18), (3 << 20, (1 << 20) + 3)]:
+        pieces, sha = [], hashlib.sha256()
+        assert write_hashed(lambda p: pieces.append(bytes(p)), sha, data[:n], chunk) == n
+        assert b"".join(pieces) == data[:n].tobytes() and all(len(p) <= chunk for p in pieces)
+        assert sha.hexdigest() == hashlib.sha256(data[:n].tobytes()).hexdigest(), n
+
+    class Sha:  # (hashlib's object cannot be watched: this one tells where and when it ran)
+        def __init__(self):
+            self.started, self.threads, self.n = threading.Event(), [], 0
+
+        def update(self, b):
+            self.started.set()
+            self.threads.append(threading.current_thread().name)
+            time.sleep(0.05)
+            self.n += memoryview(b).nbytes
+
+    sha, waited = Sha(), []
+
+    def write(piece):
+        waited.append(sha.started.wait(5))
+    assert write_hashed(write, sha, data, 1 << 20) == data.nbytes
+    assert waited == [True] * 3 and sha.threads == ["dsx-hash"] and sha.n == data.nbytes
+    sha = Sha()
+    write_hashed(lambda p: None, sha, data[:100])
+    assert sha.threads == [threading.current_thread().name]
+
+    sha = Sha()
+
+    def full(piece):
+        raise OSError(28, "No space left on device")
+    with pytest.raises(OSError, match="No space"):
+        write_hashed(full, sha, data)
+    assert sha.n == data.nbytes  # (the hash of the buffer finished before the error came back)
+    assert not [t for t in threading.enumerate() if t.name == "dsx-hash"]

@@ -28,7 +28,7 @@ import ml_dtypes
 import numpy as np
 
 from ds_export.errors import DsxError
-from ds_export.io.writer import WriteBehind
+from ds_export.io.writer import WriteBehind, write_hashed
 
 # VarType.Type values (paddle/fluid/framework/framework.proto)
 DTYPES = {np.dtype(np.bool_): 0, np.dtype(np.int16): 1, np.dtype(np.int32): 2, np.dtype(np.int64): 3,
@@ -65,11 +65,12 @@ def write_params(path: str | os.PathLike, tensors: Iterable[tuple[str, Callable[
     and dropped; written(n): told each tensor's bytes once they are written (in the caller's thread); hashed(hex):
     the file's sha256, of the bytes as they were written (the manifest records it without reading the file again).
 
-    Write-behind: one writer thread hashes and writes a tensor while the caller's thread makes the next one (both
-    release the GIL: hashlib and file writes on large buffers, numpy's casts and the native kernels), so an export
-    costs about the larger of the two instead of their sum. At most two tensors are alive, and two only while their
-    bytes together stay within `behind` (default: the largest declared tensor's bytes, at least 64 MiB, so the peak
-    stays about the synchronous writer's; larger pairs take turns; 0: never overlap). The first failure of either side
+    Write-behind: one writer thread writes a tensor (and one more hashes it beside the writes: io.writer.write_hashed)
+    while the caller's thread makes the next one (all release the GIL: hashlib and file writes on large buffers,
+    numpy's casts and the native kernels), so an export costs about the largest of the three instead of their sum.
+    At most two tensors are alive, and two only while their bytes together stay within `behind` (default: the largest
+    declared tensor's bytes, at least 64 MiB, so the peak stays about the synchronous writer's; larger pairs take
+    turns; 0: never overlap). The first failure of either side
     stops the file; a failed write surfaces at the next tensor.
     """
     tensors = list(tensors)  # (the thunks stay lazy)
@@ -78,15 +79,9 @@ def write_params(path: str | os.PathLike, tensors: Iterable[tuple[str, Callable[
         behind = max([64 << 20] + sizes)
     sha = hashlib.sha256()
     with open(path, "wb") as f:
-        def put(arr: np.ndarray) -> None:  # (the writer thread's part)
-            head = header(arr.dtype, arr.shape)
-            f.write(head)
-            sha.update(head)
-            flat = arr.reshape(-1).view(np.uint8)
-            for i in range(0, flat.size, chunk):
-                piece = memoryview(flat[i:i + chunk])
-                f.write(piece)
-                sha.update(piece)
+        def put(arr: np.ndarray) -> None:  # (the writer thread's part; it hashes in one more thread as it writes)
+            write_hashed(f.write, sha, header(arr.dtype, arr.shape))
+            write_hashed(f.write, sha, arr.reshape(-1).view(np.uint8), chunk)
 
         writer = WriteBehind(put, depth=1, name="dsx-pdiparams")
         pending = None  # (the bytes of the tensor in the writer's hands)

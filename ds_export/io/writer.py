@@ -89,6 +89,39 @@ def _named(path: Path):
         raise
 
 
+def write_hashed(write, sha, buf, chunk: int = 64 << 20, beside: int = 1 << 20) -> int:
+    """write(piece) for `buf` in pieces of at most `chunk` bytes and sha.update(buf); returns the bytes.
+
+    From `beside` bytes up the hash runs in a thread of its own while this one writes the same bytes (hashlib and file
+    writes both release the GIL on large buffers), so the two take the longer of their times instead of the sum: on
+    the dev VM sha256 runs at 1.7 GB/s and writes into the page cache at 1.1-2.4 GB/s, and dsx export's writer thread
+    did both one after the other for every byte. Returns only once both are done (the caller may reuse `buf`), also
+    when a write fails."""
+    mv = memoryview(buf).cast("B")
+    if mv.nbytes < beside:
+        for i in range(0, mv.nbytes, chunk):
+            write(mv[i:i + chunk])
+        sha.update(mv)
+        return mv.nbytes
+    failed: list[BaseException] = []
+
+    def run():
+        try:
+            sha.update(mv)
+        except BaseException as e:  # noqa: BLE001 - raised in the caller's thread below
+            failed.append(e)
+    t = threading.Thread(target=run, name="dsx-hash", daemon=True)
+    t.start()
+    try:
+        for i in range(0, mv.nbytes, chunk):
+            write(mv[i:i + chunk])
+    finally:
+        t.join()
+    if failed:
+        raise failed[0]
+    return mv.nbytes
+
+
 class ShardWriter:
     """Write the planned entries in order; `close()` publishes the file atomically."""
 
@@ -107,11 +140,8 @@ class ShardWriter:
         self._skip_empty()
 
     def _put(self, b) -> None:
-        mv = memoryview(b).cast("B")
         with _named(self.path):
-            self._f.write(mv)
-        self._sha.update(mv)
-        self.size += mv.nbytes
+            self.size += write_hashed(self._f.write, self._sha, b)
 
     def _skip_empty(self) -> None:
         while self._i < len(self.entries) and self._left == 0:
