@@ -70,8 +70,8 @@ def write_params(path: str | os.PathLike, tensors: Iterable[tuple[str, Callable[
     numpy's casts and the native kernels), so an export costs about the largest of the three instead of their sum.
     At most two tensors are alive, and two only while their bytes together stay within `behind` (default: the largest
     declared tensor's bytes, at least 64 MiB, so the peak stays about the synchronous writer's; larger pairs take
-    turns; 0: never overlap). The first failure of either side
-    stops the file; a failed write surfaces at the next tensor.
+    turns; 0: never overlap). The first failure of either side stops the file; a failed write surfaces at the next
+    tensor.
     """
     tensors = list(tensors)  # (the thunks stay lazy)
     sizes = [int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize for _, _, shape, dtype in tensors]
