@@ -20,6 +20,7 @@ automatic choice consults first on GPUs with the SM count it was measured on:
     python bench/tune_auto.py --kernel wo --emit TABLE.inc DIR/tune.jsonl ... --slower DIR/ab.log ... (rows an A/B
                   of TABLE against the new words timed slower keep TABLE's word)
     python bench/tune_auto.py --kernel wo|fp8 --changed OLD.inc NEW.inc      (the rows an A/B of the two must time)
+    python bench/tune_auto.py --ab-summary DIR/ab.log      (an A/B's sums and the rows that moved over 2%)
 
 The first form measures (DIR/tune.jsonl: every sweep and confirmation row); the second, anywhere, turns
 confirmed rows into the table. The measuring form runs with DSX_TUNED_TABLES=0, so that "auto" is the
@@ -272,15 +273,29 @@ def _row_key(r: dict) -> tuple:
 _AB_LINE = re.compile(r"^(\d+)/(-?\d+) (\d+)x(\d+) M=\s*(\d+) new\s+([\d.]+) old\s+([\d.]+)")
 
 
+def ab_rows(path: str) -> list[tuple[tuple[int, ...], float, float]]:
+    """The rows an A/B of two weight-only builds timed (bench/wo_ab.sh's lines, as bench/wo_retune.sh's ab.log keeps
+    them), in order: ((bits, group, N, K, M), new us, old us); the log's other lines are skipped."""
+    return [(tuple(int(v) for v in m.groups()[:5]), float(m[6]), float(m[7]))
+            for m in map(_AB_LINE.match, Path(path).read_text().splitlines()) if m]
+
+
 def ab_slower_rows(path: str, margin: float = 0.02) -> set[tuple[int, ...]]:
-    """The rows (bits, group, N, K, M) that an A/B of two weight-only builds (bench/wo_ab.sh's lines, as
-    bench/wo_retune.sh's ab.log keeps them) timed more than `margin` slower with the new build than with the old."""
-    rows = set()
-    for line in Path(path).read_text().splitlines():
-        m = _AB_LINE.match(line)
-        if m and float(m[6]) > (1 + margin) * float(m[7]):
-            rows.add(tuple(int(v) for v in m.groups()[:5]))
-    return rows
+    """The rows (bits, group, N, K, M) that an A/B's log timed more than `margin` slower with the new build."""
+    return {row for row, new, old in ab_rows(path) if new > (1 + margin) * old}
+
+
+def print_ab_summary(path: str) -> int:
+    """--ab-summary AB_LOG: the rows' sums, old -> new, and the rows that moved more than 2% either way."""
+    rows = ab_rows(path)
+    if rows:
+        new, old = sum(r[1] for r in rows), sum(r[2] for r in rows)
+        def moved(f):
+            return ", ".join(f"{r[2]}x{r[3]} M={r[4]} {o} -> {n}" for r, n, o in rows if f(n / o)) or "-"
+        print(f"A/B: {len(rows)} rows, old {old:.2f} -> new {new:.2f} us summed ({100 * (new / old - 1):+.1f}%)")
+        print(f"  over 2% faster: {moved(lambda r: r < 0.98)}")
+        print(f"  over 2% slower: {moved(lambda r: r > 1.02)}")
+    return 0
 
 
 def emit_table(paths: list[str], kernel: str = "wo", out=sys.stdout, card: str = "h200",
@@ -481,10 +496,13 @@ def main() -> int:
                     help="--emit: the card the measurements were made on (its table: CARD_TABLES)")
     ap.add_argument("--slower", nargs="+", default=[], metavar="AB_LOG",
                     help="--emit: rows these A/B logs timed over 2%% slower keep the first (.inc) file's word")
+    ap.add_argument("--ab-summary", metavar="AB_LOG", help="sum an A/B log of bench/wo_ab.sh's lines")
     ap.add_argument("--changed", nargs=2, metavar=("OLD_INC", "NEW_INC"), help="print the rows where two tables' words differ")
     args = ap.parse_args()
     if args.changed:
         return print_changed(*args.changed, args.kernel)
+    if args.ab_summary:
+        return print_ab_summary(args.ab_summary)
     if args.emit:
         try:
             return emit_table(args.emit, args.kernel, card=args.card, slower=args.slower)

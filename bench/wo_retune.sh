@@ -90,15 +90,5 @@ fi
     ROUNDS="${ROUNDS:-4}" bench/wo_ab.sh < /dev/null
 done | tee "$out/ab.log"
 # summed over the rows timed, and the rows that moved more than 2% either way
-python3 - "$out/ab.log" <<'PY' | tee -a "$out/ab.log"
-import re, sys
-rows = [(m[1], int(m[2]), float(m[3]), float(m[4])) for m in
-        (re.match(r"\S+ (\S+) M=\s*(\d+) new\s+([\d.]+) old\s+([\d.]+)", line) for line in open(sys.argv[1])) if m]
-if rows:
-    new, old = sum(r[2] for r in rows), sum(r[3] for r in rows)
-    moved = lambda f: ", ".join(f"{s} M={m} {o} -> {n}" for s, m, n, o in rows if f(n / o)) or "-"
-    print(f"A/B: {len(rows)} rows, old {old:.2f} -> new {new:.2f} us summed ({100 * (new / old - 1):+.1f}%)")
-    print(f"  over 2% faster: {moved(lambda r: r < 0.98)}")
-    print(f"  over 2% slower: {moved(lambda r: r > 1.02)}")
-PY
+python3 bench/tune_auto.py --ab-summary "$out/ab.log" | tee -a "$out/ab.log"
 rm -rf "$work"

@@ -365,6 +365,20 @@ def test_emit_keeps_the_first_tables_word_where_an_ab_timed_the_new_one_slower(t
                                   "--emit files")
 
 
+def test_ab_summary_sums_the_rows_and_names_those_that_moved(tmp_path, capsys):
+    """`--ab-summary ab.log` (bench/wo_retune.sh's last lines): the rows' sums and the rows over 2% either way."""
+    ab = tmp_path / "ab.log"
+    ab.write_text("4/-1 7168x256 M= 2 new    4.59 old    4.47 torch    4.33\n"
+                  "4/-1 7168x256 M= 3 new    4.00 old    4.47 torch    4.33\n"
+                  "4/128 512x7168 M=12 new    6.00 old    6.05 torch    7.00\n"
+                  "not a row\n")
+    assert tune_auto.print_ab_summary(str(ab)) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "A/B: 3 rows, old 14.99 -> new 14.59 us summed (-2.7%)",
+        "  over 2% faster: 7168x256 M=3 4.47 -> 4.0",
+        "  over 2% slower: 7168x256 M=2 4.47 -> 4.59"]
+
+
 def test_emit_a_sweep_of_33_to_64_rows_over_the_shipped_table(tmp_path):
     """A 33..64-row sweep (--ms 40,48,56,64 --rows-from 33) emitted over the shipped table: the table's entries stay
     as they were, the confirmed words become entries of their ranges from row 33, and the result is a valid table."""
