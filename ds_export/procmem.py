@@ -1,11 +1,12 @@
-"""Peak memory of a process tree, as the quantize goal counts it: RssAnon + RssShmem summed over processes.
-
-File pages of mmapped inputs (RssFile) are not counted: the kernel can drop
-them at will. Used by bench/ and by the bounded-memory test.
+"""Process memory: the peak of a process tree, as the quantize goal counts it (RssAnon + RssShmem summed over
+processes; file pages of mmapped inputs, RssFile, are not counted: the kernel can drop them at will; used by bench/
+and by the bounded-memory test), and malloc's setting for exports (reuse_freed_pages).
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import os
 import subprocess
 import threading
@@ -24,9 +25,33 @@ def memory_available() -> int | None:
     return None
 
 
+@functools.lru_cache(maxsize=None)  # (once a process: the setting is the process's)
+def reuse_freed_pages() -> bool:
+    """Have glibc's malloc keep freed memory for the next allocation rather than hand it back to the kernel.
+
+    By default every allocation of 32 MiB or more is a fresh mapping, unmapped again when freed: an export makes each
+    tensor (a dequantized or transposed weight, a vocabulary-sized head) in new pages and pays the kernel a page fault
+    and a zeroed page for every 4 KiB of it, twice for a weight that is dequantized and then transposed (on the
+    dev VM about 0.4 s a GB, half of an FP8 checkpoint's export's system time). With mappings off and the heap's top
+    not trimmed, a tensor lands in the pages its predecessor freed; the peak stays the same (the largest tensors
+    alive at once), and it is not returned to the kernel before the process ends. Returns whether it took (False on
+    another libc: nothing changes)."""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+    m_trim_threshold, m_mmap_max = -1, -4  # (malloc.h; a big request that finds no room in the heap still maps)
+    return mallopt(m_mmap_max, 0) == 1 and mallopt(m_trim_threshold, 2**31 - 1) == 1
+
+
 def _children(pid: int) -> list[int]:
     out = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:  # (the process is gone)
+        return out
+    for task in tasks:
         try:
             out += [int(c) for c in (task / "children").read_text().split()]
         except OSError:

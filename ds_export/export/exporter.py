@@ -43,6 +43,7 @@ from ds_export.io.dirlock import exclusive, shared
 from ds_export.io.manifest import MANIFEST_NAME, Manifest, export_manifest, require_finished
 from ds_export.io.writer import atomic_write_json, check_out_apart, free_bytes
 from ds_export.models import deepseek_v3 as ds
+from ds_export.procmem import reuse_freed_pages
 from ds_export.progress import QUIET, Reporter, nothing
 from ds_export.units import human_bytes
 
@@ -159,6 +160,7 @@ def _rank_process(src: str, tmp: str, r: int, tp: int, dtype: str, max_seq_len: 
     from ds_export.export.weights import load_weights
 
     quiet_paddle()
+    reuse_freed_pages()
     with Checkpoint.open(src) as ck:
         _write_rank(load_weights(ck, dtype, include_mtp=speculate, lazy=True), Path(tmp), r, tp, max_seq_len,
                     speculate, built, written, hashed)
@@ -291,8 +293,10 @@ def export(src: str | os.PathLike, out: str | os.PathLike, *, dtype: str = "floa
            block_size: int = 64, tp: int = 1, speculate: bool = False, draft_tokens: int = 1,
            force: bool = False, workers: int | None = None, progress: Reporter = QUIET) -> dict:
     """workers: rank processes at once for tp > 1 (None: default_workers; 1: one rank after another). progress: told
-    the programs built, the parameters' bytes written and the files hashed, as they are (ds_export.progress)."""
+    the programs built, the parameters' bytes written and the files hashed, as they are (ds_export.progress).
+    Sets this process's malloc to reuse freed pages (procmem.reuse_freed_pages), as the rank processes do."""
     quiet_paddle()
+    reuse_freed_pages()
 
     from ds_export.export.weights import load_weights
 
