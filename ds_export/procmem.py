@@ -29,10 +29,11 @@ def memory_available() -> int | None:
 def reuse_freed_pages() -> bool:
     """Have glibc's malloc keep freed memory for the next allocation rather than hand it back to the kernel.
 
-    By default every allocation of 32 MiB or more is a fresh mapping, unmapped again when freed: an export makes each
-    tensor (a dequantized or transposed weight, a vocabulary-sized head) in new pages and pays the kernel a page fault
-    and a zeroed page for every 4 KiB of it, twice for a weight that is dequantized and then transposed (on the
-    dev VM about 0.4 s a GB, half of an FP8 checkpoint's export's system time). With mappings off and the heap's top
+    By default an allocation above malloc's mapping threshold (128 KiB, rising to at most 32 MiB as mapped chunks are
+    freed) is a fresh mapping, unmapped again when freed: an export makes each tensor (a dequantized or transposed
+    weight, a vocabulary-sized head) in new pages and pays the kernel a page fault and a zeroed page for every 4 KiB
+    of it, twice for a weight that is dequantized and then transposed (on the dev VM about 0.4 s a GB, a third of an
+    FP8 checkpoint's export's system time). With mappings off and the heap's top
     not trimmed, a tensor lands in the pages its predecessor freed; the peak stays the same (the largest tensors
     alive at once), and it is not returned to the kernel before the process ends. Returns whether it took (False on
     another libc: nothing changes)."""

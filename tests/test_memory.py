@@ -50,7 +50,6 @@ def test_peak_memory_is_bounded_by_the_chunk_budget(wide_ckpt, tmp_path, typ):
         assert large - small > OUT_MIB[typ] * 2**20 // 2
 
 
-
 _RESIDENT = """
 import ctypes, mmap, sys
 import numpy as np
@@ -82,6 +81,7 @@ def test_reuse_freed_pages_lands_the_next_tensor_in_freed_pages():
 
     assert resident("plain") == ("None", 0.0)
     assert resident("reuse") == ("True", 1.0)
+
 
 def test_export_sets_reuse_freed_pages(tmp_path, monkeypatch):
     """dsx export (and each rank process, `_rank_process`) reuses freed pages: a tensor made per weight (dequantized,
