@@ -18,6 +18,7 @@ clean stop, the same one line, exit code 143.
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from contextlib import contextmanager, nullcontext
@@ -47,10 +48,25 @@ def handle_stop_signals() -> None:
     does, here and in ctrl_c_as_flag / sigint_blocked, whatever SIGINT's state (a background job of a script starts
     with SIGINT ignored). Before, the process died where it stood, or printed Paddle's C++ "FatalError" block, and
     left its staging behind. Either signal is also noted (stop_requested): a KeyboardInterrupt raised inside a C
-    extension can come out as another exception (Paddle's graph tracing turns it into a SystemError)."""
+    extension can come out as another exception (Paddle's graph tracing turns it into a SystemError), and one raised
+    where Python cannot raise (a weakref callback, `__del__`: "Exception ignored in ...", seen under an export's
+    import lock) is dropped silently: the stop is noted, and a command checks it before it publishes its output."""
+    sys.unraisablehook = _quiet_stops(sys.unraisablehook)
     signal.signal(signal.SIGTERM, _on_sigterm)
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # (not where SIGINT is ignored)
         signal.signal(signal.SIGINT, _on_sigint)
+
+
+def _quiet_stops(hook):
+    """sys.unraisablehook that drops a KeyboardInterrupt of a noted stop (else `hook`'s traceback on stderr)."""
+    if getattr(hook, "dsx_quiet_stops", False):
+        return hook
+
+    def quiet(u):
+        if not (isinstance(u.exc_value, KeyboardInterrupt) and _stopped[0]):
+            hook(u)
+    quiet.dsx_quiet_stops = True
+    return quiet
 
 
 def terminated() -> bool:

@@ -345,6 +345,8 @@ def export(src: str | os.PathLike, out: str | os.PathLike, *, dtype: str = "floa
                                   workers=workers, progress=progress, hashed=lambda h: digests.__setitem__(*h))
                     del weights
                     m = _manifest(tmp, src, dtype, tp, speculate, progress, digests)
+                    if stop_requested():  # (a stop whose KeyboardInterrupt Python dropped: a weakref callback's)
+                        raise KeyboardInterrupt
                     _publish(tmp, out, aside)
                 except BaseException as e:
                     # Ctrl-C or a failure (rank processes, if any, are stopped by now): an export starts over, so its
