@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -260,6 +261,18 @@ def ab_row(pb: Problem, m: int, rng, words: list, rounds: int, anchor: bool = Tr
     row.update({f"us_{k}": round(v, 2) for k, v in t.items()})
     if "torch" in t:
         row.update({f"x_{k}": round(t["torch"] / v, 3) for k, v in t.items() if k != "torch"})
+        # The outputs, checked as the timing ran them (this build's automatic choice, and the --alt-lib build's):
+        # the largest difference from torch's, in units of torch's rms (bench/tune_auto.py --ab-summary flags a row
+        # where the new build's is far above the old's; --emit --slower keeps the old word there).
+        ref = (tx @ tw[0].t()).float()
+        rms = float(ref.square().mean().sqrt().item()) or 1.0
+        for name, fn in [("auto", run)] + ([("alt", ALT["fn"])] if ALT else []):
+            out.fill_bytes(0xFF)  # (NaN: an output the launch left unwritten shows)
+            _ok(fn(dx[0].ptr, pb.dq[0].ptr, pb.ds[0].ptr, out.ptr, m, pb.n, pb.k, pb.bits, pb.group, 90, 0, None))
+            cuda.synchronize()
+            got = torch.from_numpy(out.numpy().view(np.int16)).cuda().view(torch.bfloat16).float()
+            err = float((got - ref).abs().max().item()) / rms
+            row[f"err_{name}"] = round(err, 4) if math.isfinite(err) else "nan"
     return row
 
 

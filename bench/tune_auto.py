@@ -44,6 +44,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import re
 import sys
@@ -285,8 +286,41 @@ def ab_slower_rows(path: str, margin: float = 0.02) -> set[tuple[int, ...]]:
     return {row for row, new, old in ab_rows(path) if new > (1 + margin) * old}
 
 
+# the same line's output check (bench/gpu_gemm_weight_only.py's ab_row, since the sixty-first session): each build's
+# largest difference from torch's output, in units of torch's rms ("nan": a NaN in the output; "-": not checked)
+_AB_ERR = re.compile(r" err new (\S+) old (\S+)")
+# a new build's output is off where its error is NaN, or over both this floor and twice the old build's (bf16
+# rounding of a right output leaves a few hundredths; a wrong tile or a lost split sum, the order of 1)
+ERR_FLOOR, ERR_FACTOR = 0.1, 2.0
+
+
+def _err(v: str) -> float | None:
+    return None if v == "-" else math.inf if v == "nan" else float(v)
+
+
+def ab_errors(path: str) -> dict[tuple[int, ...], tuple[float, float | None]]:
+    """{(bits, group, N, K, M): (the new build's error, the old build's)} of the rows whose outputs an A/B's log
+    checked (its lines with "err new E old E"; NaN as inf)."""
+    errs = {}
+    for line in Path(path).read_text().splitlines():
+        m, e = _AB_LINE.match(line), _AB_ERR.search(line)
+        if m and e and _err(e[1]) is not None:
+            errs[tuple(int(v) for v in m.groups()[:5])] = (_err(e[1]), _err(e[2]))
+    return errs
+
+
+def ab_wrong_rows(path: str) -> set[tuple[int, ...]]:
+    """The rows whose new output an A/B's log found off: NaN, or an error over ERR_FLOOR and ERR_FACTOR times the old
+    build's (the old one's error taken as 0 where not checked, or NaN)."""
+    def off(new: float, old: float | None) -> bool:
+        base = old if old is not None and math.isfinite(old) else 0.0
+        return new > max(ERR_FLOOR, ERR_FACTOR * base)  # (NaN read as inf: always off)
+    return {row for row, (new, old) in ab_errors(path).items() if off(new, old)}
+
+
 def print_ab_summary(path: str) -> int:
-    """--ab-summary AB_LOG: the rows' sums, old -> new, and the rows that moved more than 2% either way."""
+    """--ab-summary AB_LOG: the rows' sums, old -> new, the rows that moved more than 2% either way, and (where the
+    log checked outputs) the largest errors and the rows whose new output is off."""
     rows = ab_rows(path)
     if rows:
         new, old = sum(r[1] for r in rows), sum(r[2] for r in rows)
@@ -295,6 +329,17 @@ def print_ab_summary(path: str) -> int:
         print(f"A/B: {len(rows)} rows, old {old:.2f} -> new {new:.2f} us summed ({100 * (new / old - 1):+.1f}%)")
         print(f"  over 2% faster: {moved(lambda r: r < 0.98)}")
         print(f"  over 2% slower: {moved(lambda r: r > 1.02)}")
+    errs = ab_errors(path)
+    if errs:
+        def shown(v):
+            return "nan" if v == math.inf else f"{v:g}"
+
+        def worst(i):
+            vals = [e[i] for e in errs.values() if e[i] is not None]
+            return shown(max(vals)) if vals else "-"
+        wrong = ab_wrong_rows(path)
+        print(f"  outputs checked: {len(errs)} rows, largest error new {worst(0)} / old {worst(1)} (torch's rms); "
+              "off: " + (", ".join(f"{r[2]}x{r[3]} M={r[4]} {shown(errs[r][0])}" for r in sorted(wrong)) or "-"))
     return 0
 
 
@@ -315,7 +360,8 @@ def emit_table(paths: list[str], kernel: str = "wo", out=sys.stdout, card: str =
     `slower`: A/B logs of the first file (a table) against a build of what the files decide (bench/wo_retune.sh's
     ab.log); a row they timed over 2% slower keeps the first table's word (the rules where it has none): the
     sweep and the A/B measure apart, and where they disagree the table a deployment runs stays (fifty-ninth
-    session: 13 of 115 rows of the H100's int4 per-channel re-sweep, 7168x256 M = 8 4.47 -> 4.72 us)."""
+    session: 13 of 115 rows of the H100's int4 per-channel re-sweep, 7168x256 M = 8 4.47 -> 4.72 us); so does a row
+    whose new output they found off (ab_wrong_rows)."""
     taken, meta = {}, []  # (key..., row) -> (value, word, {row: times} where measured)
     first_table: dict | None = None  # the first file's rows, where it is a table
     for p in paths:
@@ -382,7 +428,7 @@ def emit_table(paths: list[str], kernel: str = "wo", out=sys.stdout, card: str =
         raise ValueError("--slower reads bench/wo_ab.sh's lines: --kernel wo only")
     if slower and not paths[0].endswith(".inc"):
         raise ValueError("--slower: the A/B's old table must come first among the --emit files")
-    for full in set().union(*(ab_slower_rows(p) for p in slower)):
+    for full in set().union(*(ab_slower_rows(p) | ab_wrong_rows(p) for p in slower)):
         if full in first_table:
             taken[full] = first_table[full]
         else:
@@ -495,7 +541,8 @@ def main() -> int:
     ap.add_argument("--card", choices=sorted(CARDS), default="h200",
                     help="--emit: the card the measurements were made on (its table: CARD_TABLES)")
     ap.add_argument("--slower", nargs="+", default=[], metavar="AB_LOG",
-                    help="--emit: rows these A/B logs timed over 2%% slower keep the first (.inc) file's word")
+                    help="--emit: rows these A/B logs timed over 2%% slower, or found the new output off, keep the "
+                         "first (.inc) file's word")
     ap.add_argument("--ab-summary", metavar="AB_LOG", help="sum an A/B log of bench/wo_ab.sh's lines")
     ap.add_argument("--changed", nargs=2, metavar=("OLD_INC", "NEW_INC"), help="print the rows where two tables' words differ")
     args = ap.parse_args()

@@ -8,6 +8,8 @@
 # Environment: NEW, OLD (required); SHAPES (default the six DeepSeek-V3 shapes), MS (1,8,9,12,16),
 # LAYOUT (bits,group; 4,-1), LIBS (comma-separated .so), WORDS (e.g. w8s8d2b2+30000000: warps, splits,
 # slots, steps a slot, + hex algo bits), ROUNDS (8). The raw rows go to $OUT/ab (or out/ab).
+# Each line also gives both builds' outputs checked against torch's ("err new E old E": the largest difference, in
+# units of torch's rms; bench/tune_auto.py --ab-summary flags a row whose new error is far above the old's).
 set -euo pipefail
 : "${NEW:?NEW=standalone build to time}" "${OLD:?OLD=build to time against}"
 out=${OUT:-out}/ab
@@ -26,6 +28,6 @@ for line in open(sys.argv[1]):
     extra = " ".join(f"{k[3:]} {v}" for k, v in r.items() if k.startswith("us_") and k not in ("us_auto", "us_alt", "us_torch"))
     print(f"{r['bits']}/{r['group']} {r['N']}x{r['K']} M={r['M']:>2} new {r['us_auto']:>7} old {r.get('us_alt', '-'):>7} "
           f"torch {r.get('us_torch', '-'):>7} x{r.get('x_auto', '-')} (old x{r.get('x_alt', '-')}) {extra} "
-          f"cfg {tuple(r['config'].values())}")
+          f"err new {r.get('err_auto', '-')} old {r.get('err_alt', '-')} cfg {tuple(r['config'].values())}")
 PY
 rm -f "$log"

@@ -17,8 +17,10 @@
 # first of LAYOUTS), AB_AT (of the changed rows, only these, e.g. MS), ROUNDS (4), BASE_SO (this tree's build by bench/wo_alt_lib.sh, made beforehand: not built
 # again), CARD (h200 / h100: the card whose table is emitted over, csrc/cuda/gemm_weight_only_tuned.inc /
 # gemm_weight_only_tuned_h100.inc; the GPU must be that card, since the A/B's builds pick their table by the card
-# they run on). Five files come back: tune.jsonl, tune.log, the table, its diff against the shipped one, ab.log
-# (its last lines the sums).
+# they run on), PACK (set: the five files packed into $OUT.tgz, one file: the GPU machine returns about eight a call).
+# Five files come back: tune.jsonl, tune.log, the table, its diff against the shipped one, ab.log (its last lines
+# the sums, and both builds' outputs checked against torch's at every row: `tune_auto --emit ... --slower ab.log`
+# keeps the shipped word where the new output is off, as where the new word was timed slower).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
@@ -92,3 +94,6 @@ done | tee "$out/ab.log"
 # summed over the rows timed, and the rows that moved more than 2% either way
 python3 bench/tune_auto.py --ab-summary "$out/ab.log" | tee -a "$out/ab.log"
 rm -rf "$work"
+if [ -n "${PACK:-}" ]; then
+  tar -C "$(dirname "$out")" -czf "$out.tgz" "$(basename "$out")" && rm -rf "$out" && echo "packed: $out.tgz"
+fi

@@ -380,6 +380,76 @@ def test_ab_summary_sums_the_rows_and_names_those_that_moved(tmp_path, capsys):
         "  over 2% slower: 7168x256 M=2 4.47 -> 4.59"]
 
 
+def _ab_line(layout, shape, m, new, old, err_new="-", err_old="-"):
+    """A line as bench/wo_ab.sh prints it (its last fields the outputs' check)."""
+    return (f"{layout} {shape} M={m:>2} new {new:>7} old {old:>7} torch    9.00 x1.0 (old x1.0)  "
+            f"err new {err_new} old {err_old} cfg (8, 1, 2, 2, 1)\n")
+
+
+def test_ab_summary_names_the_rows_whose_new_output_is_off(tmp_path, capsys):
+    """A row's new output is off where its error (the largest difference from torch's, in torch's rms) is NaN, or
+    over 0.1 and twice the old build's; rows without the check (older logs, "-") are not judged."""
+    ab = tmp_path / "ab.log"
+    ab.write_text(_ab_line("4/-1", "7168x256", 1, 4.0, 4.4, 0.03, 0.03)     # right
+                  + _ab_line("4/-1", "7168x256", 2, 4.0, 4.4, 0.5, 0.03)    # a wrong tile: off
+                  + _ab_line("4/-1", "7168x256", 3, 4.0, 4.4, "nan", 0.03)  # unwritten output: off
+                  + _ab_line("4/-1", "7168x256", 4, 4.0, 4.4, 0.15, 0.1)    # within twice the old's
+                  + _ab_line("4/-1", "7168x256", 5, 4.0, 4.4, 0.15, "-")    # over the floor, the old unchecked
+                  + _ab_line("4/-1", "7168x256", 6, 4.0, 4.4, 0.15, "nan")  # the old one NaN: judged alone
+                  + _ab_line("4/-1", "7168x256", 7, 4.0, 4.4)               # not checked
+                  + "4/-1 7168x256 M= 8 new    4.00 old    4.40 torch    9.00\n")  # a log before the check
+    assert tune_auto.ab_wrong_rows(str(ab)) == {(4, -1, 7168, 256, m) for m in (2, 3, 5, 6)}
+    assert set(tune_auto.ab_errors(str(ab))) == {(4, -1, 7168, 256, m) for m in range(1, 7)}
+    assert tune_auto.print_ab_summary(str(ab)) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        "  outputs checked: 6 rows, largest error new nan / old nan (torch's rms); off: 7168x256 M=2 0.5, "
+        "7168x256 M=3 nan, 7168x256 M=5 0.15, 7168x256 M=6 0.15")
+
+
+def test_emit_keeps_the_first_tables_word_where_the_new_output_was_off(tmp_path):
+    """`--emit TABLE new.jsonl --slower ab.log`: a row whose new word the A/B timed faster but whose output it found
+    off keeps the table's word (the rules where the table has none), as a slower row does."""
+    key, w1, w2 = (4, -1, 7168, 256), "w8s8d2b2+50000000", "w8s4d2b1+30000000"
+    base = tmp_path / "base.inc"
+    base.write_text("// automatic choice at DeepSeek-V3's tensor-parallel shapes, H100 SXM (132 SMs), 2026-12-01.\n"
+                    f"{{4, -1, 7168, 256, 1, 2, 0x50220088}},  // {w1}: M=1 5.0 -> 4.5, M=2 5.0 -> 4.6\n")
+    new = tmp_path / "b.jsonl"
+    new.write_text("".join(json.dumps(r) + "\n" for r in [
+        {"meta": True, "date": "2026-12-06", "keep": 0.025, "rows_from": 1},
+        *[_sweep(key, m, 5.0, **{w1: 4.8, w2: 4.3}) for m in range(1, 5)],
+        _confirm(*key, (1, 4), w2, 0x30120048, True, us=(5.0, 4.3))]))
+    ab = tmp_path / "ab.log"
+    ab.write_text(_ab_line("4/-1", "7168x256", 1, 4.3, 4.5, 0.03, 0.03)
+                  + _ab_line("4/-1", "7168x256", 2, 4.3, 4.6, 0.9, 0.03)   # faster, output off
+                  + _ab_line("4/-1", "7168x256", 3, 4.3, 5.0, "nan", 0.03)
+                  + _ab_line("4/-1", "7168x256", 4, 4.3, 5.0))
+    out = io.StringIO()
+    tune_auto.emit_table([str(base), str(new)], "wo", out=out, slower=[str(ab)])
+    table = tmp_path / "t.inc"
+    table.write_text(out.getvalue())
+    assert tune_auto.read_table(table) == [key + (1, 1, 0x30120048), key + (2, 2, 0x50220088),
+                                           key + (4, 4, 0x30120048)]
+
+
+def test_wo_ab_prints_the_outputs_check_as_tune_auto_reads_it(tmp_path):
+    """bench/wo_ab.sh's line printer (its Python, run on a row as bench/gpu_gemm_weight_only.py's ab_row writes it)
+    and tune_auto's reader of those lines agree: the timings, and both builds' errors."""
+    script = (Path(tune_auto.__file__).parent / "wo_ab.sh").read_text()
+    printer = script.split("<<'PY'\n", 1)[1].split("\nPY\n", 1)[0]
+    rows = tmp_path / "rows.log"
+    row = {"N": 7168, "K": 256, "M": 9, "bits": 4, "group": 128, "us_auto": 4.1, "us_alt": 4.4, "us_torch": 9.0,
+           "x_auto": 2.195, "x_alt": 2.045, "err_auto": 0.4, "err_alt": 0.031,
+           "config": {"warps": 8, "splits": 1, "chunk": 2, "stages": 2, "box": 1}}
+    rows.write_text("noise\n" + json.dumps(row) + "\n" + json.dumps({**row, "M": 10, "err_auto": "nan"}) + "\n")
+    res = subprocess.run([sys.executable, "-c", printer, str(rows)], capture_output=True, text=True, check=True)
+    ab = tmp_path / "ab.log"
+    ab.write_text(res.stdout)
+    assert tune_auto.ab_rows(str(ab)) == [((4, 128, 7168, 256, 9), 4.1, 4.4), ((4, 128, 7168, 256, 10), 4.1, 4.4)]
+    assert tune_auto.ab_errors(str(ab)) == {(4, 128, 7168, 256, 9): (0.4, 0.031),
+                                            (4, 128, 7168, 256, 10): (float("inf"), 0.031)}
+    assert tune_auto.ab_wrong_rows(str(ab)) == {(4, 128, 7168, 256, 9), (4, 128, 7168, 256, 10)}
+
+
 def test_emit_a_sweep_of_33_to_64_rows_over_the_shipped_table(tmp_path):
     """A 33..64-row sweep (--ms 40,48,56,64 --rows-from 33) emitted over the shipped table: the table's entries stay
     as they were, the confirmed words become entries of their ranges from row 33, and the result is a valid table."""
