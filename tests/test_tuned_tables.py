@@ -323,19 +323,31 @@ def test_emit_a_table_then_a_sweep_of_other_rows(tmp_path):
     assert "M=9 31.0 -> 30.0, M=16 33.5 -> 31" in out.getvalue() and "2026-12-01, 2026-12-02" in out.getvalue()
 
 
+_AB_KEY = (4, -1, 7168, 256)
+
+
+def _table_and_sweep(tmp_path, table_rows: int, swept_rows: int) -> tuple[Path, Path]:
+    """(an H100 table whose entry gives 7168x256 rows 1..table_rows word 0x50220088, a sweep that confirmed
+    0x30120048 over rows 1..swept_rows, timing it faster than both the rules and the table's word)."""
+    w1, w2 = "w8s8d2b2+50000000", "w8s4d2b1+30000000"
+    base = tmp_path / "base.inc"
+    base.write_text("// automatic choice at DeepSeek-V3's tensor-parallel shapes, H100 SXM (132 SMs), 2026-12-01.\n"
+                    f"{{4, -1, 7168, 256, 1, {table_rows}, 0x50220088}},  // {w1}: M=1 5.0 -> 4.5, "
+                    f"M={table_rows} 5.0 -> 4.6\n")
+    new = tmp_path / "b.jsonl"
+    new.write_text("".join(json.dumps(r) + "\n" for r in [
+        {"meta": True, "date": "2026-12-06", "keep": 0.025, "rows_from": 1},
+        *[_sweep(_AB_KEY, m, 5.0, **{w1: 4.8, w2: 4.3}) for m in range(1, swept_rows + 1)],
+        _confirm(*_AB_KEY, (1, swept_rows), w2, 0x30120048, True, us=(5.0, 4.3))]))
+    return base, new
+
+
 def test_emit_keeps_the_first_tables_word_where_an_ab_timed_the_new_one_slower(tmp_path):
     """`--emit TABLE.inc new.jsonl --slower ab.log`: a row the A/B (bench/wo_ab.sh's lines) timed over 2% slower with
     the new word keeps TABLE's word there, or goes back to the rules where TABLE had none; rows within 2% or faster
     take the new word; the log's other lines are ignored."""
-    key, w1, w2 = (4, -1, 7168, 256), "w8s8d2b2+50000000", "w8s4d2b1+30000000"
-    base = tmp_path / "base.inc"
-    base.write_text("// automatic choice at DeepSeek-V3's tensor-parallel shapes, H100 SXM (132 SMs), 2026-12-01.\n"
-                    f"{{4, -1, 7168, 256, 1, 4, 0x50220088}},  // {w1}: M=1 5.0 -> 4.5, M=4 5.0 -> 4.6\n")
-    new = tmp_path / "b.jsonl"
-    new.write_text("".join(json.dumps(r) + "\n" for r in [
-        {"meta": True, "date": "2026-12-06", "keep": 0.025, "rows_from": 1},
-        *[_sweep(key, m, 5.0, **{w1: 4.8, w2: 4.3}) for m in range(1, 9)],
-        _confirm(*key, (1, 8), w2, 0x30120048, True, us=(5.0, 4.3))]))
+    key = _AB_KEY
+    base, new = _table_and_sweep(tmp_path, table_rows=4, swept_rows=8)
     ab = tmp_path / "ab.log"
     ab.write_text("== A/B\n"
                   "4/-1 7168x256 M= 2 new    4.59 old    4.47 torch    4.33 x0.943 (old x0.968)  cfg (8, 1, 2, 2, 1)\n"
@@ -409,15 +421,8 @@ def test_ab_summary_names_the_rows_whose_new_output_is_off(tmp_path, capsys):
 def test_emit_keeps_the_first_tables_word_where_the_new_output_was_off(tmp_path):
     """`--emit TABLE new.jsonl --slower ab.log`: a row whose new word the A/B timed faster but whose output it found
     off keeps the table's word (the rules where the table has none), as a slower row does."""
-    key, w1, w2 = (4, -1, 7168, 256), "w8s8d2b2+50000000", "w8s4d2b1+30000000"
-    base = tmp_path / "base.inc"
-    base.write_text("// automatic choice at DeepSeek-V3's tensor-parallel shapes, H100 SXM (132 SMs), 2026-12-01.\n"
-                    f"{{4, -1, 7168, 256, 1, 2, 0x50220088}},  // {w1}: M=1 5.0 -> 4.5, M=2 5.0 -> 4.6\n")
-    new = tmp_path / "b.jsonl"
-    new.write_text("".join(json.dumps(r) + "\n" for r in [
-        {"meta": True, "date": "2026-12-06", "keep": 0.025, "rows_from": 1},
-        *[_sweep(key, m, 5.0, **{w1: 4.8, w2: 4.3}) for m in range(1, 5)],
-        _confirm(*key, (1, 4), w2, 0x30120048, True, us=(5.0, 4.3))]))
+    key = _AB_KEY
+    base, new = _table_and_sweep(tmp_path, table_rows=2, swept_rows=4)
     ab = tmp_path / "ab.log"
     ab.write_text(_ab_line("4/-1", "7168x256", 1, 4.3, 4.5, 0.03, 0.03)
                   + _ab_line("4/-1", "7168x256", 2, 4.3, 4.6, 0.9, 0.03)   # faster, output off
