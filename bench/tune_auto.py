@@ -309,13 +309,16 @@ def ab_errors(path: str) -> dict[tuple[int, ...], tuple[float, float | None]]:
     return errs
 
 
+def _off(new: float, old: float | None) -> bool:
+    """A new output's error off: NaN (read as inf), or over ERR_FLOOR and ERR_FACTOR times the old build's (taken as
+    0 where the old one was not checked, or NaN)."""
+    base = old if old is not None and math.isfinite(old) else 0.0
+    return new > max(ERR_FLOOR, ERR_FACTOR * base)
+
+
 def ab_wrong_rows(path: str) -> set[tuple[int, ...]]:
-    """The rows whose new output an A/B's log found off: NaN, or an error over ERR_FLOOR and ERR_FACTOR times the old
-    build's (the old one's error taken as 0 where not checked, or NaN)."""
-    def off(new: float, old: float | None) -> bool:
-        base = old if old is not None and math.isfinite(old) else 0.0
-        return new > max(ERR_FLOOR, ERR_FACTOR * base)  # (NaN read as inf: always off)
-    return {row for row, (new, old) in ab_errors(path).items() if off(new, old)}
+    """The rows whose new output an A/B's log found off (_off)."""
+    return {row for row, e in ab_errors(path).items() if _off(*e)}
 
 
 def print_ab_summary(path: str) -> int:
@@ -337,7 +340,7 @@ def print_ab_summary(path: str) -> int:
         def worst(i):
             vals = [e[i] for e in errs.values() if e[i] is not None]
             return shown(max(vals)) if vals else "-"
-        wrong = ab_wrong_rows(path)
+        wrong = [r for r, e in errs.items() if _off(*e)]
         print(f"  outputs checked: {len(errs)} rows, largest error new {worst(0)} / old {worst(1)} (torch's rms); "
               "off: " + (", ".join(f"{r[2]}x{r[3]} M={r[4]} {shown(errs[r][0])}" for r in sorted(wrong)) or "-"))
     return 0
