@@ -461,8 +461,9 @@ constexpr WsTuned kWsTuned[] = {
 // (fifty-second session: 79 rows changed, -3.3% summed there; on an H200 the same words were +3.3%), then int4 per
 // channel, group 128 and group 64 and int8 per channel at rows 1..16 (fifty-ninth: 300 rows, -3.1% summed in their
 // A/Bs), int8 group 128 at rows 1..16 (sixtieth: 96 rows, -1.2%) and int4 per channel, group 128 and group 64 at
-// rows 17..32 (sixtieth: 237 rows, -4.2 to -4.7% a layout); int8 above 16 rows and every layout above 32 are the
-// H200's words. tuned_card.cuh's cards.
+// rows 17..32 (sixtieth: 237 rows, -4.2 to -4.7% a layout), int4 at rows 33..64 and int8 at rows 17..64
+// (sixty-first: 216 rows, -4.0% summed; int8 group 128 at 33..64 kept the H200's words, which its A/B timed faster):
+// every band of every layout swept on an H100. tuned_card.cuh's cards.
 constexpr WsTuned kWsTunedH100[] = {
 #include "gemm_weight_only_tuned_h100.inc"
     {0, 0, 0, 0, 0, 0, 0},  // (end)
