@@ -23,7 +23,7 @@ from ds_export.native import cuda
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 from test_gemm_weight_only_ws_cuda import skip_unless_h200  # noqa: E402 (the tables are the H200's)
-from test_kernels_cuda import assert_gemm_close, make_gemm  # noqa: E402
+from test_kernels_cuda import assert_gemm_close, make_gemm, ref_gemm  # noqa: E402
 import tune_auto  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not cuda.available(), reason="no CUDA device")
@@ -39,17 +39,20 @@ PDL, SMALL = 1 << 28, 6
 def test_table_entry_is_what_auto_runs(card, entry):
     n, k, lo, hi, w = entry
     skip_unless_h200()
+    # (one set of operands and its float64 reference for the entry: the first lo rows of them at lo; every shape, the
+    # largest too, seconds of host numpy)
+    x, sx, b, sb = make_gemm(np.random.default_rng([hi, n, k]), hi, n, k)
+    ref = ref_gemm(x, sx, b, sb), ref_gemm(x, sx, b, sb, absolute=True)
     with cuda.as_card(card):
         for m in sorted({lo, hi}):
             assert cuda.gemm_fp8_resolve(m, n, k) == w, f"m {m}"
             assert cuda.gemm_fp8_resolve(m, n, k, PDL) == (w | PDL if (w & 15) == SMALL else w), f"m {m} with PDL"
             assert cuda.gemm_fp8_resolve(m, n, k, w) == w  # (an explicit word is left as it is)
-            a, sa, b, sb = make_gemm(np.random.default_rng([m, n, k]), m, n, k)
+            a, sa = np.ascontiguousarray(x[:m]), np.ascontiguousarray(sx[:m])
             auto = cuda.gemm_fp8_nt(a, sa, b, sb)
             same = cuda.gemm_fp8_nt(a, sa, b, sb, algo=w)
             assert np.array_equal(auto.view(np.uint16), same.view(np.uint16)), f"m {m}"
-            # (every shape, the largest too: its float64 reference takes seconds of host numpy)
-            assert_gemm_close(auto, a, sa, b, sb, f"auto {(m, n, k)} = {w:#x} ({card})")
+            assert_gemm_close(auto, a, sa, b, sb, f"auto {(m, n, k)} = {w:#x} ({card})", pre=(ref[0][:m], ref[1][:m]))
 
 
 def test_a_launch_follows_the_card():

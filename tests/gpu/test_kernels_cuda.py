@@ -80,9 +80,10 @@ def ref_gemm(a, sa, b, sb, absolute=False):
     return out
 
 
-def assert_gemm_close(out, a, sa, b, sb, what):
-    """Within one bf16 rounding plus the fp8 tensor-core accumulation bound of float64."""
-    ref, mag = ref_gemm(a, sa, b, sb), ref_gemm(a, sa, b, sb, absolute=True)
+def assert_gemm_close(out, a, sa, b, sb, what, pre=None):
+    """Within one bf16 rounding plus the fp8 tensor-core accumulation bound of float64. pre: (ref, mag), the two
+    ref_gemm of these operands (or of more rows of a, sliced: row by row), when they are already at hand."""
+    ref, mag = pre if pre is not None else (ref_gemm(a, sa, b, sb), ref_gemm(a, sa, b, sb, absolute=True))
     got = out.astype(np.float64)
     assert np.isfinite(got).all(), f"{what}: unwritten (NaN-poisoned) or non-finite outputs"
     bad = np.abs(got - ref) > np.abs(ref) * 2.0**-8 + mag * 2.0**-10
