@@ -19,6 +19,12 @@
 // mma chains (asynchronous, one instruction for both token tiles), which is what the timing measures.
 // Thirty-second session: also four and eight token tiles (17..32 and 33..64 rows; wgmma n32 / n64), where mma.sync's
 // loop is what costs and wgmma takes 30-48% off it (docs/benchmarks.md, "The step-loop probe at more token tiles").
+// Sixty-third session: the int8 paths imma-tok and imma-step (up to four token tiles): no bf16 unpack at all; x split
+// into two int8 pieces by its producer, so the output is exact for that x, which is within S / 508 of the bf16 x
+// (S a token's |x| max / 127 over all k, or over each step); checked against float64 of that x, and its distance
+// from the bf16 x's output printed. Instructions (SASS, whole kernel, CT 2 MT 2): mma 616, imma-step 336, imma-tok 368.
+// Run on an H100: 1.3-2x mma's rate at one token tile, up to 1.46x at two; the output 1e-5 of sum |w x| from the bf16
+// x's; not built into the kernel (docs/benchmarks.md, "the step loop through int8 tensor cores").
 // Operand layouts and the host reference: bench/wo_loop_layout.h (its index arithmetic is checked on
 // the CPU by tests/test_bench_wo_loop_layout.py).
 //
@@ -53,7 +59,18 @@ struct LP {
   int rounds;
   uint32_t zero;      // 0 (see the round loops)
   uint32_t lbo, sbo;  // wgmma B descriptor's byte offsets (k-halves, 8-token groups)
+  const uint8_t* xi;  // the int8 paths: x's image (wo_loop::XI8), its scales and corr
+  const float* sc;
+  const float* corr;
+  int n_sc;
 };
+
+// d += A (16 x 32 u8, row) * B (32 x 8 s8, col), exact s32 accumulation.
+__device__ __forceinline__ void imma_u8s8(int (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
 
 // The compiler must not see that the resident operands repeat from round to round (ptxas would hoist the
 // loads and the unpack out of the loop, as it did for one instance with an asm move): each round's base
@@ -65,6 +82,11 @@ struct LP {
 // step; 2: the same, a step's chain promoted while the next step's first k-step runs (two partial sets);
 // 3: wgmma, a step's 8 k-steps unpacked first (8 register sets), then one fence, all its wgmma, one commit
 // and one wait (fewer warpgroup instructions, more registers).
+// PATH 4 ("imma-tok") and 5 ("imma-step"): the nibbles as unsigned bytes 16 u (two lop3 and a shift a word of
+// eight) into mma.sync m16n8k32 u8 x s8 chains against x's two int8 pieces (wo_loop::XI8): 4 k-steps a step and
+// piece, the same instruction count as the bf16 path's 8 (each does twice the k); 4 keeps its chains over every
+// step and scales once at the end (one scale a token over all k), 5 promotes a step's chains to fp32 with that
+// step's scale (one a token a step: an outlier costs only its own step's precision).
 template <int CT, int MT, int PATH>
 __global__ void __launch_bounds__(kWarps * 32) loop_probe(const __grid_constant__ LP p) {
   extern __shared__ __align__(128) uint8_t smem[];
@@ -72,12 +94,21 @@ __global__ void __launch_bounds__(kWarps * 32) loop_probe(const __grid_constant_
   uint8_t* wsm = smem;
   uint16_t* xm = reinterpret_cast<uint16_t*>(smem + sh.w_bytes());
   uint8_t* xw = smem + sh.w_bytes() + ((sh.x_mma_elems() * 2 + 127) / 128) * 128;
+  uint8_t* xi = smem + sh.w_bytes();  // (the int8 paths: in x's place, then the scales and corr)
+  float* scs = reinterpret_cast<float*>(xi + sh.xi8_bytes());
   for (int i = threadIdx.x; i < sh.w_bytes() / 16; i += blockDim.x)
     reinterpret_cast<uint4*>(wsm)[i] = reinterpret_cast<const uint4*>(p.w)[i];
-  for (int i = threadIdx.x; i < sh.x_mma_elems() / 8; i += blockDim.x)
-    reinterpret_cast<uint4*>(xm)[i] = reinterpret_cast<const uint4*>(p.xm)[i];
-  for (int i = threadIdx.x; i < sh.x_wg_bytes() / 16; i += blockDim.x)
-    reinterpret_cast<uint4*>(xw)[i] = reinterpret_cast<const uint4*>(p.xw)[i];
+  if constexpr (PATH < 4) {
+    for (int i = threadIdx.x; i < sh.x_mma_elems() / 8; i += blockDim.x)
+      reinterpret_cast<uint4*>(xm)[i] = reinterpret_cast<const uint4*>(p.xm)[i];
+    for (int i = threadIdx.x; i < sh.x_wg_bytes() / 16; i += blockDim.x)
+      reinterpret_cast<uint4*>(xw)[i] = reinterpret_cast<const uint4*>(p.xw)[i];
+  } else {
+    for (int i = threadIdx.x; i < sh.xi8_bytes() / 16; i += blockDim.x)
+      reinterpret_cast<uint4*>(xi)[i] = reinterpret_cast<const uint4*>(p.xi)[i];
+    for (int i = threadIdx.x; i < p.n_sc + sh.tokens(); i += blockDim.x)
+      scs[i] = i < p.n_sc ? p.sc[i] : p.corr[i - p.n_sc];
+  }
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // (generic writes before wgmma's reads)
   __syncthreads();
 
@@ -114,6 +145,77 @@ __global__ void __launch_bounds__(kWarps * 32) loop_probe(const __grid_constant_
         dsx_wo::step_q_tiles<4, MT, 0, CT>(acc, st, xs + s * wo_loop::kStepK, xo);
       }
     }
+  } else if constexpr (PATH >= 4) {
+    constexpr int T = 8 * MT;
+    int ci[CT][MT][2][4];
+#pragma unroll
+    for (int n = 0; n < CT; ++n)
+#pragma unroll
+      for (int t = 0; t < MT; ++t)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) ci[n][t][i >> 2][i & 3] = 0;
+#pragma unroll 1
+    for (int r = 0; r < p.rounds; ++r) {
+      const uint32_t wb = w0 + r * p.zero;
+      const uint8_t* xr = xi + r * p.zero;
+      const float* sr = scs + r * p.zero;
+#pragma unroll
+      for (int s = 0; s < kSteps; ++s) {
+        dsx_wo::Stage st[CT];
+        load(st, wb, s);
+        uint4 xv[MT][2][2];  // [token tile][piece h, l][chain hh]
+#pragma unroll
+        for (int t = 0; t < MT; ++t)
+#pragma unroll
+          for (int pc = 0; pc < 2; ++pc)
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh)
+              xv[t][pc][hh] =
+                  dsx_wo::lds128(xr + ((s * T + 8 * t + g) * 2 + pc) * wo_loop::kI8Row + 64 * (hh ^ (g & 1)) + 16 * c);
+#pragma unroll
+        for (int n = 0; n < CT; ++n)
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+            for (int q = 0; q < 2; ++q) {
+              auto un = [&](uint32_t w) { return hh ? (w & 0xF0F0F0F0u) : ((w << 4) & 0xF0F0F0F0u); };
+              const uint32_t a[4] = {un(dsx_wo::word(st[n].w[0], 2 * q)), un(dsx_wo::word(st[n].w[1], 2 * q)),
+                                     un(dsx_wo::word(st[n].w[0], 2 * q + 1)), un(dsx_wo::word(st[n].w[1], 2 * q + 1))};
+#pragma unroll
+              for (int t = 0; t < MT; ++t)
+#pragma unroll
+                for (int pc = 0; pc < 2; ++pc)
+                  imma_u8s8(ci[n][t][pc], a, dsx_wo::word(xv[t][pc][hh], 2 * q),
+                            dsx_wo::word(xv[t][pc][hh], 2 * q + 1));
+            }
+        if constexpr (PATH == 5) {
+#pragma unroll
+          for (int t = 0; t < MT; ++t) {
+            const float2 sc2 = *reinterpret_cast<const float2*>(sr + s * T + 8 * t + 2 * c);
+#pragma unroll
+            for (int n = 0; n < CT; ++n)
+#pragma unroll
+              for (int i = 0; i < 4; ++i) {
+                const int v = ci[n][t][0][i] * 254 + ci[n][t][1][i];
+                acc[n][t][i] = fmaf(static_cast<float>(v), (i & 1) ? sc2.y : sc2.x, acc[n][t][i]);
+                ci[n][t][0][i] = ci[n][t][1][i] = 0;
+              }
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < MT; ++t)
+#pragma unroll
+      for (int n = 0; n < CT; ++n)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int tok = 8 * t + 2 * c + (i & 1);
+          if constexpr (PATH == 4)
+            acc[n][t][i] = fmaf(static_cast<float>(ci[n][t][0][i]), 254.f * scs[tok],
+                                static_cast<float>(ci[n][t][1][i]) * scs[tok]);
+          acc[n][t][i] -= static_cast<float>(p.rounds) * scs[p.n_sc + tok];
+        }
   } else {
     const uint32_t xw0 = dsx_wo::smem_addr(xw);
     float part[PATH == 2 ? 2 : 1][CT][MT][4];
@@ -195,9 +297,10 @@ __global__ void __launch_bounds__(kWarps * 32) loop_probe(const __grid_constant_
   }
 }
 
-template <int CT, int MT>
+template <int CT, int MT, int PATH>
 size_t smem_of() {
   const wo_loop::Shape sh{kWarps, CT, MT, kSteps};
+  if (PATH >= 4) return sh.w_bytes() + sh.xi8_bytes() + (kSteps + 1) * sh.tokens() * 4 + sh.tokens() * 4;
   return sh.w_bytes() + ((sh.x_mma_elems() * 2 + 127) / 128) * 128 + sh.x_wg_bytes();
 }
 
@@ -207,6 +310,7 @@ struct Result {
   float us;
   double rate;  // tile-steps a us per SM
   bool ok;
+  double qerr;  // the int8 paths: worst |out - float64 of the bf16 x| / sum |w x| (x's two-piece rounding)
 };
 
 template <int CT, int MT, int PATH>
@@ -214,26 +318,40 @@ Result run(int sms, int rounds, uint32_t lbo, uint32_t sbo, const std::vector<fl
            int& fails) {
   const wo_loop::Shape sh{kWarps, CT, MT, kSteps};
   const wo_loop::Data d = wo_loop::make_data(sh, 7 + 3 * CT + MT);
-  std::vector<double> ref, mag;
-  wo_loop::reference(sh, d, 1, ref, mag);
+  std::vector<double> ref, mag, ref_x, mag_x;
+  wo_loop::XI8 q;
+  if (PATH >= 4) {  // (the reference of what the int8 image stands for; the bf16 x's for the rounding it costs)
+    q = wo_loop::make_xi8(sh, d, PATH == 5);
+    wo_loop::reference(sh, d, 1, ref, mag, &q.xt);
+    wo_loop::reference(sh, d, 1, ref_x, mag_x);
+  } else {
+    wo_loop::reference(sh, d, 1, ref, mag);
+  }
   auto kernel = loop_probe<CT, MT, PATH>;
-  const size_t smem = smem_of<CT, MT>();
+  const size_t smem = smem_of<CT, MT, PATH>();
   CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   cudaFuncAttributes fa;
   CK(cudaFuncGetAttributes(&fa, kernel));
   int bps = 0;
   CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, kernel, kWarps * 32, smem));
-  uint8_t *w, *xw;
+  uint8_t *w, *xw, *xi = nullptr;
   uint16_t* xm;
-  float* out;
+  float *out, *sc = nullptr;
   CK(cudaMalloc(&w, d.w.size()));
+  if (PATH >= 4) {
+    CK(cudaMalloc(&xi, q.img.size()));
+    CK(cudaMalloc(&sc, (q.sc.size() + q.corr.size()) * 4));
+    CK(cudaMemcpy(xi, q.img.data(), q.img.size(), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(sc, q.sc.data(), q.sc.size() * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(sc + q.sc.size(), q.corr.data(), q.corr.size() * 4, cudaMemcpyHostToDevice));
+  }
   CK(cudaMalloc(&xm, d.xmma.size() * 2));
   CK(cudaMalloc(&xw, d.xwg.size()));
   CK(cudaMalloc(&out, sh.out_floats() * 4));
   CK(cudaMemcpy(w, d.w.data(), d.w.size(), cudaMemcpyHostToDevice));
   CK(cudaMemcpy(xm, d.xmma.data(), d.xmma.size() * 2, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(xw, d.xwg.data(), d.xwg.size(), cudaMemcpyHostToDevice));
-  LP p{w, xm, xw, out, 1, 0, lbo, sbo};
+  LP p{w, xm, xw, out, 1, 0, lbo, sbo, xi, sc, sc + q.sc.size(), static_cast<int>(q.sc.size())};
   // check: one block, one round
   CK(cudaMemset(out, 0xFF, sh.out_floats() * 4));
   kernel<<<1, kWarps * 32, smem>>>(p);
@@ -241,19 +359,21 @@ Result run(int sms, int rounds, uint32_t lbo, uint32_t sbo, const std::vector<fl
   bits_out.resize(sh.out_floats());
   CK(cudaMemcpy(bits_out.data(), out, sh.out_floats() * 4, cudaMemcpyDeviceToHost));
   int off_ref = 0, off_bits = 0;
-  double worst = 0;
+  double worst = 0, qerr = 0;
   for (int i = 0; i < sh.out_floats(); ++i) {
     const double err = std::fabs(bits_out[i] - ref[i]) / (mag[i] + 1e-30);
     worst = std::max(worst, err);
+    if (PATH >= 4) qerr = std::max(qerr, std::fabs(bits_out[i] - ref_x[i]) / (mag_x[i] + 1e-30));
     if (!(err <= 2e-5)) ++off_ref;
     if (mma_bits && std::memcmp(&bits_out[i], &(*mma_bits)[i], 4) != 0) ++off_bits;
   }
   const bool ok = off_ref == 0;
   if (!ok) ++fails;
-  static const char* names[] = {"mma", "wgmma", "wgmma2", "wgmma8"};
+  static const char* names[] = {"mma", "wgmma", "wgmma2", "wgmma8", "imma-tok", "imma-step"};
   std::printf("check %-6s CT %d MT %d lbo %u sbo %u: %d of %d beyond 2e-5 of sum|w x| (worst %.2e)%s", names[PATH], CT, MT, lbo,
               sbo, off_ref, sh.out_floats(), worst, ok ? "" : "  FAIL");
-  if (mma_bits) std::printf(", %d differ from mma's bits", off_bits);
+  if (mma_bits && PATH < 4) std::printf(", %d differ from mma's bits", off_bits);
+  if (PATH >= 4) std::printf(", against the bf16 x %.2e (x in two int8 pieces)", qerr);
   std::printf("\n");
   // time: every SM busy
   p.rounds = rounds;
@@ -272,7 +392,11 @@ Result run(int sms, int rounds, uint32_t lbo, uint32_t sbo, const std::vector<fl
   CK(cudaFree(xm));
   CK(cudaFree(xw));
   CK(cudaFree(out));
-  return {names[PATH], CT, MT, fa.numRegs, bps, us, tile_steps / us / sms, ok};
+  if (PATH >= 4) {
+    CK(cudaFree(xi));
+    CK(cudaFree(sc));
+  }
+  return {names[PATH], CT, MT, fa.numRegs, bps, us, tile_steps / us / sms, ok, qerr};
 }
 
 template <int CT, int MT>
@@ -293,6 +417,10 @@ void variant(int sms, int rounds, std::vector<Result>& rs, int& fails) {
   rs.push_back(r1);
   rs.push_back(run<CT, MT, 2>(sms, rounds, lbo, sbo, &mma_bits, bits, fails));
   rs.push_back(run<CT, MT, 3>(sms, rounds, lbo, sbo, &mma_bits, bits, fails));
+  if constexpr (MT <= 4) {  // (the int8 paths: up to 32 rows; their chains are 2 x the registers of fp32's)
+    rs.push_back(run<CT, MT, 4>(sms, rounds, lbo, sbo, nullptr, bits, fails));
+    rs.push_back(run<CT, MT, 5>(sms, rounds, lbo, sbo, nullptr, bits, fails));
+  }
 }
 
 }  // namespace
@@ -316,13 +444,15 @@ int main(int argc, char** argv) {
   variant<2, 8>(sms, rounds, rs, fails);
   // 36864 x 7168 int4: 2304 tiles x 56 steps
   const double per_sm = 2304.0 * 56 / sms;
-  std::printf("\n%-7s %3s %3s %5s %9s %10s %16s %14s %s\n", "path", "CT", "MT", "regs", "blocks/SM", "us/launch",
-              "tile-steps/us/SM", "36864x7168 us", "vs mma");
+  std::printf("\n%-9s %3s %3s %5s %9s %10s %16s %14s %6s %s\n", "path", "CT", "MT", "regs", "blocks/SM", "us/launch",
+              "tile-steps/us/SM", "36864x7168 us", "vs mma", "x err (int8 paths)");
   double base = 0;
   for (const Result& r : rs) {
     if (r.path[0] == 'm' && r.path[1] == 'm') base = r.rate;
-    std::printf("%-7s %3d %3d %5d %9d %10.2f %16.2f %14.2f %5.2fx%s\n", r.path, r.ct, r.mt, r.regs, r.blocks_sm, r.us, r.rate,
-                per_sm / r.rate, r.rate / base, r.ok ? "" : "  (check failed)");
+    std::printf("%-9s %3d %3d %5d %9d %10.2f %16.2f %14.2f %5.2fx", r.path, r.ct, r.mt, r.regs, r.blocks_sm, r.us,
+                r.rate, per_sm / r.rate, r.rate / base);
+    if (r.path[0] == 'i') std::printf(" %.2e", r.qerr);
+    std::printf("%s\n", r.ok ? "" : "  (check failed)");
   }
   std::printf("%s\n", fails ? "SOME CHECKS FAILED" : "all checks passed");
   return fails ? 1 : 0;

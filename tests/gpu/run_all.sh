@@ -54,10 +54,11 @@ for b in bench/gpu_kernels.py bench/gpu_gemm_weight_only.py bench/gpu_mla_decode
   $PY "$b" --out "$OUTDIR" $extra 2>&1 | tee "$OUTDIR/$name.log" | grep -v '^{'
   [ "${PIPESTATUS[0]}" = 0 ] || bench_rc=1
 done
-# The weight-only step-loop probe (bench/wo_loop_probe.cu): mma.sync against wgmma with register A, checked and timed.
+# The weight-only step-loop probe (bench/wo_loop_probe.cu): mma.sync against wgmma with register A and against int8
+# tensor cores, checked and timed.
 if nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Icsrc/cuda bench/wo_loop_probe.cu -o /tmp/dsx_loop_probe \
     > "$OUTDIR/wo_loop_probe.log" 2>&1; then
-  /tmp/dsx_loop_probe 2>&1 | tee -a "$OUTDIR/wo_loop_probe.log" | tail -22
+  /tmp/dsx_loop_probe 2>&1 | tee -a "$OUTDIR/wo_loop_probe.log" | tail -60
   [ "${PIPESTATUS[0]}" = 0 ] || bench_rc=1
 else
   echo "wo_loop_probe build failed"; tail -20 "$OUTDIR/wo_loop_probe.log"; bench_rc=1
