@@ -300,7 +300,7 @@ __global__ void __launch_bounds__(kWarps * 32) loop_probe(const __grid_constant_
 template <int CT, int MT, int PATH>
 size_t smem_of() {
   const wo_loop::Shape sh{kWarps, CT, MT, kSteps};
-  if (PATH >= 4) return sh.w_bytes() + sh.xi8_bytes() + (kSteps + 1) * sh.tokens() * 4 + sh.tokens() * 4;
+  if (PATH >= 4) return sh.w_bytes() + sh.xi8_bytes() + (kSteps + 1) * sh.tokens() * 4;  // (scales <= steps x tokens, corr)
   return sh.w_bytes() + ((sh.x_mma_elems() * 2 + 127) / 128) * 128 + sh.x_wg_bytes();
 }
 
