@@ -239,11 +239,20 @@ inline int i8_real_k(int c, int hh, int p, int b, int i) {
   return 32 * c + 4 * p + 2 * b + 8 * hh + 16 * (i & 1) + (i >> 1);
 }
 
+// The unsigned bytes 16 u of a weight word's low (hh = 0) or high (hh = 1) nibbles (the kernel's and the emulation's).
+WO_LOOP_HD inline uint32_t i8_nibbles(uint32_t w, int hh) { return hh ? (w & 0xF0F0F0F0u) : ((w << 4) & 0xF0F0F0F0u); }
+
+// Byte offset of lane c's 16 bytes of chain hh in the row of (step s, token tok, piece) of an int8 image of T tokens;
+// swap = tok & 1 (the self-test's fault leaves it out).
+WO_LOOP_HD inline int x_i8_lane(int T, int s, int tok, int piece, int hh, int c, int swap) {
+  return ((s * T + tok) * 2 + piece) * kI8Row + 64 * (hh ^ swap) + 16 * c;
+}
+
 // Byte offset of x piece `piece` (0: h, 1: l) of token tok at k (of the whole k) in the int8 image.
 inline int x_i8_offset(const Shape& sh, int tok, int piece, int k) {
   const int s = k / kStepK, kk = k % kStepK, c = kk / 32, r = kk % 32;  // r = 4 p + 2 b + 8 hh + 16 (i & 1) + (i >> 1)
   const int hh = r >> 3 & 1, p = r >> 2 & 1, b = r >> 1 & 1, i = (r >> 4 & 1) | (r & 1) << 1;
-  return ((s * sh.tokens() + tok) * 2 + piece) * kI8Row + 64 * (hh ^ (tok & 1)) + 16 * c + 8 * p + 4 * b + i;
+  return x_i8_lane(sh.tokens(), s, tok, piece, hh, c, tok & 1) + 8 * p + 4 * b + i;
 }
 
 // The int8 image of d.x: per_step = false, one scale a token over all k (the image's sc has `tokens` floats);
@@ -308,7 +317,7 @@ inline std::vector<double> emulate_i8(const Shape& sh, const Data& d, const XI8&
     const int pc = fault == kI8Pieces ? 1 - piece : piece;
     const int swap = fault == kI8NoSwap ? 0 : (tok & 1);
     uint32_t w;
-    std::memcpy(&w, q.img.data() + ((s * T + tok) * 2 + pc) * kI8Row + 64 * (hh ^ swap) + 16 * c + 4 * widx, 4);
+    std::memcpy(&w, q.img.data() + x_i8_lane(T, s, tok, pc, hh, c, swap) + 4 * widx, 4);
     return w;
   };
   auto byte = [](uint32_t w, int i) { return static_cast<int>((w >> (8 * i)) & 0xFF); };
@@ -322,7 +331,7 @@ inline std::vector<double> emulate_i8(const Shape& sh, const Data& d, const XI8&
               int A[16][32], B[32][8];
               for (int lane = 0; lane < 32; ++lane) {
                 const int g = lane / 4, c = lane % 4, nh = fault == kI8Nibbles ? 1 - hh : hh;
-                auto un = [&](uint32_t w) { return nh ? (w & 0xF0F0F0F0u) : ((w << 4) & 0xF0F0F0F0u); };
+                auto un = [&](uint32_t w) { return i8_nibbles(w, nh); };
                 const uint32_t a[4] = {un(word_of(s, tile, lane, 0, 2 * p)), un(word_of(s, tile, lane, 1, 2 * p)),
                                        un(word_of(s, tile, lane, 0, 2 * p + 1)),
                                        un(word_of(s, tile, lane, 1, 2 * p + 1))};

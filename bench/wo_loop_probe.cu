@@ -170,15 +170,14 @@ __global__ void __launch_bounds__(kWarps * 32) loop_probe(const __grid_constant_
           for (int pc = 0; pc < 2; ++pc)
 #pragma unroll
             for (int hh = 0; hh < 2; ++hh)
-              xv[t][pc][hh] =
-                  dsx_wo::lds128(xr + ((s * T + 8 * t + g) * 2 + pc) * wo_loop::kI8Row + 64 * (hh ^ (g & 1)) + 16 * c);
+              xv[t][pc][hh] = dsx_wo::lds128(xr + wo_loop::x_i8_lane(T, s, 8 * t + g, pc, hh, c, g & 1));
 #pragma unroll
         for (int n = 0; n < CT; ++n)
 #pragma unroll
           for (int hh = 0; hh < 2; ++hh)
 #pragma unroll
             for (int q = 0; q < 2; ++q) {
-              auto un = [&](uint32_t w) { return hh ? (w & 0xF0F0F0F0u) : ((w << 4) & 0xF0F0F0F0u); };
+              auto un = [&](uint32_t w) { return wo_loop::i8_nibbles(w, hh); };
               const uint32_t a[4] = {un(dsx_wo::word(st[n].w[0], 2 * q)), un(dsx_wo::word(st[n].w[1], 2 * q)),
                                      un(dsx_wo::word(st[n].w[0], 2 * q + 1)), un(dsx_wo::word(st[n].w[1], 2 * q + 1))};
 #pragma unroll
