@@ -186,17 +186,28 @@ __global__ void __launch_bounds__(Config<MN, BM, KS>::kThreads, Config<MN, BM, K
 #endif
   // Early loads: without PDL, the TMA thread sets the barriers up and issues the first kEarly loads (weight and token
   // tiles; the scale warp adds its part after the CTA barrier) before that barrier, so that the first bytes are on
-  // their way one set-up earlier (with PDL nothing global may be read before griddepcontrol.wait, and the set-up
-  // overlaps the previous grid anyway). As many as keep the issue short: 4 loads of 10-12 KB stages, 2 of 16-20 KB,
+  // their way one set-up earlier. As many as keep the issue short: 4 loads of 10-12 KB stages, 2 of 16-20 KB,
   // 1 of 24 KB, none of 32 KB (there the CTA barrier waited for the issue; kEarlyLoads). DSX_FP8_EARLY overrides it
   // (bench/fp8_timeline.cu builds).
+  // With PDL the same thread issues the weight tiles of the ring's whole first pass before the CTA barrier (each with
+  // its stage's bytes expected), and the producer loop adds their token tiles after griddepcontrol.wait: the weights
+  // are no output of the previous grid (gemm_fp8.h, bit 28), so their first bytes stream under its tail, while the
+  // tokens and every scale are read only after it. DSX_FP8_PDL_EARLY caps their count (a bench build's knob).
+#ifdef DSX_FP8_PDL_EARLY
+  constexpr int kPdlEarly = DSX_FP8_PDL_EARLY;
+#else
+  constexpr int kPdlEarly = kMaxStages;
+#endif
 #ifdef DSX_FP8_EARLY
   constexpr int kEarly = DSX_FP8_EARLY;
 #else
   constexpr int kEarly = KS == 2 || (BM == 64 && MN == 16) ? 0 : kEarlyLoads(L::kStage);  // (kEarlyLoads' note)
 #endif
-  const int early_cap = KS == 2 ? 2 * (nk / 2) : nk < stages ? nk : stages;
-  const int early = kEarly > 0 && !p.pdl ? (kEarly < early_cap ? kEarly : early_cap) : 0;
+  // (KS = 2: the first pass's loads of the two warpgroups' first nk / 2 K blocks, alternately)
+  const int first_pass = KS == 2 ? (2 * (nk / 2) < stages ? 2 * (nk / 2) : stages) : nk < stages ? nk : stages;
+  const int early_cap = KS == 2 ? 2 * (nk / 2) : first_pass;
+  const int early = p.pdl ? (kPdlEarly < first_pass ? kPdlEarly : first_pass)
+                          : kEarly > 0 ? (kEarly < early_cap ? kEarly : early_cap) : 0;
   if (tid == (early > 0 ? 32 * kConsumerWarps : 0)) {
     for (int s = 0; s < stages; ++s) {
       mbar_init(full(s), 1 + 32);               // the TMA thread's arrive.expect_tx + 32 scale lanes
@@ -211,14 +222,14 @@ __global__ void __launch_bounds__(Config<MN, BM, KS>::kThreads, Config<MN, BM, K
       const int kb = kb0 + (KS == 2 ? (i % 2) * (nk / 2) + i / 2 : i);
       mbar_arrive_expect_tx(full(i), L::kStage);
       tma_load_2d(w_smem + i * L::kW, &tw, full(i), kb * kBK, tile * BM);
-      tma_load_2d(x_smem + i * L::kX, &tx, full(i), kb * kBK, m0);
+      if (!p.pdl) tma_load_2d(x_smem + i * L::kX, &tx, full(i), kb * kBK, m0);
     }
   } else if (tid == 32) {
     asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&tw)) : "memory");
     asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&tx)) : "memory");
   }
   __syncthreads();
-  // Programmatic dependent launch: no-ops unless launched with it. Nothing global was touched yet.
+  // Programmatic dependent launch: no-ops unless launched with it. With it, nothing but weight tiles was read yet.
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   asm volatile("griddepcontrol.wait;" ::: "memory");
   if (tid == 0) DSX_TL(TL_READY, DSX_TL_CLOCK());
@@ -264,15 +275,17 @@ __global__ void __launch_bounds__(Config<MN, BM, KS>::kThreads, Config<MN, BM, K
       for (int i = 0; i < nl; ++i) {
         int s, kb;
         uint32_t ph;
-        if (!slot_of(i, s, ph, kb) || i < early) continue;
+        if (!slot_of(i, s, ph, kb) || (i < early && !p.pdl)) continue;
         const unsigned long long c0 = DSX_TL_CLOCK();
         if (i == 0) DSX_TL(TL_P_IN, c0);
-        mbar_wait(empty(s), ph ^ 1);
-        tl_blocked += DSX_TL_CLOCK() - c0;
-        mbar_arrive_expect_tx(full(s), L::kStage);
-        if (i == 0) DSX_TL(TL_P_TX, DSX_TL_CLOCK());
         const int kx = kb * kBK;
-        tma_load_2d(w_smem + s * L::kW, &tw, full(s), kx, tile * BM);
+        if (i >= early) {  // (PDL: an early load's bytes were expected and its weight tile issued before the wait)
+          mbar_wait(empty(s), ph ^ 1);
+          tl_blocked += DSX_TL_CLOCK() - c0;
+          mbar_arrive_expect_tx(full(s), L::kStage);
+          if (i == 0) DSX_TL(TL_P_TX, DSX_TL_CLOCK());
+          tma_load_2d(w_smem + s * L::kW, &tw, full(s), kx, tile * BM);
+        }
         if (i == 0) DSX_TL(TL_P_W, DSX_TL_CLOCK());
         tma_load_2d(x_smem + s * L::kX, &tx, full(s), kx, m0);
         if (i == 0) DSX_TL(TL_P_FIRST, DSX_TL_CLOCK());

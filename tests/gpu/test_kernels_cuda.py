@@ -406,6 +406,64 @@ def test_small_m_kernel_with_pdl_in_cuda_graph_keeps_launch_order():
         assert np.array_equal(out.numpy(), want.view(np.uint16)), f"rows {rows >> 8}"
 
 
+class _Alias(cuda.DeviceArray):
+    """Another shape and dtype over the bytes of a device array (the array itself keeps them)."""
+
+    def __init__(self, base, shape, dtype):
+        self.base, self.shape, self.dtype, self.ptr = base, tuple(shape), np.dtype(dtype), base.ptr
+        self.nbytes = int(np.prod(self.shape)) * self.dtype.itemsize
+        assert self.nbytes == base.nbytes
+
+    def __del__(self):
+        pass
+
+
+def test_small_m_kernel_with_pdl_reads_its_tokens_only_after_the_previous_grid():
+    """Two layers launched with PDL, the second's tokens being the first's output bytes read as e4m3 codes: a launch
+    with PDL reads its weight tiles before griddepcontrol.wait (gemm_fp8.h, bit 28), so a token tile read there too
+    would hold the buffer's old bytes (zeros) and its layer's output would differ from the plain launch's."""
+    rng = np.random.default_rng(29)
+    # layer 1: codes -1 / 0 / 1, scales 1, one K block: integer sums of magnitude <= 128, exact in bf16, whose bytes
+    # (an even low byte, a high byte <= 0x43 or in 0x80..0xc3) are never the e4m3 NaN codes 0x7f / 0xff. N1 = 1088:
+    # layer 2's K = 2 N1 is 17 K blocks (an odd count for the K halves)
+    m, n1, k1, n2 = 64, 1088, 128, 7168
+    k2 = 2 * n1
+    a1, b1 = (rng.integers(-1, 2, shape).astype(np.float32).astype(FP8) for shape in ((m, k1), (n1, k1)))
+    sa1, sb1 = np.ones((m, 1), np.float32), np.ones((K.cdiv(n1, 128), 1), np.float32)
+    h = (a1.astype(np.float64) @ b1.astype(np.float64).T).astype(BF16)
+    x2 = h.view(np.uint8).reshape(m, k2)
+    assert not np.isin(x2, (0x7F, 0xFF)).any() and x2.any()
+    _, sa2, b2, sb2 = make_gemm(rng, m, n2, k2)
+    dev1 = [cuda.to_device(x.view(np.uint8) if x.dtype == FP8 else x) for x in (a1, sa1, b1, sb1)]
+    dev2 = [cuda.to_device(x.view(np.uint8) if x.dtype == FP8 else x) for x in (sa2, b2, sb2)]
+    h1 = cuda.empty((m, n1), np.uint16)
+    a2 = _Alias(h1, (m, k2), np.uint8)
+    out = cuda.empty((m, n2), np.uint16)
+    stream = cuda.Stream()
+    pdl = 1 << 28
+    checked = False
+    for rows in (0, ROWS128, ROWS64, HALVES, HALVES | 4 * STAGES, ROWS128 | 3 * STAGES | WIDTH32, FORM_OLD | ROWS64,
+                 FORM_AHEAD | WIDTH16, ROWS128 | TEMPS2 | WIDTH32, ROWS64 | OUT_SMEM | FORM_UNI,
+                 ROWS128 | 2 << 16 | WIDTH16, ROWS128 | 8 << 16 | WIDTH32):
+        want = cuda.gemm_fp8_nt(x2.view(FP8), sa2, b2, sb2, algo=SMALL | rows if rows else 0)
+        if not checked:
+            assert_gemm_close(want, x2.view(FP8), sa2, b2, sb2, "layer 2")
+            checked = True
+        algo = (SMALL | rows if rows else 0) | pdl
+        need = cuda.gemm_workspace_bytes(m, n2, k2, algo)
+        ws = cuda.empty((need,), np.uint8) if need else None
+        for trial in range(3):
+            h1.fill_bytes(0, stream)
+            out.fill_bytes(0xFF, stream)
+            cuda.gemm_fp8_nt_device(*dev1, h1, algo=SMALL | ROWS128 | pdl, stream=stream)
+            cuda.gemm_fp8_nt_device(a2, *dev2, out, workspace=ws, algo=algo, stream=stream)
+            stream.synchronize()
+            assert np.array_equal(h1.numpy(), h.view(np.uint16)), f"layer 1, rows {rows:#x} trial {trial}"
+            got = out.numpy()
+            bad = (got != want.view(np.uint16)).any(axis=1).sum()
+            assert bad == 0, f"rows {rows:#x} trial {trial}: {bad} of {m} token rows differ from the plain launch"
+
+
 def test_dense_planted_scale_fault_is_caught():
     rng = np.random.default_rng(8)
     a, sa, b, sb = make_gemm(rng, 64, 256, 512)
