@@ -222,7 +222,7 @@ __global__ void __launch_bounds__(Config<MN, BM, KS>::kThreads, Config<MN, BM, K
       const int kb = kb0 + (KS == 2 ? (i % 2) * (nk / 2) + i / 2 : i);
       mbar_arrive_expect_tx(full(i), L::kStage);
       tma_load_2d(w_smem + i * L::kW, &tw, full(i), kb * kBK, tile * BM);
-      if (!p.pdl) tma_load_2d(x_smem + i * L::kX, &tx, full(i), kb * kBK, m0);
+      if (kEarly > 0 && !p.pdl) tma_load_2d(x_smem + i * L::kX, &tx, full(i), kb * kBK, m0);  // (PDL: after the wait)
     }
   } else if (tid == 32) {
     asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&tw)) : "memory");
