@@ -189,14 +189,18 @@ __global__ void __launch_bounds__(Config<MN, BM, KS>::kThreads, Config<MN, BM, K
   // their way one set-up earlier. As many as keep the issue short: 4 loads of 10-12 KB stages, 2 of 16-20 KB,
   // 1 of 24 KB, none of 32 KB (there the CTA barrier waited for the issue; kEarlyLoads). DSX_FP8_EARLY overrides it
   // (bench/fp8_timeline.cu builds).
-  // With PDL the same thread issues the weight tiles of the ring's whole first pass before the CTA barrier (each with
-  // its stage's bytes expected), and the producer loop adds their token tiles after griddepcontrol.wait: the weights
-  // are no output of the previous grid (gemm_fp8.h, bit 28), so their first bytes stream under its tail, while the
-  // tokens and every scale are read only after it. DSX_FP8_PDL_EARLY caps their count (a bench build's knob).
+  // With PDL the same thread issues the weight tiles of the ring's first kPdlEarly stages before the CTA barrier (each
+  // with its stage's bytes expected), and the producer loop adds their token tiles after griddepcontrol.wait: the
+  // weights are no output of the previous grid (gemm_fp8.h, bit 28), so their first bytes stream under its tail, while
+  // the tokens and every scale are read only after it. Two stages: H100, PDL launches against main's library
+  // (bench/gemm_fp8_ab_libs.py, sixty-sixth session, bits equal) 16x24576x1536 15.88 -> 15.18 us, 16x7168x2048 6.91 ->
+  // 6.58, 64x7168x2048 7.63 -> 7.35, 128x7168x2048 8.81 -> 8.59, 64x4096x7168 15.01 -> 14.54, 128x4608x7168 20.05 ->
+  // 20.21; the whole first pass instead lost at 128x7168x2048 (8.83 -> 9.61) and 64x7168x2048 (7.67 -> 7.81).
+  // DSX_FP8_PDL_EARLY overrides the count (a bench build's knob).
 #ifdef DSX_FP8_PDL_EARLY
   constexpr int kPdlEarly = DSX_FP8_PDL_EARLY;
 #else
-  constexpr int kPdlEarly = kMaxStages;
+  constexpr int kPdlEarly = 2;
 #endif
 #ifdef DSX_FP8_EARLY
   constexpr int kEarly = DSX_FP8_EARLY;

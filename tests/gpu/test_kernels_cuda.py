@@ -426,10 +426,13 @@ def test_small_m_kernel_with_pdl_reads_its_tokens_only_after_the_previous_grid()
     # layer 1: codes -1 / 0 / 1, scales 1, one K block: integer sums of magnitude <= 128, exact in bf16, whose bytes
     # (an even low byte, a high byte <= 0x43 or in 0x80..0xc3) are never the e4m3 NaN codes 0x7f / 0xff. N1 = 1088:
     # layer 2's K = 2 N1 is 17 K blocks (an odd count for the K halves)
-    m, n1, k1, n2 = 64, 1088, 128, 7168
+    m, n1, k1, n2 = 64, 1088, 32768, 7168
     k2 = 2 * n1
-    a1, b1 = (rng.integers(-1, 2, shape).astype(np.float32).astype(FP8) for shape in ((m, k1), (n1, k1)))
-    sa1, sb1 = np.ones((m, 1), np.float32), np.ones((K.cdiv(n1, 128), 1), np.float32)
+    a1 = np.zeros((m, k1), np.float32)
+    for r in range(m):
+        a1[r, rng.choice(k1, 120, replace=False)] = rng.choice((-1.0, 1.0), 120)
+    a1, b1 = a1.astype(FP8), rng.integers(-1, 2, (n1, k1)).astype(np.float32).astype(FP8)
+    sa1, sb1 = np.ones((m, k1 // 128), np.float32), np.ones((K.cdiv(n1, 128), k1 // 128), np.float32)
     h = (a1.astype(np.float64) @ b1.astype(np.float64).T).astype(BF16)
     x2 = h.view(np.uint8).reshape(m, k2)
     assert not np.isin(x2, (0x7F, 0xFF)).any() and x2.any()
@@ -455,7 +458,7 @@ def test_small_m_kernel_with_pdl_reads_its_tokens_only_after_the_previous_grid()
         for trial in range(3):
             h1.fill_bytes(0, stream)
             out.fill_bytes(0xFF, stream)
-            cuda.gemm_fp8_nt_device(*dev1, h1, algo=SMALL | ROWS128 | pdl, stream=stream)
+            cuda.gemm_fp8_nt_device(*dev1, h1, algo=SMALL | ROWS128 | 1 << 16 | pdl, stream=stream)
             cuda.gemm_fp8_nt_device(a2, *dev2, out, workspace=ws, algo=algo, stream=stream)
             stream.synchronize()
             assert np.array_equal(h1.numpy(), h.view(np.uint16)), f"layer 1, rows {rows:#x} trial {trial}"
