@@ -423,9 +423,11 @@ def test_small_m_kernel_with_pdl_reads_its_tokens_only_after_the_previous_grid()
     with PDL reads its weight tiles before griddepcontrol.wait (gemm_fp8.h, bit 28), so a token tile read there too
     would hold the buffer's old bytes (zeros) and its layer's output would differ from the plain launch's."""
     rng = np.random.default_rng(29)
-    # layer 1: codes -1 / 0 / 1, scales 1, one K block: integer sums of magnitude <= 128, exact in bf16, whose bytes
-    # (an even low byte, a high byte <= 0x43 or in 0x80..0xc3) are never the e4m3 NaN codes 0x7f / 0xff. N1 = 1088:
-    # layer 2's K = 2 N1 is 17 K blocks (an odd count for the K halves)
+    # layer 1: codes -1 / 0 / 1 (120 non-zero a token row), scales 1: integer sums of magnitude <= 120, exact in bf16,
+    # whose bytes (an even low byte, a high byte <= 0x43 or in 0x80..0xc3) are never the e4m3 NaN codes 0x7f / 0xff.
+    # K1 = 32768 on nine CTAs (no split): layer 2's CTAs start, and read, long before layer 1 stores (with one K block
+    # layer 1 was done first and the test passed a token tile read before the wait). N1 = 1088: layer 2's K = 2 N1 is
+    # 17 K blocks (an odd count for the K halves)
     m, n1, k1, n2 = 64, 1088, 32768, 7168
     k2 = 2 * n1
     a1 = np.zeros((m, k1), np.float32)
