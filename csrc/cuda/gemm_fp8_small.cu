@@ -17,7 +17,8 @@
 //   last warp    : scale producer: cp.async of the stage's token scales sa[:, kb] and sb[row block, kb],
 //                  completing on the same full barrier (cp.async.mbarrier.arrive.noinc)
 // Programmatic dependent launch (optional, bit 28 of algo): the kernel lets the next launch
-// start right away and waits for the previous grid before its first global memory access.
+// start right away, issues its first two stages' weight tiles and then waits for the previous grid
+// before it reads tokens or scales (gemm_fp8_small_kernel.cuh, kPdlEarly).
 //
 // Measured (H200, bench/gpu_kernels.py --small): the K loop is latency-bound per CTA (about
 // 50-65 GB/s per CTA when few CTAs run), so the split count that fills the SMs in one wave
