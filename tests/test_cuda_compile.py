@@ -116,7 +116,7 @@ def test_fp8_early_loads_only_in_the_forms_they_speed_up(library_small_ptx):
     compiled into the forms without the K halves whose stages are at most 24 KB, except 64-row tiles of 16 tokens:
     in the K halves and in those tiles the library ran slower with them (thirty-eighth session), and 32 KB stages
     (128 rows x 128 tokens) made the CTA barrier wait for the issue. In the PTX a token tile's copy then comes before
-    the first CTA barrier. A weight tile's copy comes before it in every form: with PDL the first pass's weight
+    the first CTA barrier. A weight tile's copy comes before it in every form: with PDL the first two stages' weight
     tiles are issued before griddepcontrol.wait (gemm_fp8.h, bit 28), their token tiles only after it."""
     forms = {}
     for mn, bm, ks, entry in small_entries(library_small_ptx):

@@ -85,8 +85,8 @@
  * one weight tile adjacent); under the same S every R, T, stage count, loop form, temporaries,
  * scale-read point, promotion and order give the same bits;
  * bit 28 = programmatic dependent launch (with 6 or 0 only: a GEMM starts under the previous kernel's tail; before
- * it waits for the previous grid it reads only weight tiles (b, the first pass of its ring), never a, sa, sb or
- * out, so the weights must not be an output of the kernel launched before it on the stream);
+ * it waits for the previous grid it reads only weight tiles (b, its first two stages), never a, sa, sb or out,
+ * so the weights must not be an output of the kernel launched before it on the stream);
  * bits 29..30 (with 6 only) = the output path (0 automatic = 2; 1 = the form before: the fp32 partial
  * tile through shared memory, the S splits summed by one pass over distributed shared memory; 2 = with
  * S <= 2 from the accumulator registers: each consumer thread rounds its own sums to bf16 (two adjacent
