@@ -76,8 +76,10 @@ def test_export_vs_cp_bench_on_the_tiny_model(tmp_path):
     rows = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith(("orig ", "a8w8_fp8_wint4 "))}
     assert set(rows) == {"orig", "a8w8_fp8_wint4"}, out
     for row in rows.values():
-        gb_in, dsx_s, cp_s, ratio, gb_out = map(float, row[1:6])
-        assert gb_in > 0 and dsx_s > 0 and cp_s > 0 and gb_out > 0 and ratio > 0, out
+        # (columns: GB in, dsx s, cp s, ratio, GB/s in, GB out; GB/s in, 3 decimals, rounds to 0.000 on this tiny
+        # model when the export is slow, so it is not asked to be positive)
+        gb_in, dsx_s, cp_s, ratio, gbps_in, gb_out = map(float, row[1:7])
+        assert gb_in > 0 and dsx_s > 0 and cp_s > 0 and ratio > 0 and gbps_in >= 0 and gb_out > 0, out
 
 
 SCRIPTS = [p.name for p in BENCH_PY if '__name__ == "__main__"' in p.read_text()]
